@@ -1,0 +1,243 @@
+"""Device mesh, logical axis rules, and placing models and batches on the mesh (t5x style).
+
+Every parameter names its dimensions with *logical* axes when it is created::
+
+    kernel_init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"))
+
+One rules table maps logical names onto the three mesh axes ``("data", "fsdp", "model")``:
+
+* ``data``  - pure data parallelism: the batch is split, parameters are replicated;
+* ``fsdp``  - the batch is split *and* (with `FSDP_RULES`) parameters are split along ``embed``,
+  gathered layer by layer by XLA (ZeRO-3);
+* ``model`` - tensor parallelism: ``vocab`` / ``mlp`` / ``heads`` dimensions are split.
+
+A dimension whose size the chosen mesh axes do not divide stays replicated (e.g. 6 heads on a
+model axis of 4), so one table works for every model size.
+
+flax 0.12 note: `nnx.with_partitioning` stores the names under the Variable metadata key
+``out_sharding`` and, by default (``flax_always_shard_variable``), tries to shard the value *eagerly*
+when the Variable is created, which fails outside a mesh context and cannot apply our rules. Models
+should be built with eager sharding off: pass ``eager_sharding=False`` to `nnx.with_partitioning`, or
+build under ``with nnx.use_eager_sharding(False):``. `create_sharded` does the latter for you.
+
+Typical use::
+
+    mesh = make_mesh(MeshConfig(data=-1, fsdp=1, model=2))
+    model = create_sharded(lambda: T5(config, rngs=nnx.Rngs(0)), mesh)   # or shard_model(model, mesh)
+    ids, mask = shard_batch((ids, mask), mesh)
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "model")
+BATCH_AXES = ("data", "fsdp")
+
+# (logical name, mesh axis | tuple of mesh axes | None). A name may appear several times: the first
+# candidate whose mesh axes are still free in this spec (and divide the dimension) is used.
+DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
+    ("batch", BATCH_AXES),
+    ("vocab", "model"),
+    ("mlp", "model"),
+    ("heads", "model"),
+    ("kv", None),
+    ("embed", None),
+    ("relpos_buckets", None),
+    ("length", None),
+    ("classes", None),
+)
+# For models too large to replicate: parameters are also split along `embed` over `fsdp`.
+FSDP_RULES: tuple[tuple[str, Any], ...] = tuple(
+    (name, "fsdp") if name == "embed" else (name, axes) for name, axes in DEFAULT_RULES)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """Sizes of the mesh axes; exactly one may be -1, meaning "all remaining devices"."""
+
+    data: int = -1
+    fsdp: int = 1
+    model: int = 1
+
+
+def _mesh_config(config: MeshConfig | Mapping | None) -> MeshConfig:
+    if config is None:
+        return MeshConfig()
+    if isinstance(config, MeshConfig):
+        return config
+    if isinstance(config, Mapping):
+        unknown = set(config) - set(MESH_AXES)
+        if unknown:
+            raise ValueError(f"mesh config: unknown axes {sorted(unknown)}; the axes are {MESH_AXES}")
+        return MeshConfig(**{k: int(v) for k, v in config.items()})
+    raise TypeError(f"mesh config must be a MeshConfig, a mapping or None, got {type(config).__name__}")
+
+
+def make_mesh(config: MeshConfig | Mapping | None = None, devices: Sequence | None = None) -> Mesh:
+    """A ``(data, fsdp, model)`` mesh over `devices` (default: every device of every process).
+
+    Axis types are Auto, so XLA's GSPMD propagates shardings through jitted code.
+    """
+    cfg = _mesh_config(config)
+    devices = list(jax.devices() if devices is None else devices)
+    sizes = [getattr(cfg, axis) for axis in MESH_AXES]
+    for axis, size in zip(MESH_AXES, sizes):
+        if size != -1 and size < 1:
+            raise ValueError(f"mesh axis {axis!r} has size {size}; sizes must be >= 1 (or -1 to fill)")
+    if sizes.count(-1) > 1:
+        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))}: at most one axis may be -1")
+    known = math.prod(s for s in sizes if s != -1)
+    if -1 in sizes:
+        if len(devices) % known:
+            raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))}: the fixed axes multiply to "
+                             f"{known}, which does not divide the {len(devices)} devices")
+        sizes[sizes.index(-1)] = len(devices) // known
+    elif known != len(devices):
+        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {known} devices, "
+                         f"but there are {len(devices)}")
+    return jax.make_mesh(tuple(sizes), MESH_AXES,
+                         axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+def _as_axes(axes) -> tuple[str, ...]:
+    if axes is None:
+        return ()
+    return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
+def logical_to_mesh_spec(names: Sequence[str | None], rules=DEFAULT_RULES, *,
+                         shape: Sequence[int] | None = None, mesh: Mesh | None = None) -> PartitionSpec:
+    """Map logical dimension names to a `PartitionSpec` over mesh axes.
+
+    Args:
+      names: one logical name (or None: replicated) per dimension, e.g. ``("embed", "mlp")``.
+      rules: ``(logical name, mesh axes)`` pairs; the first usable candidate for a name wins.
+      shape, mesh: when both are given, a candidate whose mesh axes do not divide the dimension is
+        skipped (the dimension ends up replicated if none fits), and mesh axes the mesh lacks are
+        dropped.
+    Raises:
+      ValueError: a name that no rule mentions (a typo would otherwise silently replicate).
+    """
+    if shape is not None and len(shape) != len(names):
+        raise ValueError(f"logical names {tuple(names)} do not match shape {tuple(shape)}")
+    candidates: dict[str, list[tuple[str, ...]]] = {}
+    for name, axes in rules:
+        candidates.setdefault(name, []).append(_as_axes(axes))
+    used: set[str] = set()
+    spec: list = []
+    for dim, name in enumerate(names):
+        if name is None:
+            spec.append(None)
+            continue
+        if name not in candidates:
+            raise ValueError(f"logical axis {name!r} has no rule; known: {sorted(candidates)}")
+        chosen: tuple[str, ...] = ()
+        for axes in candidates[name]:
+            if mesh is not None:
+                axes = tuple(a for a in axes if a in mesh.shape)
+            if not axes or used.intersection(axes):
+                continue
+            if shape is not None and mesh is not None:
+                if shape[dim] % math.prod(mesh.shape[a] for a in axes):
+                    continue
+            chosen = axes
+            break
+        used.update(chosen)
+        spec.append(None if not chosen else chosen[0] if len(chosen) == 1 else chosen)
+    return PartitionSpec(*spec)
+
+
+def _logical_names(var: nnx.Variable) -> tuple | None:
+    names = var.get_metadata().get("out_sharding")
+    return None if names is None else tuple(names)
+
+
+def model_shardings(model_or_state, mesh: Mesh, rules=DEFAULT_RULES):
+    """`NamedSharding` of every Variable, as a tree shaped like ``nnx.state(model)``.
+
+    Variables without logical names (RNG state, counters, caches) are replicated.
+    """
+    state = nnx.state(model_or_state) if isinstance(model_or_state, nnx.Module) else model_or_state
+
+    def sharding(path, var):
+        if not isinstance(var, nnx.Variable):  # a bare array in a hand-made tree
+            return NamedSharding(mesh, PartitionSpec())
+        names, shape = _logical_names(var), tuple(np.shape(var.get_value()))
+        if names is None:
+            return var.replace(NamedSharding(mesh, PartitionSpec()))
+        try:
+            spec = logical_to_mesh_spec(names, rules, shape=shape, mesh=mesh)
+        except ValueError as e:
+            raise ValueError(f"parameter {jax.tree_util.keystr(path)}: {e}") from e
+        return var.replace(NamedSharding(mesh, spec))
+
+    return jax.tree_util.tree_map_with_path(
+        sharding, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def shard_model(model: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> nnx.Module:
+    """Move every Variable of `model` onto `mesh` by the rules, in place; returns `model`."""
+    state = nnx.state(model)
+    nnx.update(model, jax.device_put(state, model_shardings(state, mesh, rules)))
+    return model
+
+
+def create_sharded(factory: Callable[[], nnx.Module], mesh: Mesh, rules=DEFAULT_RULES) -> nnx.Module:
+    """Build ``factory()`` directly in its sharded layout: no device ever holds the whole model.
+
+    The model is traced abstractly (`nnx.eval_shape`) to learn shapes and logical names, then its
+    initialization is jitted with those shardings as ``out_shardings``, so each device computes
+    only its own shards.
+    """
+    def build() -> nnx.Module:
+        with nnx.use_eager_sharding(False):
+            return factory()
+
+    graphdef, abstract_state = nnx.split(nnx.eval_shape(build))
+    shardings = model_shardings(abstract_state, mesh, rules)
+
+    init = jax.jit(lambda: nnx.state(build()), out_shardings=shardings)
+    return nnx.merge(graphdef, init())
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+    """Leading (batch) dimension split over ``("data", "fsdp")``, the rest replicated."""
+    axes = tuple(a for a in BATCH_AXES if a in mesh.shape)
+    return NamedSharding(mesh, PartitionSpec(axes or None, *([None] * (ndim - 1))))
+
+
+def shard_batch(batch, mesh: Mesh):
+    """Place a pytree of arrays (leading dim = batch) on `mesh`, the batch split over data x fsdp.
+
+    With several processes, each passes its own slice of the batch (process-local data) and gets
+    back global arrays.
+    Raises:
+      ValueError: naming the leaf whose batch size the data x fsdp devices do not divide.
+    """
+    multi_process = jax.process_count() > 1
+    split = math.prod(mesh.shape[a] for a in BATCH_AXES if a in mesh.shape)
+    if multi_process:  # each process holds the rows of its own devices
+        split = max(1, split // jax.process_count())
+
+    def place(path, x):
+        x = x if isinstance(x, jax.Array) else np.asarray(x)
+        where = jax.tree_util.keystr(path) or "batch"
+        if x.ndim == 0:
+            raise ValueError(f"batch leaf {where} is a scalar; every leaf needs a leading batch dim")
+        if x.shape[0] % split:
+            raise ValueError(f"batch leaf {where} has batch size {x.shape[0]} (shape {x.shape}), "
+                             f"not divisible by the {split} data x fsdp shards"
+                             f"{' held by this process' if multi_process else ''} of the mesh")
+        sharding = batch_sharding(mesh, x.ndim)
+        if multi_process:
+            return jax.make_array_from_process_local_data(sharding, x)
+        return jax.device_put(x, sharding)
+
+    return jax.tree_util.tree_map_with_path(place, batch)

@@ -1,0 +1,282 @@
+"""One tokenizer interface for T5 SentencePiece vocabularies, with two interchangeable backends.
+
+* ``backend="hf"``: Hugging Face ``T5TokenizerFast`` (Rust `tokenizers`) from a folder holding
+  ``tokenizer.json`` or ``spiece.model``. transformers 5's ``T5Tokenizer(vocab_file=...)`` silently
+  ignores the file, so we always load from the folder.
+* ``backend="tf_text"``: tensorflow-text's ``SentencepieceTokenizer`` on the folder's
+  ``spiece.model`` (tensorflow is imported only when this backend is asked for).
+
+Both give identical ids for the same ``spiece.model`` (tested on δ-CLARIFY). The backend only turns
+text into pieces and back; appending EOS, truncating, padding and decoding rules live here, once,
+so the backends cannot drift apart on them.
+
+Truncation is explicit: a text with more than ``max_length - 1`` tokens keeps its first
+``max_length - 1`` tokens and EOS, and is counted (per call in `EncodeStats`, in total in
+``Tokenizer.truncation_count``). An empty or whitespace-only text is an error unless allowed.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Literal, Sequence
+
+import numpy as np
+
+from clarifyjax.models.checkpoint_io import CheckpointError, atomic_write_bytes, check_folder
+
+SPM_FILE = "spiece.model"
+HF_FILE = "tokenizer.json"
+# Copied by `save_pretrained` when present, so that a model folder is self-contained.
+TOKENIZER_FILES = (SPM_FILE, HF_FILE, "tokenizer_config.json", "special_tokens_map.json")
+DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
+Backend = Literal["hf", "tf_text"]
+
+
+def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
+    """The smallest bucket >= `n`, so that jitted shapes repeat.
+
+    Past the largest bucket, `n` is rounded up to a multiple of it (512, 1024, ...).
+    """
+    if n < 0:
+        raise ValueError(f"bucket_length: negative length {n}")
+    if not buckets or list(buckets) != sorted(buckets) or buckets[0] < 1:
+        raise ValueError(f"bucket_length: buckets must be increasing positive ints, got {buckets}")
+    for b in buckets:
+        if n <= b:
+            return int(b)
+    largest = buckets[-1]
+    return int(-(-n // largest) * largest)
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodeStats:
+    """What one `encode_batch_with_stats` call did.
+
+    lengths: [batch] tokens per text including EOS, *before* truncation.
+    truncated_rows: indices (in the batch) of the texts that were cut to `max_length`.
+    """
+
+    lengths: np.ndarray
+    truncated_rows: tuple[int, ...]
+
+    @property
+    def truncated(self) -> int:
+        return len(self.truncated_rows)
+
+
+class Tokenizer:
+    """Text <-> padded id matrices. Build with `Tokenizer.from_pretrained(folder, backend=...)`.
+
+    Attributes:
+      pad_id, eos_id, unk_id: special ids of the vocabulary.
+      vocab_size: size of the tokenizer's vocabulary (a model's embedding may be larger, e.g. 32128).
+      truncation_count: texts truncated by this tokenizer so far, over all calls.
+    """
+
+    backend: str
+
+    def __init__(self, folder: Path, *, pad_id: int, eos_id: int, unk_id: int | None,
+                 vocab_size: int):
+        self.folder = folder
+        self.pad_id, self.eos_id, self.unk_id = int(pad_id), int(eos_id), unk_id
+        self.vocab_size = int(vocab_size)
+        self.truncation_count = 0
+        self._dropped_on_decode = np.array(
+            sorted({self.pad_id, self.eos_id} | ({unk_id} if unk_id is not None else set())))
+
+    # -- construction ---------------------------------------------------------------------------
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, *, backend: Backend = "hf") -> "Tokenizer":
+        """Load from a folder holding ``tokenizer.json`` and/or ``spiece.model``.
+
+        Raises:
+          CheckpointError: the folder is missing, or holds no file the backend can read.
+        """
+        folder = check_folder(path)
+        if backend == "hf":
+            if not (folder / HF_FILE).exists() and not (folder / SPM_FILE).exists():
+                raise CheckpointError(f"{folder}: neither {HF_FILE} nor {SPM_FILE} found; "
+                                      "not a tokenizer folder")
+            return HFTokenizer(folder)
+        if backend == "tf_text":
+            if not (folder / SPM_FILE).exists():
+                raise CheckpointError(f"{folder}: no {SPM_FILE}, which the tf_text backend needs")
+            return TFTextTokenizer(folder)
+        raise ValueError(f"unknown tokenizer backend {backend!r}; expected 'hf' or 'tf_text'")
+
+    def save_pretrained(self, folder: str | os.PathLike) -> Path:
+        """Copy the tokenizer files (each atomically) into `folder`, e.g. beside a model's weights."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in TOKENIZER_FILES:
+            source = self.folder / name
+            if source.exists() and source.resolve() != (folder / name).resolve():
+                atomic_write_bytes(folder / name, source.read_bytes())
+        return folder
+
+    # -- backend hooks ----------------------------------------------------------------------------
+
+    def _pieces(self, texts: list[str]) -> list[list[int]]:
+        """Ids of each text, without any special token."""
+        raise NotImplementedError
+
+    def _detokenize(self, rows: list[list[int]]) -> list[str]:
+        """Text of each row of ordinary (non-special, in-vocabulary) ids."""
+        raise NotImplementedError
+
+    # -- encoding ---------------------------------------------------------------------------------
+
+    def encode_batch(self, texts: Sequence[str], max_length: int, *,
+                     pad_to: int | Literal["bucket"] | None = None,
+                     allow_empty: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Encode, append EOS, truncate (counted) and pad. Returns ids, mask: int32 [batch, L].
+
+        See `encode_batch_with_stats` for the arguments and the per-call truncation count.
+        """
+        ids, mask, _ = self.encode_batch_with_stats(texts, max_length, pad_to=pad_to,
+                                                    allow_empty=allow_empty)
+        return ids, mask
+
+    def encode_batch_with_stats(self, texts: Sequence[str], max_length: int, *,
+                                pad_to: int | Literal["bucket"] | None = None,
+                                allow_empty: bool = False
+                                ) -> tuple[np.ndarray, np.ndarray, EncodeStats]:
+        """Encode a batch of texts.
+
+        Args:
+          texts: the batch (a list of str, not one str).
+          max_length: most tokens per row, EOS included; longer texts keep their first
+            ``max_length - 1`` tokens plus EOS and are counted.
+          pad_to: width L of the result: None -> `max_length`; an int >= `max_length`; or
+            "bucket" -> `bucket_length` of the longest row, so that jitted shapes repeat.
+          allow_empty: encode an empty / whitespace-only text as just EOS instead of raising.
+        Returns:
+          ids: int32 [batch, L], pad_id after EOS; mask: int32 [batch, L], 1 on tokens and EOS;
+          stats: `EncodeStats` of this call.
+        Raises:
+          ValueError: an empty text (naming its index), or inconsistent lengths.
+          TypeError: `texts` is a str, or an item is not a str (naming its index).
+        """
+        if isinstance(texts, (str, bytes)):
+            raise TypeError("encode_batch expects a sequence of texts, got a single string")
+        texts = list(texts)
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"text {i} of the batch is a {type(text).__name__}, not a str")
+            if not allow_empty and not text.strip():
+                raise ValueError(f"text {i} of the batch is empty ({text!r}); "
+                                 "pass allow_empty=True to encode it as EOS alone")
+        if max_length < 2:
+            raise ValueError(f"max_length must be >= 2 (one token and EOS), got {max_length}")
+
+        pieces = self._pieces(texts) if texts else []
+        lengths = np.array([len(p) + 1 for p in pieces], dtype=np.int64)  # + EOS
+        truncated_rows = tuple(int(i) for i in np.flatnonzero(lengths > max_length))
+        kept = np.minimum(lengths, max_length)
+
+        if pad_to is None:
+            width = max_length
+        elif pad_to == "bucket":
+            width = bucket_length(int(kept.max()) if len(kept) else 1)
+        elif isinstance(pad_to, (int, np.integer)) and pad_to >= max_length:
+            width = int(pad_to)
+        else:
+            raise ValueError(f"pad_to must be None, 'bucket' or an int >= max_length "
+                             f"({max_length}), got {pad_to!r}")
+
+        # Rows are laid out row-major, so the flat kept ids fill `mask` positions in order.
+        mask = np.arange(width)[None, :] < kept[:, None]
+        ids = np.full((len(texts), width), self.pad_id, dtype=np.int32)
+        flat = [np.asarray(p[: n - 1] + [self.eos_id], dtype=np.int32) for p, n in zip(pieces, kept)]
+        if flat:
+            ids[mask] = np.concatenate(flat)
+        self.truncation_count += len(truncated_rows)
+        return ids, mask.astype(np.int32), EncodeStats(lengths, truncated_rows)
+
+    # -- decoding ---------------------------------------------------------------------------------
+
+    def decode_batch(self, ids) -> list[str]:
+        """Text of each row of `ids` [batch, L]: up to the first EOS, pad / special ids dropped.
+
+        Ids outside the tokenizer's vocabulary (a model's embedding is often larger) are dropped.
+        """
+        ids = np.asarray(ids)
+        if ids.ndim != 2:
+            raise ValueError(f"decode_batch expects ids of shape [batch, length], got {ids.shape}")
+        if not np.issubdtype(ids.dtype, np.integer):
+            raise TypeError(f"decode_batch expects integer ids, got dtype {ids.dtype}")
+        ids = ids.astype(np.int64)
+        is_eos = ids == self.eos_id
+        # position of the first EOS (or L when none): everything from it on is dropped
+        ends = np.where(is_eos.any(axis=1), is_eos.argmax(axis=1), ids.shape[1])
+        keep = (np.arange(ids.shape[1])[None, :] < ends[:, None])
+        keep &= ~np.isin(ids, self._dropped_on_decode) & (ids >= 0) & (ids < self.vocab_size)
+        rows = [row[k].tolist() for row, k in zip(ids, keep)]
+        return self._detokenize(rows) if rows else []
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({str(self.folder)!r}, vocab_size={self.vocab_size}, "
+                f"pad_id={self.pad_id}, eos_id={self.eos_id})")
+
+
+class HFTokenizer(Tokenizer):
+    """Hugging Face backend: ``T5TokenizerFast.from_pretrained(folder)``."""
+
+    backend = "hf"
+
+    def __init__(self, folder: Path):
+        from transformers import T5TokenizerFast
+
+        # extra_ids=0: no <extra_id_*> sentinels beyond what tokenizer.json itself declares, so a
+        # bare spiece.model gives the same vocabulary as the tf_text backend.
+        self._tok = T5TokenizerFast.from_pretrained(str(folder), extra_ids=0)
+        pad, eos = self._tok.pad_token_id, self._tok.eos_token_id
+        if pad is None or eos is None:
+            raise CheckpointError(f"{folder}: the tokenizer defines no pad or eos token "
+                                  f"(pad={pad}, eos={eos}); T5 needs both")
+        super().__init__(folder, pad_id=pad, eos_id=eos, unk_id=self._tok.unk_token_id,
+                         vocab_size=len(self._tok))
+
+    def _pieces(self, texts: list[str]) -> list[list[int]]:
+        return self._tok(texts, add_special_tokens=False)["input_ids"]
+
+    def _detokenize(self, rows: list[list[int]]) -> list[str]:
+        return self._tok.batch_decode(rows, skip_special_tokens=True,
+                                      clean_up_tokenization_spaces=False)
+
+
+class TFTextTokenizer(Tokenizer):
+    """tensorflow-text backend: ``SentencepieceTokenizer`` on the folder's ``spiece.model``."""
+
+    backend = "tf_text"
+
+    def __init__(self, folder: Path):
+        import sentencepiece
+        import tensorflow as tf  # heavy: imported only for this backend
+        import tensorflow_text
+
+        proto = (folder / SPM_FILE).read_bytes()
+        try:
+            spm = sentencepiece.SentencePieceProcessor(model_proto=proto)
+        except Exception as e:  # sentencepiece raises RuntimeError/OSError on garbage
+            raise CheckpointError(f"{folder / SPM_FILE}: not a SentencePiece model ({e})") from e
+        if spm.pad_id() < 0 or spm.eos_id() < 0:
+            raise CheckpointError(f"{folder / SPM_FILE}: no pad or eos piece "
+                                  f"(pad_id={spm.pad_id()}, eos_id={spm.eos_id()}); T5 needs both")
+        self._tf = tf
+        # EOS is appended by `Tokenizer` itself, identically for both backends.
+        self._spm = tensorflow_text.SentencepieceTokenizer(model=proto, add_eos=False)
+        super().__init__(folder, pad_id=spm.pad_id(), eos_id=spm.eos_id(),
+                         unk_id=spm.unk_id() if spm.unk_id() >= 0 else None,
+                         vocab_size=spm.get_piece_size())
+
+    def _pieces(self, texts: list[str]) -> list[list[int]]:
+        return self._spm.tokenize(self._tf.constant(texts, dtype=self._tf.string)).to_list()
+
+    def _detokenize(self, rows: list[list[int]]) -> list[str]:
+        values = np.fromiter((i for row in rows for i in row), dtype=np.int32)
+        ragged = self._tf.RaggedTensor.from_row_lengths(
+            values, np.array([len(row) for row in rows], dtype=np.int64))
+        return [b.decode("utf-8") for b in self._spm.detokenize(ragged).numpy().tolist()]
