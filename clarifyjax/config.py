@@ -1,0 +1,724 @@
+"""Run configurations: nested frozen dataclasses read from YAML, overridable as ``a.b.c=value``.
+
+Two kinds of run, told apart by the top-level key ``kind``:
+
+* ``kind: sft`` -> `SFTConfig`: supervised fine-tuning of one seq2seq model (``task`` picks the
+  question generator, the wh-conditioned generator, the answerer, the fusion model or a judge);
+* ``kind: ppo`` -> `PPOConfig`: ClarifyDelphi's PPO (policy, value, reference, reward models).
+
+    cfg = load_config("configs/ppo_tiny.yaml", ["ppo.batch_size=8", "run.steps=20"])
+    log(config_to_dict(cfg))                 # plain nested dicts/lists, YAML/JSON-ready
+
+A YAML file may start from another one with ``base: other.yaml`` (path relative to the file);
+mappings are merged key by key, anything else is replaced. Values are coerced to the declared field
+types (``lr: 1e-5`` is a float although YAML reads it as a string); an unknown key or a value of the
+wrong type raises `ConfigError` naming the key, the file (or the override) and what was expected.
+A `ModelConfig` may be written as a bare string, shorthand for ``{init: <string>}``.
+
+This module imports only the standard library and PyYAML, so anything may import it.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import types
+import typing
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Mapping, Optional, Sequence, Union
+
+import yaml
+
+DTypeName = Literal["float32", "bfloat16", "float16"]
+SHARED_DELTA_CLARIFY = "../shared/data/delta-clarify"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be read as asked; the message names the key and the source."""
+
+
+# --------------------------------------------------------------------------- sections
+# Each section may declare `_bounds` (field -> ">= 1", "> 0", "[0, 1)", ...; None values pass)
+# and a `check(at)` for rules that involve several fields; `_check_tree` runs both.
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Bookkeeping of a run. Every ``*_every`` is in steps; 0 turns it off.
+
+    Conventions for the loops: checkpoints go to ``{directory}/checkpoints`` (orbax), metrics to
+    ``{directory}/metrics.jsonl`` and TensorBoard files, the final model as a Hugging Face folder
+    to ``{directory}/final``. ``output_dir: null`` means ``runs/{name}``.
+    """
+
+    name: str = "run"
+    output_dir: Optional[str] = None
+    seed: int = 0
+    steps: int = 1000
+    eval_every: int = 500
+    save_every: int = 500
+    log_every: int = 10
+    sample_every: int = 100
+    max_to_keep: int = 3
+    async_checkpointing: bool = True
+
+    _bounds: ClassVar = {"steps": ">= 1", "eval_every": ">= 0", "save_every": ">= 0",
+                         "log_every": ">= 0", "sample_every": ">= 0", "max_to_keep": ">= 1"}
+
+    @property
+    def directory(self) -> str:
+        return self.output_dir if self.output_dir else os.path.join("runs", self.name)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshLayout:
+    """Sizes of the ``(data, fsdp, model)`` mesh axes (one may be -1: all remaining devices) and the
+    logical-axis rules table of `clarifyjax.sharding` ("fsdp" also splits parameters along embed)."""
+
+    data: int = -1
+    fsdp: int = 1
+    model: int = 1
+    rules: Literal["default", "fsdp"] = "default"
+
+    def axis_sizes(self) -> dict[str, int]:
+        """``{"data": ..., "fsdp": ..., "model": ...}``, what `sharding.make_mesh` takes."""
+        return {"data": self.data, "fsdp": self.fsdp, "model": self.model}
+
+    def check(self, at: str) -> None:
+        sizes = self.axis_sizes()
+        for axis, size in sizes.items():
+            if size != -1 and size < 1:
+                raise ConfigError(f"{at}.{axis} = {size}: mesh sizes must be >= 1, or -1 to fill")
+        if list(sizes.values()).count(-1) > 1:
+            raise ConfigError(f"{at}: at most one axis may be -1, got {sizes}")
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyModelSpec:
+    """A small random model for CPU runs and tests (names as in Hugging Face's T5Config).
+
+    For an encoder (judge kind "encoder"): d_model = hidden_size, d_ff = intermediate_size,
+    num_layers = layers, num_heads = heads; the decoder fields are ignored.
+    """
+
+    vocab_size: int = 2000
+    d_model: int = 64
+    d_ff: int = 128
+    num_layers: int = 2
+    num_decoder_layers: Optional[int] = None  # None: same as num_layers
+    num_heads: int = 4
+    d_kv: Optional[int] = None  # None: d_model // num_heads
+    feed_forward_proj: Literal["relu", "gated-gelu"] = "gated-gelu"
+    tie_word_embeddings: bool = False
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+
+    _bounds: ClassVar = {name: ">= 1" for name in (
+        "vocab_size", "d_model", "d_ff", "num_layers", "num_decoder_layers", "num_heads", "d_kv",
+        "relative_attention_num_buckets", "relative_attention_max_distance")}
+
+    def check(self, at: str) -> None:
+        if self.d_kv is None and self.d_model % self.num_heads:
+            raise ConfigError(f"{at}: d_model {self.d_model} is not divisible by num_heads "
+                              f"{self.num_heads}; set d_kv")
+
+    def t5_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `clarifyjax.models.t5.T5Config`."""
+        kwargs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        kwargs["d_kv"] = self.d_kv if self.d_kv is not None else self.d_model // self.num_heads
+        return kwargs
+
+    def encoder_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for `clarifyjax.models.encoder.EncoderConfig`."""
+        return {"vocab_size": self.vocab_size, "hidden_size": self.d_model,
+                "num_layers": self.num_layers, "num_heads": self.num_heads,
+                "intermediate_size": self.d_ff}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """One model: a Hugging Face folder (``init``, safetensors) or a tiny random one (``tiny``).
+
+    ``tokenizer``: a folder with ``spiece.model`` or ``tokenizer.json``; null = the ``init`` folder.
+    Lengths are in tokens; inputs and targets longer than them are truncated.
+    """
+
+    init: Optional[str] = None
+    tiny: Optional[TinyModelSpec] = None
+    tokenizer: Optional[str] = None
+    dtype: DTypeName = "float32"  # compute
+    param_dtype: DTypeName = "float32"  # storage
+    max_input_length: int = 128
+    max_target_length: int = 64
+    dropout_rate: Optional[float] = None  # None: the checkpoint's (or 0 for a tiny model)
+
+    _shorthand: ClassVar = "init"  # a bare string in YAML means {init: <string>}
+    _bounds: ClassVar = {"max_input_length": ">= 2", "max_target_length": ">= 2",
+                         "dropout_rate": "[0, 1)"}
+
+    def check(self, at: str) -> None:
+        if (self.init is None) == (self.tiny is None):
+            raise ConfigError(f"{at}: give exactly one of 'init' (a model folder) and 'tiny' "
+                              f"(a random model spec); got init={self.init!r}, "
+                              f"tiny={'set' if self.tiny else None}")
+        if self.init is None and self.tokenizer is None:
+            raise ConfigError(f"{at}.tokenizer: a tiny model needs a tokenizer folder")
+
+    @property
+    def tokenizer_path(self) -> str:
+        return self.tokenizer if self.tokenizer is not None else str(self.init)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """optax optimizer and learning-rate schedule.
+
+    ``schedule``: constant, or linear / cosine decay to 0 at the last step; all after
+    ``warmup_steps`` of linear warm-up. ``grad_accum`` micro-batches make one update (the
+    data batch size is per micro-batch). ``max_grad_norm`` 0 = no clipping.
+    """
+
+    name: Literal["adamw", "adafactor", "adam"] = "adamw"
+    lr: float = 1e-4
+    warmup_steps: int = 0
+    schedule: Literal["constant", "linear", "cosine"] = "constant"
+    weight_decay: float = 0.0
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    grad_accum: int = 1
+    label_smoothing: float = 0.0
+    max_grad_norm: float = 1.0
+
+    _bounds: ClassVar = {"lr": "> 0", "warmup_steps": ">= 0", "weight_decay": ">= 0",
+                         "b1": "[0, 1)", "b2": "[0, 1)", "eps": ">= 0", "grad_accum": ">= 1",
+                         "label_smoothing": "[0, 1)", "max_grad_norm": ">= 0"}
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTDataConfig:
+    """Where the (input, target) pairs of an SFT run come from, and how they are batched.
+
+    Relative paths are read from the working directory, else from the repository root, and fall
+    back to the project's small example files (`clarifyjax.data.resolve_data_path`).
+    ``dev_path: null``: a seeded split of ``train_path`` (grouped by situation, so that no dev
+    situation is seen in training), ``dev_fraction`` of the groups. ``train_rows`` keeps N train
+    pairs (a seeded sample), ``dev_rows`` the first N dev pairs. ``batch_size`` is global (all
+    hosts). ``length_buckets``: padded lengths of batches (empty: powers of two), capped by the
+    model's maximum lengths. Judge files are (text, class) tables; ``text_column`` /
+    ``label_column`` name their columns (labels 1/0/-1 or good/ok/bad). ``judge_source: silver``
+    derives judge pairs from sc_dev_questions_gpt.tsv instead (`clarifyjax.data.silver_judge_rows`).
+    """
+
+    train_path: str = f"{SHARED_DELTA_CLARIFY}/train.tsv"
+    dev_path: Optional[str] = f"{SHARED_DELTA_CLARIFY}/dev.tsv"
+    dev_fraction: float = 0.1
+    split_seed: int = 0
+    train_rows: Optional[int] = None
+    dev_rows: Optional[int] = None
+    batch_size: int = 32
+    eval_batch_size: int = 64
+    length_buckets: tuple[int, ...] = ()
+    shuffle: bool = True
+    text_column: str = "text"
+    label_column: str = "class"
+    judge_source: Literal["table", "silver"] = "table"
+
+    _bounds: ClassVar = {"dev_fraction": "(0, 1)", "train_rows": ">= 1", "dev_rows": ">= 1",
+                         "batch_size": ">= 1", "eval_batch_size": ">= 1"}
+
+    def check(self, at: str) -> None:
+        _check_buckets(self.length_buckets, f"{at}.length_buckets")
+
+
+@dataclasses.dataclass(frozen=True)
+class PPODataConfig:
+    """Situations for PPO: the unique situations of ``train_path`` (rollouts) and of ``dev_path``
+    (evaluation, the first ``dev_situations`` of them; null = all)."""
+
+    train_path: str = f"{SHARED_DELTA_CLARIFY}/train.tsv"
+    dev_path: Optional[str] = f"{SHARED_DELTA_CLARIFY}/dev.tsv"
+    dev_situations: Optional[int] = 500
+    eval_batch_size: int = 64
+    length_buckets: tuple[int, ...] = ()
+    shuffle: bool = True
+
+    _bounds: ClassVar = {"dev_situations": ">= 1", "eval_batch_size": ">= 1"}
+
+    def check(self, at: str) -> None:
+        _check_buckets(self.length_buckets, f"{at}.length_buckets")
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeConfig:
+    """The moral judge: a T5 read through its class tokens (Delphi), or an encoder classifier.
+
+    ``kind: t5``: the input is ``input_prefix + text``; ``class_prefix`` is teacher-forced and the
+    next token's logits over ``class_tokens`` (in the order bad, ok, good) are normalized.
+    ``kind: encoder``: a sequence classifier; ``encoder_labels`` are its label names for bad, ok,
+    good (looked up in the checkpoint's id2label).
+    """
+
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    kind: Literal["t5", "encoder"] = "t5"
+    input_prefix: str = "[moral_single]: "
+    class_prefix: str = "<class>"
+    class_tokens: tuple[str, ...] = ("-1", "0", "1")
+    encoder_labels: tuple[str, ...] = ("bad", "ok", "good")
+
+    def check(self, at: str) -> None:
+        for name in ("class_tokens", "encoder_labels"):
+            value = getattr(self, name)
+            if len(value) != 3 or len(set(value)) != 3:
+                raise ConfigError(f"{at}.{name}: need 3 distinct entries (bad, ok, good), got "
+                                  f"{list(value)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig:
+    """The reward models and the policy for answers that the NLI filter drops.
+
+    ``nli: null`` turns the filter off. ``dropped_answer``: ``zero_reward`` gives the question a
+    reward of 0 (before normalization: no defeasibility shown), ``resample`` draws up to
+    ``resample_k`` new answers (sampled at ``answer_temperature`` or 1.0 when that is 0) before
+    falling back to zero_reward, ``blank`` fuses an empty answer as the original did.
+    Answers are decoded greedily when ``answer_temperature`` is 0.
+    """
+
+    answerer: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    fusion: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    judge: JudgeConfig = dataclasses.field(default_factory=JudgeConfig)
+    nli: Optional[ModelConfig] = None
+    nli_threshold: float = 0.5
+    dropped_answer: Literal["zero_reward", "resample", "blank"] = "zero_reward"
+    resample_k: int = 2
+    answer_max_length: int = 32
+    answer_temperature: float = 0.0
+    fusion_max_length: int = 64
+
+    _bounds: ClassVar = {"nli_threshold": "(0, 1)", "resample_k": ">= 1",
+                         "answer_max_length": ">= 2", "answer_temperature": ">= 0",
+                         "fusion_max_length": ">= 2"}
+
+
+@dataclasses.dataclass(frozen=True)
+class NormalizerConfig:
+    """reward = gain * jsd + bias. The defaults are ClarifyDelphi's, measured for Delphi; with
+    ``fit: true`` they are refitted to mean 0, std 1 on ``fit_batches`` rollout batches before
+    training (and stored in checkpoints)."""
+
+    gain: float = 4.0725
+    bias: float = -0.45726
+    fit: bool = True
+    fit_batches: int = 8
+
+    _bounds: ClassVar = {"fit_batches": ">= 1"}
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOHyperparams:
+    """PPO as in ClarifyDelphi (DESIGN §4). ``batch_size`` situations per step (global);
+    ``epochs`` passes over the batch, each split into ``minibatches``. The learning rate is the
+    run's ``optimizer.lr``. ``top_k`` 0 = off; ``top_p`` 1.0 = off."""
+
+    batch_size: int = 64
+    epochs: int = 4
+    minibatches: int = 1
+    clip: float = 0.2
+    value_clip: float = 0.2
+    vf_coef: float = 1.0
+    entropy_coef: float = 0.0
+    gamma: float = 1.0
+    lam: float = 0.95
+    kl_coef: float = 0.15
+    adaptive_kl: bool = False
+    kl_target: float = 6.0
+    kl_horizon: int = 10000
+    whiten_advantages: bool = True
+    temperature: float = 0.7
+    top_p: float = 0.6
+    top_k: int = 0
+    max_question_length: int = 30
+
+    _bounds: ClassVar = {
+        "batch_size": ">= 1", "epochs": ">= 1", "minibatches": ">= 1", "clip": ">= 0",
+        "value_clip": ">= 0", "vf_coef": ">= 0", "entropy_coef": ">= 0", "gamma": "[0, 1]",
+        "lam": "[0, 1]", "kl_coef": ">= 0", "kl_target": "> 0", "kl_horizon": ">= 1",
+        "temperature": "> 0", "top_p": "(0, 1]", "top_k": ">= 0", "max_question_length": ">= 2"}
+
+    def check(self, at: str) -> None:
+        if self.batch_size % self.minibatches:
+            raise ConfigError(f"{at}.minibatches = {self.minibatches} does not divide "
+                              f"{at}.batch_size = {self.batch_size}")
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueConfig:
+    """The value model: a T5 with a scalar head on every decoder position.
+
+    ``model: null`` starts from the policy's initial weights (plus a new head), as the original
+    did; ``shared_trunk: true`` puts the head on the policy itself instead of a separate T5.
+    """
+
+    model: Optional[ModelConfig] = None
+    shared_trunk: bool = False
+
+    def check(self, at: str) -> None:
+        if self.shared_trunk and self.model is not None:
+            raise ConfigError(f"{at}: shared_trunk uses the policy; leave {at}.model null")
+
+
+# --------------------------------------------------------------------------- the two run kinds
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTConfig:
+    """Supervised fine-tuning of one seq2seq model on one task's (input, target) pairs."""
+
+    kind: Literal["sft"] = "sft"
+    task: Literal["question", "wh_question", "answerer", "fusion", "judge"] = "question"
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    mesh: MeshLayout = dataclasses.field(default_factory=MeshLayout)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    data: SFTDataConfig = dataclasses.field(default_factory=SFTDataConfig)
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    """ClarifyDelphi's PPO run. ``reference: null`` = a frozen copy of the initial policy. One
+    optimizer updates the policy and the value model together, as in the original."""
+
+    kind: Literal["ppo"] = "ppo"
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    mesh: MeshLayout = dataclasses.field(default_factory=MeshLayout)
+    policy: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    value: ValueConfig = dataclasses.field(default_factory=ValueConfig)
+    reference: Optional[ModelConfig] = None
+    rewards: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+    normalizer: NormalizerConfig = dataclasses.field(default_factory=NormalizerConfig)
+    ppo: PPOHyperparams = dataclasses.field(default_factory=PPOHyperparams)
+    optimizer: OptimizerConfig = dataclasses.field(
+        default_factory=lambda: OptimizerConfig(name="adam", lr=1e-5, max_grad_norm=0.0))
+    data: PPODataConfig = dataclasses.field(default_factory=PPODataConfig)
+
+
+Config = Union[SFTConfig, PPOConfig]
+KINDS: dict[str, type] = {"sft": SFTConfig, "ppo": PPOConfig}
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Config:
+    """Read a YAML run config, apply ``a.b.c=value`` overrides, coerce and check every value.
+
+    Raises:
+      ConfigError: missing file, YAML syntax error (with line), unknown ``kind``, unknown key
+        (naming it, the file and the valid keys at that level), bad value (naming the key, the
+        value and the expected type), or an inconsistent setting.
+    """
+    path = Path(path)
+    raw = _read_yaml_with_bases(path, ())
+    return config_from_dict(raw, overrides, source=str(path))
+
+
+def config_from_dict(raw: Mapping[str, Any], overrides: Sequence[str] = (), *,
+                     source: str = "<dict>") -> Config:
+    """Build a config from nested plain values (as `config_to_dict` returns) plus overrides."""
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: the top level must be a mapping, got {type(raw).__name__}")
+    raw = copy.deepcopy(dict(raw))
+    kind = raw.get("kind")
+    for item in overrides:  # an override may change the kind itself
+        if item.partition("=")[0].strip() == "kind":
+            kind = item.partition("=")[2].strip()
+    if kind not in KINDS:
+        raise ConfigError(f"{source}: top-level key 'kind' must be one of {sorted(KINDS)}, "
+                          f"got {kind!r}")
+    cls = KINDS[kind]
+    for item in overrides:
+        _apply_override(raw, cls, item, source)
+    cfg = _build(cls, raw, "", source)
+    _check_tree(cfg, "")
+    return cfg
+
+
+def parse_overrides(args: Sequence[str]) -> list[str]:
+    """Keep the ``key=value`` items of a command line (validated later by `load_config`)."""
+    bad = [a for a in args if "=" not in a or a.startswith("=")]
+    if bad:
+        raise ConfigError(f"overrides must look like key=value (e.g. ppo.batch_size=8), got {bad}")
+    return list(args)
+
+
+def config_to_dict(cfg) -> dict:
+    """Nested plain dicts/lists/scalars (tuples become lists); `config_from_dict` inverts it."""
+    def convert(value):
+        if dataclasses.is_dataclass(value):
+            return {f.name: convert(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, (tuple, list)):
+            return [convert(v) for v in value]
+        return value
+
+    return convert(cfg)
+
+
+def dump_config(cfg) -> str:
+    """The config as YAML text that `load_config` reads back to an equal config."""
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
+
+
+def save_config(cfg, path: str | os.PathLike) -> Path:
+    """Write `dump_config(cfg)` to `path` atomically (temporary file + rename)."""
+    from clarifyjax.models.checkpoint_io import atomic_write_bytes
+
+    atomic_write_bytes(Path(path), dump_config(cfg).encode())
+    return Path(path)
+
+
+# --------------------------------------------------------------------------- internals
+
+
+def _read_yaml_with_bases(path: Path, seen: tuple[Path, ...]) -> dict:
+    if not path.exists():
+        raise ConfigError(f"config file not found: {path}")
+    resolved = path.resolve()
+    if resolved in seen:
+        chain = " -> ".join(str(p) for p in seen + (resolved,))
+        raise ConfigError(f"{path}: 'base' files form a cycle: {chain}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
+        raise ConfigError(f"{path}: YAML syntax error at {where}: {e.problem}") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: YAML error: {e}") from e
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: 'base' must be a file name, got {base!r}")
+    parent = _read_yaml_with_bases(path.parent / base, seen + (resolved,))
+    return _merge(parent, data)
+
+
+def _merge(base: dict, top: Mapping) -> dict:
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(dict(out[key]), value)
+        else:
+            out[key] = value
+    return out
+
+
+def _hints(cls) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _field_names(cls) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
+
+
+def _dataclass_in(tp) -> type | None:
+    """The dataclass inside ``X`` or ``Optional[X]``, else None."""
+    if dataclasses.is_dataclass(tp):
+        return tp
+    if _is_union(tp):
+        for arg in typing.get_args(tp):
+            if dataclasses.is_dataclass(arg):
+                return arg
+    return None
+
+
+def _is_union(tp) -> bool:
+    return typing.get_origin(tp) in (Union, types.UnionType)
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _unknown_key(cls, key: str, at: str, source: str) -> ConfigError:
+    level = f"under '{at}'" if at else "at the top level"
+    return ConfigError(f"{source}: unknown key '{_join(at, key)}'; valid keys {level}: "
+                       f"{', '.join(_field_names(cls))}")
+
+
+def _build(cls, data, at: str, source: str):
+    """Dataclass `cls` from a mapping, coercing every value; errors name `at` and `source`."""
+    if isinstance(data, str) and getattr(cls, "_shorthand", None):
+        data = {cls._shorthand: data}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{source}: '{at or '<top>'}' must be a mapping of "
+                          f"{', '.join(_field_names(cls))}; got {data!r}")
+    hints = _hints(cls)
+    names = _field_names(cls)
+    for key in data:
+        if key not in names:
+            raise _unknown_key(cls, str(key), at, source)
+    kwargs = {key: _coerce(value, hints[key], _join(at, key), source)
+              for key, value in data.items()}
+    return cls(**kwargs)
+
+
+def _type_name(tp) -> str:
+    if _is_union(tp):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is tuple:
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if tp is type(None):
+        return "null"
+    if dataclasses.is_dataclass(tp):
+        return f"a mapping ({tp.__name__})"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _bad_value(key: str, value, tp, source: str) -> ConfigError:
+    return ConfigError(f"{source}: bad value for '{key}': {value!r} is not {_type_name(tp)}")
+
+
+_TRUE = {"true", "yes", "on", "1"}
+_FALSE = {"false", "no", "off", "0"}
+_NULL = {"null", "none", "~", ""}
+
+
+def _coerce(value, tp, key: str, source: str):
+    """`value` (a YAML value or an override string) as type `tp`."""
+    if _is_union(tp):
+        args = typing.get_args(tp)
+        if type(None) in args and (value is None or (isinstance(value, str)
+                                                     and value.strip().lower() in _NULL)):
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, key, source)
+            except ConfigError as e:
+                errors.append(e)
+        if len(errors) == 1:
+            raise errors[0]
+        raise _bad_value(key, value, tp, source)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        return _build(tp, value, key, source)
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value in allowed:
+            return value
+        raise _bad_value(key, value, tp, source)
+    if origin is tuple:
+        (item_tp, *_rest) = typing.get_args(tp)
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    value = yaml.safe_load(text)
+                except yaml.YAMLError:
+                    raise _bad_value(key, value, tp, source) from None
+            else:
+                value = [v.strip() for v in text.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise _bad_value(key, value, tp, source)
+        return tuple(_coerce(v, item_tp, f"{key}[{i}]", source) for i, v in enumerate(value))
+    if tp in (bool, int, float, str):
+        return _scalar(value, tp, key, source)
+    raise ConfigError(f"{source}: '{key}' has an unsupported field type {tp!r}")
+
+
+def _scalar(value, tp, key: str, source: str):
+    """A bool / int / float / str field; numbers never come from booleans."""
+    text = value.strip() if isinstance(value, str) else None
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    try:
+        if tp is bool:
+            if isinstance(value, bool):
+                return value
+            if text is not None and text.lower() in _TRUE | _FALSE:
+                return text.lower() in _TRUE
+        elif tp is str and (text is not None or number):
+            return value if text is not None else str(value)  # a name such as 123
+        elif tp is float and (text is not None or number):
+            return float(value)
+        elif tp is int and (text is not None or number):
+            parsed = float(text.replace("_", "")) if text is not None else value
+            if float(parsed).is_integer():
+                return int(parsed)
+    except ValueError:
+        pass
+    raise _bad_value(key, value, tp, source)
+
+
+def _apply_override(raw: dict, cls, item: str, source: str) -> None:
+    """Set ``a.b.c=value`` in the nested dict `raw`, checking the key path against `cls`."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    where = f"override '{item}' (config {source})"
+    if not sep or not key:
+        raise ConfigError(f"{where}: an override must look like key=value")
+    parts = key.split(".")
+    node, node_cls, at = raw, cls, ""
+    for i, part in enumerate(parts):
+        names = _field_names(node_cls)
+        if part not in names:
+            raise _unknown_key(node_cls, part, at, where)
+        tp = _hints(node_cls)[part]
+        full = _join(at, part)
+        if i == len(parts) - 1:
+            node[part] = _coerce(text, tp, full, where)
+            return
+        inner = _dataclass_in(tp)
+        if inner is None:
+            raise ConfigError(f"{where}: '{full}' is {_type_name(tp)}, not a section; "
+                              f"set it as {full}=value")
+        child = node.get(part)
+        if isinstance(child, str) and getattr(inner, "_shorthand", None):
+            child = {inner._shorthand: child}
+        elif dataclasses.is_dataclass(child):  # set by an earlier override
+            child = config_to_dict(child)
+        elif not isinstance(child, dict):
+            child = {}  # absent or null: start from the section's defaults
+        node[part] = child
+        node, node_cls, at = child, inner, full
+
+
+def _check_tree(cfg, at: str) -> None:
+    """Check every section's `_bounds` and ``check(at)`` (cross-field rules), depth first."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_tree(value, _join(at, f.name))
+    for name, bound in getattr(cfg, "_bounds", {}).items():
+        value = getattr(cfg, name)
+        if value is not None and not _within(value, bound):
+            raise ConfigError(f"{_join(at, name)} = {value}: must be {bound}")
+    if hasattr(cfg, "check"):
+        cfg.check(at or "<top>")
+
+
+def _within(value, bound: str) -> bool:
+    """`value` against ">= a", "> a" or an interval "[a, b)" / "(a, b]" / "[a, b]" / "(a, b)"."""
+    if bound.startswith(">="):
+        return value >= float(bound[2:])
+    if bound.startswith(">"):
+        return value > float(bound[1:])
+    lo, hi = (float(x) for x in bound[1:-1].split(","))
+    return ((lo <= value) if bound[0] == "[" else (lo < value)) and \
+        ((value <= hi) if bound[-1] == "]" else (value < hi))
+
+
+def _check_buckets(buckets: tuple[int, ...], key: str) -> None:
+    if any(b <= 0 for b in buckets) or list(buckets) != sorted(set(buckets)):
+        raise ConfigError(f"{key} = {list(buckets)}: must be increasing positive lengths")
