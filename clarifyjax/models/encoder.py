@@ -1,0 +1,385 @@
+"""Flax NNX BERT / RoBERTa encoders and the sequence-classification head.
+
+One implementation serves both families: they differ only in how position ids are made
+(RoBERTa counts from `pad_token_id + 1` and skips padding, as Hugging Face's
+`create_position_ids_from_input_ids`) and in the checkpoint names of the head, which
+`clarifyjax.models.encoder_params` maps. Layers are post-LN (attention -> add -> LayerNorm,
+MLP -> add -> LayerNorm), as the original BERT.
+
+Every parameter carries logical axis names (`nnx.with_partitioning`) from the set shared with the
+T5: "vocab", "embed", "mlp", "heads", "kv", "classes", None. Parameters are stored in
+`config.param_dtype` and computed in `config.dtype`; LayerNorm and softmax run in float32.
+Matmuls use jax's default precision: on GPUs float32 products then run in TF32 (~1e-3 off a
+PyTorch float32 reference); wrap calls in `jax.default_matmul_precision("highest")` for full f32.
+
+Shapes: b = batch, s = sequence, d = hidden size, h = heads, k = head size, f = MLP width.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from clarifyjax.models.checkpoint_io import CheckpointError
+
+SUPPORTED_MODEL_TYPES = ("bert", "roberta")
+
+# Hugging Face `hidden_act` names (transformers.activations.ACT2FN) -> jax.
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_fast": lambda x: jax.nn.gelu(x, approximate=True),
+    "quick_gelu": lambda x: x * jax.nn.sigmoid(1.702 * x),
+    "relu": jax.nn.relu,
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "tanh": jnp.tanh,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class EncoderConfig:
+    """The architecture of a BERT or RoBERTa encoder (hashable, so it can be a static argument)."""
+
+    model_type: str = "bert"  # "bert" | "roberta"
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    initializer_range: float = 0.02
+    # Labels of a classification head, in id order (empty for a bare encoder).
+    labels: tuple[str, ...] = ()
+    dtype: str = "float32"  # compute
+    param_dtype: str = "float32"  # storage
+
+    def __post_init__(self):
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise CheckpointError(
+                f"config.json field 'model_type' is {self.model_type!r}; this encoder supports "
+                f"{' and '.join(SUPPORTED_MODEL_TYPES)} only")
+        if self.hidden_act not in ACTIVATIONS:
+            raise CheckpointError(
+                f"config.json field 'hidden_act' is {self.hidden_act!r}; supported: "
+                f"{sorted(ACTIVATIONS)}")
+        if self.hidden_size % self.num_heads:
+            raise CheckpointError(
+                f"config.json: hidden_size {self.hidden_size} is not divisible by "
+                f"num_attention_heads {self.num_heads}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.labels)
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest input the position table allows (RoBERTa loses pad_token_id + 1 slots)."""
+        if self.model_type == "roberta":
+            return self.max_position_embeddings - self.pad_token_id - 1
+        return self.max_position_embeddings
+
+    @classmethod
+    def from_hf(cls, hf: Mapping[str, Any], **overrides) -> "EncoderConfig":
+        """From a Hugging Face `config.json` dict (BertConfig / RobertaConfig fields)."""
+        model_type = hf.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise CheckpointError(
+                f"config.json field 'model_type' is {model_type!r}; this encoder supports "
+                f"{' and '.join(SUPPORTED_MODEL_TYPES)} only")
+        position_type = hf.get("position_embedding_type", "absolute")
+        if position_type != "absolute":
+            raise CheckpointError(
+                f"config.json field 'position_embedding_type' is {position_type!r}; only "
+                "'absolute' is supported")
+
+        if hf.get("is_decoder") or hf.get("add_cross_attention"):
+            raise CheckpointError("config.json describes a decoder (is_decoder / "
+                                  "add_cross_attention); this is an encoder-only model")
+
+        def field(name):
+            if name not in hf:
+                raise CheckpointError(f"config.json lacks the field {name!r} ({model_type})")
+            return hf[name]
+
+        labels: tuple[str, ...] = ()
+        if hf.get("id2label"):
+            id2label = {int(k): str(v) for k, v in hf["id2label"].items()}
+            if sorted(id2label) != list(range(len(id2label))):
+                raise CheckpointError(
+                    f"config.json field 'id2label' must have ids 0..n-1, got {sorted(id2label)}")
+            labels = tuple(id2label[i] for i in range(len(id2label)))
+        elif hf.get("num_labels"):
+            labels = tuple(f"LABEL_{i}" for i in range(int(hf["num_labels"])))
+        values = dict(
+            model_type=model_type,
+            vocab_size=int(field("vocab_size")),
+            hidden_size=int(field("hidden_size")),
+            num_layers=int(field("num_hidden_layers")),
+            num_heads=int(field("num_attention_heads")),
+            intermediate_size=int(field("intermediate_size")),
+            hidden_act=str(hf.get("hidden_act", "gelu")),
+            max_position_embeddings=int(field("max_position_embeddings")),
+            type_vocab_size=int(hf.get("type_vocab_size", 2)),
+            layer_norm_eps=float(hf.get("layer_norm_eps", 1e-12)),
+            pad_token_id=int(hf.get("pad_token_id") if hf.get("pad_token_id") is not None
+                             else (1 if model_type == "roberta" else 0)),
+            initializer_range=float(hf.get("initializer_range", 0.02)),
+            labels=labels,
+        )
+        values.update(overrides)
+        return cls(**values)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------------
+
+def _param(rngs: nnx.Rngs, init, shape: tuple[int, ...], names: tuple, dtype) -> nnx.Param:
+    """A parameter initialized by `init` and annotated with logical axis `names`.
+
+    Eager sharding is off: the names are logical, mapped onto a mesh later by
+    `clarifyjax.sharding` (flax 0.12 would otherwise try to use them as mesh axes at creation).
+    """
+    init = nnx.with_partitioning(init, names, eager_sharding=False)
+    return nnx.Param(init(rngs.params(), shape, dtype))
+
+
+class Dense(nnx.Module):
+    """y = x . kernel + bias, contracting the last `len(in_shape)` axes of x.
+
+    kernel [*in_shape, *out_shape] with logical axes `in_names + out_names`.
+    """
+
+    def __init__(self, in_shape: tuple[int, ...], out_shape: tuple[int, ...], in_names: tuple,
+                 out_names: tuple, *, config: EncoderConfig, rngs: nnx.Rngs):
+        pdt = jnp.dtype(config.param_dtype)
+        std = nnx.initializers.truncated_normal(config.initializer_range)
+        self.kernel = _param(rngs, std, (*in_shape, *out_shape), (*in_names, *out_names), pdt)
+        self.bias = _param(rngs, nnx.initializers.zeros_init(), out_shape, out_names, pdt)
+        self.n_in = len(in_shape)
+        self.dtype = jnp.dtype(config.dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        kernel = self.kernel[...].astype(self.dtype)
+        y = jax.lax.dot_general(x.astype(self.dtype), kernel,
+                                (((tuple(range(x.ndim - self.n_in, x.ndim))),
+                                  tuple(range(self.n_in))), ((), ())))
+        return y + self.bias[...].astype(self.dtype)
+
+
+class LayerNorm(nnx.Module):
+    """LayerNorm over the last axis, computed in float32, returned in the compute dtype."""
+
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+        pdt = jnp.dtype(config.param_dtype)
+        d = (config.hidden_size,)
+        self.scale = _param(rngs, nnx.initializers.ones_init(), d, ("embed",), pdt)
+        self.bias = _param(rngs, nnx.initializers.zeros_init(), d, ("embed",), pdt)
+        self.eps = config.layer_norm_eps
+        self.dtype = jnp.dtype(config.dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x = x.astype(jnp.float32)
+        mean = x.mean(-1, keepdims=True)
+        var = jnp.square(x - mean).mean(-1, keepdims=True)
+        y = (x - mean) * jax.lax.rsqrt(var + self.eps)
+        y = y * self.scale[...].astype(jnp.float32) + self.bias[...].astype(jnp.float32)
+        return y.astype(self.dtype)
+
+
+class Embedding(nnx.Module):
+    """A lookup table [num, d] with logical axes (`row_name`, "embed")."""
+
+    def __init__(self, num: int, row_name: str | None, config: EncoderConfig, *, rngs: nnx.Rngs):
+        init = nnx.initializers.truncated_normal(config.initializer_range)
+        self.embedding = _param(rngs, init, (num, config.hidden_size), (row_name, "embed"),
+                                jnp.dtype(config.param_dtype))
+        self.dtype = jnp.dtype(config.dtype)
+
+    def __call__(self, ids: jax.Array) -> jax.Array:
+        return jnp.take(self.embedding[...], ids, axis=0).astype(self.dtype)
+
+
+def roberta_position_ids(input_ids: jax.Array, pad_token_id: int) -> jax.Array:
+    """[b, s] -> [b, s]: non-padding tokens count from pad_token_id + 1, padding keeps pad_token_id.
+
+    Hugging Face's `create_position_ids_from_input_ids` (padding found by token id, not by mask).
+    """
+    not_pad = (input_ids != pad_token_id).astype(jnp.int32)
+    return jnp.cumsum(not_pad, axis=1) * not_pad + pad_token_id
+
+
+class Embeddings(nnx.Module):
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.word_embeddings = Embedding(config.vocab_size, "vocab", config, rngs=rngs)
+        self.position_embeddings = Embedding(config.max_position_embeddings, None, config, rngs=rngs)
+        self.token_type_embeddings = Embedding(config.type_vocab_size, None, config, rngs=rngs)
+        self.norm = LayerNorm(config, rngs=rngs)
+
+    def __call__(self, input_ids: jax.Array, token_type_ids: jax.Array) -> jax.Array:
+        """[b, s] int ids -> [b, s, d]."""
+        if self.config.model_type == "roberta":
+            positions = roberta_position_ids(input_ids, self.config.pad_token_id)
+        else:
+            positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+        x = (self.word_embeddings(input_ids) + self.position_embeddings(positions)
+             + self.token_type_embeddings(token_type_ids))
+        return self.norm(x)
+
+
+class SelfAttention(nnx.Module):
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+        d, h, k = config.hidden_size, config.num_heads, config.head_dim
+        proj = lambda: Dense((d,), (h, k), ("embed",), ("heads", "kv"), config=config, rngs=rngs)
+        self.query, self.key, self.value = proj(), proj(), proj()
+        self.output = Dense((h, k), (d,), ("heads", "kv"), ("embed",), config=config, rngs=rngs)
+        self.dtype = jnp.dtype(config.dtype)
+
+    def __call__(self, x: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        """x [b, s, d], attention_mask [b, s] (True = attend) -> [b, s, d]."""
+        q, k, v = self.query(x), self.key(x), self.value(x)  # [b, s, h, k]
+        scores = jnp.einsum("bqhk,bshk->bhqs", q, k, preferred_element_type=jnp.float32)
+        scores = scores / math.sqrt(q.shape[-1])
+        # The most negative float, as Hugging Face's extended mask: fully padded rows stay finite.
+        scores = jnp.where(attention_mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
+        context = jnp.einsum("bhqs,bshk->bqhk", probs, v)
+        return self.output(context)
+
+
+class MLP(nnx.Module):
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+        d, f = config.hidden_size, config.intermediate_size
+        self.wi = Dense((d,), (f,), ("embed",), ("mlp",), config=config, rngs=rngs)
+        self.wo = Dense((f,), (d,), ("mlp",), ("embed",), config=config, rngs=rngs)
+        self.hidden_act = config.hidden_act
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        return self.wo(ACTIVATIONS[self.hidden_act](self.wi(x)))
+
+
+class EncoderLayer(nnx.Module):
+    """Post-LN: x = LN(x + attn(x)); x = LN(x + mlp(x))."""
+
+    def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
+        self.attention = SelfAttention(config, rngs=rngs)
+        self.attention_norm = LayerNorm(config, rngs=rngs)
+        self.mlp = MLP(config, rngs=rngs)
+        self.mlp_norm = LayerNorm(config, rngs=rngs)
+
+    def __call__(self, x: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        x = self.attention_norm(x + self.attention(x, attention_mask))
+        return self.mlp_norm(x + self.mlp(x))
+
+
+class Encoder(nnx.Module):
+    """BERT / RoBERTa encoder: `(input_ids, attention_mask, token_type_ids) -> hidden [b, s, d]`."""
+
+    def __init__(self, config: EncoderConfig, rngs: nnx.Rngs):
+        self.config = config
+        self.embeddings = Embeddings(config, rngs=rngs)
+        self.layers = nnx.List([EncoderLayer(config, rngs=rngs) for _ in range(config.num_layers)])
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array,
+                 token_type_ids: jax.Array | None = None) -> jax.Array:
+        """input_ids [b, s] int, attention_mask [b, s] (1/True = token), token_type_ids [b, s] or
+        None (zeros) -> last hidden state [b, s, d] in the compute dtype.
+
+        Ids outside the tables are not checked here (jax clamps gathers): callers validate them.
+        """
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        mask = attention_mask.astype(bool)
+        x = self.embeddings(input_ids, token_type_ids)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
+
+
+class SequenceClassifier(nnx.Module):
+    """Encoder + head on the first token: logits = out_proj(tanh(dense(hidden[:, 0]))).
+
+    This is both Hugging Face's RoBERTa head (`classifier.dense`, `classifier.out_proj`) and BERT's
+    pooler + classifier (`bert.pooler.dense`, `classifier`): the same computation without dropout.
+    """
+
+    def __init__(self, config: EncoderConfig, rngs: nnx.Rngs):
+        if config.num_labels < 1:
+            raise CheckpointError("a sequence classifier needs labels (config.json 'id2label')")
+        self.config = config
+        self.encoder = Encoder(config, rngs)
+        d = config.hidden_size
+        self.dense = Dense((d,), (d,), ("embed",), (None,), config=config, rngs=rngs)
+        self.out_proj = Dense((d,), (config.num_labels,), (None,), ("classes",), config=config,
+                              rngs=rngs)
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array,
+                 token_type_ids: jax.Array | None = None) -> jax.Array:
+        """[b, s] ids and mask -> logits [b, num_labels] in float32."""
+        hidden = self.encoder(input_ids, attention_mask, token_type_ids)
+        pooled = jnp.tanh(self.dense(hidden[:, 0]))
+        return self.out_proj(pooled).astype(jnp.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Batching variable-length inputs into a few repeated shapes (so each jitted forward compiles
+# once per shape): sort by length, pad lengths to buckets and row counts to powers of two.
+# ---------------------------------------------------------------------------------------------
+
+LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512)
+
+
+def bucket_length(n: int, max_length: int, buckets: Sequence[int] = LENGTH_BUCKETS) -> int:
+    """The smallest bucket >= n, never above max_length (max_length is itself the last bucket)."""
+    for b in buckets:
+        if n <= b <= max_length:
+            return b
+    return max_length
+
+
+def bucket_rows(n: int, batch_size: int) -> int:
+    """Rows for a batch of n <= batch_size sequences: batch_size, or a power of two for the rest."""
+    return batch_size if n >= batch_size else min(batch_size, 1 << max(0, n - 1).bit_length())
+
+
+def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
+    """Indices of the inputs, sorted by length, cut into batches of at most batch_size."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = np.argsort(np.asarray(lengths, dtype=np.int64), kind="stable")
+    return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def pad_sequences(sequences: Sequence[Sequence[int]], rows: int, length: int,
+                  fill: int) -> np.ndarray:
+    """Right-pad `sequences` (each <= length) into an int32 array [rows, length] of `fill`."""
+    out = np.full((rows, length), fill, dtype=np.int32)
+    for i, seq in enumerate(sequences):
+        out[i, : len(seq)] = seq
+    return out
+
+
+def __getattr__(name: str):
+    # The loaders live in encoder_params beside the checkpoint name map; re-exported lazily here
+    # because encoder_params imports this module.
+    if name in ("load_encoder", "load_sequence_classifier", "checkpoint_rules"):
+        from clarifyjax.models import encoder_params
+
+        return getattr(encoder_params, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,183 @@
+"""Hugging Face BERT / RoBERTa checkpoint names -> `clarifyjax.models.encoder` parameters, and the
+loaders (`load_encoder`, `load_sequence_classifier`) built on `checkpoint_io.TensorSource`.
+
+Hugging Face `nn.Linear` stores [out, in]; we store [in, out], with attention projections split
+into [embed, heads, kv] (and [heads, kv, embed] for the output projection).
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from clarifyjax.models.checkpoint_io import CheckpointError, TensorSource, check_shape, read_config
+from clarifyjax.models.encoder import Encoder, EncoderConfig, SequenceClassifier
+
+
+# (our path, HF name, kind); kind "table": same layout; "linear:N": HF [out, in] transposed to
+# [in, out] and reshaped to our [*in(N axes), *out]; "vector": reshaped to our shape.
+_Rule = tuple[tuple, str, str]
+
+
+def _layer_rules(i: int, prefix: str) -> list[_Rule]:
+    hf = f"{prefix}encoder.layer.{i}."
+    rules: list[_Rule] = []
+    for ours, theirs, n_in in (("attention.query", "attention.self.query", 1),
+                               ("attention.key", "attention.self.key", 1),
+                               ("attention.value", "attention.self.value", 1),
+                               ("attention.output", "attention.output.dense", 2),
+                               ("mlp.wi", "intermediate.dense", 1),
+                               ("mlp.wo", "output.dense", 1)):
+        path = ("layers", i, *ours.split("."))
+        rules.append(((*path, "kernel"), hf + theirs + ".weight", f"linear:{n_in}"))
+        rules.append(((*path, "bias"), hf + theirs + ".bias", "vector"))
+    for ours, theirs in (("attention_norm", "attention.output.LayerNorm"),
+                         ("mlp_norm", "output.LayerNorm")):
+        rules.append((("layers", i, ours, "scale"), hf + theirs + ".weight", "vector"))
+        rules.append((("layers", i, ours, "bias"), hf + theirs + ".bias", "vector"))
+    return rules
+
+
+def checkpoint_rules(config: EncoderConfig, *, prefix: str = "",
+                     classifier: bool = False) -> list[_Rule]:
+    """Every parameter of `Encoder` (or `SequenceClassifier`) with its Hugging Face tensor name.
+
+    `prefix` is "" for a bare `BertModel` / `RobertaModel` folder and "bert." / "roberta." for a
+    `...ForSequenceClassification` folder. Classifier paths are under "encoder" for the trunk.
+    """
+    emb = f"{prefix}embeddings."
+    rules: list[_Rule] = [
+        (("embeddings", "word_embeddings", "embedding"), emb + "word_embeddings.weight", "table"),
+        (("embeddings", "position_embeddings", "embedding"), emb + "position_embeddings.weight",
+         "table"),
+        (("embeddings", "token_type_embeddings", "embedding"),
+         emb + "token_type_embeddings.weight", "table"),
+        (("embeddings", "norm", "scale"), emb + "LayerNorm.weight", "vector"),
+        (("embeddings", "norm", "bias"), emb + "LayerNorm.bias", "vector"),
+    ]
+    for i in range(config.num_layers):
+        rules += _layer_rules(i, prefix)
+    if not classifier:
+        return rules
+    rules = [(("encoder", *path), name, kind) for path, name, kind in rules]
+    if config.model_type == "roberta":
+        dense, out = "classifier.dense", "classifier.out_proj"
+    else:
+        dense, out = f"{prefix}pooler.dense", "classifier"
+    for ours, theirs in (("dense", dense), ("out_proj", out)):
+        rules.append(((ours, "kernel"), theirs + ".weight", "linear:1"))
+        rules.append(((ours, "bias"), theirs + ".bias", "vector"))
+    return rules
+
+
+# Older (TF-converted) BERT checkpoints call LayerNorm parameters gamma / beta.
+_ALIASES = {".LayerNorm.weight": ".LayerNorm.gamma", ".LayerNorm.bias": ".LayerNorm.beta"}
+
+
+def _resolve(source: TensorSource, name: str) -> str:
+    if name in source:
+        return name
+    for new, old in _ALIASES.items():
+        if name.endswith(new) and name[: -len(new)] + old in source:
+            return name[: -len(new)] + old
+    raise CheckpointError(f"tensor {name!r} is missing from the checkpoint in {source.folder}")
+
+
+def _convert(source: TensorSource, name: str, kind: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Read HF tensor `name` and return it in our layout `shape`; shape errors name both."""
+    actual = source.shape(name)
+    if kind.startswith("linear:"):
+        n_in = int(kind.split(":")[1])
+        expected = (math.prod(shape[n_in:]), math.prod(shape[:n_in]))  # HF [out, in]
+        check_shape(name, actual, expected)
+        return np.asarray(source.get(name)).T.reshape(shape)
+    expected = shape if kind == "table" else (math.prod(shape),)
+    check_shape(name, actual, expected)
+    return np.asarray(source.get(name)).reshape(shape)
+
+
+def _detect_prefix(source: TensorSource, config: EncoderConfig) -> str:
+    prefix = f"{config.model_type}."
+    return prefix if any(k.startswith(prefix) for k in source.keys()) else ""
+
+
+def _load(cls, path, config: EncoderConfig, allow_pickle: bool):
+    source = TensorSource(path, allow_pickle=allow_pickle)
+    abstract = nnx.eval_shape(lambda: cls(config, nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    flat = dict(nnx.to_flat_state(state))
+    rules = checkpoint_rules(config, prefix=_detect_prefix(source, config),
+                             classifier=cls is SequenceClassifier)
+    unmapped = set(flat) - {r[0] for r in rules}
+    if unmapped:  # a bug in checkpoint_rules, not in the checkpoint
+        raise RuntimeError(f"parameters without a checkpoint name: {sorted(unmapped)}")
+    dtype = jnp.dtype(config.param_dtype)
+    for ours, name, kind in rules:
+        var = flat[ours]
+        value = _convert(source, _resolve(source, name), kind, tuple(var.shape))
+        var.set_value(jnp.asarray(value, dtype=dtype))
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def read_encoder_config(path, **overrides) -> EncoderConfig:
+    """`EncoderConfig` from `path`/config.json; errors name the file."""
+    try:
+        return EncoderConfig.from_hf(read_config(path), **overrides)
+    except CheckpointError as e:
+        if "config.json" in str(e) and str(path) not in str(e):
+            raise CheckpointError(f"{Path(path) / 'config.json'}: {e}") from e
+        raise
+
+
+def load_encoder(path, *, dtype: str = "float32", param_dtype: str = "float32",
+                 allow_pickle: bool = False) -> Encoder:
+    """An `Encoder` from a Hugging Face BERT / RoBERTa folder (config.json + safetensors).
+
+    Works on bare model folders and on `...ForSequenceClassification` / `...ForMaskedLM` folders
+    (names prefixed "bert." / "roberta."); head tensors are ignored.
+    Raises:
+      CheckpointError: unsupported model_type, a missing tensor, or a tensor whose shape differs
+        (the message names the tensor and both shapes).
+    """
+    config = read_encoder_config(path, dtype=dtype, param_dtype=param_dtype)
+    return _load(Encoder, path, config, allow_pickle)
+
+
+def load_sequence_classifier(path, *, dtype: str = "float32", param_dtype: str = "float32",
+                             allow_pickle: bool = False) -> SequenceClassifier:
+    """A `SequenceClassifier` from a Hugging Face `BertForSequenceClassification` or
+    `RobertaForSequenceClassification` folder; labels come from config.json `id2label`."""
+    config = read_encoder_config(path, dtype=dtype, param_dtype=param_dtype)
+    if config.num_labels < 1:
+        raise CheckpointError(f"{path}/config.json has no 'id2label' or 'num_labels': not a "
+                              "sequence-classification checkpoint")
+    return _load(SequenceClassifier, path, config, allow_pickle)
+
+
+def load_encoder_tokenizer(folder, max_length: int, vocab_size: int | None = None):
+    """The folder's `tokenizer.json` (`tokenizers` library) with its own padding turned off (we
+    pad to buckets) and longest-first truncation at max_length (pairs included).
+
+    With vocab_size, a tokenizer that can emit ids outside the embedding table is refused (a jax
+    gather would silently clamp them).
+    """
+    from tokenizers import Tokenizer
+
+    file = Path(folder) / "tokenizer.json"
+    if not file.exists():
+        raise CheckpointError(f"no tokenizer.json in {folder}: save the model's fast tokenizer "
+                              "there (tokenizer.save_pretrained)")
+    try:
+        tokenizer = Tokenizer.from_file(str(file))
+    except Exception as e:  # the Rust error says what is wrong in the file
+        raise CheckpointError(f"{file}: not a tokenizers file ({e})") from e
+    n = tokenizer.get_vocab_size(with_added_tokens=True)
+    if vocab_size is not None and n > vocab_size:
+        raise CheckpointError(f"{file} has {n} tokens but the model's embedding table "
+                              f"(config.json vocab_size) has only {vocab_size} rows")
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length, strategy="longest_first")
+    return tokenizer

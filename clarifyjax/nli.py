@@ -1,0 +1,176 @@
+"""The NLI filter of the reward pipeline: drop answers that the situation already entails or that
+contradict it (ClarifyDelphi §3.3; DESIGN §4: roberta-large-wanli, premise = situation,
+hypothesis = answer).
+
+The classifier is any Hugging Face `RobertaForSequenceClassification` /
+`BertForSequenceClassification` folder (config.json with `id2label`, model.safetensors,
+tokenizer.json). Pairs are tokenized with the folder's fast tokenizer (pair encoding, longest-first
+truncation to max_length), sorted by length, padded to length buckets and run by one jitted
+forward per bucket shape.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+from typing import Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+
+from clarifyjax.models.checkpoint_io import CheckpointError, check_folder
+from clarifyjax.models.encoder import (SequenceClassifier, bucket_length, bucket_rows,
+                                       length_sorted_batches, pad_sequences)
+from clarifyjax.models.encoder_params import (load_encoder_tokenizer, load_sequence_classifier,
+                                              read_encoder_config)
+
+
+@dataclasses.dataclass
+class NLIResult:
+    """keep [b] bool (False = drop the answer); probabilities [b, num_labels] float32, columns in
+    the order of `labels` (the model's id2label)."""
+
+    keep: np.ndarray
+    probabilities: np.ndarray
+    labels: tuple[str, ...]
+
+    @property
+    def predicted(self) -> list[str]:
+        """The argmax label of every pair."""
+        return [self.labels[i] for i in self.probabilities.argmax(-1)]
+
+
+def _check_strings(values, name: str) -> list[str]:
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of strings, got a single string")
+    values = list(values)
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            raise TypeError(f"{name}[{i}] is {type(v).__name__}, expected str: {v!r}")
+    return values
+
+
+def _check_labels(labels: Sequence[str], drop_labels: Sequence[str], source) -> None:
+    """Every name in drop_labels must be one of the model's labels (case-insensitive)."""
+    if isinstance(drop_labels, str):
+        drop_labels = (drop_labels,)
+    lower = {label.lower() for label in labels}
+    missing = [name for name in drop_labels if name.lower() not in lower]
+    if missing or not drop_labels:
+        raise CheckpointError(
+            f"{source}: the model's labels {list(labels)} (config.json id2label) do not include "
+            f"{missing or '(no drop labels given)'}; expected labels including "
+            f"{list(drop_labels)} (case-insensitive). Fix id2label in config.json, or pass "
+            "drop_labels naming this model's labels")
+
+
+class NLIFilter:
+    """Keep or drop (premise, hypothesis) pairs by an NLI classifier.
+
+    A pair is dropped when its argmax label is one of `drop_labels`, or, with `threshold` set,
+    when the summed probability of the drop labels is >= threshold.
+    `traces` counts traces of the jitted forward per (rows, length) shape.
+    """
+
+    def __init__(self, model: SequenceClassifier, tokenizer, *,
+                 drop_labels: Sequence[str] = ("entailment", "contradiction"),
+                 threshold: float | None = None, batch_size: int = 64, max_length: int = 128,
+                 source: str = "the model"):
+        config = model.config
+        self.labels = tuple(config.labels)
+        _check_labels(self.labels, drop_labels, source)
+        if threshold is not None and not 0.0 < threshold <= 1.0:
+            raise ValueError(f"threshold must be in (0, 1], got {threshold}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if not 3 <= max_length <= config.max_tokens:
+            raise ValueError(f"max_length {max_length} is outside [3, {config.max_tokens}] "
+                             f"({source}: max_position_embeddings)")
+        if isinstance(drop_labels, str):
+            drop_labels = (drop_labels,)
+        self.drop_labels = tuple(drop_labels)
+        self.drop_columns = np.array([name.lower() in {d.lower() for d in drop_labels}
+                                      for name in self.labels])
+        self.threshold = threshold
+        self.batch_size = batch_size
+        self.max_length = max_length
+        self.tokenizer = tokenizer
+        self.pad_token_id = config.pad_token_id
+        # RoBERTa has one token type; its tokenizers may still emit type ids 1 for the second text.
+        self.use_token_types = config.type_vocab_size > 1
+        self.config = config
+        self._graphdef, self._state = nnx.split(model)
+        self.traces: collections.Counter = collections.Counter()
+        self._probabilities = jax.jit(self._probabilities_impl)
+
+    @classmethod
+    def from_pretrained(cls, path: str | os.PathLike, *,
+                        drop_labels: Sequence[str] = ("entailment", "contradiction"),
+                        threshold: float | None = None, batch_size: int = 64,
+                        max_length: int = 128, dtype: str = "float32") -> "NLIFilter":
+        """Load a `...ForSequenceClassification` folder with its tokenizer.json.
+
+        Raises:
+          CheckpointError: the model's id2label lacks one of drop_labels (the message lists both),
+            or the folder lacks a file / tensor.
+        """
+        folder = check_folder(path)
+        # Check the labels before reading (possibly large) weights.
+        config = read_encoder_config(folder)
+        _check_labels(config.labels, drop_labels, folder / "config.json")
+        tokenizer = load_encoder_tokenizer(folder, max_length, config.vocab_size)
+        model = load_sequence_classifier(folder, dtype=dtype)
+        return cls(model, tokenizer, drop_labels=drop_labels,
+                   threshold=threshold, batch_size=batch_size, max_length=max_length,
+                   source=str(folder))
+
+    def _probabilities_impl(self, state, input_ids, attention_mask, token_type_ids):
+        self.traces[tuple(input_ids.shape)] += 1  # runs only while tracing
+        logits = nnx.merge(self._graphdef, state)(input_ids, attention_mask, token_type_ids)
+        return jax.nn.softmax(logits, axis=-1)
+
+    def probabilities(self, premises: Sequence[str], hypotheses: Sequence[str]) -> np.ndarray:
+        """[b, num_labels] label probabilities of each (premise, hypothesis) pair."""
+        premises = _check_strings(premises, "premises")
+        hypotheses = _check_strings(hypotheses, "hypotheses")
+        if len(premises) != len(hypotheses):
+            raise ValueError(f"{len(premises)} premises but {len(hypotheses)} hypotheses: "
+                             "pairs must line up")
+        out = np.zeros((len(premises), len(self.labels)), np.float32)
+        if not premises:
+            return out
+        encodings = self.tokenizer.encode_batch(list(zip(premises, hypotheses)))
+        lengths = [len(e.ids) for e in encodings]
+        pending = []
+        for index in length_sorted_batches(lengths, self.batch_size):
+            length = bucket_length(max(lengths[i] for i in index), self.max_length)
+            rows = bucket_rows(len(index), self.batch_size)
+            chosen = [encodings[i] for i in index]
+            ids = pad_sequences([e.ids for e in chosen], rows, length, self.pad_token_id)
+            mask = pad_sequences([e.attention_mask for e in chosen], rows, length, 0)
+            types = pad_sequences([e.type_ids for e in chosen], rows, length, 0)
+            if not self.use_token_types:
+                types = np.zeros_like(types)
+            pending.append((index, self._probabilities(self._state, ids, mask, types)))
+        for index, probs in pending:  # dispatched asynchronously above
+            out[index] = np.asarray(probs)[: len(index)]
+        return out
+
+    def decide(self, probabilities: np.ndarray) -> np.ndarray:
+        """[b, num_labels] probabilities -> keep [b] bool, by argmax or by threshold."""
+        probabilities = np.asarray(probabilities)
+        if probabilities.ndim != 2 or probabilities.shape[1] != len(self.labels):
+            raise ValueError(f"probabilities must be [batch, {len(self.labels)}], got shape "
+                             f"{probabilities.shape}")
+        if self.threshold is None:
+            drop = self.drop_columns[probabilities.argmax(-1)]
+        else:
+            drop = probabilities[:, self.drop_columns].sum(-1) >= self.threshold
+        return ~np.asarray(drop, bool)
+
+    def __call__(self, premises: Sequence[str], hypotheses: Sequence[str]) -> NLIResult:
+        """premises = situations, hypotheses = answers -> which answers to keep."""
+        probabilities = self.probabilities(premises, hypotheses)
+        return NLIResult(keep=self.decide(probabilities), probabilities=probabilities,
+                         labels=self.labels)

