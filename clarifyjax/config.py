@@ -15,31 +15,35 @@ types (``lr: 1e-5`` is a float although YAML reads it as a string); an unknown k
 wrong type raises `ConfigError` naming the key, the file (or the override) and what was expected.
 A `ModelConfig` may be written as a bare string, shorthand for ``{init: <string>}``.
 
-This module imports only the standard library and PyYAML, so anything may import it.
+The generic machinery (YAML ``base:`` chains, overrides, coercion, bound checks, dumping) lives
+in `clarifyjax.configlib`; its public names are re-exported here. This module and configlib import
+only the standard library and PyYAML, so anything may import them.
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import os
-import types
-import typing
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Mapping, Optional, Sequence, Union
 
-import yaml
+from clarifyjax.configlib import (ConfigError, build_root, check_increasing, config_to_dict,
+                                  dump_config, parse_overrides, read_yaml, save_config)
+
+__all__ = [
+    "ConfigError", "config_to_dict", "dump_config", "parse_overrides", "save_config",
+    "load_config", "config_from_dict", "Config", "KINDS", "DTypeName", "SHARED_DELTA_CLARIFY",
+    "RunConfig", "MeshLayout", "TinyModelSpec", "ModelConfig", "OptimizerConfig", "SFTDataConfig",
+    "PPODataConfig", "JudgeConfig", "RewardConfig", "NormalizerConfig", "PPOHyperparams",
+    "ValueConfig", "SFTConfig", "PPOConfig",
+]
 
 DTypeName = Literal["float32", "bfloat16", "float16"]
 SHARED_DELTA_CLARIFY = "../shared/data/delta-clarify"
 
 
-class ConfigError(ValueError):
-    """A configuration that cannot be read as asked; the message names the key and the source."""
-
-
 # --------------------------------------------------------------------------- sections
 # Each section may declare `_bounds` (field -> ">= 1", "> 0", "[0, 1)", ...; None values pass)
-# and a `check(at)` for rules that involve several fields; `_check_tree` runs both.
+# and a `check(at)` for rules that involve several fields; `configlib.check_tree` runs both.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,7 +232,7 @@ class SFTDataConfig:
                          "batch_size": ">= 1", "eval_batch_size": ">= 1"}
 
     def check(self, at: str) -> None:
-        _check_buckets(self.length_buckets, f"{at}.length_buckets")
+        check_increasing(self.length_buckets, f"{at}.length_buckets")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,7 +250,7 @@ class PPODataConfig:
     _bounds: ClassVar = {"dev_situations": ">= 1", "eval_batch_size": ">= 1"}
 
     def check(self, at: str) -> None:
-        _check_buckets(self.length_buckets, f"{at}.length_buckets")
+        check_increasing(self.length_buckets, f"{at}.length_buckets")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -418,9 +422,7 @@ def load_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> Confi
         (naming it, the file and the valid keys at that level), bad value (naming the key, the
         value and the expected type), or an inconsistent setting.
     """
-    path = Path(path)
-    raw = _read_yaml_with_bases(path, ())
-    return config_from_dict(raw, overrides, source=str(path))
+    return config_from_dict(read_yaml(path), overrides, source=str(Path(path)))
 
 
 def config_from_dict(raw: Mapping[str, Any], overrides: Sequence[str] = (), *,
@@ -428,7 +430,6 @@ def config_from_dict(raw: Mapping[str, Any], overrides: Sequence[str] = (), *,
     """Build a config from nested plain values (as `config_to_dict` returns) plus overrides."""
     if not isinstance(raw, Mapping):
         raise ConfigError(f"{source}: the top level must be a mapping, got {type(raw).__name__}")
-    raw = copy.deepcopy(dict(raw))
     kind = raw.get("kind")
     for item in overrides:  # an override may change the kind itself
         if item.partition("=")[0].strip() == "kind":
@@ -436,289 +437,4 @@ def config_from_dict(raw: Mapping[str, Any], overrides: Sequence[str] = (), *,
     if kind not in KINDS:
         raise ConfigError(f"{source}: top-level key 'kind' must be one of {sorted(KINDS)}, "
                           f"got {kind!r}")
-    cls = KINDS[kind]
-    for item in overrides:
-        _apply_override(raw, cls, item, source)
-    cfg = _build(cls, raw, "", source)
-    _check_tree(cfg, "")
-    return cfg
-
-
-def parse_overrides(args: Sequence[str]) -> list[str]:
-    """Keep the ``key=value`` items of a command line (validated later by `load_config`)."""
-    bad = [a for a in args if "=" not in a or a.startswith("=")]
-    if bad:
-        raise ConfigError(f"overrides must look like key=value (e.g. ppo.batch_size=8), got {bad}")
-    return list(args)
-
-
-def config_to_dict(cfg) -> dict:
-    """Nested plain dicts/lists/scalars (tuples become lists); `config_from_dict` inverts it."""
-    def convert(value):
-        if dataclasses.is_dataclass(value):
-            return {f.name: convert(getattr(value, f.name)) for f in dataclasses.fields(value)}
-        if isinstance(value, (tuple, list)):
-            return [convert(v) for v in value]
-        return value
-
-    return convert(cfg)
-
-
-def dump_config(cfg) -> str:
-    """The config as YAML text that `load_config` reads back to an equal config."""
-    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
-
-
-def save_config(cfg, path: str | os.PathLike) -> Path:
-    """Write `dump_config(cfg)` to `path` atomically (temporary file + rename)."""
-    from clarifyjax.models.checkpoint_io import atomic_write_bytes
-
-    atomic_write_bytes(Path(path), dump_config(cfg).encode())
-    return Path(path)
-
-
-# --------------------------------------------------------------------------- internals
-
-
-def _read_yaml_with_bases(path: Path, seen: tuple[Path, ...]) -> dict:
-    if not path.exists():
-        raise ConfigError(f"config file not found: {path}")
-    resolved = path.resolve()
-    if resolved in seen:
-        chain = " -> ".join(str(p) for p in seen + (resolved,))
-        raise ConfigError(f"{path}: 'base' files form a cycle: {chain}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.MarkedYAMLError as e:
-        mark = e.problem_mark
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"
-        raise ConfigError(f"{path}: YAML syntax error at {where}: {e.problem}") from e
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: YAML error: {e}") from e
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
-    base = data.pop("base", None)
-    if base is None:
-        return data
-    if not isinstance(base, str):
-        raise ConfigError(f"{path}: 'base' must be a file name, got {base!r}")
-    parent = _read_yaml_with_bases(path.parent / base, seen + (resolved,))
-    return _merge(parent, data)
-
-
-def _merge(base: dict, top: Mapping) -> dict:
-    out = dict(base)
-    for key, value in top.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merge(dict(out[key]), value)
-        else:
-            out[key] = value
-    return out
-
-
-def _hints(cls) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _field_names(cls) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
-
-
-def _dataclass_in(tp) -> type | None:
-    """The dataclass inside ``X`` or ``Optional[X]``, else None."""
-    if dataclasses.is_dataclass(tp):
-        return tp
-    if _is_union(tp):
-        for arg in typing.get_args(tp):
-            if dataclasses.is_dataclass(arg):
-                return arg
-    return None
-
-
-def _is_union(tp) -> bool:
-    return typing.get_origin(tp) in (Union, types.UnionType)
-
-
-def _join(prefix: str, key: str) -> str:
-    return f"{prefix}.{key}" if prefix else key
-
-
-def _unknown_key(cls, key: str, at: str, source: str) -> ConfigError:
-    level = f"under '{at}'" if at else "at the top level"
-    return ConfigError(f"{source}: unknown key '{_join(at, key)}'; valid keys {level}: "
-                       f"{', '.join(_field_names(cls))}")
-
-
-def _build(cls, data, at: str, source: str):
-    """Dataclass `cls` from a mapping, coercing every value; errors name `at` and `source`."""
-    if isinstance(data, str) and getattr(cls, "_shorthand", None):
-        data = {cls._shorthand: data}
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{source}: '{at or '<top>'}' must be a mapping of "
-                          f"{', '.join(_field_names(cls))}; got {data!r}")
-    hints = _hints(cls)
-    names = _field_names(cls)
-    for key in data:
-        if key not in names:
-            raise _unknown_key(cls, str(key), at, source)
-    kwargs = {key: _coerce(value, hints[key], _join(at, key), source)
-              for key, value in data.items()}
-    return cls(**kwargs)
-
-
-def _type_name(tp) -> str:
-    if _is_union(tp):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if typing.get_origin(tp) is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if typing.get_origin(tp) is tuple:
-        return f"a list of {_type_name(typing.get_args(tp)[0])}"
-    if tp is type(None):
-        return "null"
-    if dataclasses.is_dataclass(tp):
-        return f"a mapping ({tp.__name__})"
-    return getattr(tp, "__name__", str(tp))
-
-
-def _bad_value(key: str, value, tp, source: str) -> ConfigError:
-    return ConfigError(f"{source}: bad value for '{key}': {value!r} is not {_type_name(tp)}")
-
-
-_TRUE = {"true", "yes", "on", "1"}
-_FALSE = {"false", "no", "off", "0"}
-_NULL = {"null", "none", "~", ""}
-
-
-def _coerce(value, tp, key: str, source: str):
-    """`value` (a YAML value or an override string) as type `tp`."""
-    if _is_union(tp):
-        args = typing.get_args(tp)
-        if type(None) in args and (value is None or (isinstance(value, str)
-                                                     and value.strip().lower() in _NULL)):
-            return None
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg, key, source)
-            except ConfigError as e:
-                errors.append(e)
-        if len(errors) == 1:
-            raise errors[0]
-        raise _bad_value(key, value, tp, source)
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, tp):
-            return value
-        return _build(tp, value, key, source)
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if value in allowed:
-            return value
-        raise _bad_value(key, value, tp, source)
-    if origin is tuple:
-        (item_tp, *_rest) = typing.get_args(tp)
-        if isinstance(value, str):
-            text = value.strip()
-            if text.startswith("["):
-                try:
-                    value = yaml.safe_load(text)
-                except yaml.YAMLError:
-                    raise _bad_value(key, value, tp, source) from None
-            else:
-                value = [v.strip() for v in text.split(",") if v.strip()]
-        if not isinstance(value, (list, tuple)):
-            raise _bad_value(key, value, tp, source)
-        return tuple(_coerce(v, item_tp, f"{key}[{i}]", source) for i, v in enumerate(value))
-    if tp in (bool, int, float, str):
-        return _scalar(value, tp, key, source)
-    raise ConfigError(f"{source}: '{key}' has an unsupported field type {tp!r}")
-
-
-def _scalar(value, tp, key: str, source: str):
-    """A bool / int / float / str field; numbers never come from booleans."""
-    text = value.strip() if isinstance(value, str) else None
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    try:
-        if tp is bool:
-            if isinstance(value, bool):
-                return value
-            if text is not None and text.lower() in _TRUE | _FALSE:
-                return text.lower() in _TRUE
-        elif tp is str and (text is not None or number):
-            return value if text is not None else str(value)  # a name such as 123
-        elif tp is float and (text is not None or number):
-            return float(value)
-        elif tp is int and (text is not None or number):
-            parsed = float(text.replace("_", "")) if text is not None else value
-            if float(parsed).is_integer():
-                return int(parsed)
-    except ValueError:
-        pass
-    raise _bad_value(key, value, tp, source)
-
-
-def _apply_override(raw: dict, cls, item: str, source: str) -> None:
-    """Set ``a.b.c=value`` in the nested dict `raw`, checking the key path against `cls`."""
-    key, sep, text = item.partition("=")
-    key = key.strip()
-    where = f"override '{item}' (config {source})"
-    if not sep or not key:
-        raise ConfigError(f"{where}: an override must look like key=value")
-    parts = key.split(".")
-    node, node_cls, at = raw, cls, ""
-    for i, part in enumerate(parts):
-        names = _field_names(node_cls)
-        if part not in names:
-            raise _unknown_key(node_cls, part, at, where)
-        tp = _hints(node_cls)[part]
-        full = _join(at, part)
-        if i == len(parts) - 1:
-            node[part] = _coerce(text, tp, full, where)
-            return
-        inner = _dataclass_in(tp)
-        if inner is None:
-            raise ConfigError(f"{where}: '{full}' is {_type_name(tp)}, not a section; "
-                              f"set it as {full}=value")
-        child = node.get(part)
-        if isinstance(child, str) and getattr(inner, "_shorthand", None):
-            child = {inner._shorthand: child}
-        elif dataclasses.is_dataclass(child):  # set by an earlier override
-            child = config_to_dict(child)
-        elif not isinstance(child, dict):
-            child = {}  # absent or null: start from the section's defaults
-        node[part] = child
-        node, node_cls, at = child, inner, full
-
-
-def _check_tree(cfg, at: str) -> None:
-    """Check every section's `_bounds` and ``check(at)`` (cross-field rules), depth first."""
-    for f in dataclasses.fields(cfg):
-        value = getattr(cfg, f.name)
-        if dataclasses.is_dataclass(value):
-            _check_tree(value, _join(at, f.name))
-    for name, bound in getattr(cfg, "_bounds", {}).items():
-        value = getattr(cfg, name)
-        if value is not None and not _within(value, bound):
-            raise ConfigError(f"{_join(at, name)} = {value}: must be {bound}")
-    if hasattr(cfg, "check"):
-        cfg.check(at or "<top>")
-
-
-def _within(value, bound: str) -> bool:
-    """`value` against ">= a", "> a" or an interval "[a, b)" / "(a, b]" / "[a, b]" / "(a, b)"."""
-    if bound.startswith(">="):
-        return value >= float(bound[2:])
-    if bound.startswith(">"):
-        return value > float(bound[1:])
-    lo, hi = (float(x) for x in bound[1:-1].split(","))
-    return ((lo <= value) if bound[0] == "[" else (lo < value)) and \
-        ((value <= hi) if bound[-1] == "]" else (value < hi))
-
-
-def _check_buckets(buckets: tuple[int, ...], key: str) -> None:
-    if any(b <= 0 for b in buckets) or list(buckets) != sorted(set(buckets)):
-        raise ConfigError(f"{key} = {list(buckets)}: must be increasing positive lengths")
+    return build_root(KINDS[kind], raw, overrides, source=source)
