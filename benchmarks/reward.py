@@ -1,0 +1,276 @@
+"""Defeasibility reward throughput: our `RewardPipeline` vs the original's method, same weights.
+
+Models (random weights, float32): judge, answer generator and fusion model are t5-small-sized
+T5s (v1.0: d_model 512, 6+6 layers, 8 heads, d_ff 2048, vocab 32128) over a SentencePiece
+vocabulary of 2,000 pieces trained on δ-CLARIFY (Delphi-like: "<class>" is `▁ <unk> class >`);
+the NLI filter a 6-layer RoBERTa (hidden 768) with WaNLI's labels. Inputs: the first
+`--situations` (situation, question) rows of δ-CLARIFY dev.tsv.
+
+The original's method (allenai/clarifydelphi Code/reward.py + Code/model/delphi.py), in PyTorch
+transformers on the same weights: the judgment text by HF `generate` of the judge (max 200
+tokens), weakener + strengthener answers by one HF `generate` of 2b rows, NLI one pair at a time,
+fusion by two HF `generate` calls of b rows, the judge by `generate` of `--reference-judge-tokens`
+(200) tokens per updated situation, reading the softmax at the class step (`score_batch`), then
+numpy JSD. Answers and fusion decode greedily with the same length limits on both sides, so both
+generate the same tokens (the agreement is reported). Random weights rarely write EOS, so each
+generation runs to its limit on both sides; with trained models both stop earlier.
+
+Ours: `RewardPipeline` (jitted stages, one batch per stage, teacher-forced judge), which also
+judges the b base situations (for Table 4). The judge alone: 2b texts, ours in one teacher-forced
+call vs two `score_batch` calls of b rows.
+
+    python benchmarks/reward.py                 # the full run (minutes on a CPU)
+    python benchmarks/reward.py --quick         # tiny sizes, seconds: checks that it runs
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import REPO_ROOT, timeit, write_results
+
+sys.path.insert(0, str(REPO_ROOT / "tests"))  # the tiny-model builders
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+
+from _tiny_models import (WANLI_LABELS, save_classifier_folder, save_t5_folder,  # noqa: E402
+                          tiny_bpe_tokenizer, tiny_spm_folder, tiny_t5_config)
+from clarifyjax import text as text_lib  # noqa: E402
+from clarifyjax.delphi import (DELPHI_CLASS_STEP, Judge, Sampling, Seq2SeqModel,  # noqa: E402
+                               parse_judgment)
+from clarifyjax.nli import NLIFilter  # noqa: E402
+from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline  # noqa: E402
+
+DEV = REPO_ROOT.parent / "shared" / "data" / "delta-clarify" / "dev.tsv"
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--situations", type=int, default=64)
+    p.add_argument("--d-model", type=int, default=512)
+    p.add_argument("--d-ff", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=32128)
+    p.add_argument("--nli-hidden", type=int, default=768)
+    p.add_argument("--nli-layers", type=int, default=6)
+    p.add_argument("--nli-heads", type=int, default=12)
+    p.add_argument("--answer-max-length", type=int, default=32)
+    p.add_argument("--fusion-max-length", type=int, default=64)
+    p.add_argument("--judgment-max-length", type=int, default=32,
+                   help="ours: tokens of the judgment text (Delphi's are ~15 with the class)")
+    p.add_argument("--reference-judgment-tokens", type=int, default=200,
+                   help="the original's judgment generation limit (max_length=200)")
+    p.add_argument("--reference-judge-tokens", type=int, default=200,
+                   help="tokens the original generates per judged situation (read at step 4)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--reference-repeats", type=int, default=1)
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes (d_model 64, 2 layers, vocab 2048, 16 situations, "
+                        "reference judge 40 tokens): checks that the script runs")
+    p.add_argument("--name", default="reward", help="results/<name>.json")
+    args = p.parse_args()
+    if args.quick:
+        args.situations, args.d_model, args.d_ff, args.layers, args.heads = 16, 64, 256, 2, 4
+        args.vocab, args.nli_hidden, args.nli_layers, args.nli_heads = 2048, 64, 2, 4
+        args.answer_max_length, args.fusion_max_length, args.judgment_max_length = 12, 16, 12
+        args.reference_judgment_tokens = args.reference_judge_tokens = 40
+        args.repeats = 2
+        args.name = args.name if args.name != "reward" else "reward_quick"
+    return args
+
+
+def dev_rows(n: int) -> tuple[list[str], list[str]]:
+    with open(DEV, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[:n]
+    if len(rows) < n:
+        raise SystemExit(f"{DEV} has only {len(rows)} rows")
+    return [r["situation"] for r in rows], [r["question"] for r in rows]
+
+
+def build_folders(root: Path, args) -> dict[str, Path]:
+    spm = tiny_spm_folder(root, vocab_size=2000)
+    config = tiny_t5_config("v1.0", vocab_size=args.vocab, d_model=args.d_model,
+                            d_kv=args.d_model // args.heads, d_ff=args.d_ff,
+                            num_layers=args.layers, num_decoder_layers=args.layers,
+                            num_heads=args.heads, relative_attention_num_buckets=32,
+                            relative_attention_max_distance=128)
+    folders = {}
+    for seed, name in enumerate(("answerer", "fusion", "judge")):
+        folders[name] = root / name
+        folders[name].mkdir()
+        save_t5_folder(folders[name], config, seed, spm)
+    folders["nli"] = root / "nli"
+    folders["nli"].mkdir()
+    save_classifier_folder(folders["nli"], WANLI_LABELS, model_type="roberta", seed=3,
+                           hidden_size=args.nli_hidden, num_layers=args.nli_layers,
+                           num_heads=args.nli_heads, intermediate_size=4 * args.nli_hidden,
+                           weight_std=None, tokenizer=tiny_bpe_tokenizer("roberta"))
+    return folders
+
+
+class OriginalReward:
+    """The original's reward computation (see the module docstring) on PyTorch models."""
+
+    def __init__(self, folders: dict[str, Path], args):
+        load = transformers.T5ForConditionalGeneration.from_pretrained
+        self.answerer = load(str(folders["answerer"])).eval()
+        self.fusion = load(str(folders["fusion"])).eval()
+        self.judge = load(str(folders["judge"])).eval()
+        self.tok = transformers.T5TokenizerFast.from_pretrained(str(folders["judge"]), extra_ids=0)
+        self.nli = transformers.RobertaForSequenceClassification.from_pretrained(
+            str(folders["nli"])).eval()
+        from tokenizers import Tokenizer
+
+        self.nli_tok = Tokenizer.from_file(str(folders["nli"] / "tokenizer.json"))
+        self.nli_tok.enable_truncation(128)
+        self.class_ids = self.tok.convert_tokens_to_ids(["-1", "0", "1"])  # bad, ok, good
+        self.args = args
+        self.timings: dict[str, float] = {}
+
+    def _generate(self, model, texts, **kwargs):
+        enc = self.tok(texts, return_tensors="pt", padding=True)
+        with torch.no_grad():
+            return model.generate(**enc, do_sample=False, **kwargs)
+
+    def _timed(self, name, fn, *a, **k):
+        t0 = time.perf_counter()
+        out = fn(*a, **k)
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
+        return out
+
+    def score_batch(self, texts: list[str]) -> np.ndarray:
+        """DelphiScorer.score_batch: generate, softmax at the class step, columns -> [n, 3]."""
+        n = self.args.reference_judge_tokens
+        out = self._generate(self.judge, ["[moral_single]: " + t for t in texts],
+                             max_new_tokens=n, min_new_tokens=n, output_scores=True,
+                             return_dict_in_generate=True)
+        probs = out["scores"][DELPHI_CLASS_STEP].softmax(-1)[:, self.class_ids].numpy()
+        return probs / probs.sum(-1, keepdims=True)
+
+    def judgments(self, situations: list[str]) -> list[str]:
+        """DelphiScorer.generate_batch (its text split replaced by our tolerant parser)."""
+        seq = self._generate(self.judge, ["[moral_single]: " + s for s in situations],
+                             max_new_tokens=self.args.reference_judgment_tokens)
+        return [parse_judgment(t)[1] for t in self.tok.batch_decode(seq, skip_special_tokens=True)]
+
+    def __call__(self, situations: list[str], questions: list[str]):
+        self.timings = {}
+        judgments = self._timed("judgment", self.judgments, situations)
+        inputs, premises = [], []
+        for jud, sit, q in zip(judgments, situations, questions):  # as the original interleaves
+            for kind in text_lib.UPDATE_TYPES:
+                inputs.append(text_lib.answer_input(sit, q, kind, jud))
+                premises.append(sit)
+        seq = self._timed("answers", self._generate, self.answerer, inputs,
+                          max_new_tokens=self.args.answer_max_length)
+        answers = self.tok.batch_decode(seq, skip_special_tokens=True)
+        kept = []
+        t0 = time.perf_counter()
+        for sit, answer in zip(premises, answers):  # one pair at a time, as the original
+            enc = self.nli_tok.encode(sit, answer)
+            with torch.no_grad():
+                logits = self.nli(input_ids=torch.tensor([enc.ids]),
+                                  attention_mask=torch.tensor([enc.attention_mask])).logits
+            label = self.nli.config.id2label[int(logits.softmax(-1).argmax())]
+            kept.append(answer if label not in ("contradiction", "entailment") else " ")
+        self.timings["nli"] = time.perf_counter() - t0
+        weak, strong = kept[0::2], kept[1::2]
+        fused = []
+        for part in (weak, strong):  # predict_merge, once per update type
+            merge = [text_lib.fusion_input(s, q, a.strip()) for s, q, a in
+                     zip(situations, questions, part)]
+            seq = self._timed("fusion", self._generate, self.fusion, merge,
+                              max_new_tokens=self.args.fusion_max_length)
+            fused.append(self.tok.batch_decode(seq, skip_special_tokens=True))
+        p_weak = self._timed("judge", self.score_batch, [f or "." for f in fused[0]])
+        p_strong = self._timed("judge", self.score_batch, [f or "." for f in fused[1]])
+        m = (p_weak + p_strong) / 2
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kl = lambda p: np.where(p > 0, p * np.log(p / m), 0.0).sum(-1)  # noqa: E731
+        jsd = (kl(p_weak) + kl(p_strong)) / 2 / np.log(2)
+        return jsd, [a for a in answers[0::2]], fused
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(os.cpu_count())
+    situations, questions = dev_rows(args.situations)
+    b = args.situations
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        folders = build_folders(Path(tmp), args)
+        build_s = time.perf_counter() - t0
+
+        config = PipelineConfig(answer_max_length=args.answer_max_length,
+                                fusion_max_length=args.fusion_max_length)
+        multiple = 8
+        ours = RewardPipeline(
+            Seq2SeqModel.from_pretrained(folders["answerer"], batch_multiple=multiple),
+            Seq2SeqModel.from_pretrained(folders["fusion"], batch_multiple=multiple),
+            Judge.from_pretrained(folders["judge"], class_step=DELPHI_CLASS_STEP,
+                                  judgment=Sampling(max_new_tokens=args.judgment_max_length)),
+            NLIFilter.from_pretrained(folders["nli"], batch_size=2 * b), config)
+        reference = OriginalReward(folders, args)
+
+        t0 = time.perf_counter()
+        out = ours(situations, questions, rng=0)  # compiles every stage
+        compile_s = time.perf_counter() - t0
+        ours_t = timeit(lambda: ours(situations, questions, rng=0), repeats=args.repeats,
+                        warmup=0)
+        ours_stages = dict(ours.timings)
+        ref_t = timeit(lambda: reference(situations, questions), repeats=args.reference_repeats,
+                       warmup=0)
+        ref_stages = dict(reference.timings)
+        _, ref_answers, ref_fused = reference(situations, questions)
+
+        judge_texts = situations + [f"{s} {q}" for s, q in zip(situations, questions)]
+        ours.judge.class_probabilities(judge_texts)  # compile
+        judge_ours = timeit(lambda: ours.judge.class_probabilities(judge_texts),
+                            repeats=args.repeats, warmup=0)
+        judge_ref = timeit(lambda: [reference.score_batch(judge_texts[:b]),
+                                    reference.score_batch(judge_texts[b:])],
+                           repeats=args.reference_repeats, warmup=0)
+
+    ratio = ref_t["best_s"] / ours_t["best_s"]
+    judge_ratio = judge_ref["best_s"] / judge_ours["best_s"]
+    results = {
+        "settings": {k: v for k, v in vars(args).items() if k != "name"},
+        "torch_threads": torch.get_num_threads(),
+        "build_models_s": build_s,
+        "pipeline": {
+            "ours": {**ours_t, "situations_per_s": b / ours_t["best_s"],
+                     "first_call_with_compile_s": compile_s, "stage_s": ours_stages,
+                     "traces": dict(ours.traces)},
+            "original": {**ref_t, "situations_per_s": b / ref_t["best_s"],
+                         "stage_s": ref_stages},
+            "ratio": ratio, "target": 10.0, "meets_target": ratio >= 10.0,
+            "agreement": {
+                "weak_answers": float(np.mean([" ".join(a.split()) == o for a, o in
+                                               zip(ref_answers, out.weak_answers)])),
+                "weak_fused": float(np.mean([" ".join(a.split()) == o for a, o in
+                                             zip(ref_fused[0], out.weak_situations)]))},
+            "counts": out.counts,
+        },
+        "judge_alone": {
+            "texts": 2 * b,
+            "ours": {**judge_ours, "texts_per_s": 2 * b / judge_ours["best_s"]},
+            "original": {**judge_ref, "texts_per_s": 2 * b / judge_ref["best_s"]},
+            "ratio": judge_ratio, "target": 20.0, "meets_target": judge_ratio >= 20.0},
+    }
+    write_results(args.name, results)
+    print(f"pipeline: ours {b / ours_t['best_s']:.2f} situations/s, original "
+          f"{b / ref_t['best_s']:.2f}/s -> {ratio:.1f}x (target >= 10x)")
+    print(f"judge alone: ours {2 * b / judge_ours['best_s']:.1f} texts/s, original "
+          f"{2 * b / judge_ref['best_s']:.1f}/s -> {judge_ratio:.1f}x (target >= 20x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,393 @@
+"""ClarifyDelphi's reward, composed: judgment -> answers -> NLI filter -> fusion -> judge -> JSD.
+
+For b (situation, question) pairs (paper §3.2-3.3, DESIGN §2 and §4):
+
+1. judgment: the judge's judgment text of each situation (greedy; the answer generator's input);
+2. answers: a weakener and a strengthener answer per question, the 2b inputs in ONE batch;
+3. NLI: answers that the situation entails or contradicts are dropped (premise = situation);
+4. fusion: each answer fused into its situation, the 2b inputs in one batch;
+5. judge: P(bad, ok, good) of the b base and 2b updated situations in one batch;
+6. reward: JSD_2(P_weak || P_strong) (`reward.defeasibility_reward`), then the normalizer.
+
+Every model stage is one jitted call (`decoding.generate`, the judge's forward, the NLI forward)
+on inputs padded to length buckets and to a row multiple, so that a repeated batch size compiles
+each stage once (`RewardPipeline.traces` counts the traces per stage).
+
+A dropped answer (filtered by NLI, or empty) is handled by `PipelineConfig.dropped_answer`:
+  zero_reward  the pair's raw reward is `dropped_reward` (0: no defeasibility shown), before
+               normalization; its fused situations are still computed (blank answer) and reported;
+  resample     up to `resample_k` rounds of sampling new answers for the dropped ones only, then
+               as zero_reward for those still dropped;
+  blank        the original: the answer is blanked and still fused; the reward is the JSD.
+An empty question (e.g. the policy wrote only EOS) gives its row `dropped_reward`, without model
+calls; a question longer than `max_question_words` words is cut there. Both are counted.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Any, Literal, Sequence
+
+import jax
+import numpy as np
+
+from clarifyjax import decoding, delphi
+from clarifyjax import reward as reward_lib
+from clarifyjax import text as text_lib
+from clarifyjax.delphi import Sampling, Seq2SeqModel
+
+DROPPED_POLICIES = ("zero_reward", "resample", "blank")
+COUNT_KEYS = ("questions", "empty_questions", "truncated_questions", "answers", "empty_answers",
+              "nli_dropped", "resampled", "recovered", "dropped", "empty_fusions", "invalid_pairs",
+              "truncated_judge_inputs", "truncated_answer_inputs", "truncated_fusion_inputs")
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineConfig:
+    """Settings of `RewardPipeline` (names as `clarifyjax.config.RewardConfig` where shared).
+
+    Temperatures of 0 decode greedily. `normalizer`: None gives the raw JSD as the reward.
+    """
+
+    dropped_answer: Literal["zero_reward", "resample", "blank"] = "zero_reward"
+    resample_k: int = 2
+    answer_max_length: int = 32
+    answer_temperature: float = 0.0
+    answer_top_p: float = 1.0
+    resample_temperature: float = 1.0
+    resample_top_p: float = 1.0
+    fusion_max_length: int = 64
+    fusion_temperature: float = 0.0
+    use_judgment_text: bool = True
+    max_question_words: int = 64
+    dropped_reward: float = 0.0
+    normalizer: reward_lib.RewardNormalizer | None = None
+
+    def __post_init__(self):
+        if self.dropped_answer not in DROPPED_POLICIES:
+            raise ValueError(f"PipelineConfig.dropped_answer must be one of {DROPPED_POLICIES}, "
+                             f"got {self.dropped_answer!r}")
+        for name in ("resample_k", "answer_max_length", "fusion_max_length", "max_question_words"):
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"PipelineConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.dropped_answer == "resample" and self.resample_temperature <= 0:
+            raise ValueError("PipelineConfig.resample_temperature must be > 0: resampling a "
+                             "greedy answer gives the same answer again")
+
+    @property
+    def answer_sampling(self) -> Sampling:
+        return Sampling(self.answer_max_length, self.answer_temperature, top_p=self.answer_top_p)
+
+    @property
+    def resample_sampling(self) -> Sampling:
+        return Sampling(self.answer_max_length, self.resample_temperature,
+                        top_p=self.resample_top_p)
+
+    @property
+    def fusion_sampling(self) -> Sampling:
+        return Sampling(self.fusion_max_length, self.fusion_temperature)
+
+    @classmethod
+    def from_reward_config(cls, rewards, normalizer=None, **overrides) -> "PipelineConfig":
+        """From `clarifyjax.config.RewardConfig` (the `rewards:` section of a PPO run)."""
+        values = dict(dropped_answer=rewards.dropped_answer, resample_k=rewards.resample_k,
+                      answer_max_length=rewards.answer_max_length,
+                      answer_temperature=rewards.answer_temperature,
+                      resample_temperature=rewards.answer_temperature or 1.0,
+                      fusion_max_length=rewards.fusion_max_length, normalizer=normalizer)
+        values.update(overrides)
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardOutput:
+    """What `RewardPipeline.__call__` computed for b questions.
+
+    reward [b] float32: `normalizer(raw_reward)`; raw_reward [b]: the JSD where `valid`, else
+    `dropped_reward`; jsd [b]: JSD_2(p_weak, p_strong) of what was fused and judged (rows with an
+    empty question: 0); valid [b] bool: the reward is the JSD; p_base, p_weak, p_strong [b, 3]
+    (bad, ok, good) of the base and updated situations (rows with an empty question: p_base);
+    dropped [b, 2] bool: the (weakener, strengthener) answer was dropped (after resampling);
+    answered [b, 2] bool: the answer exists and was fused into a non-empty situation.
+    Texts are lists of b strings ("" where nothing was made). counts: see `RewardPipeline`.
+    """
+
+    reward: np.ndarray
+    raw_reward: np.ndarray
+    jsd: np.ndarray
+    valid: np.ndarray
+    p_base: np.ndarray
+    p_weak: np.ndarray
+    p_strong: np.ndarray
+    dropped: np.ndarray
+    answered: np.ndarray
+    questions: list[str]
+    judgments: list[str]
+    weak_answers: list[str]
+    strong_answers: list[str]
+    weak_situations: list[str]
+    strong_situations: list[str]
+    counts: dict[str, int]
+
+    def table4(self) -> dict[str, float]:
+        """The paper's Table 4: average JSD over valid pairs, and the share of answers (kept and
+        fused) whose updated situation flips the judge's argmax against the base situation."""
+        flips_valid = self.answered & self.valid[:, None]
+        p_updated = np.stack([self.p_weak, self.p_strong], axis=1)
+        return {"avg_jsd": float(reward_lib.average_jsd(self.p_weak, self.p_strong, self.valid)),
+                "judgment_flips": float(reward_lib.flip_rate(self.p_base, p_updated, flips_valid)),
+                "pairs": int(self.valid.sum()), "answers": int(flips_valid.sum())}
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One JSON-ready dict per question."""
+        out = []
+        for i in range(len(self.reward)):
+            out.append({
+                "question": self.questions[i], "reward": float(self.reward[i]),
+                "raw_reward": float(self.raw_reward[i]), "jsd": float(self.jsd[i]),
+                "valid": bool(self.valid[i]), "judgment": self.judgments[i],
+                "weak_answer": self.weak_answers[i], "strong_answer": self.strong_answers[i],
+                "weak_dropped": bool(self.dropped[i, 0]),
+                "strong_dropped": bool(self.dropped[i, 1]),
+                "weak_situation": self.weak_situations[i],
+                "strong_situation": self.strong_situations[i],
+                "p_base": [float(x) for x in self.p_base[i]],
+                "p_weak": [float(x) for x in self.p_weak[i]],
+                "p_strong": [float(x) for x in self.p_strong[i]]})
+        return out
+
+
+def _string(value, field: str, row: int) -> str:
+    if not isinstance(value, str):
+        raise text_lib.TextFormatError(f"row {row}: field {field!r} must be a string, got "
+                                       f"{type(value).__name__}")
+    return text_lib.normalize_whitespace(value)
+
+
+def _trace_total(nli) -> int:
+    total = sum(decoding.TRACE_COUNTS.values()) + sum(delphi.TRACE_COUNTS.values())
+    return total + (sum(nli.traces.values()) if hasattr(nli, "traces") else 0)
+
+
+def _as_key(rng) -> jax.Array | None:
+    if rng is None or isinstance(rng, jax.Array):
+        return rng
+    return jax.random.key(int(rng))
+
+
+class RewardPipeline:
+    """answerer, fusion: `Seq2SeqModel`s; judge: a `delphi.Judge` or `delphi.ClassifierJudge`;
+    nli: a `nli.NLIFilter` (or anything with `__call__(premises, hypotheses) -> .keep [n]`), or
+    None for no filter.
+
+    After each call: `traces` (Counter) counts jit traces per stage over the pipeline's life;
+    `timings` (dict) the seconds of each stage of the last call.
+    Counts in `RewardOutput.counts`: questions, empty_questions, truncated_questions, answers
+    (generated in the first pass), empty_answers, nli_dropped (first pass, by NLI), resampled
+    (answers drawn again), recovered (dropped answers replaced by kept ones), dropped (answers
+    dropped at the end, all fused blank), empty_fusions, invalid_pairs
+    (rows whose reward is `dropped_reward`), truncated_{judge,answer,fusion}_inputs.
+    """
+
+    def __init__(self, answerer: Seq2SeqModel, fusion: Seq2SeqModel, judge, nli=None,
+                 config: PipelineConfig = PipelineConfig()):
+        self.answerer, self.fusion, self.judge, self.nli = answerer, fusion, judge, nli
+        self.config = config
+        self.traces: collections.Counter = collections.Counter()
+        self.timings: dict[str, float] = {}
+
+    @classmethod
+    def from_folders(cls, *, answerer, fusion, judge, nli=None,
+                     config: PipelineConfig = PipelineConfig(), backend: str = "hf",
+                     dtype: str = "float32", max_input_length: int = 128, batch_multiple: int = 8,
+                     nli_threshold: float | None = None, nli_batch_size: int = 128,
+                     judge_options: dict | None = None) -> "RewardPipeline":
+        """Load the four models from Hugging Face folders (`nli` None: no filter).
+
+        nli_batch_size: pairs per NLI forward; 2 x the questions per call keeps it one call.
+        judge_options: keyword arguments of `delphi.load_judge` (kind, class_prefix, ...).
+        """
+        from clarifyjax.nli import NLIFilter
+
+        common = dict(backend=backend, dtype=dtype, max_input_length=max_input_length,
+                      batch_multiple=batch_multiple)
+        return cls(Seq2SeqModel.from_pretrained(answerer, **common),
+                   Seq2SeqModel.from_pretrained(fusion, **common),
+                   delphi.load_judge(judge, **{**common, **(judge_options or {})}),
+                   None if nli is None else NLIFilter.from_pretrained(
+                       nli, threshold=nli_threshold, dtype=dtype, max_length=max_input_length,
+                       batch_size=nli_batch_size),
+                   config)
+
+    def _stage(self, name: str, fn, *args, **kwargs):
+        before, t0 = _trace_total(self.nli), time.perf_counter()
+        out = fn(*args, **kwargs)
+        self.traces[name] += _trace_total(self.nli) - before
+        self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
+        return out
+
+    def _keep(self, premises: list[str], answers: list[str], counts, first: bool) -> np.ndarray:
+        """[n] bool: the answer is non-empty and (with a filter) the NLI model keeps it."""
+        keep = np.array([bool(a) for a in answers], bool)
+        if first:
+            counts["empty_answers"] += int((~keep).sum())
+        nonempty = np.flatnonzero(keep)
+        if self.nli is not None and nonempty.size:
+            pairs = [text_lib.nli_pair(premises[i], answers[i], where=f"answer {i}")
+                     for i in nonempty]
+            result = self._stage("nli", self.nli, [p for p, _ in pairs], [h for _, h in pairs])
+            kept = np.asarray(result.keep, bool)
+            keep[nonempty] = kept
+            if first:
+                counts["nli_dropped"] += int((~kept).sum())
+        return keep
+
+    def __call__(self, situations: Sequence[str], questions: Sequence[str],
+                 rng: jax.Array | int | None = None) -> RewardOutput:
+        """Rewards of b questions about b situations (the policy prefix may be on either).
+
+        rng: a key (or an int seed); needed when any stage samples (temperatures > 0, resample).
+        Raises text.TextFormatError for an empty situation (naming its row), ValueError for
+        lengths that differ.
+        """
+        cfg, self.timings = self.config, {}
+        situations, questions = list(situations), list(questions)
+        if len(situations) != len(questions):
+            raise ValueError(f"RewardPipeline: {len(situations)} situations but {len(questions)} "
+                             "questions")
+        b = len(situations)
+        counts: collections.Counter = collections.Counter({k: 0 for k in COUNT_KEYS})
+        counts["questions"] = b
+        sits = []
+        for i, s in enumerate(situations):
+            s = text_lib.strip_policy_prefix(_string(s, "situation", i))
+            if not s:
+                raise text_lib.TextFormatError(f"row {i}: field 'situation' is empty")
+            sits.append(s)
+        qs = []
+        for i, q in enumerate(questions):
+            words = _string(q, "question", i).split(" ")
+            if len(words) > cfg.max_question_words:
+                words, counts["truncated_questions"] = (words[: cfg.max_question_words],
+                                                        counts["truncated_questions"] + 1)
+            qs.append(" ".join(words).strip())
+        active = np.flatnonzero([bool(q) for q in qs])
+        counts["empty_questions"] = b - active.size
+        n = active.size
+
+        key = _as_key(rng)
+        needs_rng = (cfg.answer_temperature > 0 or cfg.fusion_temperature > 0
+                     or cfg.dropped_answer == "resample")
+        if needs_rng and key is None:
+            raise ValueError("RewardPipeline: this configuration samples; pass rng")
+        keys = list(jax.random.split(key, 2 + cfg.resample_k)) if key is not None else [None] * (
+            2 + cfg.resample_k)
+
+        # 1. judgment text of the base situations
+        act_sits = [sits[i] for i in active]
+        judgments = [""] * b
+        if cfg.use_judgment_text and n:
+            before = self.judge.truncated_inputs
+            for i, j in zip(active, self._stage("judgment", self.judge.judgment_text, act_sits)):
+                judgments[i] = j
+            counts["truncated_judge_inputs"] += self.judge.truncated_inputs - before
+
+        # 2. weakener and strengthener answers: rows [0, n) weak, [n, 2n) strong
+        premises = act_sits + act_sits
+        answer_inputs = [text_lib.answer_input(sits[i], qs[i], kind, judgments[i], where=f"row {i}")
+                         for kind in text_lib.UPDATE_TYPES for i in active]
+        answers = self._stage("answers", self.answerer.generate, answer_inputs,
+                              cfg.answer_sampling, rng=keys[0])
+        counts["truncated_answer_inputs"] += answers.truncated_inputs
+        answers = list(answers.texts)
+        counts["answers"] = len(answers)
+
+        # 3. NLI filter, and resampling of what it dropped
+        keep = self._keep(premises, answers, counts, first=True)
+        first_dropped = int((~keep).sum())
+        if cfg.dropped_answer == "resample":
+            for round_ in range(cfg.resample_k):
+                todo = np.flatnonzero(~keep)
+                if not todo.size:
+                    break
+                redo = self._stage("resample", self.answerer.generate,
+                                   [answer_inputs[i] for i in todo], cfg.resample_sampling,
+                                   rng=keys[2 + round_], power_of_two_rows=True)
+                counts["resampled"] += todo.size
+                for i, a in zip(todo, redo.texts):
+                    answers[i] = a
+                keep[todo] = self._keep([premises[i] for i in todo], redo.texts, counts,
+                                        first=False)
+            counts["recovered"] = first_dropped - int((~keep).sum())
+        counts["dropped"] = int((~keep).sum())
+
+        # 4. fusion of every answer (dropped ones blank) into its situation
+        fused_answers = [a if k else "" for a, k in zip(answers, keep)]
+        fusion_inputs = [text_lib.fusion_input(premises[r], qs[active[r % n]], fused_answers[r],
+                                               where=f"row {active[r % n]}")
+                         for r in range(2 * n)]
+        fused = self._stage("fusion", self.fusion.generate, fusion_inputs, cfg.fusion_sampling,
+                            rng=keys[1])
+        counts["truncated_fusion_inputs"] += fused.truncated_inputs
+        fused_ok = np.array([bool(t) for t in fused.texts], bool)
+        counts["empty_fusions"] = int((~fused_ok).sum())
+        judged = [t if ok else p for t, ok, p in zip(fused.texts, fused_ok, premises)]
+
+        # 5. the judge on base + weak + strong situations in one batch
+        before = self.judge.truncated_inputs
+        probs = self._stage("judge", self.judge.class_probabilities, sits + judged)
+        counts["truncated_judge_inputs"] += self.judge.truncated_inputs - before
+        p_base = probs[:b]
+        p_weak, p_strong = p_base.copy(), p_base.copy()
+        p_weak[active], p_strong[active] = probs[b: b + n], probs[b + n:]
+
+        # 6. reward
+        dropped = np.zeros((b, 2), bool)
+        dropped[active] = (~keep).reshape(2, n).T
+        answered = np.zeros((b, 2), bool)
+        answered[active] = (keep & fused_ok).reshape(2, n).T
+        valid = np.zeros(b, bool)
+        pair_ok = fused_ok.reshape(2, n).all(0)
+        if cfg.dropped_answer != "blank":
+            pair_ok &= keep.reshape(2, n).all(0)
+        valid[active] = pair_ok
+        counts["invalid_pairs"] = int(b - valid.sum())
+        jsd = np.asarray(reward_lib.jsd(p_weak, p_strong, axis=-1), np.float32)
+        raw = np.asarray(reward_lib.defeasibility_reward(p_weak, p_strong, valid,
+                                                         cfg.dropped_reward), np.float32)
+        reward = raw if cfg.normalizer is None else np.asarray(cfg.normalizer(raw), np.float32)
+
+        def spread(values: list[str], part: int) -> list[str]:
+            out = [""] * b
+            for r, i in enumerate(active):
+                out[i] = values[part * n + r]
+            return out
+
+        return RewardOutput(
+            reward=reward, raw_reward=raw, jsd=jsd, valid=valid, p_base=p_base, p_weak=p_weak,
+            p_strong=p_strong, dropped=dropped, answered=answered, questions=qs,
+            judgments=judgments, weak_answers=spread(answers, 0),
+            strong_answers=spread(answers, 1),
+            weak_situations=spread([t if ok else "" for t, ok in zip(fused.texts, fused_ok)], 0),
+            strong_situations=spread([t if ok else "" for t, ok in zip(fused.texts, fused_ok)], 1),
+            counts={k: int(v) for k, v in sorted(counts.items())})
+
+
+def concat_outputs(outputs: Sequence[RewardOutput]) -> RewardOutput:
+    """One `RewardOutput` of several calls' rows, in order (counts summed)."""
+    if not outputs:
+        raise ValueError("concat_outputs: no outputs")
+    values = {}
+    for field in dataclasses.fields(RewardOutput):
+        parts = [getattr(o, field.name) for o in outputs]
+        if field.name == "counts":
+            total: collections.Counter = collections.Counter()
+            for p in parts:
+                total.update(p)
+            values["counts"] = {k: int(v) for k, v in sorted(total.items())}
+        elif isinstance(parts[0], np.ndarray):
+            values[field.name] = np.concatenate(parts)
+        else:
+            values[field.name] = [x for p in parts for x in p]
+    return RewardOutput(**values)

@@ -1,0 +1,241 @@
+"""Tiny random Hugging Face model folders with tokenizers trained here, for tests and benchmarks.
+
+Each builder takes `root` (pytest's session-scoped `tmp_path_factory`, or a plain directory) and
+returns a folder that `clarifyjax` loaders and transformers' `from_pretrained` both read. Folders
+are cached per `root` and arguments, so a session builds each one once.
+
+* `tiny_spm_folder`: a SentencePiece unigram model (pad/eos/unk = 0/1/2, as T5) trained on the
+  situations and questions of δ-CLARIFY train.tsv plus Delphi-like targets. Like T5's vocabulary it
+  has no "<", so Delphi's class prefix "<class>" tokenizes as `▁ <unk> class >` (Delphi reads the
+  class at decoder step 4), and "1", "0" and "-1" are single pieces ("-1" is added to the trained
+  model as an ordinary piece, so that both tokenizer backends agree; `minus_one=False` leaves it
+  out: a judge vocabulary that lacks a class token).
+* `tiny_t5_folder`: a random `T5ForConditionalGeneration` (v1.0: relu, tied; v1.1: gated-gelu,
+  own lm_head) saved as safetensors, with the `spiece.model` beside it. With Hugging Face's
+  init a tiny model writes the same tokens (or nothing) whatever the input; pass
+  `initializer_factor=3.0` for outputs that depend on the input (and more peaked distributions).
+* `tiny_classifier_folder` / `tiny_nli_folder`: a random `RobertaForSequenceClassification` (or
+  BERT) with redrawn weights (std 0.2, so outputs are far from uniform) and a byte-level BPE
+  `tokenizer.json` trained here, with RoBERTa's pair template.
+
+    folder = tiny_t5_folder(tmp_path_factory, family="v1.0", seed=1)
+    nli = tiny_nli_folder(tmp_path_factory)             # labels contradiction/entailment/neutral
+"""
+from __future__ import annotations
+
+import csv
+import io
+import math
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+from conftest import require, shared_data
+
+PAD, EOS, UNK = 0, 1, 2
+WANLI_LABELS = ("contradiction", "entailment", "neutral")  # roberta-large-wanli's id order
+TINY_T5 = dict(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+               relative_attention_num_buckets=8, relative_attention_max_distance=32,
+               dropout_rate=0.0)
+T5_FAMILIES = {
+    "v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True),
+    "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),
+}
+DELPHI_TARGETS = (("1", "it's good"), ("0", "it's okay"), ("-1", "it's bad"))
+
+_CACHE: dict[tuple, Path] = {}
+
+
+def _new_dir(root, name: str) -> Path:
+    if hasattr(root, "mktemp"):  # pytest's TempPathFactory
+        return Path(root.mktemp(name))
+    folder = Path(root) / name
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    return folder
+
+
+def _cached(kind: str, root, key: tuple, build) -> Path:
+    base = root.getbasetemp() if hasattr(root, "getbasetemp") else Path(root)
+    full_key = (kind, str(base)) + key
+    if full_key not in _CACHE or not _CACHE[full_key].exists():
+        _CACHE[full_key] = build()
+    return _CACHE[full_key]
+
+
+def corpus(n_rows: int | None = 3000) -> list[str]:
+    """Situations and questions of the first `n_rows` rows (None: all) of δ-CLARIFY train.tsv."""
+    with open(shared_data("delta-clarify/train.tsv"), newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[:n_rows]
+    return [t for r in rows for t in (r["situation"], r["question"]) if t and t.strip()]
+
+
+# --------------------------------------------------------------------------- SentencePiece
+
+
+def tiny_spm_folder(root, *, vocab_size: int = 600, minus_one: bool = True) -> Path:
+    """A folder with `spiece.model` (vocabulary `vocab_size`, + 1 with `minus_one`)."""
+
+    def build() -> Path:
+        spm = require("sentencepiece")
+        from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+        # Delphi's targets without "<", so that "<" stays out of the vocabulary as in T5's.
+        targets = [f"class>{c}/class> text>{t}/text>" for c, t in DELPHI_TARGETS] * 100
+        buffer = io.BytesIO()
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(corpus(3000 if vocab_size <= 1000 else None) + targets),
+            model_writer=buffer,
+            vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
+            pad_id=PAD, eos_id=EOS, unk_id=UNK, bos_id=-1, num_threads=1, minloglevel=2)
+        proto = model_pb2.ModelProto()
+        proto.ParseFromString(buffer.getvalue())
+        if minus_one and not any(p.piece == "-1" for p in proto.pieces):
+            piece = proto.pieces.add()
+            piece.piece, piece.score = "-1", 0.0  # likelier than any learned piece
+            piece.type = model_pb2.ModelProto.SentencePiece.NORMAL
+        folder = _new_dir(root, f"spm{vocab_size}{'' if minus_one else '_no_minus_one'}")
+        (folder / "spiece.model").write_bytes(proto.SerializeToString())
+        return folder
+
+    return _cached("spm", root, (vocab_size, minus_one), build)
+
+
+def spm_vocab_size(folder: Path) -> int:
+    import sentencepiece
+
+    return sentencepiece.SentencePieceProcessor(
+        model_file=str(Path(folder) / "spiece.model")).get_piece_size()
+
+
+# --------------------------------------------------------------------------- T5
+
+
+def tiny_t5_config(family: str = "v1.0", *, vocab_size: int, **overrides):
+    transformers = require("transformers")
+    if family not in T5_FAMILIES:
+        raise ValueError(f"unknown T5 family {family!r}; expected one of {sorted(T5_FAMILIES)}")
+    values = {**TINY_T5, **T5_FAMILIES[family], "vocab_size": vocab_size, "pad_token_id": PAD,
+              "eos_token_id": EOS, "decoder_start_token_id": PAD, **overrides}
+    return transformers.T5Config(**values)
+
+
+def save_t5_folder(folder: Path, config, seed: int, spm_folder: Path):
+    """A random torch T5 of `config` saved (safetensors) into `folder` with the tokenizer."""
+    torch = require("torch")
+    transformers = require("transformers")
+    torch.manual_seed(seed)
+    model = transformers.T5ForConditionalGeneration(config).eval()
+    if not config.tie_word_embeddings:  # a real v1.1 checkpoint has its own lm_head
+        with torch.no_grad():
+            model.lm_head.weight.copy_(torch.randn(model.lm_head.weight.shape))
+    model.save_pretrained(str(folder), safe_serialization=True)
+    shutil.copy(Path(spm_folder) / "spiece.model", Path(folder) / "spiece.model")
+    return model
+
+
+def tiny_t5_folder(root, *, family: str = "v1.0", seed: int = 0, spm_pieces: int = 600,
+                   minus_one: bool = True, **overrides) -> Path:
+    """A random tiny T5 folder (config.json, model.safetensors, spiece.model).
+
+    The model's vocabulary is the tokenizer's rounded up to a multiple of 8 (as t5's 32128 over
+    32100 pieces); `overrides` are `transformers.T5Config` fields.
+    """
+
+    def build() -> Path:
+        spm = tiny_spm_folder(root, vocab_size=spm_pieces, minus_one=minus_one)
+        vocab = 8 * math.ceil(spm_vocab_size(spm) / 8)
+        config = tiny_t5_config(family, vocab_size=vocab, **overrides)
+        folder = _new_dir(root, f"t5_{family}_seed{seed}_{len(_CACHE)}")
+        save_t5_folder(folder, config, seed, spm)
+        return folder
+
+    key = (family, seed, spm_pieces, minus_one, tuple(sorted(overrides.items())))
+    return _cached("t5", root, key, build)
+
+
+# --------------------------------------------------------------------------- classifiers
+
+
+def tiny_bpe_tokenizer(model_type: str = "roberta", vocab_size: int = 400):
+    """A byte-level BPE `tokenizers.Tokenizer` trained on the corpus, with the family's specials
+    (RoBERTa: <s>=0 <pad>=1 </s>=2 <unk>=3; BERT: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3) and pair
+    template."""
+    require("tokenizers")
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+    if model_type == "roberta":
+        specials = ["<s>", "<pad>", "</s>", "<unk>"]
+        bos, eos = "<s>", "</s>"
+        pair, single = "<s> $A </s> </s> $B </s>", "<s> $A </s>"
+    elif model_type == "bert":
+        specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
+        bos, eos = "[CLS]", "[SEP]"
+        pair, single = "[CLS] $A [SEP] $B:1 [SEP]:1", "[CLS] $A [SEP]"
+    else:
+        raise ValueError(f"unknown encoder family {model_type!r}; expected roberta or bert")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(corpus(1000), trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=single, pair=pair,
+        special_tokens=[(t, tokenizer.token_to_id(t)) for t in (bos, eos)])
+    return tokenizer
+
+
+def save_classifier_folder(folder: Path, labels: Sequence[str], *, model_type: str, seed: int,
+                           hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
+                           intermediate_size: int = 64, weight_std: float | None = 0.2,
+                           tokenizer=None):
+    """A random `...ForSequenceClassification` with `labels` (id order) saved into `folder`
+    with its tokenizer.json; returns the torch model."""
+    torch = require("torch")
+    transformers = require("transformers")
+    tokenizer = tokenizer or tiny_bpe_tokenizer(model_type)
+    id2label = dict(enumerate(labels))
+    common = dict(vocab_size=tokenizer.get_vocab_size(), hidden_size=hidden_size,
+                  num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                  intermediate_size=intermediate_size, max_position_embeddings=130,
+                  id2label=id2label, label2id={v: k for k, v in id2label.items()})
+    torch.manual_seed(seed)
+    if model_type == "roberta":
+        config = transformers.RobertaConfig(pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                            type_vocab_size=1, **common)
+        model = transformers.RobertaForSequenceClassification(config)
+    else:
+        config = transformers.BertConfig(pad_token_id=0, type_vocab_size=2, **common)
+        model = transformers.BertForSequenceClassification(config)
+    if weight_std is not None:  # the default 0.02 init gives near-uniform outputs
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                noise = torch.randn(p.shape, generator=gen) * weight_std
+                p.copy_(1.0 + noise if "LayerNorm.weight" in name else noise)
+    model.eval()
+    model.save_pretrained(str(folder))
+    tokenizer.save(str(Path(folder) / "tokenizer.json"))
+    return model
+
+
+def tiny_classifier_folder(root, labels: Sequence[str] = ("bad", "ok", "good"), *,
+                           model_type: str = "roberta", seed: int = 0) -> Path:
+    """A random tiny sequence classifier folder (config.json with id2label = labels,
+    model.safetensors, tokenizer.json)."""
+    labels = tuple(labels)
+
+    def build() -> Path:
+        folder = _new_dir(root, f"{model_type}_{'_'.join(labels)}_seed{seed}")
+        save_classifier_folder(folder, labels, model_type=model_type, seed=seed)
+        return folder
+
+    return _cached("classifier", root, (labels, model_type, seed), build)
+
+
+def tiny_nli_folder(root, labels: Sequence[str] = WANLI_LABELS, *, model_type: str = "roberta",
+                    seed: int = 0) -> Path:
+    """`tiny_classifier_folder` with roberta-large-wanli's labels by default."""
+    return tiny_classifier_folder(root, labels, model_type=model_type, seed=seed)

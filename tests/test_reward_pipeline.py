@@ -1,0 +1,247 @@
+"""`RewardPipeline` end to end on tiny random models and 64 situations of δ-CLARIFY dev.tsv.
+
+Models (tests/_tiny_models.py): answerer, fusion and judge are tiny random T5s sharing a
+Delphi-like SentencePiece vocabulary; the NLI filter a tiny random RoBERTa with WaNLI's labels.
+What is checked against an independent computation:
+* each stage's output equals the same model called alone on inputs built here with `text.*`
+  (answers, NLI decisions, judge probabilities within 1e-5; the row padding must not matter);
+* the JSD equals scipy's `jensenshannon(p, q, base=2) ** 2` within 1e-6, the Table-4 numbers
+  equal numpy recomputations;
+* the same seed gives the same output, and a repeated batch shape traces no stage again;
+* the dropped-answer policies, with a deterministic stub NLI filter, do what they promise.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+
+import numpy as np
+import pytest
+
+from _tiny_models import tiny_classifier_folder, tiny_nli_folder, tiny_t5_folder
+from conftest import require, shared_data
+from clarifyjax import text as text_lib
+from clarifyjax.delphi import ClassifierJudge, Judge, Sampling, Seq2SeqModel
+from clarifyjax.nli import NLIFilter, NLIResult
+from clarifyjax.reward import RewardNormalizer
+from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline
+
+B = 64
+CONFIG = PipelineConfig(answer_max_length=10, fusion_max_length=14)
+STAGES = ("judgment", "answers", "nli", "fusion", "judge")
+
+
+def dev_rows(n: int) -> tuple[list[str], list[str]]:
+    with open(shared_data("delta-clarify/dev.tsv"), newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[:n]
+    return [r["situation"] for r in rows], [r["question"] for r in rows]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    # initializer_factor 3: generators whose outputs depend on their inputs (see _tiny_models)
+    answerer = Seq2SeqModel.from_pretrained(tiny_t5_folder(tmp_path_factory, seed=21,
+                                                           initializer_factor=3.0))
+    fusion = Seq2SeqModel.from_pretrained(tiny_t5_folder(tmp_path_factory, family="v1.1",
+                                                         seed=12, initializer_factor=3.0))
+    judge = Judge.from_pretrained(tiny_t5_folder(tmp_path_factory, seed=13),
+                                  judgment=Sampling(max_new_tokens=6))
+    nli = NLIFilter.from_pretrained(tiny_nli_folder(tmp_path_factory, seed=14), batch_size=128)
+    return answerer, fusion, judge, nli
+
+
+@pytest.fixture(scope="module")
+def run(models):
+    """Two calls with the same seed on the same 64 rows: (pipeline, first, second, traces after
+    the first call)."""
+    pipeline = RewardPipeline(*models, config=CONFIG)
+    situations, questions = dev_rows(B)
+    first = pipeline(situations, questions, rng=0)
+    traces_after_first = dict(pipeline.traces)
+    second = pipeline(situations, questions, rng=0)
+    return pipeline, first, second, traces_after_first
+
+
+def test_shapes_and_counts(run):
+    _, out, _, _ = run
+    assert out.reward.shape == out.jsd.shape == out.valid.shape == (B,)
+    for p in (out.p_base, out.p_weak, out.p_strong):
+        assert p.shape == (B, 3) and np.allclose(p.sum(-1), 1, atol=1e-5)
+    assert out.dropped.shape == out.answered.shape == (B, 2)
+    assert all(len(x) == B for x in (out.weak_answers, out.strong_answers, out.weak_situations,
+                                     out.strong_situations, out.judgments))
+    c = out.counts
+    assert c["questions"] == B and c["answers"] == 2 * B and c["empty_questions"] == 0
+    assert c["dropped"] == int(out.dropped.sum()) == c["nli_dropped"] + c["empty_answers"]
+    # with these seeds the random NLI model drops some answers (~1 in 6), not all
+    assert 0 < c["dropped"] < 2 * B
+    assert c["invalid_pairs"] == B - int(out.valid.sum())
+    # zero_reward: a pair with a dropped answer is not valid and gets 0
+    np.testing.assert_array_equal(out.valid, out.answered.all(1))
+    assert not out.valid[out.dropped.any(1)].any()
+    np.testing.assert_array_equal(out.raw_reward, np.where(out.valid, out.jsd, 0.0))
+    np.testing.assert_array_equal(out.reward, out.raw_reward)  # no normalizer
+
+
+def test_stages_equal_the_models_called_alone(run, models):
+    """Each stage's output equals the model called here on inputs built with `text.*` (same
+    batch composition, so same shapes: no new compile, and equal to float32 rounding)."""
+    answerer, fusion, judge, nli = models
+    _, out, _, _ = run
+    situations, questions = dev_rows(B)
+    judgments = judge.judgment_text(situations)
+    assert out.judgments == judgments
+    inputs = [text_lib.answer_input(s, q, kind, j) for kind in ("weakener", "strengthener")
+              for s, q, j in zip(situations, questions, judgments)]
+    answers = answerer.generate(inputs, CONFIG.answer_sampling).texts
+    assert out.weak_answers + out.strong_answers == answers
+    premises = situations + situations
+    nonempty = [i for i, a in enumerate(answers) if a]
+    keep = np.zeros(2 * B, bool)
+    keep[nonempty] = nli([premises[i] for i in nonempty], [answers[i] for i in nonempty]).keep
+    np.testing.assert_array_equal(out.dropped, ~keep.reshape(2, B).T)
+    blanked = [a if k else "" for a, k in zip(answers, keep)]
+    fused = fusion.generate([text_lib.fusion_input(s, q, a) for s, q, a in
+                             zip(premises, questions + questions, blanked)],
+                            CONFIG.fusion_sampling).texts
+    assert out.weak_situations + out.strong_situations == fused
+    assert all(fused)  # so the judge saw exactly these texts
+    probs = judge.class_probabilities(situations + fused)
+    np.testing.assert_allclose(np.concatenate([out.p_base, out.p_weak, out.p_strong]), probs,
+                               atol=1e-6)
+
+
+def test_jsd_and_table4_against_numpy(run):
+    scipy_distance = require("scipy.spatial.distance")
+    _, out, _, _ = run
+    ref = np.array([scipy_distance.jensenshannon(p, q, base=2) ** 2
+                    for p, q in zip(out.p_weak, out.p_strong)])
+    np.testing.assert_allclose(out.jsd, ref, atol=1e-6)
+    summary = out.table4()
+    assert summary["pairs"] == out.valid.sum()
+    np.testing.assert_allclose(summary["avg_jsd"], ref[out.valid].mean(), atol=1e-6)
+    counted = out.answered & out.valid[:, None]
+    base = out.p_base.argmax(-1)
+    flips = np.stack([out.p_weak.argmax(-1) != base, out.p_strong.argmax(-1) != base], 1)
+    np.testing.assert_allclose(summary["judgment_flips"], flips[counted].mean(), atol=1e-6)
+
+
+def test_same_seed_same_output_and_no_retrace(run):
+    pipeline, first, second, traces_after_first = run
+    for field in dataclasses.fields(first):
+        a, b = getattr(first, field.name), getattr(second, field.name)
+        if isinstance(a, np.ndarray):
+            np.testing.assert_array_equal(a, b, err_msg=field.name)
+        else:
+            assert a == b, field.name
+    assert dict(pipeline.traces) == traces_after_first  # the second call compiled nothing
+    for stage in STAGES:  # each stage is one call, traced at most once (0 if already cached)
+        assert traces_after_first.get(stage, 0) <= 1, (stage, traces_after_first)
+    assert set(pipeline.timings) == set(STAGES)
+
+
+# ------------------------------------------------------------------------------- policies
+
+
+class StubNLI:
+    """Keeps an answer iff its length in characters is odd: deterministic, no model."""
+
+    def __call__(self, premises, hypotheses):
+        keep = np.array([len(h) % 2 == 1 for h in hypotheses])
+        return NLIResult(keep=keep, probabilities=np.zeros((len(keep), 3), np.float32),
+                         labels=("contradiction", "entailment", "neutral"))
+
+
+@pytest.fixture(scope="module")
+def policy_runs(models):
+    answerer, fusion, judge, _ = models
+    situations, questions = dev_rows(B)
+    out = {}
+    for policy in ("zero_reward", "blank", "resample"):
+        config = dataclasses.replace(CONFIG, dropped_answer=policy, resample_k=2,
+                                     normalizer=RewardNormalizer(gain=2.0, bias=-0.5))
+        pipeline = RewardPipeline(answerer, fusion, judge, StubNLI(), config)
+        out[policy] = pipeline(situations, questions, rng=7)
+    return out
+
+
+def test_zero_reward_and_blank_differ_only_in_the_reward_of_dropped_pairs(policy_runs):
+    zero, blank = policy_runs["zero_reward"], policy_runs["blank"]
+    np.testing.assert_array_equal(zero.dropped, blank.dropped)
+    assert zero.dropped.any() and not zero.dropped.all()
+    np.testing.assert_allclose(zero.jsd, blank.jsd, atol=1e-7)
+    assert zero.weak_situations == blank.weak_situations
+    hit = zero.dropped.any(1)
+    np.testing.assert_array_equal(zero.raw_reward, np.where(hit, 0.0, zero.jsd))
+    np.testing.assert_array_equal(blank.raw_reward, np.where(blank.valid, blank.jsd, 0.0))
+    assert (blank.valid & hit).any()  # blank: a pair with a dropped answer keeps its JSD
+    fused_both = [bool(w) and bool(s)
+                  for w, s in zip(blank.weak_situations, blank.strong_situations)]
+    np.testing.assert_array_equal(blank.valid, fused_both)
+    np.testing.assert_allclose(zero.reward, 2.0 * zero.raw_reward - 0.5, atol=1e-6)
+    # the answers dropped by the stub have even length; blank fusion means an empty ANSWER field
+    assert all(len(a) % 2 == 0 for a, d in zip(zero.weak_answers, zero.dropped[:, 0]) if d and a)
+
+
+def test_resample_redraws_only_dropped_answers(policy_runs):
+    zero, resample = policy_runs["zero_reward"], policy_runs["resample"]
+    c = resample.counts
+    first_dropped = c["nli_dropped"] + c["empty_answers"]
+    assert first_dropped == int(zero.dropped.sum())
+    assert c["resampled"] >= first_dropped and c["recovered"] > 0
+    assert c["dropped"] == first_dropped - c["recovered"] == int(resample.dropped.sum())
+    kept_first = ~zero.dropped
+    for kind, col in (("weak_answers", 0), ("strong_answers", 1)):
+        a, b = getattr(zero, kind), getattr(resample, kind)
+        assert all(a[i] == b[i] for i in np.flatnonzero(kept_first[:, col]))
+    # every answer kept at the end passes the filter
+    assert all(len(a) % 2 == 1 for a, d in zip(resample.weak_answers, resample.dropped[:, 0])
+               if not d)
+    assert resample.valid.sum() > zero.valid.sum()
+
+
+def test_empty_and_long_questions_are_counted(models):
+    answerer, fusion, judge, _ = models
+    situations, questions = dev_rows(B)
+    questions[3] = "   "
+    questions[5] = " ".join(["why"] * 500)
+    pipeline = RewardPipeline(answerer, fusion, judge, None, CONFIG)
+    out = pipeline(situations, questions, rng=0)
+    assert out.counts["empty_questions"] == 1 and out.counts["truncated_questions"] == 1
+    assert out.counts["answers"] == 2 * (B - 1)
+    assert not out.valid[3] and out.raw_reward[3] == 0.0 and out.weak_answers[3] == ""
+    np.testing.assert_array_equal(out.p_weak[3], out.p_base[3])
+    assert len(out.questions[5].split()) == CONFIG.max_question_words
+    assert out.counts["nli_dropped"] == 0  # no filter: only empty answers can be dropped
+
+
+def test_bad_input_raises(models):
+    pipeline = RewardPipeline(*models, config=CONFIG)
+    with pytest.raises(text_lib.TextFormatError, match="row 1: field 'situation' is empty"):
+        pipeline(["fine", "question: "], ["why?", "why?"], rng=0)
+    with pytest.raises(ValueError, match="2 situations but 1 questions"):
+        pipeline(["a", "b"], ["why?"], rng=0)
+    with pytest.raises(ValueError, match="dropped_answer must be one of"):
+        PipelineConfig(dropped_answer="ignore")
+    sampling = RewardPipeline(*models, config=dataclasses.replace(CONFIG, answer_temperature=0.7))
+    with pytest.raises(ValueError, match="samples; pass rng"):
+        sampling(["a"], ["why?"])
+
+
+def test_classifier_judge_behind_the_same_interface(models, tmp_path_factory):
+    answerer, fusion, _, nli = models
+    judge = ClassifierJudge.from_pretrained(tiny_classifier_folder(tmp_path_factory, seed=15))
+    situations, questions = dev_rows(B)  # the same rows: most stage shapes are compiled already
+    out = RewardPipeline(answerer, fusion, judge, nli, CONFIG)(situations, questions, rng=0)
+    assert set(out.judgments) <= {"it's bad", "it's okay", "it's good"}
+    np.testing.assert_allclose(judge.class_probabilities(situations), out.p_base, atol=1e-6)
+    assert np.isfinite(out.reward).all() and out.valid.any()
+
+
+def test_from_reward_config():
+    from clarifyjax.config import RewardConfig
+
+    cfg = PipelineConfig.from_reward_config(RewardConfig(dropped_answer="resample",
+                                                         answer_temperature=0.0, resample_k=3))
+    assert cfg.dropped_answer == "resample" and cfg.resample_k == 3
+    assert cfg.resample_temperature == 1.0 and cfg.answer_sampling.greedy
