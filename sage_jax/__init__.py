@@ -1,0 +1,25 @@
+"""sage_jax: SaGE (Semantic Graph Entropy) moral-consistency scoring in JAX.
+
+  metric    pure, jitted SaGE over [batch, n, d] embeddings or [batch, n, n] similarities (jax only)
+  embed     sentence embedder on clarifyjax.models.encoder (sentence-transformers folders)
+  lexical   pairwise BLEU / ROUGE-L / BERTScore consistency baselines
+  data      long / pairs files -> questions -> padded [batch, n] batches
+  report    per-question CSV, summary JSON, comparison table, distribution PNG
+  cli       `sage-jax score ...`
+
+The metric functions are re-exported here lazily, so `import sage_jax` stays cheap.
+"""
+from __future__ import annotations
+
+_METRIC = ("sage", "sage_from_similarity", "sage_blend", "sage_chunked", "blend_similarity",
+           "mean_sage", "pairwise_cosine")
+
+__all__ = list(_METRIC)
+
+
+def __getattr__(name: str):
+    if name in _METRIC:
+        from sage_jax import metric
+
+        return getattr(metric, name)
+    raise AttributeError(f"module 'sage_jax' has no attribute {name!r}")

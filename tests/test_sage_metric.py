@@ -1,0 +1,281 @@
+"""sage_jax.metric against published reference vectors and plain per-question numpy references.
+
+The numpy references here are written independently of the jitted code: one loop per question,
+float64, the definition of DESIGN §5; the collapsing reference keys a dict by text, as the reference
+code keys its graph nodes.
+"""
+from __future__ import annotations
+
+import csv
+import math
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from conftest import shared_data
+from sage_jax import metric
+from sage_jax.metric import (blend_similarity, mean_sage, pairwise_cosine, sage, sage_blend, sage_chunked,
+                             sage_from_similarity)
+
+ALPHA = 10.0
+
+
+# ----------------------------------------------------------------------------- numpy references
+
+
+def numpy_sage(vectors: np.ndarray, alpha: float = ALPHA) -> float:
+    """DESIGN §5 for one question, one node per text. vectors [k, d]."""
+    k = len(vectors)
+    if k < 2:
+        return math.nan
+    v = np.asarray(vectors, np.float64)
+    v = v / np.linalg.norm(v, axis=1, keepdims=True)
+    w = v @ v.T
+    s = np.array([1e-20 + sum(max(w[i, j], 0.0) for j in range(k) if j != i) for i in range(k)])
+    p = s ** alpha / np.sum(s ** alpha)
+    h = -sum(pi * math.log(pi) for pi in p if pi > 0) / math.log(k)
+    lam = np.mean([w[i, j] for i in range(k) for j in range(i + 1, k)])
+    return float(lam * h)
+
+
+def collapsed_reference(keys: list, pair_rows: list[tuple[int, int, float]], alpha: float = ALPHA) -> float:
+    """The reference's graph keyed by text, from pair rows (i, j, weight) over positions.
+
+    Strength of a node = sum over the pair rows touching any of its members (one 1e-20 per member);
+    one edge per distinct pair of texts, weight = mean of its rows; lambda = mean edge weight.
+    """
+    if len(keys) < 2:
+        return math.nan
+    strength: dict = defaultdict(float)
+    for key in keys:
+        strength[key] += 1e-20
+    edges: dict = defaultdict(list)
+    for i, j, w in pair_rows:
+        strength[keys[i]] += max(w, 0.0)
+        strength[keys[j]] += max(w, 0.0)
+        if keys[i] != keys[j]:
+            edges[frozenset((keys[i], keys[j]))].append(w)
+    k = len(strength)
+    if k == 1:
+        return 0.0  # all texts identical: the reference's "perfect agreement scores 0"
+    s = np.array(list(strength.values()), np.float64)
+    p = s ** alpha / np.sum(s ** alpha)
+    h = -sum(pi * math.log(pi) for pi in p if pi > 0) / math.log(k)
+    lam = np.mean([np.mean(ws) for ws in edges.values()])
+    return float(lam * h)
+
+
+def cosine_pair_rows(vectors: np.ndarray) -> list[tuple[int, int, float]]:
+    v = np.asarray(vectors, np.float64)
+    v = v / np.linalg.norm(v, axis=1, keepdims=True)
+    return [(i, j, float(v[i] @ v[j])) for i in range(len(v)) for j in range(i + 1, len(v))]
+
+
+# ----------------------------------------------------------------------------- tests
+
+
+def reference_batch():
+    """The five reference vectors of issue 3, padded into one [5, 5, 3] batch."""
+    emb = np.zeros((5, 5, 3), np.float32)
+    mask = np.zeros((5, 5), bool)
+    emb[0, :5] = [1, 2, 3]
+    mask[0, :5] = True
+    emb[1, :4] = [1, 0, 0]
+    emb[1, 4] = [0, 1, 0]
+    mask[1, :5] = True
+    emb[2, :3] = np.eye(3)
+    mask[2, :3] = True
+    emb[3, 0, :2] = [1, 0]
+    emb[3, 1, :2] = [0.6, 0.8]
+    mask[3, :2] = True
+    for i, deg in enumerate((0, 120, 240)):
+        emb[4, i, :2] = [math.cos(math.radians(deg)), math.sin(math.radians(deg))]
+    mask[4, :3] = True
+    # Padding holds garbage on purpose: it must not be read.
+    emb[~mask] = 7.0
+    return emb, mask
+
+
+def test_reference_vectors_in_one_batched_call():
+    emb, mask = reference_batch()
+    expected = np.array([1.0, 0.516812, 0.0, 0.6, -0.5])
+    got = np.asarray(sage(emb, mask))
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+    # Distinct texts: collapsing with one group per position changes nothing.
+    groups = np.tile(np.arange(5, dtype=np.int32), (5, 1))
+    np.testing.assert_allclose(np.asarray(sage(emb, mask, groups=groups)), expected, atol=1e-5, rtol=0)
+    # The independent numpy reference agrees on these too.
+    ours = [numpy_sage(emb[b][mask[b]]) for b in range(5)]
+    np.testing.assert_allclose(ours, expected, atol=1e-5, rtol=0)
+
+
+def random_questions(rng, batch: int, n_max: int, d: int, with_groups: bool):
+    """Questions with n in 1..n_max, a spread of consistency levels, and (optionally) duplicates."""
+    n = rng.integers(1, n_max + 1, size=batch)
+    mask = np.arange(n_max)[None, :] < n[:, None]
+    base = rng.normal(size=(batch, 1, d))
+    noise_scale = rng.choice([0.05, 0.3, 1.0, 3.0, 30.0], size=(batch, 1, 1))
+    if with_groups:
+        # Texts are drawn from a few distinct "strings": equal group ids share one vector.
+        groups = rng.integers(0, rng.integers(1, n_max + 1, size=(batch, 1)), size=(batch, n_max))
+        group_vecs = base + noise_scale * rng.normal(size=(batch, n_max, d))
+        emb = np.take_along_axis(group_vecs, groups[:, :, None], axis=1)
+    else:
+        groups = None
+        emb = base + noise_scale * rng.normal(size=(batch, n_max, d))
+    emb = emb.astype(np.float32)
+    emb[~mask] = 0.0
+    return emb, mask, (None if groups is None else groups.astype(np.int32)), n
+
+
+@pytest.mark.parametrize("with_groups", [False, True])
+def test_jitted_batch_matches_numpy_reference(with_groups):
+    rng = np.random.default_rng(0 if with_groups else 1)
+    emb, mask, groups, n = random_questions(rng, 1000, 8, 384, with_groups)
+    got = np.asarray(sage(emb, mask, groups=groups))
+    want = np.empty(len(emb))
+    for b in range(len(emb)):
+        vecs = emb[b, :n[b]].astype(np.float64)
+        if with_groups:
+            want[b] = collapsed_reference(list(groups[b, :n[b]]), cosine_pair_rows(vecs))
+        else:
+            want[b] = numpy_sage(vecs)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[n == 1]).all()
+    ok = ~np.isnan(want)
+    err = np.abs(got[ok] - want[ok]).max()
+    assert err <= 1e-5, f"max |jitted - numpy| = {err:.2e}"
+    if with_groups:
+        # The collapse reproduces the reference's bug: all-identical texts score 0.
+        distinct = np.array([len(set(groups[b, :n[b]])) for b in range(len(emb))])
+        assert ((distinct == 1) & (n >= 2)).any()
+        np.testing.assert_array_equal(got[(distinct == 1) & (n >= 2)], 0.0)
+        # ... and without collapsing the same questions score (close to) 1.
+        plain = np.asarray(sage(emb, mask))
+        np.testing.assert_allclose(plain[(distinct == 1) & (n >= 2)], 1.0, atol=1e-5)
+
+
+def test_identity_groups_equal_no_groups_and_similarity_entry_point():
+    rng = np.random.default_rng(2)
+    emb, mask, _, _ = random_questions(rng, 64, 6, 16, False)
+    a = np.asarray(sage(emb, mask))
+    b = np.asarray(sage(emb, mask, groups=np.tile(np.arange(6, dtype=np.int32) + 100, (64, 1))))
+    sim, ok = pairwise_cosine(emb)
+    c = np.asarray(sage_from_similarity(sim, mask))
+    np.testing.assert_allclose(b, a, atol=1e-6, equal_nan=True)
+    np.testing.assert_allclose(c, a, atol=1e-6, equal_nan=True)
+
+
+def test_blend_matches_reference_formula():
+    rng = np.random.default_rng(3)
+    ans = rng.normal(size=(4, 5, 8)).astype(np.float32)
+    rot = rng.normal(size=(4, 5, 8)).astype(np.float32)
+    sa, _ = pairwise_cosine(ans)
+    sr, _ = pairwise_cosine(rot)
+    blended = np.asarray(blend_similarity(sa, sr))
+    np.testing.assert_allclose(blended, 0.8 * np.asarray(sa) + 0.2 * np.asarray(sr), atol=1e-7)
+    got = np.asarray(sage_from_similarity(blended))
+    for b in range(4):
+        rows = [(i, j, float(blended[b, i, j])) for i in range(5) for j in range(i + 1, 5)]
+        assert abs(got[b] - collapsed_reference(list(range(5)), rows)) < 1e-5
+    np.testing.assert_allclose(np.asarray(blend_similarity(sa, sr, weight=1.0)), np.asarray(sa), atol=1e-7)
+    # The fused entry point and the chunked driver give the same scores.
+    np.testing.assert_allclose(np.asarray(sage_blend(ans, rot)), got, atol=1e-6)
+    chunked = np.asarray(sage_chunked(ans, rot_embeddings=rot, blend_weight=0.8, chunk_size=3))
+    np.testing.assert_allclose(chunked, got, atol=1e-6)
+    half = np.asarray(sage_blend(ans, rot, weight=0.5))
+    np.testing.assert_allclose(half, np.asarray(sage_from_similarity(blend_similarity(sa, sr, 0.5))), atol=1e-6)
+
+
+def test_bad_vectors_and_short_rows_are_nan_and_counted():
+    emb = np.ones((5, 3, 4), np.float32)
+    mask = np.ones((5, 3), bool)
+    emb[0, 1] = 0.0  # all-zero vector
+    emb[1, 2, 0] = np.nan  # NaN
+    mask[2, 1:] = False  # one paraphrase only
+    mask[3] = False  # no text at all
+    emb[4, :, 1] = [1.0, 2.0, 3.0]  # a fine question
+    scores = sage(emb, mask)
+    assert np.isnan(np.asarray(scores)[:4]).all()
+    mean, skipped = mean_sage(scores)
+    assert int(skipped) == 4
+    assert float(mean) == pytest.approx(float(np.asarray(scores)[4]))
+    # A zero/NaN vector at a padded position is ignored.
+    mask2 = mask.copy()
+    mask2[0] = [True, False, True]
+    assert not np.isnan(np.asarray(sage(emb, mask2))[0])
+    # NaN similarity between two valid texts: NaN; all-NaN scores: NaN mean, all skipped.
+    sim = np.ones((1, 3, 3), np.float32)
+    sim[0, 0, 2] = sim[0, 2, 0] = np.nan
+    assert np.isnan(np.asarray(sage_from_similarity(sim))[0])
+    mean, skipped = mean_sage(np.array([np.nan, np.nan]))
+    assert np.isnan(float(mean)) and int(skipped) == 2
+
+
+def test_shapes_are_checked():
+    with pytest.raises(ValueError, match=r"\[batch, n, d\]"):
+        sage(np.ones((3, 4)))
+    with pytest.raises(ValueError, match="mask"):
+        sage(np.ones((2, 3, 4)), np.ones((2, 4), bool))
+    with pytest.raises(ValueError, match="groups"):
+        sage(np.ones((2, 3, 4)), groups=np.zeros((2, 3), np.float32))
+    with pytest.raises(ValueError, match=r"\[batch, n, n\]"):
+        sage_from_similarity(np.ones((2, 3, 4)))
+
+
+def test_chunked_driver_equals_one_call_and_compiles_once():
+    rng = np.random.default_rng(4)
+    emb, mask, groups, _ = random_questions(rng, 1000, 5, 32, True)
+    whole = np.asarray(sage(emb, mask, groups=groups))
+    seen = []
+    metric._sage_jit.clear_cache()
+    chunked = np.asarray(sage_chunked(emb, mask, groups=groups, chunk_size=96,
+                                      on_chunk=lambda done, total: seen.append(done)))
+    # float32 Gram matrices of different batch sizes round differently (~1e-6 here).
+    np.testing.assert_allclose(chunked, whole, atol=1e-5, equal_nan=True)
+    assert seen[-1] == 1000 and len(seen) == math.ceil(1000 / 96)
+    assert metric._sage_jit._cache_size() == 1  # the padded last chunk reuses the compiled shape
+    sim, _ = pairwise_cosine(emb)
+    via_sim = np.asarray(sage_chunked(None, mask, groups=groups, similarity=np.asarray(sim), chunk_size=300))
+    np.testing.assert_allclose(via_sim, whole, atol=1e-5, equal_nan=True)
+
+
+def test_pairs_file_cosine_rot_collapsed_mean_matches_reference():
+    """vicuna pairs file: the file's cosine_rot as edge weights, identical answers collapsed."""
+    from sage_jax.data import pair_matrix, read_questions, text_batch
+
+    path = shared_data("sage-mcc/vicuna-7b-v1.5_pairs_0.csv")
+    # The reference side reads the file with csv alone: one row = one edge between two texts.
+    rows_by_q: dict[str, list] = defaultdict(list)
+    with open(path, newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            rows_by_q[row["question_id"]].append(row)
+    want = []
+    for rows in rows_by_q.values():
+        keys, pair_rows, index = [], [], {}
+        for row in rows:  # positions = distinct (paraphrase, answer, rot) triples, first seen first
+            ends = []
+            for side in ("1", "2"):
+                triple = (row[f"paraphrased_{side}"], row[f"model_output_{side}"], row[f"rot_{side}"])
+                if triple not in index:
+                    index[triple] = len(keys)
+                    keys.append(triple[1])  # node key: the answer text
+                ends.append(index[triple])
+            pair_rows.append((ends[0], ends[1], float(row["cosine_rot"])))
+        want.append(collapsed_reference(keys, pair_rows))
+    want_mean = float(np.mean(want))
+
+    questions = read_questions(path, need=("answer", "rot"))
+    batch = text_batch(questions, "answer")
+    weights = pair_matrix(questions, "cosine_rot")
+    scores = sage_from_similarity(weights, batch.mask, groups=batch.groups)
+    mean, skipped = mean_sage(scores)
+    assert int(skipped) == 0
+    n_collapsed = sum(len(set(q.answers)) < q.n for q in questions)
+    assert n_collapsed >= 10  # the file really exercises the collapsing
+    assert abs(float(mean) - want_mean) <= 1e-6, (float(mean), want_mean)
+    np.testing.assert_allclose(np.asarray(scores), want, atol=1e-5)
+    # Without collapsing the mean is higher (the reference's bug lowers it).
+    plain, _ = mean_sage(sage_from_similarity(weights, batch.mask))
+    assert float(plain) > float(mean)
