@@ -1,0 +1,168 @@
+"""Jitted sampling from a `T5` with its KV cache, and teacher-forced scoring of given targets.
+
+`generate` encodes once, then runs ONE `lax.while_loop` over `T5.decode_step`, carrying the
+functional `DecodeCache`, until every row has emitted EOS or `max_new_tokens` are out. The model
+goes in as `nnx.split(model)`: the graph definition and the sampling settings are static
+arguments of a module-level jitted function, so calls with the same shapes and settings reuse
+one compiled program (`TRACE_COUNTS` counts the traces, for tests and benchmarks).
+
+PPO needs the log-probability of each sampled token under the distribution it was drawn from
+(after temperature, top-k, top-p); at temperature 1 with no truncation that equals `score`.
+
+Shapes: b = batch, s = source length, n = max_new_tokens, t = target length, V = vocab.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from clarifyjax.models.t5 import T5, shift_right
+
+TRACE_COUNTS: collections.Counter = collections.Counter()
+
+
+class Generation(NamedTuple):
+    """tokens [b, n] int32 (pad after EOS); logprobs [b, n] float32 (0 where mask is 0);
+    mask [b, n] int32: 1 up to and including the EOS."""
+    tokens: jax.Array
+    logprobs: jax.Array
+    mask: jax.Array
+
+
+def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0,
+                  top_p: float = 1.0) -> jax.Array:
+    """The logits actually sampled from: [b, V] float32 -> [b, V], -inf outside the support.
+
+    Temperature first, then top-k (keep the k largest), then top-p (keep the smallest set of
+    most likely tokens whose probability reaches top_p; the most likely token always stays).
+    """
+    logits = logits.astype(jnp.float32) / jnp.float32(temperature)
+    if top_k > 0:
+        kth = jax.lax.top_k(logits, min(top_k, logits.shape[-1]))[0][..., -1:]
+        logits = jnp.where(logits < kth, -jnp.inf, logits)
+    if top_p < 1.0:
+        sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        mass_before = jnp.cumsum(probs, axis=-1) - probs
+        kept = jnp.where(mass_before < top_p, sorted_logits, jnp.inf)
+        threshold = jnp.min(kept, axis=-1, keepdims=True)
+        logits = jnp.where(logits < threshold, -jnp.inf, logits)
+    return logits
+
+
+def _check_sampling(max_new_tokens, min_new_tokens, temperature, top_k, top_p) -> None:
+    if max_new_tokens < 1:
+        raise ValueError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not 0 <= min_new_tokens <= max_new_tokens:
+        raise ValueError(f"generate: min_new_tokens must be in [0, max_new_tokens], got "
+                         f"{min_new_tokens}")
+    if temperature <= 0:
+        raise ValueError(f"generate: temperature must be > 0 (use greedy=True), got {temperature}")
+    if top_k < 0:
+        raise ValueError(f"generate: top_k must be >= 0 (0 = off), got {top_k}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"generate: top_p must be in (0, 1], got {top_p}")
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "min_new_tokens",
+                                             "greedy", "temperature", "top_k", "top_p"))
+def _generate(graphdef, state, input_ids, attention_mask, rng, *, max_new_tokens: int,
+              min_new_tokens: int, greedy: bool, temperature: float, top_k: int,
+              top_p: float) -> Generation:
+    TRACE_COUNTS["generate"] += 1
+    model: T5 = nnx.merge(graphdef, state)
+    c = model.config
+    b = input_ids.shape[0]
+    cache = model.init_cache(model.encode(input_ids, attention_mask), attention_mask,
+                             max_new_tokens)
+    vocab = jnp.arange(c.vocab_size)
+
+    def cond(carry):
+        step, done = carry[0], carry[1]
+        return (step < max_new_tokens) & ~jnp.all(done)
+
+    def body(carry):
+        step, done, last, cache, tokens, logprobs, mask, rng = carry
+        logits, cache = model.decode_step(last, cache, step)
+        logits = jnp.where((vocab == c.eos_token_id) & (step < min_new_tokens), -jnp.inf, logits)
+        if greedy:  # log-probs under the model's own (temperature 1) distribution
+            token = jnp.argmax(logits, axis=-1)
+            logp = jax.nn.log_softmax(logits, axis=-1)
+        else:
+            rng, key = jax.random.split(rng)
+            filtered = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+            token = jax.random.categorical(key, filtered, axis=-1)
+            logp = jax.nn.log_softmax(filtered, axis=-1)
+        token_logp = jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+        alive = ~done
+        token = jnp.where(alive, token, c.pad_token_id).astype(jnp.int32)
+        tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, step))
+        logprobs = jax.lax.dynamic_update_slice(
+            logprobs, jnp.where(alive, token_logp, 0.0)[:, None], (0, step))
+        mask = jax.lax.dynamic_update_slice(mask, alive.astype(jnp.int32)[:, None], (0, step))
+        done = done | (token == c.eos_token_id)
+        return step + 1, done, token, cache, tokens, logprobs, mask, rng
+
+    carry = (jnp.int32(0), jnp.zeros((b,), bool),
+             jnp.full((b,), c.decoder_start_token_id, jnp.int32), cache,
+             jnp.full((b, max_new_tokens), c.pad_token_id, jnp.int32),
+             jnp.zeros((b, max_new_tokens), jnp.float32),
+             jnp.zeros((b, max_new_tokens), jnp.int32), rng)
+    _, _, _, _, tokens, logprobs, mask, _ = jax.lax.while_loop(cond, body, carry)
+    return Generation(tokens, logprobs, mask)
+
+
+def generate(model: T5, input_ids: jax.Array, attention_mask: jax.Array, *,
+             rng: jax.Array | None, max_new_tokens: int, min_new_tokens: int = 0,
+             greedy: bool = False, temperature: float = 1.0, top_k: int = 0,
+             top_p: float = 1.0) -> Generation:
+    """Sample continuations of input_ids [b, s] (attention_mask [b, s], 1 = token).
+
+    Returns `Generation` with tokens/logprobs/mask [b, max_new_tokens]. EOS is impossible for
+    the first `min_new_tokens` steps. With greedy=True, `rng` may be None and the sampling
+    settings are ignored; logprobs are then those of the model's distribution at temperature 1.
+    """
+    _check_sampling(max_new_tokens, min_new_tokens, temperature, top_k, top_p)
+    if not greedy and rng is None:
+        raise ValueError("generate: sampling (greedy=False) needs an rng key")
+    if rng is None:
+        rng = jax.random.key(0)
+    if greedy:  # the sampling settings do not change the program: one compile for all
+        temperature, top_k, top_p = 1.0, 0, 1.0
+    graphdef, state = nnx.split(model)
+    return _generate(graphdef, state, jnp.asarray(input_ids, jnp.int32),
+                     jnp.asarray(attention_mask, jnp.int32), rng,
+                     max_new_tokens=int(max_new_tokens), min_new_tokens=int(min_new_tokens),
+                     greedy=bool(greedy), temperature=float(temperature), top_k=int(top_k),
+                     top_p=float(top_p))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _score(graphdef, state, input_ids, attention_mask, target_ids, target_mask) -> jax.Array:
+    TRACE_COUNTS["score"] += 1
+    model: T5 = nnx.merge(graphdef, state)
+    start = model.config.decoder_start_token_id
+    decoder_input_ids = shift_right(target_ids, start)
+    decoder_mask = shift_right(target_mask, 1)  # the start position is always visible
+    logits = model(input_ids, attention_mask, decoder_input_ids, decoder_mask)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    token_logp = jnp.take_along_axis(logp, target_ids[..., None], axis=-1)[..., 0]
+    return jnp.where(target_mask.astype(bool), token_logp, 0.0)
+
+
+def score(model: T5, input_ids: jax.Array, attention_mask: jax.Array, target_ids: jax.Array,
+          target_mask: jax.Array) -> jax.Array:
+    """Teacher-forced log p(target_ids[:, i] | input, targets before i): [b, t] float32, 0 where
+    target_mask is 0. input_ids/attention_mask [b, s]; target_ids/target_mask [b, t]."""
+    if target_ids.shape != target_mask.shape:
+        raise ValueError(f"score: target_ids {target_ids.shape} and target_mask "
+                         f"{target_mask.shape} differ in shape")
+    graphdef, state = nnx.split(model)
+    return _score(graphdef, state, jnp.asarray(input_ids, jnp.int32),
+                  jnp.asarray(attention_mask, jnp.int32), jnp.asarray(target_ids, jnp.int32),
+                  jnp.asarray(target_mask, jnp.int32))

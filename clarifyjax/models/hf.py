@@ -1,0 +1,251 @@
+"""Hugging Face T5 checkpoint folders <-> the NNX `T5`, in both directions (safetensors).
+
+One table, `tensor_maps(config)`, says for every NNX parameter which Hugging Face tensor holds it
+and how to get from the torch layout to ours: a reshape that splits a dimension (the joined
+`heads * d_kv` of q/k/v/o) followed by a transpose. Loading and saving both read that table.
+
+With a mesh, every parameter is built with `jax.make_array_from_callback`: each device's
+callback reads only its own slice of the tensor from the safetensors file, so no device (and,
+for a sharded dimension, no host buffer) ever holds the whole tensor.
+
+Name correspondence (i = layer; enc/dec = encoder/decoder):
+  shared.weight                                   [V, m]    -> embedding            [V, m]
+  lm_head.weight (untied only)                    [V, m]    -> lm_head              [m, V]
+  {enc,dec}.block.{i}.layer.0.SelfAttention.{q,k,v}.weight [h*d, m] -> {..}.query/key/value [m, h, d]
+  {enc,dec}.block.{i}.layer.0.SelfAttention.o.weight       [m, h*d] -> {..}.out             [h, d, m]
+  {enc,dec}.block.0.layer.0.SelfAttention.relative_attention_bias.weight [buckets, h]
+                                                            -> {enc,dec}.relative_bias.embedding
+  dec.block.{i}.layer.1.EncDecAttention.*                    -> decoder.layers.{i}.cross_attention.*
+  ....layer.{1|2}.DenseReluDense.wi / wi_0, wi_1 [f, m]      -> mlp.wi.{0,1} [m, f];  wo [m, f] -> [f, m]
+  ....layer.{k}.layer_norm.weight, {enc,dec}.final_layer_norm.weight  [m] -> ...norm.scale [m]
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from pathlib import Path
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from clarifyjax.models.checkpoint_io import (CheckpointError, TensorSource, check_shape,
+                                             read_config, write_checkpoint)
+from clarifyjax.models.t5 import T5, T5Config
+
+# In Hugging Face checkpoints but redundant (copies of shared.weight) or unused by the model.
+IGNORED_TENSORS = frozenset({
+    "encoder.embed_tokens.weight",
+    "decoder.embed_tokens.weight",
+    "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",
+})
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMap:
+    """ours = hf.reshape(view).transpose(perm); `groups[i]` lists the view dims that make HF dim i."""
+
+    hf_name: str
+    hf_shape: tuple[int, ...]
+    view: tuple[int, ...]
+    perm: tuple[int, ...]
+    groups: tuple[tuple[int, ...], ...]
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.view[p] for p in self.perm)
+
+    def read(self, source: TensorSource, index: tuple | None = None) -> np.ndarray:
+        """Our-layout block `index` (tuple of unit-step slices over `self.shape`), reading only
+        the rows/columns of the Hugging Face tensor that it needs."""
+        shape = self.shape
+        index = tuple(index) if index is not None else ()
+        index = index + (slice(None),) * (len(shape) - len(index))
+        ours = [slice(*s.indices(n)) for s, n in zip(index, shape)]
+        view_index: list[slice] = [slice(None)] * len(self.view)
+        for j, p in enumerate(self.perm):
+            view_index[p] = ours[j]
+        hf_index, local_shape, post = [], [], []
+        for group in self.groups:
+            outer = view_index[group[0]]
+            inner = math.prod(self.view[g] for g in group[1:])
+            hf_index.append(slice(outer.start * inner, outer.stop * inner))
+            local_shape += [outer.stop - outer.start] + [self.view[g] for g in group[1:]]
+            post += [slice(None)] + [view_index[g] for g in group[1:]]
+        block = np.asarray(source.get_slice(self.hf_name, tuple(hf_index)))
+        return block.reshape(local_shape)[tuple(post)].transpose(self.perm)
+
+    def to_hf(self, value: np.ndarray) -> np.ndarray:
+        """Our layout -> the torch layout of `hf_name`."""
+        return np.asarray(value).transpose(np.argsort(self.perm)).reshape(self.hf_shape)
+
+
+def _same(name: str, shape: tuple[int, ...]) -> TensorMap:
+    dims = tuple(range(len(shape)))
+    return TensorMap(name, shape, shape, dims, tuple((i,) for i in dims))
+
+
+def _transposed(name: str, hf_shape: tuple[int, int]) -> TensorMap:
+    return TensorMap(name, hf_shape, hf_shape, (1, 0), ((0,), (1,)))
+
+
+def tensor_maps(config: T5Config) -> dict[tuple, TensorMap]:
+    """NNX state path -> TensorMap, for every parameter of `T5(config)`."""
+    c = config
+    m, h, d, f = c.d_model, c.num_heads, c.d_kv, c.d_ff
+    maps: dict[tuple, TensorMap] = {("embedding",): _same("shared.weight", (c.vocab_size, m))}
+    if not c.tie_word_embeddings:
+        maps[("lm_head",)] = _transposed("lm_head.weight", (c.vocab_size, m))
+
+    def attention(ours: tuple, theirs: str) -> None:
+        for p, name in (("query", "q"), ("key", "k"), ("value", "v")):
+            maps[ours + (p,)] = TensorMap(f"{theirs}.{name}.weight", (h * d, m), (h, d, m),
+                                          (2, 0, 1), ((0, 1), (2,)))
+        maps[ours + ("out",)] = TensorMap(f"{theirs}.o.weight", (m, h * d), (m, h, d), (1, 2, 0),
+                                          ((0,), (1, 2)))
+
+    def feed_forward(ours: tuple, theirs: str) -> None:
+        names = ("wi_0", "wi_1") if c.is_gated_act else ("wi",)
+        for j, name in enumerate(names):
+            maps[ours + ("wi", j)] = _transposed(f"{theirs}.{name}.weight", (f, m))
+        maps[ours + ("wo",)] = _transposed(f"{theirs}.wo.weight", (m, f))
+
+    for stack, n_layers in (("encoder", c.num_layers), ("decoder", c.num_decoder_layers)):
+        maps[(stack, "relative_bias", "embedding")] = _same(
+            f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
+            (c.relative_attention_num_buckets, h))
+        maps[(stack, "final_norm", "scale")] = _same(f"{stack}.final_layer_norm.weight", (m,))
+        for i in range(n_layers):
+            ours, theirs = (stack, "layers", i), f"{stack}.block.{i}.layer"
+            maps[ours + ("self_attention_norm", "scale")] = _same(
+                f"{theirs}.0.layer_norm.weight", (m,))
+            attention(ours + ("self_attention",), f"{theirs}.0.SelfAttention")
+            ff = 1
+            if stack == "decoder":
+                maps[ours + ("cross_attention_norm", "scale")] = _same(
+                    f"{theirs}.1.layer_norm.weight", (m,))
+                attention(ours + ("cross_attention",), f"{theirs}.1.EncDecAttention")
+                ff = 2
+            maps[ours + ("mlp_norm", "scale")] = _same(f"{theirs}.{ff}.layer_norm.weight", (m,))
+            feed_forward(ours + ("mlp",), f"{theirs}.{ff}.DenseReluDense")
+    return maps
+
+
+def _resolve_config(folder: Path, hf: dict, source: TensorSource, **overrides) -> T5Config:
+    """transformers 5 semantics: the output projection is tied unless the checkpoint holds an
+    `lm_head.weight` that differs from `shared.weight` (or the config says untied)."""
+    has_head = "lm_head.weight" in source
+    tied = not has_head
+    if has_head and hf.get("tie_word_embeddings", True) is not False and "shared.weight" in source:
+        tied = (source.shape("lm_head.weight") == source.shape("shared.weight")
+                and np.array_equal(source.get("lm_head.weight"), source.get("shared.weight")))
+    scale = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True) is not False)
+    try:
+        return T5Config.from_hf(hf, tie_word_embeddings=tied, scale_decoder_outputs=bool(scale),
+                                **overrides)
+    except (ValueError, TypeError) as e:
+        raise CheckpointError(f"{folder / 'config.json'}: {e}") from e
+
+
+def _check_tensors(folder: Path, source: TensorSource, maps: dict[tuple, TensorMap],
+                   tied: bool) -> None:
+    expected = {tm.hf_name: tm for tm in maps.values()}
+    missing = sorted(name for name in expected if name not in source)
+    if missing:
+        raise CheckpointError(f"{folder}: {len(missing)} tensor(s) missing from the checkpoint: "
+                              f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
+    for name, tm in expected.items():
+        check_shape(name, source.shape(name), tm.hf_shape)
+    ignored = IGNORED_TENSORS | ({"lm_head.weight"} if tied else set())
+    unexpected = sorted(set(source.keys()) - set(expected) - ignored)
+    if unexpected:
+        raise CheckpointError(
+            f"{folder}: {len(unexpected)} tensor(s) the T5 config does not account for (wrong "
+            f"feed_forward_proj or layer counts?): {', '.join(unexpected[:8])}"
+            f"{' ...' if len(unexpected) > 8 else ''}")
+
+
+def load_t5(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str | None = None,
+            mesh: jax.sharding.Mesh | None = None, rules=None,
+            allow_pickle: bool = False) -> tuple[T5Config, T5]:
+    """Read a Hugging Face T5 folder (config.json + model.safetensors or a sharded index).
+
+    Args:
+      dtype: compute dtype; param_dtype: storage dtype (None: same as `dtype`).
+      mesh, rules: place every parameter on `mesh` by the logical axis `rules`
+        (default `clarifyjax.sharding.DEFAULT_RULES`), reading per device only its slice.
+      allow_pickle: accept a folder that holds only `pytorch_model.bin` (a pickle).
+    Raises:
+      CheckpointError: a missing folder/config/tensor, a wrong shape (names the tensor and both
+        shapes), an unknown config value (names the field), tensors the config does not explain.
+    """
+    source = TensorSource(path, allow_pickle=allow_pickle)  # checks the folder, refuses pickles
+    folder = source.folder
+    config = _resolve_config(folder, read_config(folder), source, dtype=dtype,
+                             param_dtype=param_dtype or dtype)
+    maps = tensor_maps(config)
+    _check_tensors(folder, source, maps, config.tie_word_embeddings)
+
+    abstract = nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))
+    graphdef, abstract_state = nnx.split(abstract)
+    flat = list(nnx.to_flat_state(abstract_state))
+    unmapped = [p for p, _ in flat if p not in maps]
+    if unmapped:  # a bug in tensor_maps, not in the checkpoint
+        raise AssertionError(f"T5 parameters without a Hugging Face name: {unmapped}")
+    np_dtype = jnp.dtype(config.param_dtype)
+
+    if mesh is None:
+        values = {p: jnp.asarray(maps[p].read(source).astype(np_dtype)) for p, _ in flat}
+    else:
+        from clarifyjax import sharding as sharding_lib  # above `models`; needed only with a mesh
+
+        shardings = dict(nnx.to_flat_state(sharding_lib.model_shardings(
+            abstract_state, mesh, sharding_lib.DEFAULT_RULES if rules is None else rules)))
+        values = {}
+        for p, var in flat:
+            tm, memo = maps[p], {}
+
+            def read(index, tm=tm, memo=memo):
+                key = tuple((s.start, s.stop) for s in index)
+                if key not in memo:  # replicated dims: several devices ask for the same block
+                    memo[key] = tm.read(source, index).astype(np_dtype)
+                return memo[key]
+
+            sharding = shardings[p]
+            sharding = sharding.get_value() if isinstance(sharding, nnx.Variable) else sharding
+            values[p] = jax.make_array_from_callback(tm.shape, sharding, read)
+    state = nnx.from_flat_state([(p, var.replace(values[p])) for p, var in flat])
+    return config, nnx.merge(graphdef, state)
+
+
+def save_t5(model: T5, config: T5Config, path: str | os.PathLike, *,
+            dtype: str = "float32") -> Path:
+    """Write `model` as a Hugging Face folder (model.safetensors in torch layout + config.json)
+    that `transformers.T5ForConditionalGeneration.from_pretrained` and `load_t5` read.
+
+    dtype: of the written tensors ("float32" or "float16"; safetensors' numpy reader, used by
+    `load_t5`, cannot read bfloat16 back). On several hosts only process 0 writes.
+    """
+    if dtype not in ("float32", "float16"):
+        raise ValueError(f"save_t5: dtype {dtype!r}; allowed: float32, float16")
+    structural = ("dtype", "param_dtype")
+    mine = {k: v for k, v in dataclasses.asdict(model.config).items() if k not in structural}
+    given = {k: v for k, v in dataclasses.asdict(config).items() if k not in structural}
+    if mine != given:
+        diff = sorted(k for k in mine if mine[k] != given[k])
+        raise ValueError(f"save_t5: config differs from the model's config in {diff}")
+    maps = tensor_maps(config)
+    tensors: dict[str, np.ndarray] = {}
+    for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        value = var.get_value()
+        if isinstance(value, jax.Array) and not value.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            value = multihost_utils.process_allgather(value, tiled=True)
+        tensors[maps[p].hf_name] = maps[p].to_hf(np.asarray(jax.device_get(value), np.float32)
+                                                 ).astype(dtype)
+    hf_config = dict(config.to_hf(), dtype=dtype)
+    if jax.process_index() != 0:
+        return Path(path)
+    return write_checkpoint(path, tensors, hf_config)

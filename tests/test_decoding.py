@@ -1,0 +1,267 @@
+"""Cached, jitted decoding against references written here without the cache.
+
+* greedy `generate` (one `lax.while_loop` over the KV cache) == a plain Python greedy loop that
+  re-runs the full model on the growing prefix (identical tokens, log-probs within 1e-5);
+* sampled log-probs at temperature 1 / no truncation == `score` of the sampled tokens (1e-5);
+* temperature / top-k / top-p log-probs == a numpy reference of the filtered distribution (1e-5),
+  and the sampled tokens lie in the numpy-computed support;
+* repeated calls with the same shapes do not retrace.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from clarifyjax import decoding
+from clarifyjax.decoding import Generation, filter_logits, generate, score
+from clarifyjax.models.t5 import T5, T5Config, shift_right
+
+TINY = dict(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=1, num_decoder_layers=2,
+            num_heads=3, relative_attention_num_buckets=8, relative_attention_max_distance=16,
+            dropout_rate=0.0)
+FAMILIES = {"v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True),
+            "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)}
+MAX_NEW = 12
+GAIN = 3.0  # see random_t5
+TOL = 1e-5
+
+
+def random_t5(config: T5Config, seed: int = 0) -> T5:
+    """A T5 with random parameters drawn on the host (numpy).
+
+    `T5(config, rngs=...)` is the real initializer, but compiling its many random draws costs
+    ~20 s of XLA time on a busy 2-core CPU; tests only need some random weights. Norm scales
+    are drawn around 1 (not exactly 1) so that a mix-up between them would show. The output
+    projection is scaled so that logits are of order 1 in both families (v1.0 rescales by
+    d_model**-0.5 before the tied embedding; an untied lm_head gets std d_model**-0.5).
+    The sublayer output projections get GAIN x the usual std: otherwise the residual stream is
+    dominated by the input embedding and a tied (v1.0) random model just repeats one token.
+    """
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0))))
+    rng = np.random.RandomState(seed)
+    dtype = jnp.dtype(config.param_dtype)
+
+    def draw(path, shape):
+        name = path[-1] if isinstance(path[-1], str) else path[-2]
+        if name == "scale":
+            value = 1.0 + 0.2 * rng.randn(*shape)
+        elif name == "embedding":
+            value = rng.randn(*shape)
+        elif name == "out":  # [h, d, m]
+            value = GAIN * rng.randn(*shape) / np.sqrt(shape[0] * shape[1])
+        elif name == "wo":
+            value = GAIN * rng.randn(*shape) / np.sqrt(shape[0])
+        else:  # [fan_in, ...]
+            value = rng.randn(*shape) / np.sqrt(shape[0])
+        return jnp.asarray(value.astype(np.float32), dtype)
+
+    flat = [(p, v.replace(draw(p, v.shape))) for p, v in nnx.to_flat_state(abstract)]
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def make_model(family: str, seed: int = 0, **overrides) -> T5:
+    return random_t5(T5Config(**{**TINY, **FAMILIES[family], **overrides}), seed)
+
+
+def batch(seed: int = 0):
+    rng = np.random.RandomState(seed)
+    lengths = [5, 11, 2, 8]
+    ids = np.zeros((4, 11), np.int32)
+    mask = np.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = rng.randint(2, TINY["vocab_size"], n)
+        mask[i, :n] = 1
+    return jnp.asarray(ids), jnp.asarray(mask)
+
+
+@nnx.jit
+def full_logits(model, ids, mask, dec):
+    return model(ids, mask, dec)
+
+
+def reference_greedy(model: T5, ids, mask, max_new: int, eos: int | None = None):
+    """No cache: re-run the whole decoder on the prefix at every step (rows stop at EOS)."""
+    c = model.config
+    eos = c.eos_token_id if eos is None else eos
+    b = ids.shape[0]
+    prefix = np.full((b, 1), c.decoder_start_token_id, np.int32)
+    done = np.zeros(b, bool)
+    tokens = np.full((b, max_new), c.pad_token_id, np.int32)
+    logprobs = np.zeros((b, max_new), np.float32)
+    for step in range(max_new):
+        # pad the prefix to max_new so that one compiled shape serves every step (causal mask)
+        dec = np.pad(prefix, ((0, 0), (0, max_new - prefix.shape[1])))
+        logits = np.asarray(full_logits(model, ids, mask, jnp.asarray(dec)))[:, step]
+        logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), -1))
+        token = logits.argmax(-1)
+        tokens[:, step] = np.where(done, c.pad_token_id, token)
+        logprobs[:, step] = np.where(done, 0.0, logp[np.arange(b), token])
+        done |= token == eos
+        prefix = np.concatenate([prefix, tokens[:, step:step + 1]], 1)
+        if done.all():
+            break
+    return tokens, logprobs
+
+
+def frequent_token(model: T5, ids, mask) -> int:
+    """The token (other than pad) that greedy decoding emits most: made EOS so that rows stop
+    at different steps. Found with the uncached reference, EOS off (no extra compile)."""
+    tokens, _ = reference_greedy(model, ids, mask, MAX_NEW, eos=-1)
+    values, counts = np.unique(tokens[tokens != model.config.pad_token_id], return_counts=True)
+    return int(values[np.argmax(counts)])
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_cached_greedy_equals_uncached_reference(family):
+    ids, mask = batch()
+    model = make_model(family)
+    model.config = dataclasses.replace(model.config, eos_token_id=frequent_token(model, ids, mask))
+    got = generate(model, ids, mask, rng=None, max_new_tokens=MAX_NEW, greedy=True)
+    assert isinstance(got, Generation)
+    assert got.tokens.shape == got.logprobs.shape == got.mask.shape == (4, MAX_NEW)
+    tokens, logprobs = reference_greedy(model, ids, mask, MAX_NEW)
+    np.testing.assert_array_equal(np.asarray(got.tokens), tokens)
+    np.testing.assert_allclose(np.asarray(got.logprobs), logprobs, atol=TOL, rtol=0)
+    lengths = np.asarray(got.mask).sum(1)
+    assert lengths.min() < MAX_NEW, "no row emitted EOS: the stopping rule is untested"
+    eos, pad = model.config.eos_token_id, model.config.pad_token_id
+    for row, n in enumerate(lengths):  # 1 up to and including EOS, pad after
+        assert (np.asarray(got.mask)[row, :n] == 1).all()
+        assert n == MAX_NEW or tokens[row, n - 1] == eos
+        assert (tokens[row, n:] == pad).all() and (np.asarray(got.logprobs)[row, n:] == 0).all()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_sampled_logprobs_equal_score(family):
+    ids, mask = batch(1)
+    model = make_model(family, seed=1)
+    got = generate(model, ids, mask, rng=jax.random.key(3), max_new_tokens=MAX_NEW)
+    scored = score(model, ids, mask, got.tokens, got.mask)
+    np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(scored), atol=TOL, rtol=0)
+    assert np.asarray(got.mask).sum() > 8
+
+
+def test_score_is_teacher_forced_log_softmax():
+    ids, mask = batch(2)
+    model = make_model("v1.1", seed=2)
+    c = model.config
+    targets = jnp.asarray(np.random.RandomState(0).randint(2, c.vocab_size, (4, 7)), jnp.int32)
+    target_mask = jnp.asarray(np.arange(7)[None] < np.array([[7], [3], [1], [5]]), jnp.int32)
+    logits = full_logits(model, ids, mask, shift_right(targets, c.decoder_start_token_id))
+    ref = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), targets[..., None], -1)[..., 0]
+    got = score(model, ids, mask, targets, target_mask)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(ref * target_mask), atol=TOL, rtol=0)
+
+
+def numpy_filtered_logprobs(logits: np.ndarray, temperature: float, top_k: int, top_p: float):
+    """Reference of the sampled distribution: [V] logits -> [V] log-probs (-inf outside)."""
+    z = logits.astype(np.float64) / temperature
+    keep = np.ones_like(z, bool)
+    order = np.argsort(-z, kind="stable")
+    if top_k:
+        keep[order[top_k:]] = False
+    if top_p < 1:
+        p = np.exp(z - z.max())
+        p = np.where(keep, p, 0)
+        p /= p.sum()
+        mass_before = np.cumsum(p[order]) - p[order]
+        keep[order[mass_before >= top_p]] = False
+    z = np.where(keep, z, -np.inf)
+    return z - np.log(np.exp(z[keep] - z[keep].max()).sum()) - z[keep].max()
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 0, 0.6), (1.0, 5, 1.0),
+                                                     (1.3, 10, 0.9)])
+def test_filtered_sampling_support_and_logprobs(temperature, top_k, top_p):
+    ids, mask = batch(3)
+    model = make_model("v1.0", seed=3)
+    got = generate(model, ids, mask, rng=jax.random.key(0), max_new_tokens=MAX_NEW,
+                   temperature=temperature, top_k=top_k, top_p=top_p)
+    tokens, gmask, glogp = np.asarray(got.tokens), np.asarray(got.mask), np.asarray(got.logprobs)
+    dec = shift_right(got.tokens, model.config.decoder_start_token_id)
+    logits = np.asarray(full_logits(model, ids, mask, dec))
+    checked = 0
+    for row in range(tokens.shape[0]):
+        for step in range(MAX_NEW):
+            if not gmask[row, step]:
+                continue
+            ref = numpy_filtered_logprobs(logits[row, step], temperature, top_k, top_p)
+            assert np.isfinite(ref[tokens[row, step]]), "sampled outside the support"
+            np.testing.assert_allclose(glogp[row, step], ref[tokens[row, step]],
+                                       atol=TOL, rtol=0)
+            checked += 1
+    assert checked > 8
+
+
+def test_top_k_1_and_tiny_top_p_equal_greedy():
+    ids, mask = batch(4)
+    model = make_model("v1.1", seed=4)
+    greedy = generate(model, ids, mask, rng=None, max_new_tokens=MAX_NEW, greedy=True)
+    for kw in (dict(top_k=1), dict(top_p=1e-6)):
+        out = generate(model, ids, mask, rng=jax.random.key(1), max_new_tokens=MAX_NEW, **kw)
+        np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(greedy.tokens))
+        np.testing.assert_allclose(np.asarray(out.logprobs)[np.asarray(out.mask) == 1], 0.0,
+                                   atol=TOL)  # a point mass
+
+
+def test_filter_logits_matches_numpy():
+    logits = np.random.RandomState(5).randn(3, 50).astype(np.float32) * 3
+    for t, k, p in [(1.0, 0, 0.5), (0.5, 7, 1.0), (2.0, 20, 0.8)]:
+        got = np.asarray(jax.nn.log_softmax(filter_logits(jnp.asarray(logits), temperature=t,
+                                                          top_k=k, top_p=p), -1))
+        for row in range(3):
+            ref = numpy_filtered_logprobs(logits[row], t, k, p)
+            np.testing.assert_array_equal(np.isfinite(got[row]), np.isfinite(ref))
+            np.testing.assert_allclose(got[row][np.isfinite(ref)], ref[np.isfinite(ref)],
+                                       atol=TOL, rtol=0)
+
+
+def test_min_new_tokens_masks_eos():
+    ids, mask = batch(5)
+    model = make_model("v1.0", seed=5)
+    eos = frequent_token(model, ids, mask)
+    model.config = dataclasses.replace(model.config, eos_token_id=eos)
+    free = generate(model, ids, mask, rng=None, max_new_tokens=MAX_NEW, greedy=True)
+    assert (np.asarray(free.tokens)[:, :4] == eos).any(), "EOS never early: test is vacuous"
+    held = generate(model, ids, mask, rng=None, max_new_tokens=MAX_NEW, min_new_tokens=4,
+                    greedy=True)
+    assert (np.asarray(held.tokens)[:, :4] != eos).all()
+    assert (np.asarray(held.mask)[:, :4] == 1).all()
+    sampled = generate(model, ids, mask, rng=jax.random.key(2), max_new_tokens=MAX_NEW,
+                       min_new_tokens=MAX_NEW)
+    assert (np.asarray(sampled.tokens) != eos).all() and (np.asarray(sampled.mask) == 1).all()
+
+
+def test_repeated_calls_do_not_retrace():
+    ids, mask = batch(6)
+    model = make_model("v1.0", seed=6)
+    generate(model, ids, mask, rng=jax.random.key(0), max_new_tokens=MAX_NEW, top_p=0.9)
+    score(model, ids, mask, ids, mask)
+    before = dict(decoding.TRACE_COUNTS)
+    for seed in range(3):
+        generate(model, ids, mask, rng=jax.random.key(seed), max_new_tokens=MAX_NEW, top_p=0.9)
+        score(model, ids + seed, mask, ids, mask)
+    assert dict(decoding.TRACE_COUNTS) == before
+    # a new setting is a new program: exactly one more trace
+    generate(model, ids, mask, rng=jax.random.key(0), max_new_tokens=MAX_NEW, top_p=0.8)
+    assert decoding.TRACE_COUNTS["generate"] == before["generate"] + 1
+
+
+def test_bad_sampling_arguments():
+    ids, mask = batch(7)
+    model = make_model("v1.0")
+    for kw, match in [(dict(temperature=0.0), "temperature"), (dict(top_p=0.0), "top_p"),
+                      (dict(top_k=-1), "top_k"), (dict(min_new_tokens=20), "min_new_tokens"),
+                      (dict(max_new_tokens=0), "max_new_tokens")]:
+        args = dict(rng=jax.random.key(0), max_new_tokens=4) | kw
+        with pytest.raises(ValueError, match=match):
+            generate(model, ids, mask, **args)
+    with pytest.raises(ValueError, match="rng"):
+        generate(model, ids, mask, rng=None, max_new_tokens=4)
+    with pytest.raises(ValueError, match="shape"):
+        score(model, ids, mask, ids, mask[:, :3])
