@@ -200,3 +200,17 @@ def test_bfloat16_params_save_as_float32(hf_folder, tmp_path):
     for path in p16:
         np.testing.assert_array_equal(p16[path].astype(np.float32), p32[path])
     transformers.T5ForConditionalGeneration.from_pretrained(str(tmp_path / "out"))
+
+
+def test_bfloat16_checkpoint_roundtrip(hf_folder, tmp_path):
+    """Released T5 checkpoints are often bfloat16: we write them, PyTorch reads them, we read them."""
+    torch = require("torch")
+    transformers = require("transformers")
+    config, model = load_t5(hf_folder, dtype="bfloat16")
+    save_t5(model, config, tmp_path / "bf16", dtype="bfloat16")
+    cfg_back, back = load_t5(tmp_path / "bf16", dtype="bfloat16")
+    p_a, p_b = nnx_params(model), nnx_params(back)
+    for path in p_a:
+        np.testing.assert_array_equal(p_a[path], p_b[path])
+    theirs = transformers.T5ForConditionalGeneration.from_pretrained(str(tmp_path / "bf16"))
+    assert theirs.shared.weight.dtype == torch.bfloat16

@@ -19,6 +19,74 @@ class CheckpointError(ValueError):
     """A checkpoint folder that cannot be read as asked; the message names the file or tensor."""
 
 
+def _dtypes() -> dict[str, np.dtype]:
+    import ml_dtypes  # ships with jax
+
+    return {"F64": np.dtype(np.float64), "F32": np.dtype(np.float32),
+            "F16": np.dtype(np.float16), "BF16": np.dtype(ml_dtypes.bfloat16),
+            "I64": np.dtype(np.int64), "I32": np.dtype(np.int32), "I16": np.dtype(np.int16),
+            "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_)}
+
+
+class SafetensorsFile:
+    """A memory-mapped .safetensors file (8-byte header size, JSON header, raw little-endian data).
+
+    Our own small reader rather than `safetensors.safe_open(framework="numpy")`, which cannot
+    represent bfloat16 (the dtype of many released T5 checkpoints). Slicing a tensor touches only
+    the pages of the file that the slice covers.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                (n,) = np.frombuffer(f.read(8), dtype="<u8")
+                header = json.loads(f.read(int(n)))
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"{self.path}: not a readable safetensors file ({e})") from e
+        header.pop("__metadata__", None)
+        self._start = 8 + int(n)
+        self._header = header
+        self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r")
+        dtypes = _dtypes()
+        for name, entry in header.items():
+            if entry.get("dtype") not in dtypes:
+                raise CheckpointError(f"{self.path}: tensor {name!r} has unsupported dtype "
+                                      f"{entry.get('dtype')!r}")
+
+    def keys(self) -> list[str]:
+        return list(self._header)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._header[name]["shape"])
+
+    def array(self, name: str) -> np.ndarray:
+        """A read-only view of the tensor, backed by the file (no read until indexed)."""
+        entry = self._header[name]
+        begin, end = entry["data_offsets"]
+        raw = self._mmap[self._start + begin:self._start + end]
+        return raw.view(_dtypes()[entry["dtype"]]).reshape(entry["shape"])
+
+
+def safetensors_bytes(tensors: Mapping[str, np.ndarray], metadata: dict | None = None) -> bytes:
+    """Serialize numpy arrays (bfloat16 included) in the safetensors format."""
+    codes = {v: k for k, v in _dtypes().items()}
+    header: dict = {"__metadata__": metadata or {"format": "pt"}}
+    chunks, offset = [], 0
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        if a.dtype not in codes:
+            raise CheckpointError(f"tensor {name!r}: dtype {a.dtype} cannot be saved")
+        data = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": codes[a.dtype], "shape": list(a.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # the format aligns the data start to 8 bytes
+    return np.uint64(len(head)).astype("<u8").tobytes() + head + b"".join(chunks)
+
+
 def check_folder(path: str | os.PathLike) -> Path:
     path = Path(path)
     if not path.exists():
@@ -64,11 +132,9 @@ class TensorSource:
                 if not f.exists():
                     raise CheckpointError(f"{index} names {f.name}, which is missing")
         elif single.exists():
-            from safetensors import safe_open
-
-            with safe_open(str(single), framework="numpy") as h:
-                for name in h.keys():
-                    self._files[name] = single
+            self._handles[single] = SafetensorsFile(single)
+            for name in self._handles[single].keys():
+                self._files[name] = single
         elif (self.folder / "pytorch_model.bin").exists():
             if not allow_pickle:
                 raise CheckpointError(
@@ -97,27 +163,25 @@ class TensorSource:
             raise CheckpointError(f"tensor {name!r} is missing from the checkpoint in {self.folder}")
         f = self._files[name]
         if f not in self._handles:
-            from safetensors import safe_open
-
-            self._handles[f] = safe_open(str(f), framework="numpy")
+            self._handles[f] = SafetensorsFile(f)
         return self._handles[f]
 
     def shape(self, name: str) -> tuple[int, ...]:
         if self._torch_state is not None:
             return tuple(self._torch_state[name].shape)
-        return tuple(self._handle(name).get_slice(name).get_shape())
+        return self._handle(name).shape(name)
 
     def get(self, name: str) -> np.ndarray:
         if self._torch_state is not None:
             if name not in self._torch_state:
                 raise CheckpointError(f"tensor {name!r} is missing from the checkpoint in {self.folder}")
             return self._torch_state[name]
-        return self._handle(name).get_tensor(name)
+        return np.array(self._handle(name).array(name))
 
     def get_slice(self, name: str, index: tuple) -> np.ndarray:
         if self._torch_state is not None:
             return self.get(name)[index]
-        return self._handle(name).get_slice(name)[index]
+        return np.array(self._handle(name).array(name)[index])
 
 
 def check_shape(name: str, actual: tuple, expected: tuple) -> None:
@@ -148,12 +212,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
 def write_checkpoint(folder: str | os.PathLike, tensors: Mapping[str, np.ndarray],
                      config: dict) -> Path:
     """Write `model.safetensors` + `config.json` into `folder` (each atomically)."""
-    from safetensors.numpy import save
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    contiguous = {k: np.ascontiguousarray(v) for k, v in tensors.items()}
-    atomic_write_bytes(folder / "model.safetensors", save(contiguous, metadata={"format": "pt"}))
+    atomic_write_bytes(folder / "model.safetensors", safetensors_bytes(tensors))
     atomic_write_bytes(folder / "config.json", (json.dumps(config, indent=2) + "\n").encode())
     return folder
 

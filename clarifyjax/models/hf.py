@@ -224,11 +224,11 @@ def save_t5(model: T5, config: T5Config, path: str | os.PathLike, *,
     """Write `model` as a Hugging Face folder (model.safetensors in torch layout + config.json)
     that `transformers.T5ForConditionalGeneration.from_pretrained` and `load_t5` read.
 
-    dtype: of the written tensors ("float32" or "float16"; safetensors' numpy reader, used by
-    `load_t5`, cannot read bfloat16 back). On several hosts only process 0 writes.
+    dtype: of the written tensors ("float32", "bfloat16" or "float16"). On several hosts only
+    process 0 writes.
     """
-    if dtype not in ("float32", "float16"):
-        raise ValueError(f"save_t5: dtype {dtype!r}; allowed: float32, float16")
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"save_t5: dtype {dtype!r}; allowed: float32, bfloat16, float16")
     structural = ("dtype", "param_dtype")
     mine = {k: v for k, v in dataclasses.asdict(model.config).items() if k not in structural}
     given = {k: v for k, v in dataclasses.asdict(config).items() if k not in structural}
@@ -244,7 +244,7 @@ def save_t5(model: T5, config: T5Config, path: str | os.PathLike, *,
 
             value = multihost_utils.process_allgather(value, tiled=True)
         tensors[maps[p].hf_name] = maps[p].to_hf(np.asarray(jax.device_get(value), np.float32)
-                                                 ).astype(dtype)
+                                                 ).astype(jnp.dtype(dtype))
     hf_config = dict(config.to_hf(), dtype=dtype)
     if jax.process_index() != 0:
         return Path(path)
