@@ -41,8 +41,8 @@ from clarifyjax import text as fmt
 from clarifyjax.tokenizer import bucket_length
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The project's own small copies of the data files, used when ../shared/data is absent.
-EXAMPLE_DATA_DIR = Path(__file__).resolve().parent / "example_data"
+# The project's own small example files (written for the demo), used when ../shared/data is absent.
+EXAMPLE_DATA_DIR = Path(__file__).resolve().parents[1] / "examples"
 
 GOLD_COLUMNS = ("id", "source", "situation", "question")
 SILVER_COLUMNS = ("Hypothesis", "Update", "UpdateType", "question_davinci", "situation")
@@ -60,7 +60,7 @@ class DataError(ValueError):
 def resolve_data_path(path: str | os.PathLike) -> Path:
     """Find a data file: as given (relative to the working directory), else relative to the
     repository root, else ``$CLARIFYJAX_SHARED_DATA`` for a ``.../shared/data/...`` path, else the
-    project's example copy ``clarifyjax/example_data/<folder>/<file>``.
+    project's own small example files ``examples/<folder>/<file>``.
 
     Raises:
       DataError: none of these exists (listing every place looked at).

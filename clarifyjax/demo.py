@@ -1,0 +1,332 @@
+"""`python -m clarifyjax.demo` (what `make demo` runs): the whole system at tiny scale, on CPU.
+
+1. Data: ``../shared/data/delta-clarify`` when it is there (or ``$CLARIFYJAX_SHARED_DATA``), else
+   the project's small example files in ``examples/delta-clarify``.
+2. A SentencePiece tokenizer (vocabulary 2,000, T5's pad/eos/unk = 0/1/2) trained on the texts of
+   every task. Like T5's, it has no "<", so the judge's ``<class>`` prefix reads as
+   ``▁ <unk> class >``, as Delphi's did; "-1", "0" and "1" are single pieces.
+3. Supervised fine-tuning (configs/sft_*_tiny.yaml) of the question generator, the answer
+   generator and the fusion model, and of a judge on a (text, class) file derived here from the
+   silver answers (``judge.tsv``, see `clarifyjax.data.silver_judge_rows`).
+4. PPO (configs/ppo_tiny.yaml) of the question generator against those reward models.
+5. Questions before and after PPO with their imagined answers, and ``reward_curve.png``.
+6. SaGE: ``sage-jax score examples/sage_demo.jsonl`` with the real all-MiniLM-L6-v2 embedder.
+
+The runs are the tiny configs' own, with a few overrides (steps, one length bucket per model so
+that each step compiles once, learning rates), and they go where those configs put them, under
+``--out`` (default ``runs``): ``tokenizer_tiny``, ``sft_{question,answerer,fusion,judge}_tiny``,
+``ppo_tiny`` (with ``reward_curve.png``); so ``clarifyjax train configs/ppo_tiny.yaml`` works
+after the demo. Compiled programs are cached in ``OUT/.jax_cache``, so a second run starts faster.
+Each stage resumes from its checkpoints; ``--fresh`` deletes the demo's folders first. ``--quick``
+is a smoke-sized run (tests use it).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO_ROOT / "examples"
+DATA_FILES = ("train.tsv", "dev.tsv", "sc_dev_questions_gpt.tsv", "fusion_dev.csv")
+VOCAB = 1999  # + the "-1" piece: the 2,000 of the tiny configs' models
+MODEL_VOCAB = 2000  # configs/sft_question_tiny.yaml: model.tiny.vocab_size
+# Delphi's target without "<" (absent from the vocabulary): trains the pieces of the prefix.
+DELPHI_TARGET_PIECES = ("class>1/class> text>it's good/text>",
+                        "class>0/class> text>it's okay/text>",
+                        "class>-1/class> text>it's bad/text>")
+
+
+DEMO_FOLDERS = ("tokenizer_tiny", "sft_question_tiny", "sft_answerer_tiny", "sft_fusion_tiny",
+                "sft_judge_tiny", "sft_judge_tiny_data", "ppo_tiny", "sage_demo")
+
+
+def find_data(data_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
+    """(folder holding the four δ-CLARIFY files, "shared" | "examples" | "given")."""
+    if data_dir is not None:
+        folder, kind = Path(data_dir), "given"
+    else:
+        env = os.environ.get("CLARIFYJAX_SHARED_DATA")
+        shared = Path(env) if env else REPO_ROOT.parent / "shared" / "data"
+        folder, kind = shared / "delta-clarify", "shared"
+        if not all((folder / f).is_file() for f in DATA_FILES):
+            folder, kind = EXAMPLES / "delta-clarify", "examples"
+    missing = [f for f in DATA_FILES if not (folder / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{folder}: missing data file(s) {missing}")
+    return folder, kind
+
+
+# --------------------------------------------------------------------------- tokenizer
+
+
+def corpus(data: Path, max_rows: int = 6000) -> list[str]:
+    """Inputs and targets of the question, answerer and fusion tasks (a sample of each file)."""
+    from clarifyjax import data as data_lib
+
+    texts = []
+    for name, task in (("train.tsv", "question"), ("sc_dev_questions_gpt.tsv", "answerer"),
+                       ("fusion_dev.csv", "fusion")):
+        for pair in data_lib.read_pairs(data / name, task)[:max_rows]:
+            texts += [pair.input, pair.target]
+    return texts + list(DELPHI_TARGET_PIECES) * 30
+
+
+def train_tokenizer(texts: Sequence[str], folder: Path, vocab_size: int = VOCAB) -> Path:
+    """A SentencePiece unigram model trained on `texts` -> `folder` (spiece.model, plus the Hugging
+    Face tokenizer.json made from it so that later loads are fast), checked for the judge."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    from clarifyjax import delphi
+    from clarifyjax.models.checkpoint_io import atomic_write_bytes
+    from clarifyjax.tokenizer import Tokenizer
+
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter([t.replace("<", " ") for t in texts]), model_writer=buffer,
+        vocab_size=vocab_size, model_type="unigram", character_coverage=1.0, pad_id=0, eos_id=1,
+        unk_id=2, bos_id=-1, num_threads=2, minloglevel=2,
+        hard_vocab_limit=False)  # the small example files give fewer pieces
+    proto = model_pb2.ModelProto()
+    proto.ParseFromString(buffer.getvalue())
+    if not any(p.piece == "-1" for p in proto.pieces):  # Delphi's "bad" class: one piece
+        piece = proto.pieces.add()
+        piece.piece, piece.score = "-1", 0.0
+        piece.type = model_pb2.ModelProto.SentencePiece.NORMAL
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (folder / stale).unlink(missing_ok=True)
+    atomic_write_bytes(folder / "spiece.model", proto.SerializeToString())
+    from transformers import T5TokenizerFast
+
+    T5TokenizerFast.from_pretrained(str(folder), extra_ids=0).save_pretrained(str(folder))
+    tok = Tokenizer.from_pretrained(folder)
+    delphi.class_token_ids(tok, "<class>", ("-1", "0", "1"), vocab_size=MODEL_VOCAB,
+                           source=str(folder))  # raises if the judge could not read classes
+    return folder
+
+
+def derive_judge_file(silver: Path, path: Path) -> Path:
+    """(text, class) TSV from the silver answers: the judge's training file."""
+    from clarifyjax import data as data_lib
+    from clarifyjax.models.checkpoint_io import atomic_write_bytes
+
+    table = data_lib.silver_judge_rows(data_lib.read_table(silver, data_lib.SILVER_COLUMNS))
+    out = io.StringIO()
+    writer = csv.writer(out, delimiter="\t", lineterminator="\n")
+    writer.writerow(["text", "class"])
+    writer.writerows([r["text"], r["class"]] for r in table.rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, out.getvalue().encode("utf-8"))
+    return path
+
+
+# --------------------------------------------------------------------------- the runs
+
+
+def _plan(data: Path, quick: bool) -> dict:
+    """Steps and sizes: full on the shared data, smaller on small files (the examples), tiny
+    with --quick."""
+    with open(data / "train.tsv", encoding="utf-8") as f:
+        small = sum(1 for _ in f) < 1000
+    plan = {"batch": 8 if small else 32, "ppo_batch": 8 if small else 16, "dev_rows": 64,
+            "dev_situations": 4 if small else 32,
+            "steps": {"question": 300, "answerer": 250, "fusion": 300, "judge": 250},
+            "ppo_steps": 40, "ppo_eval_every": 10}
+    if small:
+        plan["steps"] = {"question": 80, "answerer": 80, "fusion": 80, "judge": 80}
+    if quick:
+        plan.update(steps={k: 6 for k in plan["steps"]}, ppo_steps=3, ppo_eval_every=3,
+                    dev_rows=16, dev_situations=min(plan["dev_situations"], 8))
+    return plan
+
+
+def sft_config(task: str, out: Path, tokenizer: Path, data: Path, plan: dict, judge_file: Path):
+    from clarifyjax.config import load_config
+
+    steps = plan["steps"][task]
+    lengths = {"question": (48, 32), "answerer": (64, 32), "fusion": (96, 48), "judge": (64, 32)}
+    max_in, max_out = lengths[task]
+    paths = {"question": [f"data.train_path={data / 'train.tsv'}",
+                          f"data.dev_path={data / 'dev.tsv'}"],
+             "answerer": [f"data.train_path={data / 'sc_dev_questions_gpt.tsv'}"],
+             "fusion": [f"data.train_path={data / 'fusion_dev.csv'}"],
+             "judge": [f"data.train_path={judge_file}", "data.judge_source=table"]}[task]
+    name = {"question": "sft_question_tiny", "answerer": "sft_answerer_tiny",
+            "fusion": "sft_fusion_tiny", "judge": "sft_judge_tiny"}[task]
+    return load_config(REPO_ROOT / "configs" / f"{name}.yaml", [
+        f"run.output_dir={out / f'sft_{task}_tiny'}", f"run.steps={steps}",
+        f"run.eval_every={steps}", f"run.save_every={steps}", "run.sample_every=0",
+        f"run.log_every={max(1, steps // 10)}", f"model.tokenizer={tokenizer}",
+        f"model.tiny.vocab_size={MODEL_VOCAB}", f"model.max_input_length={max_in}",
+        f"model.max_target_length={max_out}", f"data.length_buckets=[{max_in}]",
+        "data.train_rows=null", f"data.dev_rows={plan['dev_rows']}",
+        f"data.batch_size={plan['batch']}", "data.eval_batch_size=32", "optimizer.lr=3e-3",
+        "optimizer.schedule=constant", "optimizer.warmup_steps=10", *paths])
+
+
+def ppo_config(out: Path, data: Path, plan: dict):
+    from clarifyjax.config import load_config
+
+    final = {t: str(out / f"sft_{t}_tiny" / "final")
+             for t in ("question", "answerer", "fusion", "judge")}
+    steps = plan["ppo_steps"]
+    return load_config(REPO_ROOT / "configs" / "ppo_tiny.yaml", [
+        f"run.output_dir={out / 'ppo_tiny'}", f"run.steps={steps}", f"run.save_every={steps}",
+        f"run.eval_every={plan['ppo_eval_every']}", f"run.sample_every={max(steps // 3, 1)}",
+        "run.log_every=1", f"policy.init={final['question']}", "policy.tokenizer=null",
+        "policy.max_input_length=48", f"rewards.answerer.init={final['answerer']}",
+        "rewards.answerer.tokenizer=null", f"rewards.fusion.init={final['fusion']}",
+        "rewards.fusion.tokenizer=null", f"rewards.judge.model.init={final['judge']}",
+        "rewards.judge.model.tokenizer=null", f"data.train_path={data / 'train.tsv'}",
+        f"data.dev_path={data / 'dev.tsv'}", f"data.dev_situations={plan['dev_situations']}",
+        f"data.eval_batch_size={plan['dev_situations']}", "data.length_buckets=[48]",
+        f"ppo.batch_size={plan['ppo_batch']}", "ppo.minibatches=2",
+        "ppo.max_question_length=16", "optimizer.lr=1e-4"])
+
+
+def plot_rewards(metrics: Path, png: Path) -> Path:
+    """reward_curve.png: the rollouts' mean normalized reward per PPO step, and the dev reward."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in open(metrics, encoding="utf-8")]
+    train = sorted({r["step"]: r for r in rows if "train/mean_score" in r}.items())
+    dev = sorted({r["step"]: r for r in rows if "eval/reward" in r}.items())
+    steps = [s for s, _ in train]
+    scores = [r["train/mean_score"] for _, r in train]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.plot(steps, scores, ".-", alpha=0.35, label="rollouts (normalized reward)")
+    if len(scores) >= 5:  # the rollout batches are small: a running mean shows the trend
+        window = 5
+        mean = [sum(scores[max(0, i - window + 1): i + 1]) / len(scores[max(0, i - window + 1):
+                                                                        i + 1])
+                for i in range(len(scores))]
+        ax.plot(steps, mean, "-", color="C0", label=f"rollouts, running mean of {window}")
+    if dev:
+        ax.plot([s for s, _ in dev], [r["eval/reward"] for _, r in dev], "o--",
+                label="dev situations, greedy")
+    ax.set_xlabel("PPO step")
+    ax.set_ylabel("reward (normalized JSD)")
+    ax.set_title("ClarifyDelphi demo: PPO reward")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = png.with_suffix(".tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, png)
+    return png
+
+
+def show_samples(cfg, before: Path, after: Path, data: Path, n: int = 5) -> None:
+    """Greedy questions of the SFT policy and of the PPO policy for dev situations, with what the
+    answer generator, the fusion model and the judge make of them."""
+    from clarifyjax import data as data_lib
+    from clarifyjax import text
+    from clarifyjax.delphi import Sampling, Seq2SeqModel
+    from clarifyjax.train import build_reward_fn
+
+    situations = data_lib.unique_situations(data_lib.read_table(data / "dev.tsv",
+                                                                ("situation",)))[:n]
+    reward = build_reward_fn(cfg)
+    sampling = Sampling(max_new_tokens=cfg.ppo.max_question_length)
+    for label, folder in (("SFT policy", before), ("PPO policy", after)):
+        questions = Seq2SeqModel.from_pretrained(folder).generate(
+            [text.policy_input(s) for s in situations], sampling).texts
+        out = reward(situations, questions)
+        print(f"\n=== {label} ({folder}) ===")
+        for i, (s, q) in enumerate(zip(situations, questions)):
+            print(f"- {s}\n  Q: {q}   [JSD {float(out.raw_reward[i]):.3f}]")
+            print(f"    weakener:     {out.weak_answers[i]!r} -> {out.weak_situations[i]!r}")
+            print(f"    strengthener: {out.strong_answers[i]!r} -> {out.strong_situations[i]!r}")
+
+
+def run_sage(out: Path) -> int:
+    from sage_jax import cli as sage_cli
+
+    args = ["score", str(EXAMPLES / "sage_demo.jsonl"), "--out", str(out / "sage_demo"),
+            "--quiet"]
+    print(f"\n=== SaGE: sage-jax {' '.join(args)} ===", flush=True)
+    return sage_cli.main(args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m clarifyjax.demo", description=__doc__.split(
+        "\n\n")[0])
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs")
+    parser.add_argument("--data", type=Path, default=None,
+                        help="folder with the four δ-CLARIFY files (default: the shared data, "
+                             "else examples/delta-clarify)")
+    parser.add_argument("--quick", action="store_true", help="smoke-sized steps (for tests)")
+    parser.add_argument("--fresh", action="store_true", help="delete the demo's folders first")
+    parser.add_argument("--no-sage", action="store_true", help="skip the SaGE part")
+    parser.add_argument("--progress", action="store_true", help="progress bars")
+    args = parser.parse_args(argv)
+    start = time.time()
+    out = args.out.resolve()
+    if args.fresh:
+        for name in DEMO_FOLDERS:
+            if (out / name).is_dir():
+                shutil.rmtree(out / name)
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import jax
+
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        jax.config.update("jax_compilation_cache_dir", str(out / ".jax_cache"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    from clarifyjax import train
+
+    data, kind = find_data(args.data)
+    plan = _plan(data, args.quick)
+    print(f"[demo] data: {data} ({kind}); output: {out}; {jax.device_count()} "
+          f"{jax.default_backend()} device(s)", flush=True)
+
+    tokenizer = out / "tokenizer_tiny"
+    if not (tokenizer / "tokenizer.json").exists():
+        train_tokenizer(corpus(data), tokenizer)
+    print(f"[demo] tokenizer: {tokenizer} ({time.time() - start:.0f} s)", flush=True)
+    judge_file = derive_judge_file(data / "sc_dev_questions_gpt.tsv",
+                                   out / "sft_judge_tiny_data" / "judge.tsv")
+
+    for task in ("question", "answerer", "fusion", "judge"):
+        cfg = sft_config(task, out, tokenizer, data, plan, judge_file)
+        result = train.train_sft(cfg, progress=args.progress)
+        ev = result.get("eval") or {}
+        print(f"[demo] SFT {task}: dev loss {ev.get('eval/loss', float('nan')):.3f}, token "
+              f"accuracy {ev.get('eval/accuracy', float('nan')):.3f}, ROUGE-L "
+              f"{ev.get('eval/rouge_l', float('nan')):.1f} ({time.time() - start:.0f} s)",
+              flush=True)
+
+    cfg = ppo_config(out, data, plan)
+    result = train.train_ppo(cfg, progress=args.progress)
+    first, last = result.get("first_eval") or {}, result.get("eval") or {}
+    print(f"[demo] PPO: dev reward {first.get('eval/reward', float('nan')):.3f} -> "
+          f"{last.get('eval/reward', float('nan')):.3f} (normalized), avg JSD "
+          f"{first.get('eval/jsd', float('nan')):.4f} -> {last.get('eval/jsd', float('nan')):.4f} "
+          f"({time.time() - start:.0f} s)", flush=True)
+    ppo_dir = out / "ppo_tiny"
+    png = plot_rewards(ppo_dir / "metrics.jsonl", ppo_dir / "reward_curve.png")
+    print("\n(tiny models trained for minutes on a CPU: expect broken English; the point is the "
+          "machinery, which is the same for T5-large on a pod)")
+    show_samples(cfg, out / "sft_question_tiny" / "final", out / "ppo_tiny" / "final", data)
+    print(f"\n[demo] reward curve: {png}", flush=True)
+
+    status = 0 if args.no_sage else run_sage(out)
+    print(f"[demo] done in {time.time() - start:.0f} s", flush=True)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

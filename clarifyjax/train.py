@@ -1,0 +1,601 @@
+"""The training loops: supervised fine-tuning of any T5 (`train_sft`) and ClarifyDelphi's PPO
+(`train_ppo`), with evaluation, metrics (JSONL + TensorBoard), a progress bar, orbax checkpoints
+that resume exactly, SIGTERM handling and a Hugging Face export.
+
+A run writes, under ``run.output_dir`` (default ``runs/{name}``):
+
+    config.yaml         the resolved config
+    metrics.jsonl       one JSON object per logged step ({"step": s, "train/loss": ..., ...})
+    events.out.*        TensorBoard scalars (tensorboardX, else tf.summary, else none; logged)
+    checkpoints/<step>  orbax: the train state (parameters, optimizer states, KL controller, RNG)
+                        + JSON (data position, reward normalizer, metrics)
+    final/              the trained model as a Hugging Face folder, with the tokenizer
+
+Resuming is automatic: a run started on a folder with checkpoints continues from the newest one.
+The RNG key, the data position, the normalizer and the KL controller come back with the weights,
+so the resumed run computes exactly what the uninterrupted one would have. SIGTERM (preemption)
+makes the loop save the current step and return; the process then exits 0.
+
+Everything on device is jitted once per shape: the SFT step (per padded-length bucket), the PPO
+update (per query bucket; responses always have ``max_question_length`` columns), the rollout
+scorer and `decoding.generate`. The update is ONE jitted function with the mesh's shardings.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from clarifyjax import data as data_lib
+from clarifyjax import decoding, ppo, sft
+from clarifyjax import sharding as sharding_lib
+from clarifyjax.checkpointing import Checkpointer, PreemptionGuard
+from clarifyjax.config import ConfigError, save_config
+from clarifyjax.models.hf import load_t5, save_t5
+from clarifyjax.models.t5 import T5, T5Config
+from clarifyjax.policy import (RolloutSampler, ValueModel, copy_params, host_rows,
+                               make_ppo_fns, merge_model, split_model)
+from clarifyjax.reward import RewardNormalizer, flip_rate
+from clarifyjax.tokenizer import Tokenizer
+
+TRACE_COUNTS: collections.Counter = collections.Counter()  # traces of the jitted steps
+
+# --------------------------------------------------------------------------- logging
+
+
+class MetricsLogger:
+    """Scalars to ``metrics.jsonl`` (appended; flushed per line) and TensorBoard event files."""
+
+    def __init__(self, directory: Path, *, tensorboard: bool = True, say=print):
+        self.path = Path(directory) / "metrics.jsonl"
+        self._tb, self._file, self.backend = None, None, "jsonl only"
+        self.primary = jax.process_index() == 0  # one writer for all processes
+        if not self.primary:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")
+        if tensorboard:
+            try:
+                from tensorboardX import SummaryWriter
+
+                self._tb, self.backend = SummaryWriter(str(directory)), "tensorboardX"
+            except ImportError:
+                try:
+                    import tensorboard  # noqa: F401  (tf.summary writes nothing without it)
+                    import tensorflow as tf
+
+                    self._tf = tf
+                    self._tb = tf.summary.create_file_writer(str(directory))
+                    self.backend = "tf.summary"
+                except ImportError:
+                    pass
+        say(f"[metrics] {self.path} + TensorBoard: {self.backend}")
+
+    def write(self, step: int, metrics: dict[str, float]) -> None:
+        if not self.primary:
+            return
+        clean = {k: float(v) for k, v in metrics.items()}
+        self._file.write(json.dumps({"step": int(step), **clean}) + "\n")
+        self._file.flush()
+        if self.backend == "tensorboardX":
+            for k, v in clean.items():
+                self._tb.add_scalar(k, v, step)
+        elif self.backend == "tf.summary":
+            with self._tb.as_default(step=int(step)):
+                for k, v in clean.items():
+                    self._tf.summary.scalar(k, v)
+            self._tb.flush()
+
+    def close(self) -> None:
+        if not self.primary:
+            return
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close() if self.backend == "tensorboardX" else self._tb.flush()
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not enabled, dynamic_ncols=True)
+
+
+def _say(bar):
+    def say(message: str) -> None:
+        (bar.write if bar is not None and not bar.disable else print)(message)
+    return say
+
+
+# --------------------------------------------------------------------------- models and state
+
+
+def build_t5(model_cfg, *, seed: int, mesh, rules, tokenizer: Tokenizer | None = None,
+             where: str = "model") -> tuple[T5Config, T5]:
+    """A T5 from a `ModelConfig`: a Hugging Face folder (``init``) or a tiny random one (``tiny``),
+    placed on `mesh`; ``dropout_rate`` (when set) overrides the checkpoint's."""
+    if tokenizer is not None and model_cfg.tiny is not None \
+            and tokenizer.vocab_size > model_cfg.tiny.vocab_size:  # before building anything
+        raise ConfigError(f"{where}: the tokenizer {tokenizer.folder} has {tokenizer.vocab_size} "
+                          f"tokens but the model's vocab_size is {model_cfg.tiny.vocab_size}")
+    if model_cfg.init is not None:
+        config, model = load_t5(model_cfg.init, dtype=model_cfg.dtype, mesh=mesh, rules=rules,
+                                param_dtype=model_cfg.param_dtype)
+        if model_cfg.dropout_rate is not None and model_cfg.dropout_rate != config.dropout_rate:
+            config = dataclasses.replace(config, dropout_rate=model_cfg.dropout_rate)
+            graphdef, _ = nnx.split(nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0))))
+            model = nnx.merge(graphdef, nnx.state(model))
+    else:
+        config = T5Config(**model_cfg.tiny.t5_kwargs(), dtype=model_cfg.dtype,
+                          param_dtype=model_cfg.param_dtype,
+                          dropout_rate=model_cfg.dropout_rate or 0.0)
+        model = sharding_lib.create_sharded(lambda: T5(config, rngs=nnx.Rngs(seed)), mesh, rules)
+    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+        raise ConfigError(f"{where}: the tokenizer {tokenizer.folder} has {tokenizer.vocab_size} "
+                          f"tokens but the model's vocab_size is {config.vocab_size}")
+    return config, model
+
+
+def _replicated(mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def param_shardings(params, mesh):
+    """Each parameter's own NamedSharding (set when it was built), replicated otherwise."""
+    return jax.tree.map(lambda x: x.sharding if isinstance(getattr(x, "sharding", None),
+                                                            NamedSharding) else _replicated(mesh),
+                        params)
+
+
+def opt_state_shardings(tx, opt_state, params, p_shardings, mesh):
+    """Optimizer-state leaves shaped like their parameter share its sharding; others replicate."""
+    import optax
+
+    return optax.tree_map_params(
+        tx, lambda leaf, p, s: s if leaf.shape == p.shape else _replicated(mesh), opt_state,
+        params, p_shardings, transform_non_params=lambda _: _replicated(mesh),
+        is_leaf=lambda x: isinstance(x, (jax.Array, jax.ShapeDtypeStruct)))
+
+
+def traced(name: str, fn):
+    """`fn`, counting its traces in `TRACE_COUNTS[name]` (a jitted step traces once per shape)."""
+    def wrapper(*args):
+        TRACE_COUNTS[name] += 1
+        return fn(*args)
+    return wrapper
+
+
+def _all_hosts(x: np.ndarray) -> np.ndarray:
+    """Concatenate a host-local numpy array over all processes (itself on one process)."""
+    if jax.process_count() == 1:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=True))
+
+
+def _start(cfg, kind: str, say) -> tuple[Path, Any, tuple]:
+    run_dir = Path(cfg.run.directory)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if jax.process_index() == 0:
+        save_config(cfg, run_dir / "config.yaml")
+    mesh = sharding_lib.make_mesh(cfg.mesh.axis_sizes())
+    say(f"[{kind}] {cfg.run.name}: {jax.device_count()} {jax.default_backend()} device(s), mesh "
+        f"{dict(mesh.shape)}, output {run_dir}")
+    rules = sharding_lib.FSDP_RULES if cfg.mesh.rules == "fsdp" else sharding_lib.DEFAULT_RULES
+    return run_dir, mesh, rules
+
+
+def _export(model: T5, config: T5Config, tokenizer: Tokenizer, folder: Path, say) -> str:
+    save_t5(model, config, folder)
+    if jax.process_index() == 0:
+        tokenizer.save_pretrained(folder)
+    say(f"[export] Hugging Face folder: {folder}")
+    return str(folder)
+
+
+def _restore(ckpt: Checkpointer, state, say):
+    restored = ckpt.restore_latest(state)
+    if restored is None:
+        return 0, state, {}
+    step, state, extra = restored
+    say(f"[checkpoint] resumed from step {step} ({ckpt.directory})")
+    return step, state, extra
+
+
+# --------------------------------------------------------------------------- SFT
+
+
+def _sft_batch_shardings(mesh):
+    """Micro-batch stacks travel batch-major, [b, a, ...], so that the batch axis is split over
+    the data axes like any batch (`shard_batch`, process-local rows on several hosts)."""
+    return {k: sharding_lib.batch_sharding(mesh, n) for k, n in (
+        ("input_ids", 3), ("input_mask", 3), ("target_ids", 3), ("target_mask", 3),
+        ("example_mask", 2))}
+
+
+def _sft_step(step_fn):
+    def step(state, batch_major):
+        micro = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch_major)  # -> [a, b, ...]
+        new_state, metrics = step_fn(sft.SFTState(**state), micro)
+        return new_state._asdict(), metrics
+    return step
+
+
+def evaluate_sft(model: T5, eval_step, params, dataset, tokenizer, *, batch_size: int, mesh,
+                 max_new_tokens: int, generate: bool = True) -> tuple[dict, list[str]]:
+    """Dev loss / token accuracy over every row, and BLEU / ROUGE-L of greedy outputs."""
+    totals = {"nll_sum": 0.0, "tokens": 0.0, "correct": 0.0}
+    predictions, references = [], []
+    for batch in data_lib.eval_batches(dataset, batch_size):
+        placed = sharding_lib.shard_batch({k: batch[k] for k in sft.BATCH_KEYS}, mesh)
+        out = eval_step(params, placed)
+        for k in totals:
+            totals[k] += float(out[k])
+        if generate:
+            gen = decoding.generate(model, placed["input_ids"], placed["input_mask"], rng=None,
+                                    max_new_tokens=max_new_tokens, greedy=True)
+            texts = tokenizer.decode_batch(host_rows(gen.tokens, mesh))  # this host's rows
+            kept = [(t, i) for t, i, k in zip(texts, batch["index"], batch["example_mask"]) if k]
+            predictions += [t for t, _ in kept]
+            references += [dataset.texts["target"][i] for _, i in kept]
+    n = max(totals["tokens"], 1.0)
+    metrics = {"eval/loss": totals["nll_sum"] / n, "eval/accuracy": totals["correct"] / n}
+    if generate:
+        scores = sft.generation_metrics(predictions, references)
+        metrics.update({"eval/bleu": scores["bleu"], "eval/rouge_l": scores["rouge_l"]})
+    return metrics, predictions
+
+
+def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: bool = True
+              ) -> dict[str, Any]:
+    """Supervised fine-tuning for an `SFTConfig`. Returns {"step", "eval" (last dev metrics),
+    "first_eval", "output_dir", "final" (export folder or None), "stopped" (SIGTERM)}."""
+    bar = None
+    say = _say(bar)
+    run_dir, mesh, rules = _start(cfg, f"sft:{cfg.task}", say)
+    train_pairs, dev_pairs = data_lib.load_sft_pairs(cfg.data, cfg.task)  # bad files fail first
+    tokenizer = Tokenizer.from_pretrained(cfg.model.tokenizer_path)
+    train_ds = data_lib.sft_dataset(train_pairs, tokenizer, cfg.model, cfg.data.length_buckets)
+    dev_ds = data_lib.sft_dataset(dev_pairs, tokenizer, cfg.model, cfg.data.length_buckets)
+    config, model = build_t5(cfg.model, seed=cfg.run.seed, mesh=mesh, rules=rules,
+                             tokenizer=tokenizer)
+    graphdef, params = split_model(model)
+    say(f"[sft:{cfg.task}] {len(train_ds)} train / {len(dev_ds)} dev pairs; d_model "
+        f"{config.d_model}, {config.num_layers} layers, vocab {config.vocab_size}")
+
+    opt = cfg.optimizer
+    tx = sft.make_optimizer(opt, cfg.run.steps)
+    state = sft.init_state(params, tx, cfg.run.seed)._asdict()
+    p_sh = param_shardings(params, mesh)
+    state_sh = {"params": p_sh, "opt_state": opt_state_shardings(tx, state["opt_state"], params,
+                                                                 p_sh, mesh),
+                "step": _replicated(mesh), "rng": _replicated(mesh)}
+    state = jax.device_put(state, state_sh)
+    step_fn = sft.make_train_step(graphdef, tx, label_smoothing=opt.label_smoothing,
+                                  dropout=config.dropout_rate > 0)
+    train_step = jax.jit(traced("sft_step", _sft_step(step_fn)),
+                         in_shardings=(state_sh, _sft_batch_shardings(mesh)),
+                         out_shardings=(state_sh, _replicated(mesh)))
+    eval_step = jax.jit(sft.make_eval_step(graphdef))
+
+    logger = MetricsLogger(run_dir, tensorboard=tensorboard, say=say)
+    result: dict[str, Any] = {"output_dir": str(run_dir), "final": None, "stopped": False,
+                              "eval": None, "first_eval": None}
+    with Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.run.max_to_keep,
+                      save_interval_steps=max(cfg.run.save_every, 1),
+                      async_save=cfg.run.async_checkpointing) as ckpt, PreemptionGuard() as guard:
+        step, state, extra = _restore(ckpt, state, say)
+        batches = data_lib.BatchIterator(train_ds, cfg.data.batch_size, seed=cfg.run.seed,
+                                         shuffle=cfg.data.shuffle, position=extra.get("data"))
+
+        def evaluate(at: int) -> dict:
+            m, preds = evaluate_sft(merge_model(graphdef, state["params"]), eval_step,
+                                    state["params"], dev_ds, tokenizer,
+                                    batch_size=cfg.data.eval_batch_size, mesh=mesh,
+                                    max_new_tokens=cfg.model.max_target_length)
+            logger.write(at, m)
+            say(f"[eval {at}] " + ", ".join(f"{k[5:]} {v:.4g}" for k, v in m.items()))
+            for i in range(min(3, len(preds))):
+                say(f"  {dev_ds.texts['input'][i]!r}\n    -> {preds[i]!r}\n    (ref "
+                    f"{dev_ds.texts['target'][i]!r})")
+            return m
+
+        result["first_eval"] = evaluate(step) if step == 0 and cfg.run.eval_every else None
+        bar = _progress(cfg.run.steps, step, progress)
+        say = _say(bar)
+        last = {}
+        while step < cfg.run.steps:
+            micro = sft.stack_micro_batches([next(batches) for _ in range(opt.grad_accum)])
+            micro = sharding_lib.shard_batch({k: np.swapaxes(v, 0, 1) for k, v in micro.items()},
+                                             mesh)
+            state, metrics = train_step(state, micro)
+            step += 1
+            bar.update(1)
+            if cfg.run.log_every and (step % cfg.run.log_every == 0 or step == cfg.run.steps):
+                last = {f"train/{k}": float(v) for k, v in metrics.items()}
+                last["train/lr"] = float(sft.make_schedule(opt, cfg.run.steps)(step - 1))
+                logger.write(step, last)
+                bar.set_postfix(loss=f"{last['train/loss']:.3f}",
+                                acc=f"{last['train/accuracy']:.3f}")
+            if cfg.run.eval_every and (step % cfg.run.eval_every == 0 or step == cfg.run.steps):
+                result["eval"] = evaluate(step)
+            stop = guard.should_stop(step)
+            if stop or ckpt.should_save(step) or step == cfg.run.steps:
+                ckpt.save(step, state, {"data": batches.position, "train": last})
+            if stop:
+                result["stopped"] = True
+                say(f"[sft] stopping at step {step} on request (checkpoint saved)")
+                break
+        bar.close()
+    logger.close()
+    result["step"] = step
+    if export and not result["stopped"]:
+        result["final"] = _export(merge_model(graphdef, state["params"]), config, tokenizer,
+                                  run_dir / "final", print)
+    return result
+
+
+# --------------------------------------------------------------------------- PPO
+
+
+def build_reward_fn(cfg):
+    """ClarifyDelphi's reward for a `PPOConfig`: a `RewardPipeline` over the configured answerer,
+    fusion model, judge and NLI filter, returning raw JSDs (the loop normalizes)."""
+    from clarifyjax import delphi, reward_pipeline
+
+    r = cfg.rewards
+
+    def seq2seq(m, name):
+        if m.init is None:
+            raise ConfigError(f"rewards.{name}.init: the reward models must be trained folders "
+                              "(a random 'tiny' model is not a reward model)")
+        return delphi.Seq2SeqModel.from_pretrained(
+            m.init, tokenizer_path=m.tokenizer, dtype=m.dtype, max_input_length=m.max_input_length)
+
+    j = r.judge
+    if j.model.init is None:
+        raise ConfigError("rewards.judge.model.init: the judge must be a trained folder")
+    judge = delphi.load_judge(j.model.init, kind=j.kind, dtype=j.model.dtype,
+                              max_input_length=j.model.max_input_length,
+                              input_prefix=j.input_prefix, class_prefix=j.class_prefix,
+                              class_tokens=j.class_tokens, encoder_labels=j.encoder_labels)
+    nli = None
+    if r.nli is not None:
+        from clarifyjax.nli import NLIFilter
+
+        nli = NLIFilter.from_pretrained(r.nli.init, threshold=r.nli_threshold, dtype=r.nli.dtype,
+                                        max_length=r.nli.max_input_length)
+    return reward_pipeline.RewardPipeline(
+        seq2seq(r.answerer, "answerer"), seq2seq(r.fusion, "fusion"), judge, nli,
+        reward_pipeline.PipelineConfig.from_reward_config(r))
+
+
+def _fit_normalizer(cfg, sampler, params, dataset, say) -> RewardNormalizer:
+    n = cfg.normalizer
+    if not n.fit:
+        return RewardNormalizer(gain=n.gain, bias=n.bias)
+    # A separate iterator and key: fitting does not move the training data or RNG streams.
+    it = data_lib.BatchIterator(dataset, cfg.ppo.batch_size, seed=cfg.run.seed + 7919)
+    key = jax.random.fold_in(jax.random.key(cfg.run.seed), 7919)
+    raw, valid = [], []
+    for i in range(n.fit_batches):
+        batch = next(it)
+        k_sample, k_reward = jax.random.split(jax.random.fold_in(key, i))
+        _, _, _, questions = sampler.questions(params, batch, k_sample)
+        fields = sampler.rewards([dataset.texts["situation"][j] for j in batch["index"]],
+                                 questions, k_reward)
+        raw.append(fields["reward"])
+        valid.append(fields.get("valid", np.ones(len(questions), bool)))
+    normalizer = RewardNormalizer.fit(_all_hosts(np.concatenate(raw)),
+                                      _all_hosts(np.concatenate(valid)))
+    say(f"[ppo] reward normalizer fitted on {n.fit_batches} batches: mu0 {normalizer.mu0:.4g}, "
+        f"sigma0 {normalizer.sigma0:.4g} (gain {normalizer.gain:.4g}, bias {normalizer.bias:.4g})")
+    return normalizer
+
+
+def evaluate_ppo(sampler: RolloutSampler, params, ref_params, dataset, *, batch_size: int,
+                 normalizer, key) -> dict[str, float]:
+    """Greedy questions for the dev situations: mean raw and normalized reward, JSD, judgment
+    flip rate (when the reward function reports judge distributions), reference NLL per token."""
+    rewards, valid, jsds, flips = [], [], [], []
+    nll, tokens = 0.0, 0.0
+    for i, batch in enumerate(data_lib.eval_batches(dataset, batch_size)):
+        keep = batch["example_mask"].astype(bool)
+        ids, mask, gen, questions = sampler.questions(params, batch, None, greedy=True)
+        situations = [dataset.texts["situation"][j] for j in batch["index"]]
+        fields = sampler.rewards(situations, questions, jax.random.fold_in(key, i))
+        rows = sharding_lib.shard_batch(keep.astype(np.int32)[:, None], sampler.mesh)
+        s, n = sampler.ref_nll(ref_params, ids, mask, gen.tokens, gen.mask * rows)
+        nll, tokens = nll + float(s), tokens + float(n)
+        rewards.append(fields["reward"][keep])
+        valid.append(fields.get("valid", np.ones(len(keep), bool))[keep])
+        if "jsd" in fields:
+            jsds.append(np.asarray(fields["jsd"])[keep])
+        if all(k in fields for k in ("p_base", "p_weak", "p_strong")):
+            updated = np.stack([fields["p_weak"], fields["p_strong"]], axis=1)[keep]
+            flips.append(float(flip_rate(fields["p_base"][keep], updated,
+                                         np.repeat(valid[-1][:, None], 2, axis=1))))
+    raw = _all_hosts(np.concatenate(rewards))
+    metrics = {"eval/reward_raw": float(raw.mean()),
+               "eval/reward": float(np.mean(normalizer(raw))),
+               "eval/valid_rate": float(_all_hosts(np.concatenate(valid)).mean()),
+               "eval/ref_nll": nll / max(tokens, 1.0)}
+    if jsds:
+        metrics["eval/jsd"] = float(np.nanmean(_all_hosts(np.concatenate(jsds))))
+    if flips:
+        metrics["eval/flip_rate"] = float(np.nanmean(flips))
+    return metrics
+
+
+def _ppo_hyperparams(h) -> ppo.PPOConfig:
+    if h.entropy_coef:
+        raise ConfigError(f"ppo.entropy_coef = {h.entropy_coef}: ppo.make_ppo_update has no "
+                          "entropy bonus (the original had none); set it to 0")
+    return ppo.PPOConfig(epochs=h.epochs, minibatches=h.minibatches, clip=h.clip,
+                         value_clip=h.value_clip, vf_coef=h.vf_coef, gamma=h.gamma, lam=h.lam,
+                         whiten_advantages=h.whiten_advantages)
+
+
+def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = True,
+              progress: bool = True, export: bool = True) -> dict[str, Any]:
+    """ClarifyDelphi's PPO for a `PPOConfig` (Algorithm 1).
+
+    reward_fn(situations, questions) -> raw rewards [b] (or an object with ``.reward``); default:
+    the config's `RewardPipeline`. Returns {"step", "history" (logged train metrics), "eval"
+    (last), "first_eval", "normalizer", "state" (the final `ppo.PPOState`), "output_dir",
+    "final", "stopped"}.
+    """
+    say = _say(None)
+    run_dir, mesh, rules = _start(cfg, "ppo", say)
+    if cfg.value.shared_trunk:
+        raise ConfigError("value.shared_trunk: not available: ppo.make_ppo_update gives value_fn "
+                          "only the value parameters, so a head on the policy's trunk cannot see "
+                          "the policy's parameters; use a separate value model")
+    h = cfg.ppo
+    ppo_config = _ppo_hyperparams(h)
+    tokenizer = Tokenizer.from_pretrained(cfg.policy.tokenizer_path)
+    seed = cfg.run.seed
+    p_config, policy = build_t5(cfg.policy, seed=seed, mesh=mesh, rules=rules, tokenizer=tokenizer,
+                                where="policy")
+    graphdef, params = split_model(policy)
+    if cfg.reference is None:
+        ref_params = copy_params(params)
+    else:
+        _, reference = build_t5(cfg.reference, seed=seed, mesh=mesh, rules=rules, where="reference")
+        ref_graphdef, ref_params = split_model(reference)
+        if ref_graphdef != graphdef:
+            raise ConfigError("reference: the reference model's architecture differs from the "
+                              "policy's")
+    trunk = policy if cfg.value.model is None else build_t5(
+        cfg.value.model, seed=seed + 1, mesh=mesh, rules=rules, where="value.model")[1]
+    value = ValueModel.from_t5(trunk, seed=seed + 2)  # a copy of the trunk, and a new head
+    value_graphdef, value_params = split_model(value)
+    value_params = jax.device_put(value_params, nnx.to_pure_dict(sharding_lib.model_shardings(
+        nnx.state(value), mesh, rules)))
+
+    train_sits, dev_sits = data_lib.load_ppo_situations(cfg.data)
+    train_ds = data_lib.situation_dataset(train_sits, tokenizer, cfg.policy.max_input_length,
+                                          cfg.data.length_buckets)
+    dev_ds = data_lib.situation_dataset(dev_sits, tokenizer, cfg.policy.max_input_length,
+                                        cfg.data.length_buckets) if dev_sits else None
+    say(f"[ppo] {len(train_ds)} training situations, {len(dev_sits)} dev situations; policy "
+        f"d_model={p_config.d_model}, {p_config.num_layers} layers")
+
+    tx = sft.make_optimizer(cfg.optimizer, cfg.run.steps)
+    kl_ctl = (ppo.AdaptiveKL(h.kl_coef, h.kl_target, float(h.kl_horizon)) if h.adaptive_kl
+              else ppo.FixedKL(h.kl_coef))
+    p_sh, v_sh = param_shardings(params, mesh), param_shardings(value_params, mesh)
+    fresh = ppo.init_ppo_state(params, value_params, tx, tx, kl_ctl)
+    rep = _replicated(mesh)
+    ppo_sh = ppo.PPOState(p_sh, v_sh, opt_state_shardings(tx, fresh.policy_opt_state, params, p_sh,
+                                                          mesh),
+                          opt_state_shardings(tx, fresh.value_opt_state, value_params, v_sh, mesh),
+                          jax.tree.map(lambda _: rep, fresh.kl_ctl), rep)
+    state_sh = {"ppo": ppo_sh, "rng": rep}
+    state = jax.device_put({"ppo": fresh, "rng": jax.random.key_data(jax.random.key(seed))},
+                           state_sh)
+    b1, b2 = sharding_lib.batch_sharding(mesh, 1), sharding_lib.batch_sharding(mesh, 2)
+    rollout_sh = ppo.Rollout(b2, b2, b2, b2, b2, b2, b2, b1)
+    policy_fn, value_fn = make_ppo_fns(graphdef, value_graphdef)
+    update = jax.jit(traced("ppo_update", ppo.make_ppo_update(policy_fn, value_fn, tx, tx,
+                                                              ppo_config)),
+                     in_shardings=(ppo_sh, rollout_sh, rep), out_shardings=(ppo_sh, rep),
+                     donate_argnums=(0,) if jax.default_backend() != "cpu" else ())
+    sampler = RolloutSampler(tokenizer, graphdef, value_graphdef,
+                             reward_fn if reward_fn is not None else build_reward_fn(cfg), mesh,
+                             max_new_tokens=h.max_question_length, temperature=h.temperature,
+                             top_k=h.top_k, top_p=h.top_p)
+
+    logger = MetricsLogger(run_dir, tensorboard=tensorboard, say=say)
+    result: dict[str, Any] = {"output_dir": str(run_dir), "final": None, "stopped": False,
+                              "history": [], "first_eval": None, "eval": None}
+    with Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.run.max_to_keep,
+                      save_interval_steps=max(cfg.run.save_every, 1),
+                      async_save=cfg.run.async_checkpointing) as ckpt, PreemptionGuard() as guard:
+        step, state, extra = _restore(ckpt, state, say)
+        if "normalizer" in extra:
+            normalizer = RewardNormalizer.from_dict(extra["normalizer"],
+                                                    where=f"{ckpt.directory}: normalizer")
+        else:
+            normalizer = _fit_normalizer(cfg, sampler, state["ppo"].policy_params, train_ds, say)
+        batches = data_lib.BatchIterator(train_ds, h.batch_size, seed=seed,
+                                         shuffle=cfg.data.shuffle, position=extra.get("data"))
+
+        def evaluate(at: int):
+            m = evaluate_ppo(sampler, state["ppo"].policy_params, ref_params, dev_ds,
+                             batch_size=cfg.data.eval_batch_size, normalizer=normalizer,
+                             key=jax.random.fold_in(jax.random.key(seed + 1), at))
+            logger.write(at, m)
+            say(f"[eval {at}] " + ", ".join(f"{k[5:]} {v:.4g}" for k, v in m.items()))
+            return m
+
+        if dev_ds is not None and cfg.run.eval_every and step == 0:
+            result["first_eval"] = evaluate(0)
+        bar = _progress(cfg.run.steps, step, progress)
+        say = _say(bar)
+        while step < cfg.run.steps:
+            rng = jax.random.wrap_key_data(state["rng"])
+            rng, k_sample, k_update = jax.random.split(rng, 3)
+            batch = next(batches)
+            situations = [train_ds.texts["situation"][j] for j in batch["index"]]
+            rollout, questions, fields, times = sampler.rollout(
+                state["ppo"], ref_params, batch, situations, k_sample, normalizer)
+            t0 = time.perf_counter()
+            new_ppo, metrics = update(state["ppo"], rollout, k_update)
+            state = {"ppo": new_ppo, "rng": jax.random.key_data(rng)}
+            step += 1
+            bar.update(1)
+            if cfg.run.log_every and (step % cfg.run.log_every == 0 or step == cfg.run.steps):
+                row = {f"train/{k}": float(v) for k, v in metrics.items()}
+                times["time/update"] = time.perf_counter() - t0  # float() above synchronized
+                row.update(times)
+                row["train/reward_raw"] = float(fields["reward"].mean())
+                row["train/tokens_per_s"] = float(host_rows(rollout.response_mask, mesh).sum()
+                                                  ) / max(sum(times.values()), 1e-9)
+                if "valid" in fields:
+                    row["train/valid_rate"] = float(np.mean(fields["valid"]))
+                logger.write(step, row)
+                result["history"].append({"step": step, **row})
+                bar.set_postfix(reward=f"{row['train/mean_score']:.3f}",
+                                kl=f"{row['train/kl_to_ref']:.3f}",
+                                loss=f"{row['train/total_loss']:.3f}")
+            if cfg.run.sample_every and step % cfg.run.sample_every == 0:
+                for sit, q, r in list(zip(situations, questions, fields["reward"]))[:3]:
+                    say(f"  [{step}] {sit!r}\n      -> {q!r} (raw reward {r:.4g})")
+            if dev_ds is not None and cfg.run.eval_every and (
+                    step % cfg.run.eval_every == 0 or step == cfg.run.steps):
+                result["eval"] = evaluate(step)
+            stop = guard.should_stop(step)
+            if stop or ckpt.should_save(step) or step == cfg.run.steps:
+                ckpt.save(step, state, {"data": batches.position,
+                                        "normalizer": normalizer.to_dict(),
+                                        "kl_coef": float(state["ppo"].kl_ctl.value)})
+            if stop:
+                result["stopped"] = True
+                say(f"[ppo] stopping at step {step} on request (checkpoint saved)")
+                break
+        bar.close()
+    logger.close()
+    result.update(step=step, normalizer=normalizer, state=state["ppo"])
+    if export and not result["stopped"]:
+        result["final"] = _export(merge_model(graphdef, state["ppo"].policy_params), p_config,
+                                  tokenizer, run_dir / "final", print)
+    return result
+
+
+def run(cfg, **kwargs) -> dict[str, Any]:
+    """Dispatch on the config kind ("sft" or "ppo")."""
+    if cfg.kind == "sft":
+        return train_sft(cfg, **kwargs)
+    if cfg.kind == "ppo":
+        return train_ppo(cfg, **kwargs)
+    raise ConfigError(f"unknown run kind {cfg.kind!r}")

@@ -1,0 +1,158 @@
+"""Checkpoints of the PPO loop: kill -9 in the middle of a run and SIGTERM, then resume; the final
+state must equal an uninterrupted run's with the same seed. A checkpoint of another model shape
+must be refused clearly."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT
+
+TESTS = Path(__file__).resolve().parent
+STEPS, SAVE_EVERY = 10, 2
+
+SCRIPT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {tests!r})
+    import jax, numpy as np
+    from test_train_ppo import lower_half_share, ppo_config
+    from clarifyjax import train
+    from clarifyjax.tokenizer import Tokenizer
+
+    out, spm = sys.argv[1], sys.argv[2]
+    reward = lower_half_share(Tokenizer.from_pretrained(spm))
+
+    def slow_reward(situations, questions):  # slow enough to be killed between checkpoints
+        time.sleep({sleep})
+        return reward(situations, questions)
+
+    cfg = ppo_config(out, spm, steps={steps}, overrides=["run.save_every={save_every}",
+                                                         "run.async_checkpointing=true"])
+    result = train.train_ppo(cfg, reward_fn=slow_reward, tensorboard=False, progress=False,
+                             export=False)
+    if not result["stopped"]:
+        leaves = jax.tree_util.tree_flatten_with_path(result["state"])[0]
+        np.savez(out + "/final_state.npz",
+                 **{{jax.tree_util.keystr(p): np.asarray(v) for p, v in leaves}})
+    print("STOPPED" if result["stopped"] else "DONE", result["step"], flush=True)
+""")
+
+
+def _start(tmp_path, out, spm, cache):
+    script = tmp_path / "run_ppo.py"
+    script.write_text(SCRIPT.format(tests=str(TESTS), sleep=0.4, steps=STEPS,
+                                    save_every=SAVE_EVERY))
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    log = open(tmp_path / f"{Path(out).name}.log", "a")
+    return subprocess.Popen([sys.executable, str(script), str(out), str(spm)], cwd=REPO_ROOT,
+                            env=env, stdout=log, stderr=subprocess.STDOUT), log
+
+
+def _committed(run: Path) -> list[int]:
+    folder = run / "checkpoints"
+    if not folder.exists():
+        return []
+    return sorted(int(p.name) for p in folder.iterdir()
+                  if p.name.isdigit() and (p / "commit_success.txt").exists())
+
+
+def _wait_for(proc, run: Path, step: int, timeout: float = 400.0) -> list[int]:
+    """Poll until checkpoint `step` (or a later one) is committed; the run must still be going."""
+    start = time.time()
+    while time.time() - start < timeout:
+        steps = _committed(run)
+        if any(s >= step for s in steps):
+            return steps
+        if proc.poll() is not None:
+            raise AssertionError(f"the run ended (rc {proc.returncode}) before checkpoint {step}")
+        time.sleep(0.05)
+    proc.kill()
+    raise AssertionError(f"no checkpoint {step} after {timeout} s")
+
+
+def _finish(proc, log, tmp_path, name, timeout=400):
+    rc = proc.wait(timeout=timeout)
+    log.close()
+    text = (tmp_path / f"{name}.log").read_text()
+    return rc, text
+
+
+@pytest.mark.slow
+def test_kill_sigterm_and_resume_equal_an_uninterrupted_run(tmp_path_factory, tmp_path):
+    """Run A: 10 PPO steps (checkpoints every 2, asynchronous). Run B: kill -9 right after
+    checkpoint 4 is committed (mid-run), restart (it resumes from the newest checkpoint), SIGTERM it
+    after a later checkpoint (it must save and exit 0), restart again to the end. Every array of
+    B's final state (policy, value, both Adam states, KL controller) must equal A's within 1e-6
+    (they are in fact identical on CPU), and B's last step must have logged A's metrics.
+    Then the same folder with a wider policy must be refused with a clear CheckpointError."""
+    from _tiny_models import tiny_spm_folder
+
+    spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
+    cache = tmp_path / "jax_cache"  # compiled programs shared by the four processes
+    run_a, run_b = tmp_path / "a", tmp_path / "b"
+
+    proc, log = _start(tmp_path, run_a, spm, cache)
+    rc, text = _finish(proc, log, tmp_path, "a")
+    assert rc == 0 and f"DONE {STEPS}" in text, text[-3000:]
+
+    proc, log = _start(tmp_path, run_b, spm, cache)
+    before_kill = _wait_for(proc, run_b, 4)
+    os.kill(proc.pid, signal.SIGKILL)
+    rc, text = _finish(proc, log, tmp_path, "b")
+    assert rc == -signal.SIGKILL and STEPS not in before_kill, (before_kill, text[-2000:])
+    resumed_from = max(_committed(run_b))
+    assert 4 <= resumed_from < STEPS
+
+    proc, log = _start(tmp_path, run_b, spm, cache)
+    _wait_for(proc, run_b, resumed_from + SAVE_EVERY)
+    proc.send_signal(signal.SIGTERM)
+    rc, text = _finish(proc, log, tmp_path, "b")
+    assert f"resumed from step {resumed_from}" in text, text[-3000:]
+    assert rc == 0, text[-3000:]
+    if "STOPPED" in text:  # SIGTERM landed before the last step: it saved where it stopped
+        stopped_at = int(text.split("STOPPED")[1].split()[0])
+        assert max(_committed(run_b)) == stopped_at < STEPS
+        assert "stopping at step" in text
+        proc, log = _start(tmp_path, run_b, spm, cache)
+        rc, text = _finish(proc, log, tmp_path, "b")
+        assert rc == 0 and f"resumed from step {stopped_at}" in text, text[-3000:]
+    assert f"DONE {STEPS}" in text, text[-3000:]
+
+    a = np.load(run_a / "final_state.npz")
+    b = np.load(run_b / "final_state.npz")
+    assert sorted(a.files) == sorted(b.files) and len(a.files) > 20
+    worst = max(float(np.max(np.abs(a[k].astype(np.float64) - b[k].astype(np.float64))))
+                if a[k].size else 0.0 for k in a.files)
+    print(f"largest difference, resumed vs uninterrupted: {worst}")
+    assert worst <= 1e-6, f"resumed run differs from the uninterrupted one by {worst}"
+    moved = [k for k in a.files if "policy_params" in k]
+    assert moved
+
+    def last_row(run):
+        rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+        return [r for r in rows if r["step"] == STEPS and "train/reward_raw" in r][-1]
+
+    ra, rb = last_row(run_a), last_row(run_b)
+    for key in ("train/reward_raw", "train/kl_to_ref", "train/policy_loss", "train/value_loss"):
+        assert ra[key] == pytest.approx(rb[key], abs=1e-6), key
+
+    # the same folder with a wider policy: the checkpoint is refused, naming a tensor and shapes
+    from clarifyjax import train
+    from clarifyjax.models.checkpoint_io import CheckpointError
+    from test_train_ppo import ppo_config
+
+    wider = ppo_config(run_b, spm, steps=STEPS + 2, overrides=["policy.tiny.d_model=48"])
+    with pytest.raises(CheckpointError, match=rf"checkpoint .*/{STEPS}: '.*' has shape \(.*\) in "
+                                              r"the checkpoint but the model expects .*another "
+                                              r"model shape"):
+        train.train_ppo(wider, reward_fn=lambda s, q: np.zeros(len(q)), tensorboard=False,
+                        progress=False, export=False)
