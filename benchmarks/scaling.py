@@ -1,0 +1,170 @@
+"""Step time of the tiny PPO update on 1, 2, 4 and 8 fake CPU devices, and its communication share.
+
+    python benchmarks/scaling.py [--devices 1 2 4 8] [--batch 16] [--repeats 5]
+
+Each device count runs in its own subprocess (XLA_FLAGS=--xla_force_host_platform_device_count=N
+must be set before jax starts). The workload is fixed (strong scaling): one PPO update (4 epochs,
+1 minibatch: `clarifyjax.ppo.make_ppo_update` over `clarifyjax.policy.make_ppo_fns`) of a tiny
+random T5 policy and value model (d_model 64, 2 + 2 layers, vocab 256) on a global batch of
+`--batch` rows (query 16, response 12 tokens), data-parallel over a mesh ``data = N`` (the
+default rules: parameters replicated, the batch split).
+
+Communication share, by removing the collectives (not by profiling): the same update is also
+compiled as N *independent* replicas, `jax.vmap` over a leading replica axis that is sharded over
+the N devices, each replica with its own copy of the state and its own batch/N rows. Every device
+then does exactly the per-device work of the data-parallel step (same shapes, same FLOPs) but
+XLA inserts no collective (no gradient all-reduce, no all-reduce of the batch statistics of the
+reward/advantage whitening); the script checks this in the compiled HLO and reports the
+collective ops of both programs. Then
+
+    communication share = max(0, t_data_parallel - t_independent) / t_data_parallel.
+
+On fake CPU devices the "devices" are threads of one process sharing this machine's cores, so the
+collectives are memory copies and the step time does not fall with N as on real accelerators
+(N devices do not bring N times the compute): read the share as the overhead of the synchronizing
+collectives and of the partitioned program, not as interconnect time. Results:
+benchmarks/results/scaling.json (via `_common.write_results`).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from _common import REPO_ROOT, timeit, write_results
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+
+def _collectives(hlo: str) -> dict[str, int]:
+    """Counts of collective instructions in compiled HLO text (async pairs counted once)."""
+    counts = {}
+    for op in COLLECTIVES:
+        n = len(re.findall(rf"= [^=\n]*\b{op}(-start)?\(", hlo))
+        if n:
+            counts[op] = n
+    return counts
+
+
+def worker(batch: int, repeats: int) -> dict:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+    from flax import nnx
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    from clarifyjax import policy, ppo
+    from clarifyjax import sharding as sh
+    from clarifyjax.models.t5 import T5, T5Config
+
+    n = jax.device_count()
+    mesh = sh.make_mesh({"data": n, "fsdp": 1, "model": 1})
+    config = T5Config(vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                      relative_attention_num_buckets=8, relative_attention_max_distance=32,
+                      dropout_rate=0.0, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+    pol_def, pol = policy.split_model(
+        sh.create_sharded(lambda: T5(config, rngs=nnx.Rngs(0)), mesh))
+    val_def, val = policy.split_model(
+        sh.create_sharded(lambda: policy.ValueModel(config, rngs=nnx.Rngs(1)), mesh))
+
+    rs = np.random.RandomState(0)
+    s, t = 16, 12
+    lengths = rs.randint(3, t + 1, size=batch)
+    rm = (np.arange(t)[None] < lengths[:, None]).astype(np.int32)
+    qm = np.ones((batch, s), np.int32)
+    qi = rs.randint(2, 256, size=(batch, s)).astype(np.int32)
+    ri = (rs.randint(2, 256, size=(batch, t)) * rm).astype(np.int32)
+    scorer = jax.jit(policy.make_rollout_scorer(pol_def, val_def))
+    logprobs, ref, values = (np.asarray(x) for x in scorer(pol, pol, val, qi, qm, ri, rm))
+    rollout_np = ppo.Rollout(qi, qm, ri, rm, logprobs, ref + 0.05 * rs.randn(batch, t),
+                             values, rs.randn(batch).astype(np.float32))
+    rollout_np = ppo.Rollout(*(np.asarray(x, np.float32) if np.asarray(x).dtype == np.float64
+                               else np.asarray(x) for x in rollout_np))
+
+    tx = optax.adam(1e-4)
+    update = ppo.make_ppo_update(*policy.make_ppo_fns(pol_def, val_def), tx, tx, ppo.PPOConfig())
+    state = ppo.init_ppo_state(pol, val, tx, tx)
+    key = jax.random.key(0)
+
+    # data parallel: the batch split over `data`, parameters replicated
+    rollout = ppo.Rollout(*sh.shard_batch(tuple(rollout_np), mesh))
+    dp = jax.jit(update)
+    dp_hlo = dp.lower(state, rollout, key).compile().as_text()
+
+    # the same per-device work, no collectives: n independent replicas, one per device
+    per = batch // n
+    replica = NamedSharding(mesh, PartitionSpec("data"))
+    stack = lambda x: jax.device_put(jnp.broadcast_to(x, (n,) + x.shape), replica)  # noqa: E731
+    states = jax.tree.map(stack, state)
+    rollouts = ppo.Rollout(*(jax.device_put(np.asarray(x).reshape((n, per) + x.shape[1:]), replica)
+                             for x in rollout_np))
+    keys = jax.device_put(jax.random.split(key, n), replica)
+    local = jax.jit(jax.vmap(update))
+    local_hlo = local.lower(states, rollouts, keys).compile().as_text()
+
+    # interleaved, so that a load change on the machine hits both programs alike
+    run_dp = lambda: jax.block_until_ready(dp(state, rollout, key))  # noqa: E731
+    run_local = lambda: jax.block_until_ready(local(states, rollouts, keys))  # noqa: E731
+    run_dp(), run_local()
+    times_dp, times_local = [], []
+    for _ in range(repeats):
+        times_dp.append(timeit(run_dp, repeats=1, warmup=0)["best_s"])
+        times_local.append(timeit(run_local, repeats=1, warmup=0)["best_s"])
+    t_dp, t_local = (
+        {"best_s": min(ts), "median_s": sorted(ts)[len(ts) // 2], "repeats": repeats}
+        for ts in (times_dp, times_local))
+
+    dp_s, local_s = t_dp["median_s"], t_local["median_s"]
+    return {"devices": n, "global_batch": batch, "rows_per_device": per,
+            "step_s": t_dp, "no_collectives_step_s": t_local,
+            "communication_share": max(0.0, dp_s - local_s) / dp_s,
+            "collectives": _collectives(dp_hlo),
+            "collectives_without": _collectives(local_hlo)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4, 8])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print("RESULT" + json.dumps(worker(args.batch, args.repeats)), flush=True)
+        return
+    runs = []
+    for n in args.devices:
+        if args.batch % n:
+            raise SystemExit(f"--batch {args.batch} is not divisible by {n} devices")
+        env = dict(os.environ, JAX_PLATFORMS="cpu",
+                   XLA_FLAGS=f"--xla_force_host_platform_device_count={n}",
+                   PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker",
+                               "--batch", str(args.batch), "--repeats", str(args.repeats)],
+                              env=env, capture_output=True, text=True, cwd=str(REPO_ROOT))
+        if proc.returncode != 0:
+            raise SystemExit(f"worker with {n} devices failed:\n{proc.stdout}\n{proc.stderr}")
+        line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
+        run = json.loads(line[len("RESULT"):])
+        print(f"{n} device(s): step {1e3 * run['step_s']['median_s']:.1f} ms, without collectives "
+              f"{1e3 * run['no_collectives_step_s']['median_s']:.1f} ms, communication share "
+              f"{100 * run['communication_share']:.0f}%, collectives {run['collectives']}",
+              flush=True)
+        runs.append(run)
+    base = runs[0]["step_s"]["median_s"]
+    write_results("scaling", {
+        "workload": "tiny PPO update (T5 d_model 64, 2+2 layers, policy + value, 4 epochs), "
+                    f"global batch {args.batch}, data parallel on fake CPU devices",
+        "method": "communication share = (t_data_parallel - t_independent_replicas) / "
+                  "t_data_parallel; see the docstring",
+        "runs": runs,
+        "step_time_vs_first": {str(r["devices"]): r["step_s"]["median_s"] / base for r in runs}})
+
+
+if __name__ == "__main__":
+    main()
