@@ -195,7 +195,7 @@ def test_relative_paths_and_the_example_fallback(tmp_path, monkeypatch):
     (fake / "mini.tsv").write_text("id\tsource\tsituation\tquestion\n1\tx\tsit\twhy?\n")
     monkeypatch.setenv("CLARIFYJAX_SHARED_DATA", str(tmp_path / "elsewhere"))
     assert D.resolve_data_path("../shared/data/delta-clarify/mini.tsv") == fake / "mini.tsv"
-    with pytest.raises(D.DataError, match="example_data/delta-clarify/absent.tsv"):
+    with pytest.raises(D.DataError, match="examples/delta-clarify/absent.tsv"):
         D.resolve_data_path("../shared/data/delta-clarify/absent.tsv")
     # without the shared data, the project's example copy is used
     examples = tmp_path / "examples"
