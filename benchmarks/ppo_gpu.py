@@ -1,0 +1,118 @@
+"""The t5-large PPO update on one accelerator (the lent H100): tokens/s and the share of the chip's
+bf16 matmul throughput measured in the same run.
+
+Policy and value: T5-large (d_model 1024, 24+24 layers, 16 heads, d_ff 4096, vocab 32128), random
+weights, float32 parameters with bfloat16 compute; Adam 1e-5; the paper's update: batch 64, 4 epochs
+over the full batch, queries of 64 tokens, questions of 30 tokens. The update is
+`ppo.make_ppo_update(*policy.make_ppo_fns(...))`, jitted once, as `train.train_ppo` runs it.
+FLOPs: XLA's cost analysis of the update compiled with epochs=1 (a loop body counts once), times
+the epochs. The peer is a jitted 8192^3 bf16 matmul in the same process.
+
+    python benchmarks/ppo_gpu.py [--batch 64] [--layers 24] [--repeats 3]
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+from _common import timeit, write_results
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from clarifyjax import ppo
+from clarifyjax.models.t5 import T5, T5Config
+from clarifyjax.policy import ValueModel, make_ppo_fns, split_model
+
+
+def bf16_matmul_flops_per_s(n: int = 8192) -> float:
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.bfloat16)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.bfloat16)
+    f = jax.jit(lambda a, b: a @ b)
+    f(a, b).block_until_ready()
+    return 2 * n ** 3 / timeit(lambda: f(a, b).block_until_ready(), repeats=10)["best_s"]
+
+
+def flops_of(compiled) -> float:
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    return float(cost.get("flops", 0.0))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--query-len", type=int, default=64)
+    p.add_argument("--response-len", type=int, default=30)
+    p.add_argument("--layers", type=int, default=24)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=3)
+    args = p.parse_args()
+    config = T5Config(vocab_size=32128, d_model=1024, d_kv=64, d_ff=4096, num_layers=args.layers,
+                      num_heads=16, feed_forward_proj="relu", dropout_rate=0.0,
+                      dtype="bfloat16", param_dtype="float32")
+    t0 = time.perf_counter()
+    policy = T5(config, rngs=nnx.Rngs(0))
+    graphdef, params = split_model(policy)
+    value_graphdef, value_params = split_model(ValueModel.from_t5(policy, seed=1))
+    init_s = time.perf_counter() - t0
+    n_params = sum(x.size for x in jax.tree.leaves(params))
+    tx = optax.adam(1e-5)
+    state = ppo.init_ppo_state(params, value_params, tx, tx, ppo.FixedKL(0.15))
+
+    rng = np.random.default_rng(0)
+    b, s, t = args.batch, args.query_len, args.response_len
+    lengths = rng.integers(5, t + 1, size=b)
+    response_mask = (np.arange(t)[None] < lengths[:, None]).astype(np.int32)
+    rollout = ppo.Rollout(
+        jnp.asarray(rng.integers(2, 32128, (b, s)), jnp.int32), jnp.ones((b, s), jnp.int32),
+        jnp.asarray(rng.integers(2, 32128, (b, t)) * response_mask, jnp.int32),
+        jnp.asarray(response_mask),
+        jnp.asarray(-rng.uniform(0.5, 5, (b, t)) * response_mask, jnp.float32),
+        jnp.asarray(-rng.uniform(0.5, 5, (b, t)) * response_mask, jnp.float32),
+        jnp.asarray(rng.normal(size=(b, t)) * response_mask, jnp.float32),
+        jnp.asarray(rng.normal(size=b), jnp.float32))
+    fns = make_ppo_fns(graphdef, value_graphdef)
+
+    def compiled_update(epochs: int):
+        fn = ppo.make_ppo_update(*fns, tx, tx, ppo.PPOConfig(epochs=epochs, minibatches=1))
+        return jax.jit(fn, donate_argnums=(0,)).lower(state, rollout, jax.random.key(0)).compile()
+
+    one_epoch_flops = flops_of(compiled_update(1))
+    t0 = time.perf_counter()
+    update = compiled_update(args.epochs)
+    compile_s = time.perf_counter() - t0
+    times = []
+    key = jax.random.key(0)
+    for i in range(args.repeats + 1):
+        t0 = time.perf_counter()
+        state, metrics = update(state, rollout, key)
+        jax.block_until_ready(metrics)
+        if i:  # the first call pays allocation
+            times.append(time.perf_counter() - t0)
+    step_s = min(times)
+    flops = one_epoch_flops * args.epochs
+    peak = bf16_matmul_flops_per_s()
+    write_results("ppo_gpu", {
+        "device": str(jax.devices()[0].device_kind), "jax": jax.__version__,
+        "config": {"model": "t5-large shape", "layers": f"{args.layers}+{args.layers}",
+                   "params_per_model": int(n_params), "param_dtype": "float32",
+                   "compute_dtype": "bfloat16", "batch": b, "query_len": s,
+                   "response_len": t, "epochs": args.epochs, "minibatches": 1,
+                   "optimizer": "adam 1e-5"},
+        "init_s": init_s, "compile_s": compile_s, "update_s": step_s, "all_s": times,
+        "tokens_per_s": args.epochs * b * (s + t) / step_s,
+        "response_tokens_per_s": args.epochs * b * t / step_s,
+        "update_flops": flops, "update_flops_per_s": flops / step_s,
+        "bf16_matmul_flops_per_s": peak,
+        "share_of_bf16_matmul_throughput": flops / step_s / peak,
+        "target_share": 0.40,
+        "policy_loss": float(metrics["policy_loss"]) if "policy_loss" in metrics else None,
+    })
+
+
+if __name__ == "__main__":
+    main()
