@@ -262,9 +262,9 @@ def test_sft_bad_inputs_fail_clearly(tmp_path_factory, tmp_path):
         train_sft(cfg, tensorboard=False, progress=False)
 
 
-def test_cli_train_rejects_unknown_keys_and_dry_run():
-    """`clarifyjax train CONFIG key=value`: an unknown key (or --dry-run, for a later issue) is a
-    one-line error with exit status 2, before any model is built."""
+def test_cli_train_rejects_unknown_keys():
+    """`clarifyjax train CONFIG key=value`: an unknown key is a one-line error with exit status 2,
+    before any model is built (with or without --dry-run)."""
     import subprocess
     import sys
 
@@ -278,8 +278,8 @@ def test_cli_train_rejects_unknown_keys_and_dry_run():
     assert proc.returncode == 2
     assert "clarifyjax train: error:" in proc.stderr
     assert "unknown key 'optimizer.bogus'; valid keys under 'optimizer': name, lr" in proc.stderr
-    proc = cli("configs/sft_question_tiny.yaml", "--dry-run")
-    assert proc.returncode == 2 and "--dry-run is not implemented yet" in proc.stderr
+    proc = cli("configs/sft_question_tiny.yaml", "optimizer.bogus=1", "--dry-run")
+    assert proc.returncode == 2 and "unknown key 'optimizer.bogus'" in proc.stderr
     proc = cli("configs/no_such.yaml")
     assert proc.returncode == 2 and "config file not found: configs/no_such.yaml" in proc.stderr
 
