@@ -69,14 +69,9 @@ class _Progress:
 
 
 def _embed_all(embedder, texts: Sequence[str], batch_size: int, progress, desc: str) -> np.ndarray:
-    """Embed distinct texts in slices, so that the bar moves; [T, d]."""
-    out = np.zeros((len(texts), embedder.dim), np.float32)
-    step = max(batch_size * 8, 1)
+    """Embed distinct texts in one call (sorted by length across all of them); [T, d]."""
     with progress(len(texts), desc) as bar:
-        for start in range(0, len(texts), step):
-            out[start:start + step] = embedder.embed(texts[start:start + step], batch_size=batch_size)
-            bar.update(min(step, len(texts) - start))
-    return out
+        return embedder.embed(texts, batch_size=batch_size, on_progress=bar.update)
 
 
 def _distinct_per_row(index: np.ndarray) -> np.ndarray:
@@ -106,8 +101,10 @@ def score_file(path: Path, name: str, args, embedder_fn, progress) -> tuple[dict
         weights = data.pair_matrix(questions, args.edge_weights, n_max)
     else:
         embedder = embedder_fn()
-        emb = {f: data.gather(_embed_all(embedder, b.texts, args.batch_size, progress, f"{name}: embed {f} texts"),
-                              b.index) for f, b in batches.items()}
+        # Every distinct text once (answers and rules of thumb together), then placed per position.
+        texts, indices = data.shared_texts(*batches.values())
+        vectors = _embed_all(embedder, texts, args.batch_size, progress, f"{name}: embed texts")
+        emb = {f: data.gather(vectors, index) for f, index in zip(batches, indices)}
     with progress(len(questions), f"{name}: SaGE") as bar:
         tick = lambda done, total: bar.update(done - bar.n)  # noqa: E731
         if args.edge_weights:

@@ -388,3 +388,18 @@ def pair_matrix(questions: Sequence[Question], column: str, n_max: int | None = 
             raise DataError(f"{q.source}:{q.lines[0]}: column {column!r} is empty or NaN for a pair "
                             f"of question {q.question_id}")
     return out
+
+
+def shared_texts(*batches: TextBatch) -> tuple[list[str], list[np.ndarray]]:
+    """One table of the distinct texts of several batches (e.g. answers and rules of thumb), so
+    that a text appearing in both is embedded once and all are sorted by length together.
+
+    Returns (texts, indices): indices[k] is batches[k].index re-pointed into `texts` ([batch, n]
+    int32, -1 kept).
+    """
+    table: dict[str, int] = {}
+    indices = []
+    for batch in batches:
+        remap = np.array([table.setdefault(t, len(table)) for t in batch.texts] + [-1], dtype=np.int32)
+        indices.append(remap[batch.index])  # index -1 picks the trailing -1
+    return list(table), indices

