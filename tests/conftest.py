@@ -62,3 +62,12 @@ def run_with_fake_devices(code: str, n_devices: int = 8, timeout: int = 900) -> 
     if proc.returncode != 0:
         raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
     return proc.stdout
+
+
+def parse_result(stdout: str, stderr: str = "") -> dict:
+    """The JSON a test subprocess printed after ``RESULT`` (native logs may share its line)."""
+    import json
+    for line in stdout.splitlines():
+        if "RESULT{" in line:
+            return json.loads(line.split("RESULT", 1)[1])
+    raise AssertionError(f"no RESULT line; stdout={stdout[-2000:]!r} stderr={stderr[-3000:]!r}")

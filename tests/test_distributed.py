@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from clarifyjax import distributed as dist
-from conftest import REPO_ROOT
+from conftest import REPO_ROOT, parse_result
 
 SLURM_STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "gpu[01-02]", "SLURM_NTASKS": "16",
               "SLURM_PROCID": "9", "SLURM_LOCALID": "1"}
@@ -159,7 +159,7 @@ print("RESULT" + json.dumps({
     "devices": jax.device_count(), "local_devices": jax.local_device_count(),
     "mesh": dict(mesh.shape), "global_shape": list(x.shape),
     "psum": float(psum.addressable_data(0)), "sum": float(total.addressable_data(0)),
-    "written": written}))
+    "written": written}), flush=True)
 '''
 
 
@@ -190,8 +190,7 @@ def test_two_processes_initialize_build_a_global_mesh_and_agree_on_a_psum():
     results = []
     for p, (stdout, stderr) in zip(procs, outputs):
         assert p.returncode == 0, stderr[-3000:]
-        results.append(json.loads(next(line for line in stdout.splitlines()
-                                       if line.startswith("RESULT"))[len("RESULT"):]))
+        results.append(parse_result(stdout, stderr))
     # rows 0..11 of host 0 and 100..111 of host 1: an independent sum
     expected = float(sum(range(12)) + sum(100 + r for r in range(12)))
     for i, r in enumerate(results):

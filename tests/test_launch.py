@@ -67,7 +67,7 @@ total = jax.jit(jax.shard_map(lambda b: jax.lax.psum(b.sum(), "data"), mesh=mesh
                               in_specs=P("data"), out_specs=P()))(x)
 print("RESULT" + json.dumps({"pid": jax.process_index(), "n": launch.num_processes,
                              "devices": jax.device_count(),
-                             "psum": float(total.addressable_data(0))}))
+                             "psum": float(total.addressable_data(0))}), flush=True)
 '''
 
 

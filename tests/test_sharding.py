@@ -17,7 +17,7 @@ import pytest
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
 from clarifyjax import sharding as sh
-from conftest import REPO_ROOT, run_with_fake_devices
+from conftest import REPO_ROOT, parse_result, run_with_fake_devices
 
 MESH_222 = AbstractMesh((2, 2, 2), sh.MESH_AXES)
 
@@ -154,7 +154,7 @@ try:
     sh.shard_batch({"ids": np.zeros((8, 5)), "labels": [np.zeros((6,))]}, mesh)
 except ValueError as e:
     out["batch_error"] = str(e)
-print("RESULT" + json.dumps(out))
+print("RESULT" + json.dumps(out), flush=True)
 '''
 
 
@@ -236,7 +236,9 @@ try:
     sh.shard_batch({"x": np.zeros((3, 2))}, mesh)
 except ValueError as e:
     out["error"] = str(e)
-print("RESULT" + json.dumps(out))
+multihost_utils.sync_global_devices("results-ready")  # neither process shuts down while the other works
+print("RESULT" + json.dumps(out), flush=True)
+jax.distributed.shutdown()
 '''
 
 
@@ -259,8 +261,7 @@ def test_shard_batch_with_two_processes():
     results = []
     for p, (stdout, stderr) in zip(procs, outputs):
         assert p.returncode == 0, stderr[-3000:]
-        results.append(json.loads(next(l for l in stdout.splitlines()
-                                       if l.startswith("RESULT"))[len("RESULT"):]))
+        results.append(parse_result(stdout, stderr))
     expected = [[r + 100 * pid for r in range(3 * i, 3 * i + 3)] for pid in (0, 1) for i in range(4)]
     for r in results:
         assert r["global_shape"] == [8, 3]

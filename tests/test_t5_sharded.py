@@ -112,7 +112,7 @@ SHARDED = textwrap.dedent("""
             r["generate_equal"] = bool((np.asarray(g1.tokens) == np.asarray(g8.tokens)).all())
             r["generate_logprob_diff"] = float(np.abs(np.asarray(g1.logprobs) - np.asarray(g8.logprobs)).max())
         results[family] = r
-    print("RESULT" + json.dumps(results))
+    print("RESULT" + json.dumps(results), flush=True)
     print(json.dumps(results, indent=1), file=sys.stderr)
 """)
 

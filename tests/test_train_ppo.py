@@ -249,7 +249,7 @@ sft_cfg = load_config("configs/sft_question_tiny.yaml", [
 r = train.train_sft(sft_cfg, tensorboard=False, progress=False, export=False)
 out["sft_step"] = r["step"]
 out["sft_loss"] = r["eval"]["eval/loss"]
-print("RESULT" + json.dumps(out))
+print("RESULT" + json.dumps(out), flush=True)
 """
     stdout = run_with_fake_devices(code, 8, timeout=900)
     result = json.loads(stdout.split("RESULT")[1])
