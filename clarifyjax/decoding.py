@@ -55,6 +55,44 @@ def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0
     return logits
 
 
+SAMPLE_BLOCK = 128  # vocabulary entries per block of `sample_categorical`'s two-level search
+
+
+def _first_above(cumulative: jax.Array, target: jax.Array, weights: jax.Array) -> jax.Array:
+    """Index of the first entry of nondecreasing `cumulative` [b, n] above target [b, 1], never
+    one with weight 0: where float rounding leaves none above, the last positive-weight entry."""
+    n = cumulative.shape[-1]
+    first = jnp.sum(cumulative <= target, axis=-1)
+    last_positive = n - 1 - jnp.argmax((weights > 0)[..., ::-1], axis=-1)
+    return jnp.minimum(first, last_positive).astype(jnp.int32)
+
+
+def sample_categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
+    """One draw per row from softmax(logits): [b, V] float -> [b] int32 (-inf = never drawn).
+
+    Inverse-CDF sampling with ONE uniform per row: `jax.random.categorical` draws a Gumbel
+    variate per vocabulary entry, and generating 16 x 32k threefry bits cost 7 ms of a 27 ms
+    decoding step on a 2-core CPU. The search is two-level (blocks of SAMPLE_BLOCK entries,
+    then inside the chosen block) so that no cumulative sum runs over the whole vocabulary:
+    sums stay short, exact enough in float32, and cheap on every backend.
+    """
+    b, v = logits.shape
+    blocks = -(-v // SAMPLE_BLOCK)
+    logits = logits.astype(jnp.float32)
+    weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))      # [b, V], max = 1
+    weights = jnp.pad(weights, ((0, 0), (0, blocks * SAMPLE_BLOCK - v)))
+    weights = weights.reshape(b, blocks, SAMPLE_BLOCK)
+    block_mass = jnp.sum(weights, axis=-1)                                   # [b, blocks]
+    block_cum = jnp.cumsum(block_mass, axis=-1)
+    target = jax.random.uniform(key, (b, 1), jnp.float32) * block_cum[:, -1:]
+    block = _first_above(block_cum, target, block_mass)                      # [b]
+    previous = jnp.take_along_axis(block_cum, jnp.maximum(block - 1, 0)[:, None], axis=-1)
+    before = jnp.where(block[:, None] > 0, previous, 0.0)                    # [b, 1]
+    inside = jnp.take_along_axis(weights, block[:, None, None], axis=1)[:, 0]  # [b, SAMPLE_BLOCK]
+    offset = _first_above(jnp.cumsum(inside, axis=-1), target - before, inside)
+    return block * SAMPLE_BLOCK + offset
+
+
 def _check_sampling(max_new_tokens, min_new_tokens, temperature, top_k, top_p) -> None:
     if max_new_tokens < 1:
         raise ValueError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -96,7 +134,7 @@ def _generate(graphdef, state, input_ids, attention_mask, rng, *, max_new_tokens
         else:
             rng, key = jax.random.split(rng)
             filtered = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
-            token = jax.random.categorical(key, filtered, axis=-1)
+            token = sample_categorical(key, filtered)
             logp = jax.nn.log_softmax(filtered, axis=-1)
         token_logp = jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
         alive = ~done

@@ -105,6 +105,16 @@ class RelativePositionBias(nnx.Module):
         return jnp.transpose(values, (2, 0, 1))[None]
 
 
+def _project(x: jax.Array, kernel: jax.Array) -> jax.Array:
+    """x [b, t, m] @ kernel [m, h, d] -> [b, h, t, d].
+
+    The product is formed as [b, t, h, d] and only the (small) activation is transposed: asking
+    XLA:CPU for [b, h, t, d] directly made it transpose the whole kernel on every call, which in
+    a decoding loop is a weight-sized copy per projection per step (2.4x slower at batch 16).
+    """
+    return jnp.swapaxes(jnp.einsum("btm,mhd->bthd", x, kernel), 1, 2)
+
+
 class Attention(nnx.Module):
     """Multi-head attention without the 1/sqrt(d) scaling (T5 folds it into the weights)."""
 
@@ -125,13 +135,12 @@ class Attention(nnx.Module):
 
     def project_query(self, x: jax.Array) -> jax.Array:
         """[b, t, m] -> [b, h, t, d]."""
-        return jnp.einsum("btm,mhd->bhtd", x, self.query[...].astype(self.dtype))
+        return _project(x, self.query[...].astype(self.dtype))
 
     def project_key_value(self, x: jax.Array) -> tuple[jax.Array, jax.Array]:
         """[b, s, m] -> keys, values, each [b, h, s, d]."""
-        k = jnp.einsum("bsm,mhd->bhsd", x, self.key[...].astype(self.dtype))
-        v = jnp.einsum("bsm,mhd->bhsd", x, self.value[...].astype(self.dtype))
-        return k, v
+        return (_project(x, self.key[...].astype(self.dtype)),
+                _project(x, self.value[...].astype(self.dtype)))
 
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array | None,
                mask: jax.Array, *, deterministic: bool = True,
@@ -144,8 +153,10 @@ class Attention(nnx.Module):
         scores = jnp.where(mask, scores, jnp.finfo(jnp.float32).min)
         weights = jax.nn.softmax(scores, axis=-1)
         weights = self.dropout(weights, deterministic=deterministic, rngs=rngs)
-        context = jnp.einsum("bhts,bhsd->bhtd", weights.astype(self.dtype), v)
-        return jnp.einsum("bhtd,hdm->btm", context, self.out[...].astype(self.dtype))
+        context = jnp.einsum("bhts,bhsd->bthd", weights.astype(self.dtype), v)
+        b, t, h, d = context.shape
+        # [b, t, h*d] @ [h*d, m]: one plain matmul, the kernel read in its stored layout
+        return context.reshape(b, t, h * d) @ self.out[...].astype(self.dtype).reshape(h * d, -1)
 
     def __call__(self, x: jax.Array, source: jax.Array, bias: jax.Array | None, mask: jax.Array,
                  *, deterministic: bool = True, rngs: nnx.Rngs | None = None) -> jax.Array:
