@@ -94,17 +94,17 @@ def test_original_order_is_restored(ours):
 
 def test_compiles_once_per_bucket_shape(minilm_folder):
     embedder = SentenceEmbedder.from_pretrained(minilm_folder)
-    # "the" is one token: 5 words -> 7 tokens (bucket 8), 20 words -> 22 tokens (bucket 24).
+    # "the" is one token: 5 words -> 7 tokens, 20 words -> 22 tokens (both bucket lengths).
     texts = ["the " * 20] * 3 + ["the " * 5] * 6
     texts = [t.strip() for t in texts]
     done = []
     embedder.embed(texts, batch_size=4, on_progress=done.append)
     assert sum(done) == len(texts) and len(done) == 3  # one report per batch
     # sorted by length: [7, 7, 7, 7], [7, 7, 22, 22], [22] -> 3 shapes, the last padded to 1 row
-    expected = {("pooled", 4, 8): 1, ("pooled", 4, 24): 1, ("pooled", 1, 24): 1}
+    expected = {("pooled", 4, 7): 1, ("pooled", 4, 22): 1, ("pooled", 1, 22): 1}
     assert dict(embedder.traces) == expected
     embedder.embed(list(reversed(texts)), batch_size=4)
-    embedder.embed(texts[:1] + texts[3:6], batch_size=4)  # [22, 7, 7, 7] -> (4, 24) again
+    embedder.embed(texts[:1] + texts[3:6], batch_size=4)  # [22, 7, 7, 7] -> (4, 22) again
     assert dict(embedder.traces) == expected
     # Coarser buckets on request (fewer compiled shapes, more padding).
     coarse = SentenceEmbedder.from_pretrained(minilm_folder, length_buckets=(16, 32))
@@ -117,7 +117,7 @@ def test_compiles_once_per_bucket_shape(minilm_folder):
 def test_length_buckets_keep_padding_small(ours):
     """The forward is compute-bound: padded tokens cost as much as real ones. On the distinct
     situations and questions of dev.tsv and on the vicuna pairs file's answers and RoTs, padding
-    stays under 1.25x the real tokens (measured 1.17x and 1.16x; powers of two gave 1.6x and 1.5x)."""
+    stays under 1.15x the real tokens (measured 1.04x and 1.10x; powers of two gave 1.6x and 1.5x)."""
     from sage_jax.data import read_questions, shared_texts, text_batch
 
     questions = read_questions(shared_data("sage-mcc/vicuna-7b-v1.5_pairs_0.csv"), need=("answer", "rot"))
@@ -129,7 +129,7 @@ def test_length_buckets_keep_padding_small(ours):
         real = sum(len(e.ids) for e in encodings)
         padded = sum(ids.size for _, ids, _ in ours._batches(encodings, 64))
         print(f"{len(texts)} texts: padded / real tokens = {padded / real:.3f}")
-        assert padded <= 1.25 * real, (padded, real)
+        assert padded <= 1.15 * real, (padded, real)
 
 
 def test_token_embeddings_exclude_special_tokens(ours, theirs):
