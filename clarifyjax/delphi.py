@@ -40,7 +40,7 @@ from clarifyjax import text as text_lib
 from clarifyjax.decoding import generate
 from clarifyjax.models.checkpoint_io import CheckpointError, check_folder, read_config
 from clarifyjax.models.t5 import T5
-from clarifyjax.tokenizer import Tokenizer
+from clarifyjax.tokenizer import FINE_BUCKETS, Tokenizer
 
 # Traces of this module's jitted functions (tests and benchmarks check that shapes repeat).
 TRACE_COUNTS: collections.Counter = collections.Counter()
@@ -112,11 +112,13 @@ class Seq2SeqModel:
     """A T5 and its tokenizer: batched, bucketed, jitted text -> text.
 
     Inputs longer than `max_input_length` tokens are truncated (counted); batches are padded to
-    `bucket_length` columns and to `padded_rows(n, batch_multiple)` rows.
+    `bucket_length(longest, length_buckets)` columns (steps of 8 and 16 by default: a padded
+    column costs as much encoder work as a real one) and to `padded_rows(n, batch_multiple)` rows.
     """
 
     def __init__(self, model: T5, tokenizer: Tokenizer, *, max_input_length: int = 128,
-                 batch_multiple: int = 8, source: str = "model"):
+                 batch_multiple: int = 8, source: str = "model",
+                 length_buckets: Sequence[int] = FINE_BUCKETS):
         c = model.config
         if tokenizer.pad_id != c.pad_token_id or tokenizer.eos_id != c.eos_token_id:
             raise CheckpointError(
@@ -130,6 +132,7 @@ class Seq2SeqModel:
             raise ValueError(f"{source}: max_input_length must be >= 2, got {max_input_length}")
         self.model, self.tokenizer, self.config = model, tokenizer, c
         self.max_input_length = int(max_input_length)
+        self.length_buckets = tuple(int(b) for b in length_buckets)
         self.batch_multiple = int(batch_multiple)
         self.source = source
         padded_rows(1, self.batch_multiple)  # validates the multiple
@@ -150,7 +153,7 @@ class Seq2SeqModel:
                ) -> tuple[np.ndarray, np.ndarray, int]:
         """ids, mask int32 [rows, bucket] and the number of truncated texts."""
         ids, mask, stats = self.tokenizer.encode_batch_with_stats(
-            texts, self.max_input_length, pad_to="bucket")
+            texts, self.max_input_length, pad_to="bucket", buckets=self.length_buckets)
         rows = padded_rows(len(texts), self.batch_multiple, power_of_two=power_of_two_rows)
         return _pad_rows(ids, rows), _pad_rows(mask, rows), stats.truncated
 
