@@ -48,16 +48,26 @@ def shared_data(relative: str) -> Path:
     return path
 
 
-def run_with_fake_devices(code: str, n_devices: int = 8, timeout: int = 900) -> str:
-    """Run `code` in a fresh interpreter with `n_devices` fake CPU devices; return stdout.
+LAUNCH_VARS = ("CLARIFYJAX_COORDINATOR", "CLARIFYJAX_NUM_PROCESSES", "CLARIFYJAX_PROCESS_ID")
 
-    XLA_FLAGS must be set before jax is imported, hence the subprocess.
+
+def fake_device_env(n_devices: int, **extra: str) -> dict:
+    """The environment of a child interpreter with `n_devices` fake CPU devices, the repository
+    importable, and no multi-process launch variables inherited from this one; `extra` on top.
+
+    XLA_FLAGS must be set before jax is imported, hence children.
     """
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n_devices}"
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+    env.update(extra)
+    return env
+
+
+def run_with_fake_devices(code: str, n_devices: int = 8, timeout: int = 900) -> str:
+    """Run `code` in a fresh interpreter with `n_devices` fake CPU devices; return stdout."""
+    proc = subprocess.run([sys.executable, "-c", code], env=fake_device_env(n_devices), capture_output=True,
                           text=True, timeout=timeout, cwd=str(REPO_ROOT))
     if proc.returncode != 0:
         raise AssertionError(f"subprocess failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")

@@ -9,14 +9,13 @@ every process writes its own shards). Process 0 of the saving run dumps the gath
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, run_with_fake_devices
+from conftest import REPO_ROOT, fake_device_env, run_with_fake_devices
 
 DRIVER = r'''
 import sys
@@ -75,23 +74,13 @@ print(f"DONE {mode} process {jax.process_index()}/{jax.process_count()} devices 
 '''
 
 
-def _env(n_devices: int) -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n_devices}"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    for k in ("CLARIFYJAX_COORDINATOR", "CLARIFYJAX_NUM_PROCESSES", "CLARIFYJAX_PROCESS_ID"):
-        env.pop(k, None)
-    return env
-
-
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("cross_topology")
     script = tmp / "driver.py"
     script.write_text(DRIVER)
     ckpt = tmp / "ckpt"
-    env = _env(4)
+    env = fake_device_env(4)
     env.pop("XLA_FLAGS")
     env["DEVICES_PER_PROCESS"] = "4"
     proc = subprocess.run(["bash", str(REPO_ROOT / "launch/local_multiprocess.sh"), "2",
@@ -101,7 +90,7 @@ def dumps(tmp_path_factory):
     assert "[1] DONE save process 1/2 devices 8" in proc.stdout, proc.stdout
     out = {"saved": dict(np.load(tmp / "saved.npz"))}
     proc = subprocess.run([sys.executable, str(script), "restore", str(ckpt), str(tmp / "one.npz")],
-                          env=_env(1), capture_output=True, text=True, timeout=600,
+                          env=fake_device_env(1), capture_output=True, text=True, timeout=600,
                           cwd=str(REPO_ROOT))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out["one"] = dict(np.load(tmp / "one.npz"))

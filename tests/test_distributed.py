@@ -6,7 +6,6 @@ the CLARIFYJAX_* variables, and checks what each of them saw.
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 import subprocess
@@ -15,7 +14,7 @@ import sys
 import pytest
 
 from clarifyjax import distributed as dist
-from conftest import REPO_ROOT, parse_result
+from conftest import REPO_ROOT, fake_device_env, parse_result
 
 SLURM_STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "gpu[01-02]", "SLURM_NTASKS": "16",
               "SLURM_PROCID": "9", "SLURM_LOCALID": "1"}
@@ -173,11 +172,9 @@ def test_two_processes_initialize_build_a_global_mesh_and_agree_on_a_psum():
     port = free_port()
     procs = []
     for i in range(2):
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMPI_"))}
-        env.update(XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-                   PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-                   CLARIFYJAX_COORDINATOR=f"127.0.0.1:{port}", CLARIFYJAX_NUM_PROCESSES="2",
-                   CLARIFYJAX_PROCESS_ID=str(i))
+        env = fake_device_env(4, CLARIFYJAX_COORDINATOR=f"127.0.0.1:{port}",
+                              CLARIFYJAX_NUM_PROCESSES="2", CLARIFYJAX_PROCESS_ID=str(i))
+        env = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "OMPI_"))}
         procs.append(subprocess.Popen([sys.executable, "-c", TWO_PROCESS_SCRIPT], env=env,
                                       cwd=str(REPO_ROOT), stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True))

@@ -16,14 +16,13 @@ checks that every step really moved the parameters (> 1e-4, 10 x the tolerance).
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, run_with_fake_devices
+from conftest import REPO_ROOT, fake_device_env, run_with_fake_devices
 
 TOL = 1e-5
 
@@ -119,16 +118,6 @@ print(f"DONE process {jax.process_index()}/{jax.process_count()} devices {jax.de
 '''
 
 
-def _env(n_devices: int) -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={n_devices}"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    for k in ("CLARIFYJAX_COORDINATOR", "CLARIFYJAX_NUM_PROCESSES", "CLARIFYJAX_PROCESS_ID"):
-        env.pop(k, None)
-    return env
-
-
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("scale_equality")
@@ -137,7 +126,7 @@ def dumps(tmp_path_factory):
     out = {}
     # 1 device
     proc = subprocess.run([sys.executable, str(script), str(tmp / "single.npz"), "single"],
-                          env=_env(1), capture_output=True, text=True, timeout=600,
+                          env=fake_device_env(1), capture_output=True, text=True, timeout=600,
                           cwd=str(REPO_ROOT))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out["single"] = dict(np.load(tmp / "single.npz"))
@@ -148,7 +137,7 @@ def dumps(tmp_path_factory):
     assert "mesh {'data': 2, 'fsdp': 2, 'model': 2}" in stdout, stdout
     out["eight"] = dict(np.load(tmp / "eight.npz"))
     # 2 processes x 4 fake devices, started by the launch script
-    env = _env(4)
+    env = fake_device_env(4)
     env.pop("XLA_FLAGS")  # the launch script sets it from DEVICES_PER_PROCESS
     env["DEVICES_PER_PROCESS"] = "4"
     proc = subprocess.run(["bash", str(REPO_ROOT / "launch/local_multiprocess.sh"), "2",

@@ -7,7 +7,6 @@ what it observed as JSON, which the tests below check.
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import pytest
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
 from clarifyjax import sharding as sh
-from conftest import REPO_ROOT, parse_result, run_with_fake_devices
+from conftest import REPO_ROOT, fake_device_env, parse_result, run_with_fake_devices
 
 MESH_222 = AbstractMesh((2, 2, 2), sh.MESH_AXES)
 
@@ -247,8 +246,7 @@ def test_shard_batch_with_two_processes():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = fake_device_env(4)
     procs = [subprocess.Popen([sys.executable, "-c", TWO_PROCESS_SCRIPT, str(i), port], env=env,
                               cwd=str(REPO_ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for i in range(2)]
