@@ -27,6 +27,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import math
 import os
 import re
 from typing import NamedTuple, Sequence
@@ -36,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from clarifyjax import sharding as sharding_lib
 from clarifyjax import text as text_lib
 from clarifyjax.decoding import generate
 from clarifyjax.models.checkpoint_io import CheckpointError, check_folder, read_config
@@ -114,11 +116,15 @@ class Seq2SeqModel:
     Inputs longer than `max_input_length` tokens are truncated (counted); batches are padded to
     `bucket_length(longest, length_buckets)` columns (steps of 8 and 16 by default: a padded
     column costs as much encoder work as a real one) and to `padded_rows(n, batch_multiple)` rows.
+
+    mesh: a `sharding.process_mesh` the model's parameters live on (`from_pretrained(mesh=...)`
+    loads them there, each device reading only its slice); inputs are then split over its data x
+    fsdp devices, and `batch_multiple` grows to a multiple of their number.
     """
 
     def __init__(self, model: T5, tokenizer: Tokenizer, *, max_input_length: int = 128,
                  batch_multiple: int = 8, source: str = "model",
-                 length_buckets: Sequence[int] = FINE_BUCKETS):
+                 length_buckets: Sequence[int] = FINE_BUCKETS, mesh=None):
         c = model.config
         if tokenizer.pad_id != c.pad_token_id or tokenizer.eos_id != c.eos_token_id:
             raise CheckpointError(
@@ -133,21 +139,25 @@ class Seq2SeqModel:
         self.model, self.tokenizer, self.config = model, tokenizer, c
         self.max_input_length = int(max_input_length)
         self.length_buckets = tuple(int(b) for b in length_buckets)
-        self.batch_multiple = int(batch_multiple)
+        padded_rows(1, int(batch_multiple))  # validates the multiple
+        self.mesh = mesh
+        self.batch_multiple = math.lcm(int(batch_multiple), sharding_lib.row_shards(mesh))
         self.source = source
-        padded_rows(1, self.batch_multiple)  # validates the multiple
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, tokenizer_path=None,
-                        backend: str = "hf", dtype: str = "float32", **kwargs) -> "Seq2SeqModel":
+                        backend: str = "hf", dtype: str = "float32", mesh=None, rules=None,
+                        **kwargs) -> "Seq2SeqModel":
         """A Hugging Face T5 folder (safetensors) with its tokenizer (spiece.model /
-        tokenizer.json, in `tokenizer_path` or the same folder)."""
+        tokenizer.json, in `tokenizer_path` or the same folder); with `mesh`, the parameters are
+        read straight into their shards by the logical axis `rules` (default
+        `sharding.DEFAULT_RULES`)."""
         from clarifyjax.models.hf import load_t5  # keeps `import clarifyjax.delphi` light
 
         folder = check_folder(path)
-        _, model = load_t5(folder, dtype=dtype)
+        _, model = load_t5(folder, dtype=dtype, mesh=mesh, rules=rules)
         tokenizer = Tokenizer.from_pretrained(tokenizer_path or folder, backend=backend)
-        return cls(model, tokenizer, source=str(folder), **kwargs)
+        return cls(model, tokenizer, source=str(folder), mesh=mesh, **kwargs)
 
     def encode(self, texts: Sequence[str], *, power_of_two_rows: bool = False
                ) -> tuple[np.ndarray, np.ndarray, int]:
@@ -167,6 +177,7 @@ class Seq2SeqModel:
             raise ValueError(f"{self.source}: sampling (temperature {sampling.temperature}) "
                              "needs an rng key")
         ids, mask, truncated = self.encode(texts, power_of_two_rows=power_of_two_rows)
+        ids, mask = (sharding_lib.place_rows(x, self.mesh) for x in (ids, mask))
         out = generate(self.model, ids, mask, rng=rng, max_new_tokens=sampling.max_new_tokens,
                        min_new_tokens=sampling.min_new_tokens, greedy=sampling.greedy,
                        temperature=sampling.temperature or 1.0, top_k=sampling.top_k,
@@ -299,11 +310,13 @@ class Judge:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, tokenizer_path=None,
                         backend: str = "hf", dtype: str = "float32", max_input_length: int = 128,
-                        batch_multiple: int = 8, **kwargs) -> "Judge":
-        """A Hugging Face T5 folder; `kwargs` as `Judge` (input_prefix, class_prefix, ...)."""
+                        batch_multiple: int = 8, mesh=None, rules=None, **kwargs) -> "Judge":
+        """A Hugging Face T5 folder; `kwargs` as `Judge` (input_prefix, class_prefix, ...);
+        `mesh`, `rules` as `Seq2SeqModel.from_pretrained`."""
         seq2seq = Seq2SeqModel.from_pretrained(
             path, tokenizer_path=tokenizer_path, backend=backend, dtype=dtype,
-            max_input_length=max_input_length, batch_multiple=batch_multiple)
+            max_input_length=max_input_length, batch_multiple=batch_multiple, mesh=mesh,
+            rules=rules)
         return cls(seq2seq, **kwargs)
 
     def inputs(self, texts: Sequence[str]) -> list[str]:
@@ -318,7 +331,9 @@ class Judge:
         ids, mask, truncated = self.seq2seq.encode(inputs)
         self.truncated_inputs += truncated
         graphdef, state = nnx.split(self.seq2seq.model)
-        probs = _class_probabilities(graphdef, state, jnp.asarray(ids), jnp.asarray(mask),
+        mesh = self.seq2seq.mesh
+        probs = _class_probabilities(graphdef, state, sharding_lib.place_rows(ids, mesh),
+                                     sharding_lib.place_rows(mask, mesh),
                                      jnp.asarray(self._decoder_ids),
                                      jnp.asarray(self.class_ids, jnp.int32))
         return np.asarray(jax.device_get(probs))[: len(inputs)]
@@ -355,7 +370,7 @@ class ClassifierJudge:
 
     def __init__(self, model, tokenizer, *, encoder_labels: Sequence[str] = text_lib.JUDGE_CLASSES,
                  input_prefix: str = "", max_input_length: int = 128, batch_multiple: int = 8,
-                 source: str = "judge"):
+                 source: str = "judge", mesh=None):
         labels = [label.lower() for label in model.config.labels]
         wanted = [label.lower() for label in encoder_labels]
         if len(labels) != 3 or len(set(wanted)) != 3 or sorted(labels) != sorted(wanted):
@@ -368,21 +383,25 @@ class ClassifierJudge:
         self.columns = np.asarray([labels.index(w) for w in wanted], np.int32)
         self.model, self.tokenizer = model, tokenizer
         self.input_prefix, self.source = input_prefix, source
-        self.max_input_length, self.batch_multiple = int(max_input_length), int(batch_multiple)
+        self.max_input_length, self.mesh = int(max_input_length), mesh
+        self.batch_multiple = math.lcm(int(batch_multiple), sharding_lib.row_shards(mesh))
         self.pad_token_id = model.config.pad_token_id
         self.truncated_inputs = 0
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, dtype: str = "float32",
-                        max_input_length: int = 128, **kwargs) -> "ClassifierJudge":
+                        max_input_length: int = 128, mesh=None, rules=None,
+                        **kwargs) -> "ClassifierJudge":
+        """A BERT / RoBERTa `...ForSequenceClassification` folder; `mesh`, `rules` as
+        `Seq2SeqModel.from_pretrained`."""
         from clarifyjax.models.encoder_params import (load_encoder_tokenizer,
                                                       load_sequence_classifier)
 
         folder = check_folder(path)
-        model = load_sequence_classifier(folder, dtype=dtype)
+        model = load_sequence_classifier(folder, dtype=dtype, mesh=mesh, rules=rules)
         return cls(model, load_encoder_tokenizer(folder, max_input_length),
                    max_input_length=max_input_length, source=str(folder / "config.json"),
-                   **kwargs)
+                   mesh=mesh, **kwargs)
 
     def inputs(self, texts: Sequence[str]) -> list[str]:
         return judge_inputs(texts, self.input_prefix)
@@ -401,8 +420,9 @@ class ClassifierJudge:
         ids = pad_sequences([e.ids for e in encodings], len(inputs), length, self.pad_token_id)
         mask = pad_sequences([e.attention_mask for e in encodings], len(inputs), length, 0)
         graphdef, state = nnx.split(self.model)
-        probs = _classifier_probabilities(graphdef, state, _pad_rows(ids, rows),
-                                          _pad_rows(mask, rows), self.columns)
+        probs = _classifier_probabilities(
+            graphdef, state, sharding_lib.place_rows(_pad_rows(ids, rows), self.mesh),
+            sharding_lib.place_rows(_pad_rows(mask, rows), self.mesh), self.columns)
         return np.asarray(jax.device_get(probs))[: len(inputs)]
 
     def judgment_text(self, texts: Sequence[str]) -> list[str]:
@@ -418,10 +438,11 @@ def load_judge(path: str | os.PathLike, *, kind: str | None = None, dtype: str =
                class_prefix: str = text_lib.DELPHI_CLASS_PREFIX,
                class_tokens: Sequence[str] = tuple(reversed(text_lib.DELPHI_CLASS_TOKENS)),
                class_step: int | None = None, judgment: Sampling = Sampling(max_new_tokens=32),
-               encoder_labels: Sequence[str] = text_lib.JUDGE_CLASSES):
+               encoder_labels: Sequence[str] = text_lib.JUDGE_CLASSES, mesh=None, rules=None):
     """A `Judge` (T5 folder) or a `ClassifierJudge` (BERT / RoBERTa folder), told apart by
     config.json `model_type` unless `kind` ("t5" | "encoder") says. `input_prefix` None: the
-    kind's default ("[moral_single]: " for a T5, none for a classifier)."""
+    kind's default ("[moral_single]: " for a T5, none for a classifier). `mesh`, `rules`: place
+    the parameters on a `sharding.process_mesh` (see `Seq2SeqModel.from_pretrained`)."""
     folder = check_folder(path)
     if kind is None:
         model_type = read_config(folder).get("model_type")
@@ -434,10 +455,10 @@ def load_judge(path: str | os.PathLike, *, kind: str | None = None, dtype: str =
         return Judge.from_pretrained(
             folder, dtype=dtype, backend=backend, max_input_length=max_input_length,
             batch_multiple=batch_multiple, class_prefix=class_prefix, class_tokens=class_tokens,
-            class_step=class_step, judgment=judgment,
+            class_step=class_step, judgment=judgment, mesh=mesh, rules=rules,
             input_prefix=text_lib.JUDGE_PREFIX if input_prefix is None else input_prefix)
     if kind == "encoder":
         return ClassifierJudge.from_pretrained(
             folder, dtype=dtype, max_input_length=max_input_length, batch_multiple=batch_multiple,
-            encoder_labels=encoder_labels, input_prefix=input_prefix or "")
+            encoder_labels=encoder_labels, input_prefix=input_prefix or "", mesh=mesh, rules=rules)
     raise ValueError(f"judge kind must be 't5' or 'encoder', got {kind!r}")

@@ -252,7 +252,7 @@ def main(config_path: str, overrides: Sequence[str] = (), *, say: Callable[[str]
     if is_ppo:
         mp = _memory_plan()
         hardware = mp.Hardware(f"this mesh ({jax.device_count()} {jax.default_backend()})",
-                               jax.device_count(), 1)
+                               jax.device_count(), 1, jax.local_device_count())
         plan = mp.plan(cfg, hardware, configs_dir)
         plan.pop("hbm_bytes"), plan.pop("fraction_of_hbm")
         for key, value in plan["components"].items():

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from clarifyjax import sharding as sharding_lib
 from clarifyjax.models.checkpoint_io import CheckpointError, check_folder
 from clarifyjax.models.encoder import (SequenceClassifier, bucket_length, bucket_rows,
                                        length_sorted_batches, pad_sequences)
@@ -76,7 +77,7 @@ class NLIFilter:
     def __init__(self, model: SequenceClassifier, tokenizer, *,
                  drop_labels: Sequence[str] = ("entailment", "contradiction"),
                  threshold: float | None = None, batch_size: int = 64, max_length: int = 128,
-                 source: str = "the model"):
+                 source: str = "the model", mesh=None):
         config = model.config
         self.labels = tuple(config.labels)
         _check_labels(self.labels, drop_labels, source)
@@ -93,6 +94,7 @@ class NLIFilter:
         self.drop_columns = np.array([name.lower() in {d.lower() for d in drop_labels}
                                       for name in self.labels])
         self.threshold = threshold
+        self.mesh = mesh  # a `sharding.process_mesh` holding the parameters, or None
         self.batch_size = batch_size
         self.max_length = max_length
         self.tokenizer = tokenizer
@@ -108,8 +110,11 @@ class NLIFilter:
     def from_pretrained(cls, path: str | os.PathLike, *,
                         drop_labels: Sequence[str] = ("entailment", "contradiction"),
                         threshold: float | None = None, batch_size: int = 64,
-                        max_length: int = 128, dtype: str = "float32") -> "NLIFilter":
-        """Load a `...ForSequenceClassification` folder with its tokenizer.json.
+                        max_length: int = 128, dtype: str = "float32", mesh=None,
+                        rules=None) -> "NLIFilter":
+        """Load a `...ForSequenceClassification` folder with its tokenizer.json; with `mesh` (a
+        `sharding.process_mesh`), each parameter straight into its shards by the logical axis
+        `rules`, and the pairs of a batch split over the mesh's data x fsdp devices.
 
         Raises:
           CheckpointError: the model's id2label lacks one of drop_labels (the message lists both),
@@ -120,10 +125,10 @@ class NLIFilter:
         config = read_encoder_config(folder)
         _check_labels(config.labels, drop_labels, folder / "config.json")
         tokenizer = load_encoder_tokenizer(folder, max_length, config.vocab_size)
-        model = load_sequence_classifier(folder, dtype=dtype)
+        model = load_sequence_classifier(folder, dtype=dtype, mesh=mesh, rules=rules)
         return cls(model, tokenizer, drop_labels=drop_labels,
                    threshold=threshold, batch_size=batch_size, max_length=max_length,
-                   source=str(folder))
+                   source=str(folder), mesh=mesh)
 
     def _probabilities_impl(self, state, input_ids, attention_mask, token_type_ids):
         self.traces[tuple(input_ids.shape)] += 1  # runs only while tracing
@@ -142,17 +147,20 @@ class NLIFilter:
             return out
         encodings = self.tokenizer.encode_batch(list(zip(premises, hypotheses)))
         lengths = [len(e.ids) for e in encodings]
+        shards = sharding_lib.row_shards(self.mesh)
         pending = []
         for index in length_sorted_batches(lengths, self.batch_size):
             length = bucket_length(max(lengths[i] for i in index), self.max_length)
             rows = bucket_rows(len(index), self.batch_size)
+            rows = -(-rows // shards) * shards  # whole shards for the mesh's devices
             chosen = [encodings[i] for i in index]
             ids = pad_sequences([e.ids for e in chosen], rows, length, self.pad_token_id)
             mask = pad_sequences([e.attention_mask for e in chosen], rows, length, 0)
             types = pad_sequences([e.type_ids for e in chosen], rows, length, 0)
             if not self.use_token_types:
                 types = np.zeros_like(types)
-            pending.append((index, self._probabilities(self._state, ids, mask, types)))
+            pending.append((index, self._probabilities(
+                self._state, *(sharding_lib.place_rows(x, self.mesh) for x in (ids, mask, types)))))
         for index, probs in pending:  # dispatched asynchronously above
             out[index] = np.asarray(probs)[: len(index)]
         return out

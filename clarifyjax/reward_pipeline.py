@@ -202,22 +202,26 @@ class RewardPipeline:
                      config: PipelineConfig = PipelineConfig(), backend: str = "hf",
                      dtype: str = "float32", max_input_length: int = 128, batch_multiple: int = 8,
                      nli_threshold: float | None = None, nli_batch_size: int = 128,
-                     judge_options: dict | None = None) -> "RewardPipeline":
+                     judge_options: dict | None = None, mesh=None,
+                     rules=None) -> "RewardPipeline":
         """Load the four models from Hugging Face folders (`nli` None: no filter).
 
         nli_batch_size: pairs per NLI forward; 2 x the questions per call keeps it one call.
         judge_options: keyword arguments of `delphi.load_judge` (kind, class_prefix, ...).
+        mesh, rules: a `sharding.process_mesh` and logical axis rules: every model is read
+          straight into its shards there, and each stage's rows are split over its data x fsdp
+          devices.
         """
         from clarifyjax.nli import NLIFilter
 
         common = dict(backend=backend, dtype=dtype, max_input_length=max_input_length,
-                      batch_multiple=batch_multiple)
+                      batch_multiple=batch_multiple, mesh=mesh, rules=rules)
         return cls(Seq2SeqModel.from_pretrained(answerer, **common),
                    Seq2SeqModel.from_pretrained(fusion, **common),
                    delphi.load_judge(judge, **{**common, **(judge_options or {})}),
                    None if nli is None else NLIFilter.from_pretrained(
                        nli, threshold=nli_threshold, dtype=dtype, max_length=max_input_length,
-                       batch_size=nli_batch_size),
+                       batch_size=nli_batch_size, mesh=mesh, rules=rules),
                    config)
 
     def _stage(self, name: str, fn, *args, **kwargs):

@@ -87,23 +87,55 @@ def make_mesh(config: MeshConfig | Mapping | None = None, devices: Sequence | No
     """
     cfg = _mesh_config(config)
     devices = list(jax.devices() if devices is None else devices)
-    sizes = [getattr(cfg, axis) for axis in MESH_AXES]
-    for axis, size in zip(MESH_AXES, sizes):
+    for axis in MESH_AXES:
+        size = getattr(cfg, axis)
         if size != -1 and size < 1:
             raise ValueError(f"mesh axis {axis!r} has size {size}; sizes must be >= 1 (or -1 to fill)")
-    if sizes.count(-1) > 1:
-        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))}: at most one axis may be -1")
-    known = math.prod(s for s in sizes if s != -1)
-    if -1 in sizes:
-        if len(devices) % known:
-            raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))}: the fixed axes multiply to "
-                             f"{known}, which does not divide the {len(devices)} devices")
-        sizes[sizes.index(-1)] = len(devices) // known
-    elif known != len(devices):
-        raise ValueError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {known} devices, "
-                         f"but there are {len(devices)}")
-    return jax.make_mesh(tuple(sizes), MESH_AXES,
+    if [getattr(cfg, a) for a in MESH_AXES].count(-1) > 1:
+        raise ValueError(f"mesh {dataclasses.asdict(cfg)}: at most one axis may be -1")
+    sizes = resolve_sizes(cfg, len(devices))
+    return jax.make_mesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES,
                          axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES), devices=devices)
+
+
+def resolve_sizes(config: MeshConfig | Mapping | None, n_devices: int) -> dict[str, int]:
+    """The ``{data, fsdp, model}`` sizes of `config` on `n_devices` devices, the -1 axis filled."""
+    cfg = _mesh_config(config)
+    sizes = {axis: getattr(cfg, axis) for axis in MESH_AXES}
+    known = math.prod(s for s in sizes.values() if s != -1)
+    if -1 in sizes.values():
+        if n_devices % known:
+            raise ValueError(f"mesh {sizes}: the fixed axes multiply to {known}, which does not "
+                             f"divide the {n_devices} devices")
+        return {a: n_devices // known if s == -1 else s for a, s in sizes.items()}
+    if known != n_devices:
+        raise ValueError(f"mesh {sizes} needs {known} devices, but there are {n_devices}")
+    return sizes
+
+
+def process_sizes(global_sizes: Mapping[str, int], n_local: int) -> dict[str, int]:
+    """The layout of one process's own `n_local` devices for models each process runs alone.
+
+    The model-parallel axes keep the global mesh's sizes where they fit in one process
+    (``model`` = gcd(model, n_local), then ``fsdp`` = gcd(fsdp, what is left)), and ``data``
+    takes the remaining local devices. A parameter is then split as on the global mesh whenever
+    its fsdp x model group lies within one host (a v4-32 with fsdp=4: the 4 chips of a host).
+    """
+    model = math.gcd(int(global_sizes["model"]), n_local)
+    fsdp = math.gcd(int(global_sizes["fsdp"]), n_local // model)
+    return {"data": n_local // (model * fsdp), "fsdp": fsdp, "model": model}
+
+
+def process_mesh(config: MeshConfig | Mapping | None = None) -> Mesh:
+    """A ``(data, fsdp, model)`` mesh over this process's devices only (`process_sizes` of the
+    global layout `config`).
+
+    For models that every process runs on its own rows (the reward models: each host scores the
+    questions it sampled): their parameters are sharded like the training mesh shards them, so no
+    device holds a whole large model, while the computation never waits on another host.
+    """
+    sizes = process_sizes(resolve_sizes(config, jax.device_count()), jax.local_device_count())
+    return make_mesh(MeshConfig(**sizes), devices=jax.local_devices())
 
 
 def _as_axes(axes) -> tuple[str, ...]:
@@ -211,6 +243,27 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     """Leading (batch) dimension split over ``("data", "fsdp")``, the rest replicated."""
     axes = tuple(a for a in BATCH_AXES if a in mesh.shape)
     return NamedSharding(mesh, PartitionSpec(axes or None, *([None] * (ndim - 1))))
+
+
+def row_shards(mesh: Mesh | None) -> int:
+    """How many parts `batch_sharding` splits the rows into (1 without a mesh)."""
+    return 1 if mesh is None else math.prod(mesh.shape[a] for a in BATCH_AXES if a in mesh.shape)
+
+
+def place_rows(x, mesh: Mesh | None) -> jax.Array:
+    """One process's array on its own `mesh` (a `process_mesh`), rows split over data x fsdp;
+    without a mesh, on the default device.
+
+    Raises:
+      ValueError: the rows do not divide into `row_shards(mesh)` parts.
+    """
+    if mesh is None:
+        return jax.numpy.asarray(x)
+    x = x if isinstance(x, jax.Array) else np.asarray(x)
+    if x.shape[0] % row_shards(mesh):
+        raise ValueError(f"{x.shape[0]} rows (shape {x.shape}) do not divide into the "
+                         f"{row_shards(mesh)} data x fsdp shards of the mesh {dict(mesh.shape)}")
+    return jax.device_put(x, batch_sharding(mesh, x.ndim))
 
 
 def shard_batch(batch, mesh: Mesh):

@@ -17,7 +17,10 @@ folder that is not here is looked up by its last name in `KNOWN_ARCHITECTURES` (
 config.json values, since there is no model hub here).
 
 Per device:
-* parameters of policy, value, reference, answerer, fusion, judge and NLI in their ``param_dtype``;
+* parameters of policy, value, reference, answerer, fusion, judge and NLI in their ``param_dtype``:
+  policy, value and reference on the run's mesh; the reward models (answerer, fusion, judge, NLI)
+  on each host's own devices (`sharding.process_mesh`: the run's fsdp x model layout where it
+  fits in one host, as `train.build_reward_fn` places them);
 * optimizer: Adam's two moments (optax keeps them in the parameters' dtype), for policy + value;
 * gradients of policy + value, sharded like the parameters;
 * activations, an upper bound: every intermediate of one PPO minibatch's forward pass that a
@@ -85,11 +88,12 @@ class Hardware:
     name: str
     devices: int
     hbm_bytes: int
+    devices_per_host: int
 
 
 HARDWARE = {
-    "v4-32": Hardware("TPU v4-32 (16 chips x 32 GiB)", 16, 32 * GiB),
-    "8xH100": Hardware("8 x H100 80GB", 8, 81559 * 2 ** 20),  # what nvidia-smi reports
+    "v4-32": Hardware("TPU v4-32 (16 chips x 32 GiB)", 16, 32 * GiB, 4),  # 4 hosts of 4 chips
+    "8xH100": Hardware("8 x H100 80GB", 8, 81559 * 2 ** 20, 8),  # what nvidia-smi reports
 }
 JUDGES = {"config": None, "t5-11b": "pretrained/t5-11b"}
 
@@ -192,15 +196,10 @@ class ModelPlan:
 
 def mesh_sizes(layout, n_devices: int) -> dict[str, int]:
     """The config's (data, fsdp, model) sizes for `n_devices`, the -1 axis filled."""
-    sizes = layout.axis_sizes()
-    fixed = math.prod(v for v in sizes.values() if v != -1)
-    if -1 in sizes.values():
-        if n_devices % fixed:
-            raise PlanError(f"mesh {sizes}: {fixed} does not divide {n_devices} devices")
-        sizes = {k: (n_devices // fixed if v == -1 else v) for k, v in sizes.items()}
-    elif fixed != n_devices:
-        raise PlanError(f"mesh {sizes} needs {fixed} devices, the hardware has {n_devices}")
-    return sizes
+    try:
+        return sharding.resolve_sizes(layout.axis_sizes(), n_devices)
+    except ValueError as e:
+        raise PlanError(f"{e} (of the hardware)") from e
 
 
 def size_model(role: str, model: ModelConfig, kind: str, mesh: AbstractMesh, rules,
@@ -258,6 +257,9 @@ def plan(cfg: PPOConfig, hardware: Hardware, configs_dir: Path) -> dict:
         raise PlanError(f"the memory plan is for PPO configs (kind: ppo), got kind {cfg.kind!r}")
     sizes = mesh_sizes(cfg.mesh, hardware.devices)
     mesh = AbstractMesh(tuple(sizes[a] for a in sharding.MESH_AXES), sharding.MESH_AXES)
+    # the reward models live on each host's own devices (`train.build_reward_fn`)
+    local = sharding.process_sizes(sizes, hardware.devices_per_host)
+    host_mesh = AbstractMesh(tuple(local[a] for a in sharding.MESH_AXES), sharding.MESH_AXES)
     rules = sharding.FSDP_RULES if cfg.mesh.rules == "fsdp" else sharding.DEFAULT_RULES
     value_model = cfg.value.model or cfg.policy
     roles = [("policy", cfg.policy, "t5", True),
@@ -269,7 +271,8 @@ def plan(cfg: PPOConfig, hardware: Hardware, configs_dir: Path) -> dict:
               "encoder" if cfg.rewards.judge.kind == "encoder" else "t5", False)]
     if cfg.rewards.nli is not None:
         roles.append(("nli", cfg.rewards.nli, "encoder", False))
-    models = [size_model(r, m, k, mesh, rules, configs_dir, t) for r, m, k, t in roles]
+    models = [size_model(r, m, k, mesh if r in ("policy", "value", "reference") else host_mesh,
+                         rules, configs_dir, t) for r, m, k, t in roles]
     if cfg.value.shared_trunk:  # only the head is a separate parameter
         head = models[1]
         trunk = models[0]
@@ -302,7 +305,7 @@ def plan(cfg: PPOConfig, hardware: Hardware, configs_dir: Path) -> dict:
         max(m.largest_layer_bytes for m in models) if gathers else 0)
     total = sum(components.values())
     return {"hardware": hardware.name, "devices": hardware.devices, "hbm_bytes": hardware.hbm_bytes,
-            "mesh": sizes, "rules": cfg.mesh.rules,
+            "mesh": sizes, "reward_models_mesh": local, "rules": cfg.mesh.rules,
             "minibatch_rows_per_device": rows, "source_length": source, "target_length": target,
             "models": [dataclasses.asdict(m) for m in models],
             "components": components, "total_bytes": total,

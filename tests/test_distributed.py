@@ -150,6 +150,12 @@ psum = jax.jit(jax.shard_map(lambda b: jax.lax.psum(b.sum(), ("data", "fsdp")),
                              mesh=mesh, in_specs=P(("data", "fsdp")), out_specs=P()))(x)
 # the same reduction left to XLA's partitioner on the global array
 total = jax.jit(jnp.sum)(x)
+# each process's own mesh (the reward models'): its 4 devices, fsdp x model kept, no other host
+pm = sh.process_mesh({"data": 2, "fsdp": 2, "model": 2})
+w_host = np.arange(8 * 6, dtype=np.float32).reshape(8, 6) + pid
+w = jax.device_put(w_host, jax.sharding.NamedSharding(pm, P("fsdp", "model")))
+r_host = np.arange(4 * 8, dtype=np.float32).reshape(4, 8) - 10 * pid
+y = jax.jit(lambda r, w: r @ w)(sh.place_rows(r_host, pm), w)
 written = dist.primary_only(lambda: "written")()
 dist.barrier("after-write")
 print("RESULT" + json.dumps({
@@ -158,7 +164,11 @@ print("RESULT" + json.dumps({
     "devices": jax.device_count(), "local_devices": jax.local_device_count(),
     "mesh": dict(mesh.shape), "global_shape": list(x.shape),
     "psum": float(psum.addressable_data(0)), "sum": float(total.addressable_data(0)),
-    "written": written}), flush=True)
+    "written": written, "process_mesh": dict(pm.shape),
+    "process_mesh_local": sorted(d.id for d in pm.devices.flat) == sorted(
+        d.id for d in jax.local_devices()),
+    "w_shard": list(w.addressable_shards[0].data.shape),
+    "local_matmul": bool(np.array_equal(np.asarray(y), r_host @ w_host))}), flush=True)
 '''
 
 
@@ -199,3 +209,5 @@ def test_two_processes_initialize_build_a_global_mesh_and_agree_on_a_psum():
         assert r["mesh"] == {"data": 2, "fsdp": 2, "model": 2}
         assert r["global_shape"] == [8, 3]
         assert r["psum"] == expected and r["sum"] == expected  # exact: small integers in float32
+        assert r["process_mesh"] == {"data": 1, "fsdp": 2, "model": 2}
+        assert r["process_mesh_local"] and r["w_shard"] == [4, 3] and r["local_matmul"]

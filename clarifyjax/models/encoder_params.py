@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -104,7 +105,7 @@ def _detect_prefix(source: TensorSource, config: EncoderConfig) -> str:
     return prefix if any(k.startswith(prefix) for k in source.keys()) else ""
 
 
-def _load(cls, path, config: EncoderConfig, allow_pickle: bool):
+def _load(cls, path, config: EncoderConfig, allow_pickle: bool, mesh=None, axis_rules=None):
     source = TensorSource(path, allow_pickle=allow_pickle)
     abstract = nnx.eval_shape(lambda: cls(config, nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
@@ -115,10 +116,22 @@ def _load(cls, path, config: EncoderConfig, allow_pickle: bool):
     if unmapped:  # a bug in checkpoint_rules, not in the checkpoint
         raise RuntimeError(f"parameters without a checkpoint name: {sorted(unmapped)}")
     dtype = jnp.dtype(config.param_dtype)
+    shardings = None
+    if mesh is not None:
+        from clarifyjax import sharding as sharding_lib  # above `models`; needed only with a mesh
+
+        shardings = dict(nnx.to_flat_state(sharding_lib.model_shardings(
+            state, mesh, sharding_lib.DEFAULT_RULES if axis_rules is None else axis_rules)))
     for ours, name, kind in rules:
         var = flat[ours]
-        value = _convert(source, _resolve(source, name), kind, tuple(var.shape))
-        var.set_value(jnp.asarray(value, dtype=dtype))
+        value = _convert(source, _resolve(source, name), kind, tuple(var.shape)).astype(dtype)
+        if shardings is None:
+            var.set_value(jnp.asarray(value))
+        else:  # one tensor at a time on the host; each device receives only its slice
+            sharding = shardings[ours]
+            sharding = sharding.get_value() if isinstance(sharding, nnx.Variable) else sharding
+            var.set_value(jax.make_array_from_callback(value.shape, sharding,
+                                                       lambda index, v=value: v[index]))
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
@@ -133,28 +146,32 @@ def read_encoder_config(path, **overrides) -> EncoderConfig:
 
 
 def load_encoder(path, *, dtype: str = "float32", param_dtype: str = "float32",
-                 allow_pickle: bool = False) -> Encoder:
+                 allow_pickle: bool = False, mesh=None, rules=None) -> Encoder:
     """An `Encoder` from a Hugging Face BERT / RoBERTa folder (config.json + safetensors).
 
     Works on bare model folders and on `...ForSequenceClassification` / `...ForMaskedLM` folders
-    (names prefixed "bert." / "roberta."); head tensors are ignored.
+    (names prefixed "bert." / "roberta."); head tensors are ignored. With `mesh`, each parameter
+    is placed in its shards by the logical axis `rules` (default `sharding.DEFAULT_RULES`): no
+    device receives more than its slice.
     Raises:
       CheckpointError: unsupported model_type, a missing tensor, or a tensor whose shape differs
         (the message names the tensor and both shapes).
     """
     config = read_encoder_config(path, dtype=dtype, param_dtype=param_dtype)
-    return _load(Encoder, path, config, allow_pickle)
+    return _load(Encoder, path, config, allow_pickle, mesh, rules)
 
 
 def load_sequence_classifier(path, *, dtype: str = "float32", param_dtype: str = "float32",
-                             allow_pickle: bool = False) -> SequenceClassifier:
+                             allow_pickle: bool = False, mesh=None,
+                             rules=None) -> SequenceClassifier:
     """A `SequenceClassifier` from a Hugging Face `BertForSequenceClassification` or
-    `RobertaForSequenceClassification` folder; labels come from config.json `id2label`."""
+    `RobertaForSequenceClassification` folder; labels come from config.json `id2label`;
+    `mesh`, `rules` as `load_encoder`."""
     config = read_encoder_config(path, dtype=dtype, param_dtype=param_dtype)
     if config.num_labels < 1:
         raise CheckpointError(f"{path}/config.json has no 'id2label' or 'num_labels': not a "
                               "sequence-classification checkpoint")
-    return _load(SequenceClassifier, path, config, allow_pickle)
+    return _load(SequenceClassifier, path, config, allow_pickle, mesh, rules)
 
 
 def load_encoder_tokenizer(folder, max_length: int, vocab_size: int | None = None):
