@@ -32,6 +32,7 @@ import dataclasses
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
@@ -199,7 +200,21 @@ def question_pairs(table: Table) -> list[Pair]:
 
 
 def wh_question_pairs(table: Table) -> list[Pair]:
-    """train/dev/test.tsv -> ("{situation} Q.: {wh-word}", question)."""
+    """train/dev/test.tsv -> ("{situation} Q.: {wh-word}", question).
+
+    A question with no word to condition on (train.tsv line 14492 is just "?") makes no example:
+    such rows are left out with a warning that names their lines.
+    """
+    wordless = [i for i, r in enumerate(table.rows) if not re.search(r"\w", r["question"])]
+    if wordless:
+        warnings.warn(f"{table.path}: {len(wordless)} row(s) whose question has no word are left "
+                      f"out of the wh-question pairs (lines "
+                      f"{', '.join(str(table.lines[i]) for i in wordless[:10])}"
+                      f"{', ...' if len(wordless) > 10 else ''})", stacklevel=2)
+        skip = set(wordless)
+        table = dataclasses.replace(
+            table, rows=[r for i, r in enumerate(table.rows) if i not in skip],
+            lines=[n for i, n in enumerate(table.lines) if i not in skip])
     return _pairs(table, lambda r, w: (*fmt.wh_question_sft_example(
         r["situation"], r["question"], where=w), r["situation"]))
 

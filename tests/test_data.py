@@ -355,3 +355,14 @@ def test_end_to_end_with_the_project_tokenizer(spm_tokenizer):
     assert tokenizer.decode_batch(b["input_ids"]) == ["question: trying to forgive people",
                                                       "question: lying to a friend"]
     assert prompts.texts["situation"][1] == "lying to a friend"
+
+
+def test_wh_question_pairs_leave_out_wordless_questions_with_a_warning():
+    table = gold("train.tsv")
+    with pytest.warns(UserWarning, match=r"train\.tsv: 3 row\(s\) whose question has no word .* "
+                                         r"\(lines 14492, 14495, 17574\)"):
+        pairs = D.wh_question_pairs(table)
+    assert len(pairs) == len(table) - 3
+    kept = [r for r in table.rows if re.search(r"\w", r["question"])]
+    assert len(kept) == len(pairs)
+    assert all(p.target == " ".join(r["question"].split()) for p, r in zip(pairs, kept))
