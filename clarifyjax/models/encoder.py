@@ -346,11 +346,11 @@ LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512)
 
 
 def bucket_length(n: int, max_length: int, buckets: Sequence[int] = LENGTH_BUCKETS) -> int:
-    """The smallest bucket >= n, never above max_length (max_length is itself the last bucket)."""
-    for b in buckets:
-        if n <= b <= max_length:
-            return b
-    return max_length
+    """`tokenizer.bucket_length` (the smallest bucket >= n) never above max_length: inputs are
+    truncated to max_length, which is itself the last bucket."""
+    from clarifyjax.tokenizer import bucket_length as smallest_bucket  # tokenizer imports models
+
+    return min(smallest_bucket(n, buckets), int(max_length))
 
 
 def bucket_rows(n: int, batch_size: int) -> int:
