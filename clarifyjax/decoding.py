@@ -130,13 +130,13 @@ def _generate(graphdef, state, input_ids, attention_mask, rng, *, max_new_tokens
         logits = jnp.where((vocab == c.eos_token_id) & (step < min_new_tokens), -jnp.inf, logits)
         if greedy:  # log-probs under the model's own (temperature 1) distribution
             token = jnp.argmax(logits, axis=-1)
-            logp = jax.nn.log_softmax(logits, axis=-1)
         else:
             rng, key = jax.random.split(rng)
-            filtered = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
-            token = sample_categorical(key, filtered)
-            logp = jax.nn.log_softmax(filtered, axis=-1)
-        token_logp = jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+            logits = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+            token = sample_categorical(key, logits)
+        # log_softmax at the chosen token only: no [b, V] array written per step
+        token_logp = (jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
+                      - jax.nn.logsumexp(logits, axis=-1))
         alive = ~done
         token = jnp.where(alive, token, c.pad_token_id).astype(jnp.int32)
         tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, step))

@@ -243,22 +243,22 @@ class DecoderLayer(nnx.Module):
         return x + self.dropout(self.mlp(self.mlp_norm(x), **kw), **kw)
 
     def step(self, x: jax.Array, bias: jax.Array, self_mask: jax.Array, cross_mask: jax.Array,
-             cache_k: jax.Array, cache_v: jax.Array, layer: int, cross_k: jax.Array,
-             cross_v: jax.Array, position: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """One decoding position with the cache.
+             cache_k: jax.Array, cache_v: jax.Array, cross_k: jax.Array, cross_v: jax.Array,
+             position: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """One decoding position with this layer's cache.
 
         x [b, 1, m]; bias [1, h, 1, L]; self_mask [1, 1, 1, L]; cross_mask [b, 1, 1, s];
-        cache_k/cache_v [layers, b, h, L, d] (all layers: updated in place by XLA, no copy);
-        layer: this layer's index; cross_k/cross_v [b, h, s, d]; position: int scalar.
-        Returns (x [b, 1, m], cache_k, cache_v) with this layer's `position` written.
+        cache_k/cache_v [b, h, L, d] (this layer's own arrays: updated in place, read without a
+        copy); cross_k/cross_v [b, h, s, d]; position: int scalar.
+        Returns (x [b, 1, m], cache_k, cache_v) with `position` written.
         """
         h = self.self_attention_norm(x)
         k, v = self.self_attention.project_key_value(h)  # [b, h, 1, d]
-        at = (layer, 0, 0, position, 0)
-        cache_k = jax.lax.dynamic_update_slice(cache_k, k[None].astype(cache_k.dtype), at)
-        cache_v = jax.lax.dynamic_update_slice(cache_v, v[None].astype(cache_v.dtype), at)
+        at = (0, 0, position, 0)
+        cache_k = jax.lax.dynamic_update_slice(cache_k, k.astype(cache_k.dtype), at)
+        cache_v = jax.lax.dynamic_update_slice(cache_v, v.astype(cache_v.dtype), at)
         q = self.self_attention.project_query(h)
-        x = x + self.self_attention.attend(q, cache_k[layer], cache_v[layer], bias, self_mask)
+        x = x + self.self_attention.attend(q, cache_k, cache_v, bias, self_mask)
         h = self.cross_attention_norm(x)
         q = self.cross_attention.project_query(h)
         x = x + self.cross_attention.attend(q, cross_k, cross_v, None, cross_mask)
