@@ -19,29 +19,52 @@ Ours: `RewardPipeline` (jitted stages, one batch per stage, teacher-forced judge
 judges the b base situations (for Table 4). The judge alone: 2b texts, ours in one teacher-forced
 call vs two `score_batch` calls of b rows.
 
+The bound (`results["pipeline"]["bound"]`): random weights never write EOS, so answers and
+fusion decode every row to its limit on both sides: the same work however it is done, which
+bounds the ratio. The shapes each of our stages ran (padded rows R, bucketed source length S,
+decoder positions run; recorded during the untimed first call) give its exact matmul FLOPs,
+2 per multiply-add: the encoder's projections, FFN and attention products; cross-attention K/V
+once per source token; per decoded position the self- and cross-attention projections, the FFN,
+the attention products (over the positions so far and the source) and the lm_head (the judge:
+at its last position only). Norms, softmaxes and embeddings are not counted. Jitted float32
+matmuls timed in the same run give this CPU's rate at each stage's shapes (`[R*S, m] @ [m, f]`
+for the encoder side; `[R, m] @ [m, h*d]`, `[R, m] @ [m, f]`, `[R, f] @ [f, m]`, `[R, m] @
+[m, V]` for decoding, R*t rows for the judge's t teacher-forced positions) and the peak: the
+best of those and a 2048^3 matmul. A stage's minimum time is its FLOPs at the rates of their
+shapes, or at the peak. The original's time over the sum of the four minimums is the largest
+ratio that this work allows on this CPU at these shapes; its time over answers + fusion alone
+at the peak bounds the ratio of any implementation, even one whose judgment and judge are free.
+`bound_over_measured`: the share of that bound a stage of ours reaches.
+
     python benchmarks/reward.py                 # the full run (minutes on a CPU)
     python benchmarks/reward.py --quick         # tiny sizes, seconds: checks that it runs
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 from _common import REPO_ROOT, timeit, write_results
 
 sys.path.insert(0, str(REPO_ROOT / "tests"))  # the tiny-model builders
 
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
+from flax import nnx  # noqa: E402
 
 from _tiny_models import (WANLI_LABELS, save_classifier_folder, save_t5_folder,  # noqa: E402
                           tiny_bpe_tokenizer, tiny_spm_folder, tiny_t5_config)
+from clarifyjax import delphi  # noqa: E402
 from clarifyjax import text as text_lib  # noqa: E402
 from clarifyjax.delphi import (DELPHI_CLASS_STEP, Judge, Sampling, Seq2SeqModel,  # noqa: E402
                                parse_judgment)
@@ -199,6 +222,139 @@ class OriginalReward:
         return jsd, [a for a in answers[0::2]], fused
 
 
+# --------------------------------------------------------------------------- throughput bound
+
+STAGES = ("judgment", "answers", "fusion", "judge")
+
+
+@contextlib.contextmanager
+def recording_shapes(pipeline: RewardPipeline) -> Iterator[list[dict]]:
+    """Inside the block, every T5 call of `pipeline` appends what ran to the yielded list: stage,
+    config, rows (padded), source_length (bucketed), decoder_positions per row, the rows of each
+    decoder matmul (`decoding.generate`: the decode steps actually run, one row each; the judge's
+    teacher-forced pass: its t positions at once, rows * t) and lm_head_positions per row."""
+    calls: list[dict] = []
+    stage = [None]
+    real_stage, real_generate = pipeline._stage, delphi.generate
+    real_class_probabilities = delphi._class_probabilities
+
+    def staged(name, fn, *args, **kwargs):
+        stage[0] = name
+        return real_stage(name, fn, *args, **kwargs)
+
+    def generate(model, input_ids, attention_mask, **kwargs):
+        out = real_generate(model, input_ids, attention_mask, **kwargs)
+        rows, source_length = np.shape(input_ids)
+        steps = int(np.asarray(out.mask).sum(axis=1).max())  # the loop stops when all are done
+        calls.append(dict(stage=stage[0], config=model.config, rows=rows,
+                          source_length=source_length, decoder_positions=steps,
+                          max_new_tokens=int(kwargs["max_new_tokens"]), decoder_rows=rows,
+                          lm_head_positions=steps))
+        return out
+
+    def class_probabilities(graphdef, state, input_ids, attention_mask, decoder_ids, class_ids):
+        rows, source_length = np.shape(input_ids)
+        t = int(np.shape(decoder_ids)[0])
+        calls.append(dict(stage=stage[0], config=nnx.merge(graphdef, state).config, rows=rows,
+                          source_length=source_length, decoder_positions=t,
+                          decoder_rows=rows * t, lm_head_positions=1))  # logits at the last
+        return real_class_probabilities(graphdef, state, input_ids, attention_mask, decoder_ids,
+                                        class_ids)
+
+    pipeline._stage = staged
+    delphi.generate, delphi._class_probabilities = generate, class_probabilities
+    try:
+        yield calls
+    finally:
+        del pipeline._stage
+        delphi.generate, delphi._class_probabilities = real_generate, real_class_probabilities
+
+
+def t5_call_flops(call: dict) -> dict[str, tuple[float, tuple[int, int, int]]]:
+    """{kind: (matmul FLOPs, the [rows, k] @ [k, n] shape whose rate prices them)} of one
+    recorded T5 call (2 FLOPs per multiply-add)."""
+    c = call["config"]
+    m, h, d, f, vocab = c.d_model, c.num_heads, c.d_kv, c.d_ff, c.vocab_size
+    inner, enc_layers, dec_layers = h * d, c.num_layers, c.num_decoder_layers
+    ffn_in = (2 if c.is_gated_act else 1) * m * f  # gated: wi_0 and wi_1
+    rows, s, n = call["rows"], call["source_length"], call["decoder_positions"]
+    tokens = rows * s
+    encoder = enc_layers * (tokens * (4 * m * inner + ffn_in + f * m)  # q, k, v, o; wi, wo
+                            + rows * 2 * h * d * s * s)                 # QK^T, PV
+    encoder += dec_layers * tokens * 2 * m * inner                     # cross-attention K, V
+    positions = rows * n  # decoded (row, position) pairs
+    attention = dec_layers * (positions * 6 * m * inner  # self q, k, v, o; cross q, o
+                              + rows * 2 * h * d * (n * (n + 1) // 2 + n * s))  # products
+    r = call["decoder_rows"]
+    return {"encoder": (2.0 * encoder, (tokens, m, f)),
+            "decoder_attention": (2.0 * attention, (r, m, inner)),
+            "decoder_ffn_in": (2.0 * dec_layers * positions * ffn_in, (r, m, f)),
+            "decoder_ffn_out": (2.0 * dec_layers * positions * f * m, (r, f, m)),
+            "lm_head": (2.0 * rows * call["lm_head_positions"] * m * vocab, (rows, m, vocab))}
+
+
+def matmul_flops_per_s(shape: tuple[int, int, int], repeats: int = 5) -> float:
+    """Best-of-`repeats` float32 rate of a jitted [rows, k] @ [k, n] on this backend."""
+    rows, k, n = shape
+    rng = np.random.default_rng(0)
+    a = jnp.asarray(rng.standard_normal((rows, k), np.float32))
+    b = jnp.asarray(rng.standard_normal((k, n), np.float32))
+    matmul = jax.jit(jnp.matmul)
+    t = timeit(lambda: matmul(a, b).block_until_ready(), repeats=repeats, warmup=2)
+    return 2.0 * rows * k * n / t["best_s"]
+
+
+def stage_bound(calls: list[dict], stage_s: dict[str, float], original_best_s: float, *,
+                peak_size: int = 2048) -> dict:
+    """The throughput bound of the module docstring, from `recording_shapes` calls, our
+    measured seconds per stage and the original's best pipeline seconds."""
+    rates: dict[tuple[int, int, int], float] = {}
+
+    def rate(shape):
+        if shape not in rates:
+            rates[shape] = matmul_flops_per_s(shape)
+        return rates[shape]
+
+    square = matmul_flops_per_s((peak_size,) * 3)
+    stages = {}
+    for name in STAGES:
+        mine = [c for c in calls if c["stage"] == name]
+        flops: dict[str, float] = {}
+        seconds = 0.0
+        for call in mine:
+            for kind, (kind_flops, shape) in t5_call_flops(call).items():
+                flops[kind] = flops.get(kind, 0.0) + kind_flops
+                seconds += kind_flops / rate(shape)
+        stages[name] = {
+            "calls": [{k: v for k, v in c.items() if k not in ("stage", "config")} for c in mine],
+            "gflop": sum(flops.values()) / 1e9,
+            "gflop_by_kind": {k: v / 1e9 for k, v in flops.items()},
+            "min_s_at_shape_rates": seconds,
+            "measured_s": stage_s.get(name, 0.0),
+            "bound_over_measured": seconds / stage_s[name] if stage_s.get(name) else None}
+    peak = max([square, *rates.values()])  # a bound only if no shape ran faster
+    for s in stages.values():
+        s["min_s_at_peak"] = s["gflop"] * 1e9 / peak
+    min_shapes = sum(s["min_s_at_shape_rates"] for s in stages.values())
+    min_peak = sum(s["min_s_at_peak"] for s in stages.values())
+    decode_peak = stages["answers"]["min_s_at_peak"] + stages["fusion"]["min_s_at_peak"]
+    measured = sum(s["measured_s"] for s in stages.values())
+    return {
+        "peak_gflop_per_s": peak / 1e9, "square_gflop_per_s": square / 1e9,
+        "square_shape": [peak_size] * 3,
+        "gflop_per_s_by_shape": {f"[{r},{k}]@[{k},{n}]": v / 1e9
+                                 for (r, k, n), v in rates.items()},
+        "stages": stages,
+        "gflop": sum(s["gflop"] for s in stages.values()),
+        "ours_min_s_at_shape_rates": min_shapes, "ours_min_s_at_peak": min_peak,
+        "ours_stages_measured_s": measured,
+        "bound_over_measured": min_shapes / measured if measured else None,
+        "answers_fusion_min_s_at_peak": decode_peak,
+        "max_ratio_answers_fusion_at_peak": original_best_s / decode_peak,
+        "max_ratio_all_stages_at_shape_rates": original_best_s / min_shapes,
+    }
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(os.cpu_count())
@@ -221,7 +377,8 @@ def main() -> None:
         reference = OriginalReward(folders, args)
 
         t0 = time.perf_counter()
-        out = ours(situations, questions, rng=0)  # compiles every stage
+        with recording_shapes(ours) as calls:  # the shapes of the bound, at no extra call
+            out = ours(situations, questions, rng=0)  # compiles every stage
         compile_s = time.perf_counter() - t0
         ours_t = timeit(lambda: ours(situations, questions, rng=0), repeats=args.repeats,
                         warmup=0)
@@ -239,6 +396,7 @@ def main() -> None:
                                     reference.score_batch(judge_texts[b:])],
                            repeats=args.reference_repeats, warmup=0)
 
+    bound = stage_bound(calls, ours_stages, ref_t["best_s"])
     ratio = ref_t["best_s"] / ours_t["best_s"]
     judge_ratio = judge_ref["best_s"] / judge_ours["best_s"]
     results = {
@@ -258,6 +416,7 @@ def main() -> None:
                 "weak_fused": float(np.mean([" ".join(a.split()) == o for a, o in
                                              zip(ref_fused[0], out.weak_situations)]))},
             "counts": out.counts,
+            "bound": bound,
         },
         "judge_alone": {
             "texts": 2 * b,
@@ -268,6 +427,12 @@ def main() -> None:
     write_results(args.name, results)
     print(f"pipeline: ours {b / ours_t['best_s']:.2f} situations/s, original "
           f"{b / ref_t['best_s']:.2f}/s -> {ratio:.1f}x (target >= 10x)")
+    print(f"bound: {bound['gflop']:.0f} GFLOP, at least {bound['ours_min_s_at_shape_rates']:.2f} s "
+          f"at this CPU's rates for the shapes (peak {bound['peak_gflop_per_s']:.0f} GFLOP/s: "
+          f"{bound['ours_min_s_at_peak']:.2f} s); our stages reach "
+          f"{bound['bound_over_measured']:.2f} of it; this work at these shapes allows <= "
+          f"{bound['max_ratio_all_stages_at_shape_rates']:.1f}x the original, any implementation "
+          f"<= {bound['max_ratio_answers_fusion_at_peak']:.1f}x (answers + fusion at the peak)")
     print(f"judge alone: ours {2 * b / judge_ours['best_s']:.1f} texts/s, original "
           f"{2 * b / judge_ref['best_s']:.1f}/s -> {judge_ratio:.1f}x (target >= 20x)")
 
