@@ -221,6 +221,27 @@ def test_filter_logits_matches_numpy():
                                        atol=TOL, rtol=0)
 
 
+@pytest.mark.parametrize("spread", ["peaked", "flat", "mixed"])
+def test_top_p_over_a_large_vocabulary_matches_numpy(spread):
+    """V = 3000 > TOP_P_CANDIDATES: peaked rows find their nucleus among the candidates; flat
+    rows (a nucleus of ~1,800 tokens) need the full sort; a batch with both sorts every row."""
+    rng = np.random.RandomState(11)
+    scale = {"peaked": [6.0] * 4, "flat": [0.5] * 4, "mixed": [6.0, 0.5, 6.0, 0.5]}[spread]
+    logits = (rng.randn(4, 3000) * np.asarray(scale)[:, None]).astype(np.float32)
+    for t, k, p in [(0.7, 0, 0.6), (1.0, 0, 0.95), (1.3, 1000, 0.9)]:
+        got = np.asarray(jax.jit(lambda x: jax.nn.log_softmax(filter_logits(
+            x, temperature=t, top_k=k, top_p=p), -1))(jnp.asarray(logits)))
+        for row in range(4):
+            ref = numpy_filtered_logprobs(logits[row], t, k, p)
+            np.testing.assert_array_equal(np.isfinite(got[row]), np.isfinite(ref))
+            np.testing.assert_allclose(got[row][np.isfinite(ref)], ref[np.isfinite(ref)],
+                                       atol=TOL, rtol=0)
+    kept = np.isfinite(np.asarray(filter_logits(jnp.asarray(logits), temperature=0.7,
+                                                top_p=0.6))).sum(-1)
+    assert (kept[np.asarray(scale) == 6.0] < decoding.TOP_P_CANDIDATES).all()
+    assert (kept[np.asarray(scale) == 0.5] > decoding.TOP_P_CANDIDATES).all()
+
+
 def test_sample_categorical_draws_from_the_softmax():
     """Inverse-CDF sampling (one uniform per row) against the exact probabilities: a chi-square
     test on 200,000 draws over a vocabulary that is not a multiple of the block size, with
