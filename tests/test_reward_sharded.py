@@ -119,6 +119,7 @@ def child(tmp_path_factory):
     return parse_result(run_with_fake_devices(code + textwrap.dedent(CHILD), 8, timeout=600))
 
 
+@pytest.mark.slow  # the child loads and runs two pipelines: ~35 s
 @pytest.mark.parametrize("name", ["answerer", "fusion", "judge", "nli", "classifier"])
 def test_every_parameter_sharded_on_the_process_mesh(child, name):
     assert child["mesh_shape"] == {"data": 2, "fsdp": 2, "model": 2}
@@ -130,6 +131,7 @@ def test_every_parameter_sharded_on_the_process_mesh(child, name):
     assert got["share"] <= (0.3 if name in ("answerer", "fusion", "judge") else 0.35), got
 
 
+@pytest.mark.slow
 def test_sharded_pipeline_gives_the_same_rewards(child):
     assert child["same_texts"]
     assert child["same_dropped"] and child["dropped"] > 0
