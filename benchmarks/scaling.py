@@ -1,6 +1,6 @@
 """Step time of the tiny PPO update on 1, 2, 4 and 8 fake CPU devices, and its communication share.
 
-    python benchmarks/scaling.py [--devices 1 2 4 8] [--batch 16] [--repeats 5]
+    python benchmarks/scaling.py [--devices 1 2 4 8] [--batch 16] [--repeats 5] [--name scaling]
 
 Each device count runs in its own subprocess (XLA_FLAGS=--xla_force_host_platform_device_count=N
 must be set before jax starts). The workload is fixed (strong scaling): one PPO update (4 epochs,
@@ -132,6 +132,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--name", default="scaling", help="results/<name>.json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -157,7 +158,7 @@ def main() -> None:
               flush=True)
         runs.append(run)
     base = runs[0]["step_s"]["median_s"]
-    write_results("scaling", {
+    write_results(args.name, {
         "workload": "tiny PPO update (T5 d_model 64, 2+2 layers, policy + value, 4 epochs), "
                     f"global batch {args.batch}, data parallel on fake CPU devices",
         "method": "communication share = (t_data_parallel - t_independent_replicas) / "
