@@ -37,9 +37,10 @@ class Generation(NamedTuple):
 TOP_P_CANDIDATES = 256  # most likely tokens searched first for the top-p nucleus
 
 
-def _top_p_threshold(descending: jax.Array, log_total: jax.Array, top_p: float) -> jax.Array:
+def _top_p_threshold(descending: jax.Array, log_total: jax.Array,
+                     top_p: float) -> tuple[jax.Array, jax.Array]:
     """The smallest logit kept by top-p: descending [b, n] logits (the n most likely of the row),
-    log_total [b, 1] = logsumexp of the whole row -> [b, 1]; also whether the n cover top_p."""
+    log_total [b, 1] = logsumexp of the whole row -> ([b, 1], [b] whether the n cover top_p)."""
     probs = jnp.exp(descending - log_total)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
     kept = jnp.where(mass_before < top_p, descending, jnp.inf)

@@ -223,7 +223,7 @@ def main(config_path: str, overrides: Sequence[str] = (), *, say: Callable[[str]
     cfg = load_config(config_path, config_overrides)
     configs_dir = Path(config_path).resolve().parent
     mesh = sharding_lib.make_mesh(cfg.mesh.axis_sizes())
-    rules = sharding_lib.FSDP_RULES if cfg.mesh.rules == "fsdp" else sharding_lib.DEFAULT_RULES
+    rules = sharding_lib.RULES[cfg.mesh.rules]
     is_ppo = isinstance(cfg, PPOConfig)
     say(f"[dry-run] {config_path}: {jax.device_count()} {jax.default_backend()} device(s), mesh "
         f"{dict(mesh.shape)}, rules {cfg.mesh.rules}")

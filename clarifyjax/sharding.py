@@ -56,6 +56,8 @@ DEFAULT_RULES: tuple[tuple[str, Any], ...] = (
 # For models too large to replicate: parameters are also split along `embed` over `fsdp`.
 FSDP_RULES: tuple[tuple[str, Any], ...] = tuple(
     (name, "fsdp") if name == "embed" else (name, axes) for name, axes in DEFAULT_RULES)
+# The rules tables by the name a config's ``mesh.rules`` gives.
+RULES = {"default": DEFAULT_RULES, "fsdp": FSDP_RULES}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,23 +87,26 @@ def make_mesh(config: MeshConfig | Mapping | None = None, devices: Sequence | No
 
     Axis types are Auto, so XLA's GSPMD propagates shardings through jitted code.
     """
-    cfg = _mesh_config(config)
     devices = list(jax.devices() if devices is None else devices)
-    for axis in MESH_AXES:
-        size = getattr(cfg, axis)
-        if size != -1 and size < 1:
-            raise ValueError(f"mesh axis {axis!r} has size {size}; sizes must be >= 1 (or -1 to fill)")
-    if [getattr(cfg, a) for a in MESH_AXES].count(-1) > 1:
-        raise ValueError(f"mesh {dataclasses.asdict(cfg)}: at most one axis may be -1")
-    sizes = resolve_sizes(cfg, len(devices))
+    sizes = resolve_sizes(config, len(devices))
     return jax.make_mesh(tuple(sizes[a] for a in MESH_AXES), MESH_AXES,
                          axis_types=(jax.sharding.AxisType.Auto,) * len(MESH_AXES), devices=devices)
 
 
 def resolve_sizes(config: MeshConfig | Mapping | None, n_devices: int) -> dict[str, int]:
-    """The ``{data, fsdp, model}`` sizes of `config` on `n_devices` devices, the -1 axis filled."""
+    """The ``{data, fsdp, model}`` sizes of `config` on `n_devices` devices, the -1 axis filled.
+
+    Raises:
+      ValueError: a size below 1 (other than -1), several -1 axes, or sizes that do not match
+        the devices.
+    """
     cfg = _mesh_config(config)
     sizes = {axis: getattr(cfg, axis) for axis in MESH_AXES}
+    for axis, size in sizes.items():
+        if size != -1 and size < 1:
+            raise ValueError(f"mesh axis {axis!r} has size {size}; sizes must be >= 1 (or -1 to fill)")
+    if list(sizes.values()).count(-1) > 1:
+        raise ValueError(f"mesh {sizes}: at most one axis may be -1")
     known = math.prod(s for s in sizes.values() if s != -1)
     if -1 in sizes.values():
         if n_devices % known:
@@ -212,6 +217,14 @@ def model_shardings(model_or_state, mesh: Mesh, rules=DEFAULT_RULES):
 
     return jax.tree_util.tree_map_with_path(
         sharding, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+
+
+def flat_shardings(abstract_state, mesh: Mesh, rules=None) -> dict[tuple, NamedSharding]:
+    """`model_shardings` as ``{parameter path: NamedSharding}`` (rules None: DEFAULT_RULES), for
+    loaders that place each checkpoint tensor straight into its shards."""
+    shardings = nnx.to_flat_state(model_shardings(
+        abstract_state, mesh, DEFAULT_RULES if rules is None else rules))
+    return {path: s.get_value() if isinstance(s, nnx.Variable) else s for path, s in shardings}
 
 
 def shard_model(model: nnx.Module, mesh: Mesh, rules=DEFAULT_RULES) -> nnx.Module:

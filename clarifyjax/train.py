@@ -190,7 +190,7 @@ def _start(cfg, kind: str, say) -> tuple[Path, Any, tuple]:
     mesh = sharding_lib.make_mesh(cfg.mesh.axis_sizes())
     say(f"[{kind}] {cfg.run.name}: {jax.device_count()} {jax.default_backend()} device(s), mesh "
         f"{dict(mesh.shape)}, output {run_dir}")
-    rules = sharding_lib.FSDP_RULES if cfg.mesh.rules == "fsdp" else sharding_lib.DEFAULT_RULES
+    rules = sharding_lib.RULES[cfg.mesh.rules]
     return run_dir, mesh, rules
 
 
@@ -359,7 +359,7 @@ def build_reward_fn(cfg):
 
     r = cfg.rewards
     mesh = sharding_lib.process_mesh(cfg.mesh.axis_sizes())
-    rules = sharding_lib.FSDP_RULES if cfg.mesh.rules == "fsdp" else sharding_lib.DEFAULT_RULES
+    rules = sharding_lib.RULES[cfg.mesh.rules]
 
     def seq2seq(m, name):
         if m.init is None:

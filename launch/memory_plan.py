@@ -260,7 +260,7 @@ def plan(cfg: PPOConfig, hardware: Hardware, configs_dir: Path) -> dict:
     # the reward models live on each host's own devices (`train.build_reward_fn`)
     local = sharding.process_sizes(sizes, hardware.devices_per_host)
     host_mesh = AbstractMesh(tuple(local[a] for a in sharding.MESH_AXES), sharding.MESH_AXES)
-    rules = sharding.FSDP_RULES if cfg.mesh.rules == "fsdp" else sharding.DEFAULT_RULES
+    rules = sharding.RULES[cfg.mesh.rules]
     value_model = cfg.value.model or cfg.policy
     roles = [("policy", cfg.policy, "t5", True),
              ("value", value_model, "value", True),

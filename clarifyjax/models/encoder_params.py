@@ -120,17 +120,14 @@ def _load(cls, path, config: EncoderConfig, allow_pickle: bool, mesh=None, axis_
     if mesh is not None:
         from clarifyjax import sharding as sharding_lib  # above `models`; needed only with a mesh
 
-        shardings = dict(nnx.to_flat_state(sharding_lib.model_shardings(
-            state, mesh, sharding_lib.DEFAULT_RULES if axis_rules is None else axis_rules)))
+        shardings = sharding_lib.flat_shardings(state, mesh, axis_rules)
     for ours, name, kind in rules:
         var = flat[ours]
         value = _convert(source, _resolve(source, name), kind, tuple(var.shape)).astype(dtype)
         if shardings is None:
             var.set_value(jnp.asarray(value))
         else:  # one tensor at a time on the host; each device receives only its slice
-            sharding = shardings[ours]
-            sharding = sharding.get_value() if isinstance(sharding, nnx.Variable) else sharding
-            var.set_value(jax.make_array_from_callback(value.shape, sharding,
+            var.set_value(jax.make_array_from_callback(value.shape, shardings[ours],
                                                        lambda index, v=value: v[index]))
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 

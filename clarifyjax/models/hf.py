@@ -200,8 +200,7 @@ def load_t5(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
     else:
         from clarifyjax import sharding as sharding_lib  # above `models`; needed only with a mesh
 
-        shardings = dict(nnx.to_flat_state(sharding_lib.model_shardings(
-            abstract_state, mesh, sharding_lib.DEFAULT_RULES if rules is None else rules)))
+        shardings = sharding_lib.flat_shardings(abstract_state, mesh, rules)
         values = {}
         for p, var in flat:
             tm, memo = maps[p], {}
@@ -212,9 +211,7 @@ def load_t5(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
                     memo[key] = tm.read(source, index).astype(np_dtype)
                 return memo[key]
 
-            sharding = shardings[p]
-            sharding = sharding.get_value() if isinstance(sharding, nnx.Variable) else sharding
-            values[p] = jax.make_array_from_callback(tm.shape, sharding, read)
+            values[p] = jax.make_array_from_callback(tm.shape, shardings[p], read)
     state = nnx.from_flat_state([(p, var.replace(values[p])) for p, var in flat])
     return config, nnx.merge(graphdef, state)
 
