@@ -121,6 +121,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args = parser.subcommand_parsers[argv[0]].parse_intermixed_args(argv[1:])
         args.command = argv[0]
         return args
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        parser.error(f"unknown option {argv[0]!r}; options go after the SUBCOMMAND")
     return parser.parse_args(argv)
 
 
@@ -299,10 +301,15 @@ def _load_pipeline(args):
         raise CLIError(f"the models do not fit these options: {e}") from e
 
 
+_LINE_BREAKS = str.maketrans({c: f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"})
+
+
 def _json_line(record: dict, where: str) -> str:
     """One JSONL line; a NaN or infinity (invalid JSON) is an error naming the row and field."""
     try:
-        return json.dumps(record, ensure_ascii=False, allow_nan=False)
+        line = json.dumps(record, ensure_ascii=False, allow_nan=False)
+        # JSON allows these raw, but str.splitlines (and so many JSONL readers) splits on them.
+        return line.translate(_LINE_BREAKS)
     except ValueError:
         bad = [k for k, v in record.items()
                if not all(math.isfinite(x) for x in (v if isinstance(v, list) else [v])

@@ -116,7 +116,7 @@ def read_texts(path: str | os.PathLike, column: str, *, limit: int | None = None
         where = [f"{path}:{i}" for i in range(1, len(texts) + 1)]
         kind = f"field {column!r}"
     if not texts:
-        raise DataError(f"{path}: empty file, no {column}s")
+        raise DataError(f"{path}: no {column}s in the file")
     for text, loc in zip(texts, where):
         if is_blank(text):
             raise DataError(f"{loc}: {kind} is empty")
