@@ -190,7 +190,8 @@ def _score_options(p: argparse.ArgumentParser) -> None:
     io.add_argument("--out", type=Path, required=True,
                     help="JSONL: one line per question, written at the end in one rename")
     io.add_argument("--overwrite", action="store_true",
-                    help="replace an existing --out (refused otherwise: an earlier run's results)")
+                    help="replace an existing non-empty --out (refused otherwise: it holds an "
+                         "earlier run's results)")
     models = p.add_argument_group("models (Hugging Face folders, safetensors)")
     models.add_argument("--answerer", type=Path, required=True, help="answer generator T5")
     models.add_argument("--fusion", type=Path, required=True, help="sentence fusion T5")
