@@ -188,7 +188,9 @@ def _score_options(p: argparse.ArgumentParser) -> None:
     io.add_argument("--limit", type=number(int, low=1), default=None,
                     help="score only the first N rows")
     io.add_argument("--out", type=Path, required=True,
-                    help="JSONL: one line per question, written at the end in one rename")
+                    help="JSONL: one line per question, written at the end in one rename; "
+                         "finished chunks wait in .OUT.partial/ beside it, so that the same "
+                         "command resumes a killed run")
     io.add_argument("--overwrite", action="store_true",
                     help="replace an existing non-empty --out (refused otherwise: it holds an "
                          "earlier run's results)")
@@ -319,27 +321,53 @@ def _json_line(record: dict, where: str) -> str:
                        "written (a float16 model overflowing? try --dtype float32)") from None
 
 
+# Options that do not change the scores, left out of the resume fingerprint.
+_NOT_IN_FINGERPRINT = ("out", "overwrite", "run", "command")
+
+
+def _score_chunks(args, situations: list[str], questions: list[str]):
+    """Every chunk's `RewardOutput`, resuming an interrupted run of the same command (see
+    clarifyjax.chunkstore); models are loaded only when a chunk is left to score."""
+    import jax
+
+    from clarifyjax.chunkstore import ChunkStore, fingerprint
+    from clarifyjax.reward_pipeline import RewardOutput
+
+    options = {k: v for k, v in vars(args).items() if k not in _NOT_IN_FINGERPRINT}
+    store = ChunkStore(args.out, fingerprint(options, (situations, questions),
+                                             (args.answerer, args.fusion, args.judge, args.nli)),
+                       RewardOutput, error=CLIError)
+    found = store.start()
+    key, pipeline, outputs, reused = jax.random.key(args.seed), None, [], 0
+    chunks = equal_chunks(len(situations), args.batch_size)
+    for i, chunk in enumerate(chunks):
+        output = store.load(i) if found else None
+        if output is None or len(output.reward) != chunk.stop - chunk.start:
+            pipeline = pipeline or _load_pipeline(args)
+            # fold_in(key, i) whether resumed or not: a resumed run scores as an uninterrupted one
+            output = pipeline(situations[chunk], questions[chunk], rng=jax.random.fold_in(key, i))
+            store.save(i, output)
+        else:
+            reused += 1
+        outputs.append(output)
+    if reused:
+        print(f"resumed: {reused} of {len(chunks)} chunks were scored by an interrupted run "
+              f"({store.folder})")
+    return store, outputs
+
+
 @subcommand("score-questions", "reward of each (situation, question): answers, fused situations, "
             "judge distributions, JSD; prints the paper's Table 4", _score_options)
 def run_score_questions(args: argparse.Namespace) -> int:
+    from clarifyjax.models.checkpoint_io import atomic_write_bytes
+    from clarifyjax.reward_pipeline import concat_outputs
     from clarifyjax.textfiles import check_output
 
     _check_score_options(args)
     check_output(args.out, overwrite=args.overwrite, error=CLIError,
                  inputs=(("--situations", args.situations), ("--questions", args.questions)))
     situations, s_where, questions, q_where = _read_inputs(args)
-
-    import jax
-
-    from clarifyjax.models.checkpoint_io import atomic_write_bytes
-    from clarifyjax.reward_pipeline import concat_outputs
-
-    pipeline = _load_pipeline(args)
-    key = jax.random.key(args.seed)
-    outputs = []
-    for i, chunk in enumerate(equal_chunks(len(situations), args.batch_size)):
-        outputs.append(pipeline(situations[chunk], questions[chunk],
-                                rng=jax.random.fold_in(key, i)))
+    store, outputs = _score_chunks(args, situations, questions)
     out = concat_outputs(outputs)
     lines = []
     for i, row in enumerate(out.rows()):
@@ -349,12 +377,13 @@ def run_score_questions(args: argparse.Namespace) -> int:
         lines.append(_json_line(record, q_where[i]))
     # One rename: a killed run leaves the earlier file whole (or none), never half of the new one.
     atomic_write_bytes(args.out, ("\n".join(lines) + "\n").encode("utf-8"))
+    store.finish()
 
     summary = out.table4()
     print(f"scored {len(lines)} questions -> {args.out}")
     print(f"Table 4: avg. JSD {summary['avg_jsd']:.4f} over {summary['pairs']} pairs; "
           f"judgment flips {100 * summary['judgment_flips']:.1f}% of {summary['answers']} answers")
-    if out.valid.any() and pipeline.config.normalizer is not None:
+    if out.valid.any() and args.gain is not None:
         print(f"mean reward {float(out.reward[out.valid].mean()):.4f} (normalized)")
     print("counts: " + ", ".join(f"{k} {v}" for k, v in out.counts.items()))
     if args.nli is None:

@@ -190,6 +190,12 @@ def test_outputs_that_cannot_or_must_not_be_written(setup, capsys):
     fails_with_one_line(score_argv(setup, out=under_file), capsys, under_file, "not a directory")
     fails_with_one_line(score_argv(setup, out="/proc/scores.jsonl"), capsys, "/proc/scores.jsonl",
                         "cannot write")
+    # a folder by the name of the resume folder that score-questions did not make is not deleted
+    stranger = setup["out"].parent / ".scores.jsonl.partial"
+    stranger.mkdir(parents=True)
+    (stranger / "notes.txt").write_text("mine")
+    fails_with_one_line(score_argv(setup), capsys, stranger, "did not write")
+    assert (stranger / "notes.txt").exists()
     # with --overwrite, the inputs themselves are still protected
     fails_with_one_line(score_argv(setup, "--overwrite", out=setup["qs"]), capsys,
                         "--questions", setup["qs"])
@@ -348,6 +354,59 @@ def test_a_failed_write_is_one_line_and_leaves_the_earlier_file(tiny, tmp_path, 
     fails_with_one_line(args_for(models, sit, qs, out, "--overwrite"), capsys, out,
                         "No space left on device")
     assert out.read_text() == "earlier\n"
+
+
+def _kill_on_call(monkeypatch, kill_at: int | None) -> list:
+    """Count RewardPipeline calls; raise KeyboardInterrupt (the job is killed) on call `kill_at`."""
+    from clarifyjax.reward_pipeline import RewardPipeline
+
+    calls, real = [], RewardPipeline.__call__
+
+    def call(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == kill_at:
+            raise KeyboardInterrupt
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(RewardPipeline, "__call__", call)
+    return calls
+
+
+def test_a_killed_run_resumes_at_its_first_unfinished_chunk(folders, rows, tmp_path, capsys,
+                                                            monkeypatch):
+    models = {k: v for k, v in folders.items() if k != "nli"}
+    sit = write_lines(tmp_path / "s.txt", rows[0])  # 12 rows, --batch-size 8: 2 chunks of 6
+    qs = write_lines(tmp_path / "q.txt", rows[1])
+    reference, out = tmp_path / "reference.jsonl", tmp_path / "scores.jsonl"
+    run_ok(args_for(models, sit, qs, reference), capsys)
+    partial = tmp_path / ".scores.jsonl.partial"
+
+    _kill_on_call(monkeypatch, kill_at=2)
+    with pytest.raises(KeyboardInterrupt):
+        main([str(a) for a in args_for(models, sit, qs, out)])
+    assert not out.exists()  # nothing under the final name
+    assert sorted(p.name for p in partial.iterdir()) == ["chunk-000000.npz", "run.json"]
+
+    calls = _kill_on_call(monkeypatch, kill_at=None)
+    printed = run_ok(args_for(models, sit, qs, out), capsys)
+    assert len(calls) == 1 and "resumed: 1 of 2 chunks" in printed
+    assert out.read_text() == reference.read_text()  # as if it had never been killed
+    assert not partial.exists()
+
+
+def test_chunks_of_other_inputs_are_not_reused(folders, rows, tmp_path, capsys, monkeypatch):
+    models = {k: v for k, v in folders.items() if k != "nli"}
+    sit = write_lines(tmp_path / "s.txt", rows[0])
+    qs = write_lines(tmp_path / "q.txt", rows[1])
+    out = tmp_path / "scores.jsonl"
+    _kill_on_call(monkeypatch, kill_at=2)
+    with pytest.raises(KeyboardInterrupt):
+        main([str(a) for a in args_for(models, sit, qs, out)])
+    write_lines(qs, [rows[1][1]] + rows[1][1:])  # the first question changed
+    calls = _kill_on_call(monkeypatch, kill_at=None)
+    printed = run_ok(args_for(models, sit, qs, out), capsys)
+    assert len(calls) == 2 and "resumed" not in printed
+    assert json.loads(out.read_text().splitlines()[0])["question"] == rows[1][1]
 
 
 # --------------------------------------------------------------------------- tokenizer
