@@ -18,6 +18,10 @@ What the command line promises (issue 11):
 * Every numeric option has a range, checked while parsing, before any file is read or any model
   loaded; the message names the option (`--gain`), never an internal field. NaN and infinity are
   never accepted.
+* `score-questions --out` is checked before any work (a directory, a device, an earlier run's
+  results without --overwrite, an input file, a folder that cannot be written) and written once,
+  at the end, by a rename; finished chunks wait beside it (clarifyjax.chunkstore), so the same
+  command resumes a killed run.
 * Bad input - a usage error, `CLIError`, the project's CheckpointError / ConfigError / DataError /
   TextFormatError (which name the file, line and field), an OSError (named by its path) - is
   printed as one line, `clarifyjax SUBCOMMAND: error: ...`, and `main` returns 2; no traceback.

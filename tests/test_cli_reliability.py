@@ -248,6 +248,12 @@ def test_intermixed_train_reaches_the_config_check(argv, capsys):
     fails_with_one_line(argv, capsys, "unknown key 'optimizer.bogus'")
 
 
+def test_a_config_with_a_byte_order_mark_is_read(tmp_path, capsys):
+    bom = tmp_path / "bom.yaml"
+    bom.write_bytes(codecs.BOM_UTF8 + f"base: {CONFIG}\n".encode())
+    fails_with_one_line(["train", bom, "optimizer.bogus=1"], capsys, "unknown key 'optimizer.bogus'")
+
+
 def _train_bad_cases(tmp):
     (tmp / "syntax.yaml").write_text("kind: sft\nrun:\n\tsteps: 3\n")  # a tab
     (tmp / "latin1.yaml").write_bytes("kind: sft\n# caf\xe9\n".encode("latin-1"))
