@@ -327,6 +327,20 @@ def test_line_separators_inside_a_line_do_not_shift_rows(tiny, tmp_path, capsys)
     assert len(out.read_text(encoding="utf-8").splitlines()) == len(questions)
 
 
+def test_a_very_long_line_is_truncated_and_counted(tiny, tmp_path, capsys):
+    """A 300,000-character situation is cut to --max-input-length tokens, counted, not refused."""
+    models, situations, questions = tiny
+    long = list(situations)
+    long[2] = "I told my friend a lie " * 12_500
+    out = tmp_path / "a.jsonl"
+    printed = run_ok(args_for(models, write_lines(tmp_path / "s.txt", long),
+                              write_lines(tmp_path / "q.txt", questions), out), capsys)
+    counts = dict(item.rsplit(" ", 1) for item in
+                  printed.split("counts: ")[1].splitlines()[0].split(", "))
+    assert int(counts["truncated_judge_inputs"]) >= 1
+    assert len(out.read_text().splitlines()) == len(questions)
+
+
 def test_overwrite_replaces_an_earlier_longer_run_whole(tiny, tmp_path, capsys):
     models, situations, questions = tiny
     sit = write_lines(tmp_path / "s.txt", situations)
