@@ -66,15 +66,15 @@ class Columns:
     question: str = "question"  # the original question's text, when the file has it: only checked
 
     def __post_init__(self):
-        names = {key: getattr(self, key) for key in ("question_id", *FIELDS, "question")}
-        for key, name in names.items():
+        names = {key: getattr(self, key) for key in ("question_id", *FIELDS)}
+        for key, name in {**names, "question": self.question}.items():
             if not isinstance(name, str) or not name.strip():
-                raise ValueError(f"the {key} column name must be a non-empty string, got {name!r}")
+                raise ValueError(f"{key} column name must be a non-empty string, got {name!r}")
         keys = list(names)
         for i, key in enumerate(keys):  # one column read as two fields is a mistake in the options
             other = next((k for k in keys[:i] if names[k] == names[key]), None)
             if other is not None:
-                raise ValueError(f"the {other} and {key} columns are both named {names[key]!r}")
+                raise ValueError(f"{other} column and {key} column are both named {names[key]!r}")
 
     def name(self, field_name: str) -> str:
         if field_name not in FIELDS:
@@ -145,6 +145,8 @@ def _question_id(path, line_no: int, row: dict, columns: Columns) -> str:
 
 def _same_question(path, seen: dict, qid: str, line_no: int, row: dict, columns: Columns) -> None:
     """Refuse one question id given two different question texts (two questions merged)."""
+    if columns.question in (columns.question_id, columns.paraphrase, columns.answer, columns.rot):
+        return  # that column is read as a text field, whose values differ by design
     text = _value(path, line_no, row, columns.question, optional=True).strip()
     if not text:
         return
@@ -427,7 +429,7 @@ def _check_weights(q: Question, column: str) -> None:
     if bad.any():
         i, j = np.argwhere(bad)[0]
         value = values[i, j]
-        what = "is empty or NaN" if np.isnan(value) else f"is {value!r}, outside [-1, 1]"
+        what = "is empty or NaN" if np.isnan(value) else f"is {float(value)!r}, outside [-1, 1]"
         line = q.pair_lines[i, j] if q.pair_lines is not None else q.lines[0]
         raise DataError(f"{q.source}:{line}: column {column!r} {what} (question {q.question_id}, "
                         f"texts {i} and {j}); edge weights must be similarities in [-1, 1]")
