@@ -329,7 +329,9 @@ def run_score(args) -> int:
                              "the folder was left as it was") from e
     finally:
         out.discard()
-    print(report.format_table([summary for _, summary in results]))
+    table = report.format_table([summary for _, summary in results])
+    # A model name from a file name that is not UTF-8 holds surrogates print() cannot encode.
+    print(table.encode("utf-8", "backslashreplace").decode("utf-8"))
     print(f"\nwrote {args.out / 'summary.json'}, {args.out / 'sage_distribution.png'} and "
           f"{len(names)} per-question CSV file{'s' if len(names) > 1 else ''}")
     return 0
