@@ -374,6 +374,27 @@ def test_a_repeated_row_is_warned_with_its_lines(tmp_path):
     assert questions[0].n == 4  # read, not dropped: the warning says it counts
 
 
+class FakeEmbedder:
+    """Deterministic vectors per text, so that the long format runs through the CLI without a model."""
+
+    def embed(self, texts, batch_size=64, on_progress=None):
+        return np.stack([np.random.default_rng(sum(map(ord, t))).normal(size=8) for t in texts]).astype(np.float32)
+
+
+def test_the_cli_prints_data_warnings_as_one_line_each(tmp_path, capsys, monkeypatch):
+    from sage_jax.embed import SentenceEmbedder
+
+    monkeypatch.setattr(SentenceEmbedder, "from_pretrained", lambda *a, **k: FakeEmbedder())
+    rows = long_rows()
+    path = write_csv(tmp_path / "rep.csv", LONG_HEADER, rows + [rows[1]])
+    (tmp_path / "e").mkdir()
+    rc, out, err = score(capsys, path, "--embedder", tmp_path / "e", "--no-bertscore", "--out", tmp_path / "out")
+    assert rc == 0, err
+    warned = [line for line in err.splitlines() if line.startswith("sage-jax: warning:")]
+    assert len(warned) == 1 and f"{path}: 1 row repeat" in warned[0] and "lines 8 = 3" in warned[0]
+    assert "Traceback" not in err and (tmp_path / "out" / "summary.json").exists()
+
+
 def test_a_question_with_twice_the_rows_is_warned(tmp_path):
     rows = long_rows(3) + [["0", "", f"other paraphrase {i}", f"other answer {i}", "r"] for i in range(3)]
     with pytest.warns(DataWarning, match=r"question 0 has 6 rows where the median question has 3 \(lines 2, 3, 4, 11"):
