@@ -318,7 +318,8 @@ def run_score(args) -> int:
             try:
                 results.append(score_loaded(item, args, embedder_fn, progress))
             except Exception as e:  # one line naming the file; nothing is published
-                raise RunFailure(f"{item.path}: scoring failed ({type(e).__name__}: {e}); no output "
+                first = (str(e).strip().splitlines() or [""])[0][:300]  # XLA errors run to pages
+                raise RunFailure(f"{item.path}: scoring failed ({type(e).__name__}: {first}); no output "
                                  "was written") from e
         try:
             _write(out, results, args)

@@ -231,7 +231,7 @@ def test_a_second_file_failing_while_scored_publishes_nothing(tmp_path, capsys, 
 
     def fail_on_second(item, *a):
         if item.name == "second":
-            raise RuntimeError("out of memory")
+            raise RuntimeError("out of memory\n  (pages of XLA detail)")
         return real(item, *a)
     monkeypatch.setattr(cli, "score_loaded", fail_on_second)
     rc, _, err = score(capsys, first, second, *edge_args(out))
