@@ -24,8 +24,8 @@ Duplicates, each decided by whether the tool can know what was meant:
   release itself repeats a paraphrase within a question (q100_gpt-3.5-turbo_rot.csv, lines 318-319),
   and a deterministic model then repeats its answer too. A pairs file whose repeated row breaks the
   n(n-1)/2 combinations structure is refused by that check;
-* a long-format question with at least twice the median number of rows (no `question` column to
-  tell): read, and reported by a `DataWarning` naming its lines (two questions sharing an id?).
+* a long-format question with at least twice the median number of rows: read, and reported by a
+  `DataWarning` naming its lines (two questions sharing an id, where no `question` column tells).
 
 Edge-weight columns (pairs format) must hold a number in [-1, 1] for every pair (up to float32
 rounding, `SIMILARITY_TOLERANCE`): empty cells, NaN, inf and values outside are refused with the
