@@ -23,6 +23,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from clarifyjax.config import NLI_THRESHOLD  # one default with the YAML's; imports no JAX
+
 
 class CLIError(ValueError):
     """Bad input or options; the message names the file, line and field."""
@@ -153,7 +155,7 @@ def _score_options(p: argparse.ArgumentParser) -> None:
     reward.add_argument("--dropped-answer", choices=("zero_reward", "resample", "blank"),
                         default="zero_reward")
     reward.add_argument("--resample-k", type=int, default=2)
-    reward.add_argument("--nli-threshold", type=float, default=None,
+    reward.add_argument("--nli-threshold", type=float, default=NLI_THRESHOLD,
                         help="drop when P(entailment) + P(contradiction) >= this (default: argmax)")
     reward.add_argument("--answer-max-length", type=int, default=32)
     reward.add_argument("--answer-temperature", type=float, default=0.0, help="0: greedy")
@@ -167,6 +169,20 @@ def _score_options(p: argparse.ArgumentParser) -> None:
     run = p.add_argument_group("run")
     run.add_argument("--batch-size", type=int, default=64, help="questions per pipeline call")
     run.add_argument("--seed", type=int, default=0)
+
+
+def pipeline_config(args: argparse.Namespace):
+    """The score-questions options as a `PipelineConfig`, through the mapping that a PPO run's
+    `rewards:` section goes through (`PipelineConfig.from_options`)."""
+    from clarifyjax.reward import RewardNormalizer
+    from clarifyjax.reward_pipeline import PipelineConfig
+
+    return PipelineConfig.from_options(
+        dropped_answer=args.dropped_answer, resample_k=args.resample_k,
+        answer_max_length=args.answer_max_length, answer_temperature=args.answer_temperature,
+        fusion_max_length=args.fusion_max_length, max_question_words=args.max_question_words,
+        use_judgment_text=not args.no_judgment_text, nli_threshold=args.nli_threshold,
+        normalizer=None if args.gain is None else RewardNormalizer(args.gain, args.bias))
 
 
 def _split(value: str, option: str) -> tuple[str, ...]:
@@ -193,15 +209,9 @@ def run_score_questions(args: argparse.Namespace) -> int:
 
     from clarifyjax.delphi import Sampling
     from clarifyjax.models.checkpoint_io import atomic_write_bytes
-    from clarifyjax.reward import RewardNormalizer
-    from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline, concat_outputs
+    from clarifyjax.reward_pipeline import RewardPipeline, concat_outputs
 
-    config = PipelineConfig(
-        dropped_answer=args.dropped_answer, resample_k=args.resample_k,
-        answer_max_length=args.answer_max_length, answer_temperature=args.answer_temperature,
-        fusion_max_length=args.fusion_max_length, max_question_words=args.max_question_words,
-        use_judgment_text=not args.no_judgment_text,
-        normalizer=None if args.gain is None else RewardNormalizer(args.gain, args.bias))
+    config = pipeline_config(args)
     judge_options = dict(
         kind=None if args.judge_kind == "auto" else args.judge_kind,
         class_prefix=args.class_prefix, class_tokens=_split(args.class_tokens, "--class-tokens"),
@@ -210,8 +220,8 @@ def run_score_questions(args: argparse.Namespace) -> int:
     pipeline = RewardPipeline.from_folders(
         answerer=args.answerer, fusion=args.fusion, judge=args.judge, nli=args.nli,
         config=config, backend=args.backend, dtype=args.dtype,
-        max_input_length=args.max_input_length, nli_threshold=args.nli_threshold,
-        nli_batch_size=2 * args.batch_size, judge_options=judge_options)
+        max_input_length=args.max_input_length, nli_batch_size=2 * args.batch_size,
+        judge_options=judge_options)
 
     key = jax.random.key(args.seed)
     outputs = []
