@@ -446,12 +446,9 @@ def evaluate_ppo(sampler: RolloutSampler, params, ref_params, dataset, *, batch_
 
 
 def _ppo_hyperparams(h) -> ppo.PPOConfig:
-    if h.entropy_coef:
-        raise ConfigError(f"ppo.entropy_coef = {h.entropy_coef}: ppo.make_ppo_update has no "
-                          "entropy bonus (the original had none); set it to 0")
     return ppo.PPOConfig(epochs=h.epochs, minibatches=h.minibatches, clip=h.clip,
                          value_clip=h.value_clip, vf_coef=h.vf_coef, gamma=h.gamma, lam=h.lam,
-                         whiten_advantages=h.whiten_advantages)
+                         whiten_advantages=h.whiten_advantages, whiten_rewards=h.whiten_rewards)
 
 
 def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = True,
@@ -465,10 +462,6 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
     """
     say = _say(None)
     run_dir, mesh, rules = _start(cfg, "ppo", say)
-    if cfg.value.shared_trunk:
-        raise ConfigError("value.shared_trunk: not available: ppo.make_ppo_update gives value_fn "
-                          "only the value parameters, so a head on the policy's trunk cannot see "
-                          "the policy's parameters; use a separate value model")
     h = cfg.ppo
     ppo_config = _ppo_hyperparams(h)
     tokenizer = Tokenizer.from_pretrained(cfg.policy.tokenizer_path)
