@@ -144,8 +144,8 @@ class OptimizerConfig:
 class SFTDataConfig:
     """Where the (input, target) pairs of an SFT run come from, and how they are batched.
 
-    Relative paths are read from the working directory, else from the repository root, and fall
-    back to the project's small example files (`clarifyjax.data.resolve_data_path`).
+    Relative paths are read from the working directory, else from the repository root; a path
+    that exists in neither stops the run (`clarifyjax.data.resolve_data_path`: no fallback).
     ``dev_path: null``: a seeded split of ``train_path`` (grouped by situation, so that no dev
     situation is seen in training), ``dev_fraction`` of the groups. ``train_rows`` keeps N train
     pairs (a seeded sample), ``dev_rows`` the first N dev pairs. ``batch_size`` is global (all
