@@ -195,7 +195,9 @@ def ppo_config(out: Path, data: Path, plan: dict):
 
 
 def plot_rewards(metrics: Path, png: Path) -> Path:
-    """reward_curve.png: the rollouts' mean normalized reward per PPO step, and the dev reward."""
+    """reward_curve.png: the rollouts' mean normalized reward per PPO step, and the dev reward.
+    Paths may be str (the README calls it from the shell)."""
+    metrics, png = Path(metrics), Path(png)
     import matplotlib
 
     matplotlib.use("Agg")
