@@ -18,7 +18,8 @@ that each step compiles once, learning rates), and they go where those configs p
 ``ppo_tiny`` (with ``reward_curve.png``); so ``clarifyjax train configs/ppo_tiny.yaml`` works
 after the demo. Compiled programs are cached in ``OUT/.jax_cache``, so a second run starts faster.
 Each stage resumes from its checkpoints; ``--fresh`` deletes the demo's folders first. ``--quick``
-is a smoke-sized run (tests use it).
+is a smoke-sized run (tests use it). ``--tokenizer-only`` makes ``OUT/tokenizer_tiny`` and stops: the
+one thing the tiny configs need before `clarifyjax train configs/sft_*_tiny.yaml` (README, Usage).
 """
 from __future__ import annotations
 
@@ -197,7 +198,9 @@ def ppo_config(out: Path, data: Path, plan: dict):
 
 
 def plot_rewards(metrics: Path, png: Path) -> Path:
-    """reward_curve.png: the rollouts' mean normalized reward per PPO step, and the dev reward."""
+    """reward_curve.png: the rollouts' mean normalized reward per PPO step, and the dev reward.
+    Paths may be str (the README calls it from the shell)."""
+    metrics, png = Path(metrics), Path(png)
     import matplotlib
 
     matplotlib.use("Agg")
@@ -275,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="delete the demo's folders first")
     parser.add_argument("--no-sage", action="store_true", help="skip the SaGE part")
     parser.add_argument("--progress", action="store_true", help="progress bars")
+    parser.add_argument("--tokenizer-only", action="store_true",
+                        help="make OUT/tokenizer_tiny (the tiny configs' tokenizer) and stop")
     args = parser.parse_args(argv)
     start = time.time()
     out = args.out.resolve()
@@ -304,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not (tokenizer / "tokenizer.json").exists():
         train_tokenizer(corpus(data), tokenizer)
     print(f"[demo] tokenizer: {tokenizer} ({time.time() - start:.0f} s)", flush=True)
+    if args.tokenizer_only:
+        return 0
     judge_file = derive_judge_file(data / "sc_dev_questions_gpt.tsv",
                                    out / "sft_judge_tiny_data" / "judge.tsv")
 

