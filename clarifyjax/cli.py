@@ -51,6 +51,11 @@ class _Parser(argparse.ArgumentParser):
     """argparse prints usage (many lines for score-questions) and exits; we want one line and a
     return value, so that `main([...])` returns 2 like every other bad input."""
 
+    def __init__(self, *args, **kwargs):
+        # A misspelt option must not run as the option it happens to be a prefix of.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):
         raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
 

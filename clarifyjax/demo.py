@@ -262,7 +262,7 @@ def run_sage(out: Path) -> int:
     from sage_jax import cli as sage_cli
 
     args = ["score", str(EXAMPLES / "sage_demo.jsonl"), "--out", str(out / "sage_demo"),
-            "--quiet"]
+            "--quiet", "--overwrite"]  # a second demo run replaces the first one's scores
     print(f"\n=== SaGE: sage-jax {' '.join(args)} ===", flush=True)
     return sage_cli.main(args)
 

@@ -49,10 +49,12 @@ class RunFailure(RuntimeError):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sage-jax", description="SaGE moral-consistency scores (JAX), "
+    # allow_abbrev=False: a misspelt option must not run as the option it is a prefix of.
+    parser = argparse.ArgumentParser(prog="sage-jax", allow_abbrev=False, description="SaGE moral-consistency scores (JAX), "
                                      "with BLEU / ROUGE-L / BERTScore baselines, for one or more models")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("score", help="score one or more files (one per model) and compare them")
+    p = sub.add_parser("score", allow_abbrev=False,
+                       help="score one or more files (one per model) and compare them")
     p.add_argument("files", nargs="+", type=Path, help="CSV / TSV / JSONL, long or pairs format")
     p.add_argument("--text", choices=sorted(TEXT_FIELDS), default="answer",
                    help="embed the answers, the rules of thumb, or blend both (the reference's use_rots)")

@@ -274,6 +274,8 @@ def _train_bad_cases(tmp):
         (["trian", CONFIG], ["trian"]),
         ([], ["SUBCOMMAND"]),
         (["--version"], ["--version"]),
+        (["train", CONFIG, "--no-progres"], ["--no-progres"]),  # no prefix matching
+        (["train", CONFIG, "--dry"], ["--dry"]),
     ]
 
 
@@ -281,7 +283,7 @@ def test_bad_train_invocations(tmp_path, capsys):
     cases = _train_bad_cases(tmp_path)
     for argv, names in cases:
         fails_with_one_line(argv, capsys, *names)
-    assert len(cases) == 14
+    assert len(cases) == 16
 
 
 # --------------------------------------------------------------------------- good inputs

@@ -476,3 +476,11 @@ def test_count_of_bad_inputs():
         "edge weights": len(BAD_WEIGHTS),
     }
     assert sum(counted.values()) >= 70, counted
+
+
+@pytest.mark.parametrize("misspelt", ["--overwr", "--alph=10", "--qui"])
+def test_a_prefix_of_an_option_is_not_taken_for_it(tmp_path, capsys, misspelt):
+    with pytest.raises(SystemExit) as e:
+        score(capsys, pairs_file(tmp_path / "v.csv"), "--out", tmp_path / "o", misspelt)
+    assert e.value.code == 2 and misspelt.split("=")[0] in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
