@@ -291,12 +291,9 @@ class SFTProgram(Program):
 
 def ppo_hyperparams(h) -> ppo.PPOConfig:
     """`ppo.PPOConfig` of a config's ``ppo`` section."""
-    if h.entropy_coef:
-        raise ConfigError(f"ppo.entropy_coef = {h.entropy_coef}: ppo.make_ppo_update has no "
-                          "entropy bonus (the original had none); set it to 0")
     return ppo.PPOConfig(epochs=h.epochs, minibatches=h.minibatches, clip=h.clip,
                          value_clip=h.value_clip, vf_coef=h.vf_coef, gamma=h.gamma, lam=h.lam,
-                         whiten_advantages=h.whiten_advantages)
+                         whiten_advantages=h.whiten_advantages, whiten_rewards=h.whiten_rewards)
 
 
 def kl_controller(h):

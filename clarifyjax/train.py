@@ -333,13 +333,6 @@ def _normalizer(cfg, saved: dict | None, where: str, sampler, params, dataset, s
     return _fit_normalizer(cfg, sampler, params, dataset, say)
 
 
-def _refuse_shared_trunk(cfg) -> None:
-    if cfg.value.shared_trunk:
-        raise ConfigError("value.shared_trunk: not available: ppo.make_ppo_update gives value_fn "
-                          "only the value parameters, so a head on the policy's trunk cannot see "
-                          "the policy's parameters; use a separate value model")
-
-
 def _log_ppo_step(logger, bar, step: int, metrics, fields, times: dict, t_update: float, rollout,
                   mesh) -> dict[str, float]:
     """Log one step's scalars (the update's metrics, timings, raw reward, tokens per second) and
@@ -369,16 +362,14 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
     """
     say = say_through(None)
     run_dir, mesh, rules = _start(cfg, "ppo", say)
-    _refuse_shared_trunk(cfg)
     h, seed = cfg.ppo, cfg.run.seed
-    hyper = programs.ppo_hyperparams(h)  # refuses what the update cannot do, before any loading
     tokenizer = Tokenizer.from_pretrained(cfg.policy.tokenizer_path)
     m = programs.build_ppo_models(cfg, mesh, rules, tokenizer)
     train_ds, dev_ds = _situations(cfg, tokenizer)
     say(f"[ppo] {len(train_ds)} training situations, {len(dev_ds or ())} dev situations; policy "
         f"d_model={m.config.d_model}, {m.config.num_layers} layers")
     program = programs.PPOProgram.build(cfg, mesh, m.graphdef, m.params, m.value_graphdef,
-                                        m.value_params, hyper=hyper)
+                                        m.value_params)
     state = program.init_state()
     sampler = _sampler(cfg, tokenizer, m, reward_fn, mesh)
     logger = MetricsLogger(run_dir, tensorboard=tensorboard, say=say)
