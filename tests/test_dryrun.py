@@ -119,10 +119,11 @@ hashes["sft"] = (dry["compiled"]["lowered_sha256"], sha(real["program"].lowered_
 policy = ["policy.init=null", "policy.tiny.vocab_size=608", "policy.tiny.d_model=32",
           "policy.tiny.d_ff=64", "policy.max_input_length=32"]
 ppo = policy + data + ["ppo.batch_size=8", "ppo.minibatches=2", "ppo.max_question_length=10",
-                       "ppo.adaptive_kl=true", "data.dev_situations=8"] + run
+                       "ppo.adaptive_kl=true", "data.dev_situations=8", "normalizer.fit=false",
+                       "normalizer.fit_batches=8"] + run
 dry = dryrun.main("configs/ppo_tiny.yaml", ppo, say=lambda _: None)
 real = train.train_ppo(load_config("configs/ppo_tiny.yaml", ppo + [
-    f"policy.tokenizer={spm}", f"run.output_dir={out}/ppo", "normalizer.fit=false"]),
+    f"policy.tokenizer={spm}", f"run.output_dir={out}/ppo"]),
     reward_fn=lambda s, q: np.zeros(len(q)), tensorboard=False, progress=False, export=False)
 hashes["ppo"] = (dry["compiled"]["lowered_sha256"], sha(real["program"].lowered_text()))
 print("RESULT" + json.dumps(hashes))
