@@ -46,7 +46,7 @@ TRACE_COUNTS: collections.Counter = collections.Counter()  # traces of the jitte
 
 
 def tiny_t5_config(model_cfg) -> T5Config:
-    """The T5Config of a tiny random model (``model.tiny``): no dropout unless the config sets it."""
+    """The T5Config of a tiny random model (``model.tiny``): no dropout unless the config says."""
     return T5Config(**model_cfg.tiny.t5_kwargs(), dtype=model_cfg.dtype,
                     param_dtype=model_cfg.param_dtype, dropout_rate=model_cfg.dropout_rate or 0.0)
 
@@ -168,7 +168,7 @@ def opt_state_shardings(tx, opt_state, params, p_shardings, mesh):
 
 
 def _abstract(tree, shardings=None):
-    """`jax.ShapeDtypeStruct`s of `tree`'s arrays, with `shardings` (a matching tree) or their own."""
+    """`jax.ShapeDtypeStruct`s of `tree`'s arrays, with `shardings` (a matching tree) or theirs."""
     def spec(x, sharding=None):
         return jax.ShapeDtypeStruct(np.shape(x), x.dtype, weak_type=bool(getattr(x, "weak_type",
                                                                                False)),
@@ -249,7 +249,7 @@ def _batch_major_step(step_fn):
 
 @dataclasses.dataclass
 class SFTProgram(Program):
-    """One SFT optimizer step; state {"params", "opt_state", "step", "rng"}; batch {`sft.BATCH_KEYS`}
+    """One SFT optimizer step; state {"params", "opt_state", "step", "rng"}; batch `sft.BATCH_KEYS`
     batch-major: [rows, grad_accum, length] ([rows, grad_accum] for example_mask)."""
 
     grad_accum: int = 1
