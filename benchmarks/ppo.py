@@ -58,10 +58,9 @@ sys.path.insert(0, str(REPO_ROOT / "tests"))  # the tiny-model builders
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
 from _tiny_models import save_t5_folder, tiny_spm_folder, tiny_t5_config  # noqa: E402
-from clarifyjax import decoding, delphi, ppo, sft, train  # noqa: E402
+from clarifyjax import decoding, delphi, optim, ppo, programs, train  # noqa: E402
 from clarifyjax import sharding as sharding_lib  # noqa: E402
 from clarifyjax import text as text_lib  # noqa: E402
 from clarifyjax.config import load_config  # noqa: E402
@@ -329,29 +328,21 @@ def build(args, root: Path):
     h = cfg.ppo
     mesh = sharding_lib.make_mesh(cfg.mesh.axis_sizes())
     tokenizer = Tokenizer.from_pretrained(spm)
-    p_config, policy = train.build_t5(cfg.policy, seed=0, mesh=mesh,
-                                      rules=sharding_lib.DEFAULT_RULES, tokenizer=tokenizer,
-                                      where="policy")
+    p_config, policy = programs.build_t5(cfg.policy, seed=0, mesh=mesh,
+                                         rules=sharding_lib.DEFAULT_RULES, tokenizer=tokenizer,
+                                         where="policy")
     graphdef, params = split_model(policy)
     value_graphdef, value_params = split_model(ValueModel.from_t5(policy, seed=2))
-    tx = sft.make_optimizer(o, cfg.run.steps)
-    kl_ctl = (ppo.AdaptiveKL(h.kl_coef, h.kl_target, float(h.kl_horizon)) if h.adaptive_kl
-              else ppo.FixedKL(h.kl_coef))
-    state0 = ppo.init_ppo_state(params, value_params, tx, tx, kl_ctl)
-    # The update's shardings as `train.train_ppo` gives them: its outputs keep the inputs' layout,
-    # so the sampler and the scorer see the same parameter layout at every step.
-    p_sh, v_sh = train.param_shardings(params, mesh), train.param_shardings(value_params, mesh)
-    rep = NamedSharding(mesh, PartitionSpec())
-    ppo_sh = ppo.PPOState(
-        p_sh, v_sh, train.opt_state_shardings(tx, state0.policy_opt_state, params, p_sh, mesh),
-        train.opt_state_shardings(tx, state0.value_opt_state, value_params, v_sh, mesh),
-        jax.tree.map(lambda _: rep, state0.kl_ctl), rep)
-    row1, row2 = sharding_lib.batch_sharding(mesh, 1), sharding_lib.batch_sharding(mesh, 2)
-    rollout_sh = ppo.Rollout(row2, row2, row2, row2, row2, row2, row2, row1)
+    # The state and the update's shardings as `train.train_ppo` assembles them (its outputs keep
+    # the inputs' layout, so the sampler and the scorer see the same parameter layout at every
+    # step); the update is jitted here without donation, since the benchmark reuses `state0`.
+    program = programs.PPOProgram.build(cfg, mesh, graphdef, params, value_graphdef, value_params)
+    tx = optim.make_optimizer(o, cfg.run.steps)
 
     def jit_update(config: ppo.PPOConfig):
         fn = ppo.make_ppo_update(*make_ppo_fns(graphdef, value_graphdef), tx, tx, config)
-        return jax.jit(fn, in_shardings=(ppo_sh, rollout_sh, rep), out_shardings=(ppo_sh, rep))
+        return jax.jit(fn, in_shardings=program.in_shardings,
+                       out_shardings=(program.state_shardings["ppo"], program.in_shardings[2]))
 
     reward_fn = train.build_reward_fn(cfg) if args.reward == "pipeline" else stand_in_reward
     sampler = RolloutSampler(FoldedVocabulary(tokenizer), graphdef, value_graphdef, reward_fn,
@@ -359,8 +350,8 @@ def build(args, root: Path):
                              temperature=h.temperature, top_k=h.top_k, top_p=h.top_p)
     return SimpleNamespace(
         cfg=cfg, mesh=mesh, tokenizer=tokenizer, p_config=p_config, torch_policy=torch_policy,
-        state0=jax.device_put(state0, ppo_sh), ref_params=copy_params(params),
-        ppo_config=train._ppo_hyperparams(h),  # the loop's own mapping of the config
+        state0=program.init_state()["ppo"], ref_params=copy_params(params),
+        ppo_config=programs.ppo_hyperparams(h),  # the loop's own mapping of the config
         jit_update=jit_update, reward_fn=reward_fn, sampler=sampler,
         normalizer=RewardNormalizer(gain=cfg.normalizer.gain, bias=cfg.normalizer.bias))
 
@@ -386,7 +377,10 @@ def rollout(bench, state: ppo.PPOState, batch, situations, key):
         gen.mask))
     t3 = time.perf_counter()
     scores = sharding_lib.shard_batch(fields["score"], bench.mesh)
-    r = ppo.Rollout(ids, mask, gen.tokens, gen.mask, *scored, scores)
+    logprobs, ref_logprobs, values = scored
+    r = ppo.Rollout(query_ids=ids, query_mask=mask, response_ids=gen.tokens,
+                    response_mask=gen.mask, logprobs=logprobs, ref_logprobs=ref_logprobs,
+                    values=values, scores=scores)
     return r, {"sample_s": t1 - t0, "reward_s": t2 - t1, "score_s": t3 - t2}, fields
 
 

@@ -81,10 +81,11 @@ def worker(batch: int, repeats: int) -> dict:
     ri = (rs.randint(2, 256, size=(batch, t)) * rm).astype(np.int32)
     scorer = jax.jit(policy.make_rollout_scorer(pol_def, val_def))
     logprobs, ref, values = (np.asarray(x) for x in scorer(pol, pol, val, qi, qm, ri, rm))
-    rollout_np = ppo.Rollout(qi, qm, ri, rm, logprobs, ref + 0.05 * rs.randn(batch, t),
-                             values, rs.randn(batch).astype(np.float32))
-    rollout_np = ppo.Rollout(*(np.asarray(x, np.float32) if np.asarray(x).dtype == np.float64
-                               else np.asarray(x) for x in rollout_np))
+    rollout_np = ppo.Rollout(query_ids=qi, query_mask=qm, response_ids=ri, response_mask=rm,
+                             logprobs=logprobs, ref_logprobs=ref + 0.05 * rs.randn(batch, t),
+                             values=values, scores=rs.randn(batch).astype(np.float32))
+    rollout_np = jax.tree.map(lambda x: np.asarray(x, np.float32) if np.asarray(x).dtype ==
+                              np.float64 else np.asarray(x), rollout_np)
 
     tx = optax.adam(1e-4)
     update = ppo.make_ppo_update(*policy.make_ppo_fns(pol_def, val_def), tx, tx, ppo.PPOConfig())
@@ -92,7 +93,7 @@ def worker(batch: int, repeats: int) -> dict:
     key = jax.random.key(0)
 
     # data parallel: the batch split over `data`, parameters replicated
-    rollout = ppo.Rollout(*sh.shard_batch(tuple(rollout_np), mesh))
+    rollout = sh.shard_batch(rollout_np, mesh)  # a Rollout of global arrays
     dp = jax.jit(update)
     dp_hlo = dp.lower(state, rollout, key).compile().as_text()
 
@@ -101,8 +102,8 @@ def worker(batch: int, repeats: int) -> dict:
     replica = NamedSharding(mesh, PartitionSpec("data"))
     stack = lambda x: jax.device_put(jnp.broadcast_to(x, (n,) + x.shape), replica)  # noqa: E731
     states = jax.tree.map(stack, state)
-    rollouts = ppo.Rollout(*(jax.device_put(np.asarray(x).reshape((n, per) + x.shape[1:]), replica)
-                             for x in rollout_np))
+    rollouts = jax.tree.map(lambda x: jax.device_put(x.reshape((n, per) + x.shape[1:]), replica),
+                            rollout_np)
     keys = jax.device_put(jax.random.split(key, n), replica)
     local = jax.jit(jax.vmap(update))
     local_hlo = local.lower(states, rollouts, keys).compile().as_text()

@@ -270,6 +270,7 @@ class RolloutSampler:
                                                      state.value_params, ids, mask, gen.tokens,
                                                      gen.mask)
         scores = sharding_lib.shard_batch(fields["score"], self.mesh)
-        rollout = ppo.Rollout(ids, mask, gen.tokens, gen.mask, logprobs, ref_logprobs, values,
-                              scores)
+        rollout = ppo.Rollout(query_ids=ids, query_mask=mask, response_ids=gen.tokens,
+                              response_mask=gen.mask, logprobs=logprobs,
+                              ref_logprobs=ref_logprobs, values=values, scores=scores)
         return rollout, questions, fields, {"time/sample": t1 - t0, "time/reward": t2 - t1}

@@ -25,155 +25,27 @@ scorer and `decoding.generate`. The update is ONE jitted function with the mesh'
 """
 from __future__ import annotations
 
-import collections
-import dataclasses
-import json
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec
 
 from clarifyjax import data as data_lib
-from clarifyjax import decoding, ppo, run_record, sft
+from clarifyjax import decoding, metrics_log, optim, programs, run_record, sft
 from clarifyjax import sharding as sharding_lib
 from clarifyjax.checkpointing import Checkpointer, PreemptionGuard
 from clarifyjax.config import ConfigError
-from clarifyjax.models.hf import load_t5, save_t5
+from clarifyjax.metrics_log import MetricsLogger, say_through
+from clarifyjax.models.hf import save_t5
 from clarifyjax.models.t5 import T5, T5Config
-from clarifyjax.policy import (RolloutSampler, ValueModel, copy_params, host_rows,
-                               make_ppo_fns, merge_model, split_model)
+from clarifyjax.policy import RolloutSampler, host_rows, merge_model, split_model
+from clarifyjax.programs import TRACE_COUNTS  # noqa: F401  (the tests count traces here)
 from clarifyjax.reward import RewardNormalizer, flip_rate
 from clarifyjax.tokenizer import Tokenizer
 
-TRACE_COUNTS: collections.Counter = collections.Counter()  # traces of the jitted steps
-
-# --------------------------------------------------------------------------- logging
-
-
-class MetricsLogger:
-    """Scalars to ``metrics.jsonl`` (appended; flushed per line) and TensorBoard event files."""
-
-    def __init__(self, directory: Path, *, tensorboard: bool = True, say=print):
-        self.path = Path(directory) / "metrics.jsonl"
-        self._tb, self._file, self.backend = None, None, "jsonl only"
-        self.primary = jax.process_index() == 0  # one writer for all processes
-        if not self.primary:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a", encoding="utf-8")
-        if tensorboard:
-            try:
-                from tensorboardX import SummaryWriter
-
-                self._tb, self.backend = SummaryWriter(str(directory)), "tensorboardX"
-            except ImportError:
-                try:
-                    import tensorboard  # noqa: F401  (tf.summary writes nothing without it)
-                    import tensorflow as tf
-
-                    self._tf = tf
-                    self._tb = tf.summary.create_file_writer(str(directory))
-                    self.backend = "tf.summary"
-                except ImportError:
-                    pass
-        say(f"[metrics] {self.path} + TensorBoard: {self.backend}")
-
-    def write(self, step: int, metrics: dict[str, float]) -> None:
-        if not self.primary:
-            return
-        clean = {k: float(v) for k, v in metrics.items()}
-        self._file.write(json.dumps({"step": int(step), **clean}) + "\n")
-        self._file.flush()
-        if self.backend == "tensorboardX":
-            for k, v in clean.items():
-                self._tb.add_scalar(k, v, step)
-        elif self.backend == "tf.summary":
-            with self._tb.as_default(step=int(step)):
-                for k, v in clean.items():
-                    self._tf.summary.scalar(k, v)
-            self._tb.flush()
-
-    def close(self) -> None:
-        if not self.primary:
-            return
-        self._file.close()
-        if self._tb is not None:
-            self._tb.close() if self.backend == "tensorboardX" else self._tb.flush()
-
-
-def _progress(total: int, initial: int, enabled: bool):
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, disable=not enabled, dynamic_ncols=True)
-
-
-def _say(bar):
-    def say(message: str) -> None:
-        (bar.write if bar is not None and not bar.disable else print)(message)
-    return say
-
-
-# --------------------------------------------------------------------------- models and state
-
-
-def build_t5(model_cfg, *, seed: int, mesh, rules, tokenizer: Tokenizer | None = None,
-             where: str = "model") -> tuple[T5Config, T5]:
-    """A T5 from a `ModelConfig`: a Hugging Face folder (``init``) or a tiny random one (``tiny``),
-    placed on `mesh`; ``dropout_rate`` (when set) overrides the checkpoint's."""
-    if tokenizer is not None and model_cfg.tiny is not None \
-            and tokenizer.vocab_size > model_cfg.tiny.vocab_size:  # before building anything
-        raise ConfigError(f"{where}: the tokenizer {tokenizer.folder} has {tokenizer.vocab_size} "
-                          f"tokens but the model's vocab_size is {model_cfg.tiny.vocab_size}")
-    if model_cfg.init is not None:
-        config, model = load_t5(model_cfg.init, dtype=model_cfg.dtype, mesh=mesh, rules=rules,
-                                param_dtype=model_cfg.param_dtype)
-        if model_cfg.dropout_rate is not None and model_cfg.dropout_rate != config.dropout_rate:
-            config = dataclasses.replace(config, dropout_rate=model_cfg.dropout_rate)
-            graphdef, _ = nnx.split(nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0))))
-            model = nnx.merge(graphdef, nnx.state(model))
-    else:
-        config = T5Config(**model_cfg.tiny.t5_kwargs(), dtype=model_cfg.dtype,
-                          param_dtype=model_cfg.param_dtype,
-                          dropout_rate=model_cfg.dropout_rate or 0.0)
-        model = sharding_lib.create_sharded(lambda: T5(config, rngs=nnx.Rngs(seed)), mesh, rules)
-    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
-        raise ConfigError(f"{where}: the tokenizer {tokenizer.folder} has {tokenizer.vocab_size} "
-                          f"tokens but the model's vocab_size is {config.vocab_size}")
-    return config, model
-
-
-def _replicated(mesh) -> NamedSharding:
-    return NamedSharding(mesh, PartitionSpec())
-
-
-def param_shardings(params, mesh):
-    """Each parameter's own NamedSharding (set when it was built), replicated otherwise."""
-    return jax.tree.map(lambda x: x.sharding if isinstance(getattr(x, "sharding", None),
-                                                            NamedSharding) else _replicated(mesh),
-                        params)
-
-
-def opt_state_shardings(tx, opt_state, params, p_shardings, mesh):
-    """Optimizer-state leaves shaped like their parameter share its sharding; others replicate."""
-    import optax
-
-    return optax.tree_map_params(
-        tx, lambda leaf, p, s: s if leaf.shape == p.shape else _replicated(mesh), opt_state,
-        params, p_shardings, transform_non_params=lambda _: _replicated(mesh),
-        is_leaf=lambda x: isinstance(x, (jax.Array, jax.ShapeDtypeStruct)))
-
-
-def traced(name: str, fn):
-    """`fn`, counting its traces in `TRACE_COUNTS[name]` (a jitted step traces once per shape)."""
-    def wrapper(*args):
-        TRACE_COUNTS[name] += 1
-        return fn(*args)
-    return wrapper
+# --------------------------------------------------------------------------- runs
 
 
 def _all_hosts(x: np.ndarray) -> np.ndarray:
@@ -219,23 +91,32 @@ def _restore(ckpt: Checkpointer, state, say, cfg):
     return step, state, extra
 
 
+def _checkpointer(cfg, run_dir: Path) -> Checkpointer:
+    return Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.run.max_to_keep,
+                        save_interval_steps=max(cfg.run.save_every, 1),
+                        async_save=cfg.run.async_checkpointing)
+
+
+def _due(step: int, every: int, total: int) -> bool:
+    """Every `every` steps (never when 0) and at the last step."""
+    return bool(every) and (step % every == 0 or step == total)
+
+
+def _checkpoint(ckpt, guard, step: int, total: int, state, extra: Callable[[], dict]) -> bool:
+    """Save when due, at the last step or on a stop request (SIGTERM); True: stop now."""
+    stop = guard.should_stop(step)
+    if stop or ckpt.should_save(step) or step == total:
+        ckpt.save(step, state, extra())
+    return stop
+
+
+def _log_eval(logger, say, at: int, metrics: dict) -> dict:
+    logger.write(at, metrics)
+    say(f"[eval {at}] " + ", ".join(f"{k[5:]} {v:.4g}" for k, v in metrics.items()))
+    return metrics
+
+
 # --------------------------------------------------------------------------- SFT
-
-
-def _sft_batch_shardings(mesh):
-    """Micro-batch stacks travel batch-major, [b, a, ...], so that the batch axis is split over
-    the data axes like any batch (`shard_batch`, process-local rows on several hosts)."""
-    return {k: sharding_lib.batch_sharding(mesh, n) for k, n in (
-        ("input_ids", 3), ("input_mask", 3), ("target_ids", 3), ("target_mask", 3),
-        ("example_mask", 2))}
-
-
-def _sft_step(step_fn):
-    def step(state, batch_major):
-        micro = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch_major)  # -> [a, b, ...]
-        new_state, metrics = step_fn(sft.SFTState(**state), micro)
-        return new_state._asdict(), metrics
-    return step
 
 
 def evaluate_sft(model: T5, eval_step, params, dataset, tokenizer, *, batch_size: int, mesh,
@@ -266,41 +147,28 @@ def evaluate_sft(model: T5, eval_step, params, dataset, tokenizer, *, batch_size
 def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: bool = True
               ) -> dict[str, Any]:
     """Supervised fine-tuning for an `SFTConfig`. Returns {"step", "eval" (last dev metrics),
-    "first_eval", "output_dir", "final" (export folder or None), "stopped" (SIGTERM)}."""
-    bar = None
-    say = _say(bar)
+    "first_eval", "output_dir", "final" (export folder or None), "stopped" (SIGTERM), "program"
+    (the `programs.SFTProgram` it ran)}."""
+    say = say_through(None)
     run_dir, mesh, rules = _start(cfg, f"sft:{cfg.task}", say)
     train_pairs, dev_pairs = data_lib.load_sft_pairs(cfg.data, cfg.task)  # bad files fail first
     tokenizer = Tokenizer.from_pretrained(cfg.model.tokenizer_path)
-    train_ds = data_lib.sft_dataset(train_pairs, tokenizer, cfg.model, cfg.data.length_buckets)
-    dev_ds = data_lib.sft_dataset(dev_pairs, tokenizer, cfg.model, cfg.data.length_buckets)
-    config, model = build_t5(cfg.model, seed=cfg.run.seed, mesh=mesh, rules=rules,
-                             tokenizer=tokenizer)
+    train_ds, dev_ds = (data_lib.sft_dataset(pairs, tokenizer, cfg.model, cfg.data.length_buckets)
+                        for pairs in (train_pairs, dev_pairs))
+    config, model = programs.build_t5(cfg.model, seed=cfg.run.seed, mesh=mesh, rules=rules,
+                                      tokenizer=tokenizer)
     graphdef, params = split_model(model)
     say(f"[sft:{cfg.task}] {len(train_ds)} train / {len(dev_ds)} dev pairs; d_model "
         f"{config.d_model}, {config.num_layers} layers, vocab {config.vocab_size}")
-
-    opt = cfg.optimizer
-    tx = sft.make_optimizer(opt, cfg.run.steps)
-    state = sft.init_state(params, tx, cfg.run.seed)._asdict()
-    p_sh = param_shardings(params, mesh)
-    state_sh = {"params": p_sh, "opt_state": opt_state_shardings(tx, state["opt_state"], params,
-                                                                 p_sh, mesh),
-                "step": _replicated(mesh), "rng": _replicated(mesh)}
-    state = jax.device_put(state, state_sh)
-    step_fn = sft.make_train_step(graphdef, tx, label_smoothing=opt.label_smoothing,
-                                  dropout=config.dropout_rate > 0)
-    train_step = jax.jit(traced("sft_step", _sft_step(step_fn)),
-                         in_shardings=(state_sh, _sft_batch_shardings(mesh)),
-                         out_shardings=(state_sh, _replicated(mesh)))
+    program = programs.SFTProgram.build(cfg, mesh, graphdef, params,
+                                        dropout=config.dropout_rate > 0)
+    state = program.init_state()
     eval_step = jax.jit(sft.make_eval_step(graphdef))
-
+    schedule = optim.make_schedule(cfg.optimizer, cfg.run.steps)
     logger = MetricsLogger(run_dir, tensorboard=tensorboard, say=say)
     result: dict[str, Any] = {"output_dir": str(run_dir), "final": None, "stopped": False,
-                              "eval": None, "first_eval": None}
-    with Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.run.max_to_keep,
-                      save_interval_steps=max(cfg.run.save_every, 1),
-                      async_save=cfg.run.async_checkpointing) as ckpt, PreemptionGuard() as guard:
+                              "eval": None, "first_eval": None, "program": program}
+    with _checkpointer(cfg, run_dir) as ckpt, PreemptionGuard() as guard:
         step, state, extra = _restore(ckpt, state, say, cfg)
         batches = data_lib.BatchIterator(train_ds, cfg.data.batch_size, seed=cfg.run.seed,
                                          shuffle=cfg.data.shuffle, position=extra.get("data"))
@@ -310,36 +178,30 @@ def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: b
                                     state["params"], dev_ds, tokenizer,
                                     batch_size=cfg.data.eval_batch_size, mesh=mesh,
                                     max_new_tokens=cfg.model.max_target_length)
-            logger.write(at, m)
-            say(f"[eval {at}] " + ", ".join(f"{k[5:]} {v:.4g}" for k, v in m.items()))
+            _log_eval(logger, say, at, m)
             for i in range(min(3, len(preds))):
                 say(f"  {dev_ds.texts['input'][i]!r}\n    -> {preds[i]!r}\n    (ref "
                     f"{dev_ds.texts['target'][i]!r})")
             return m
 
         result["first_eval"] = evaluate(step) if step == 0 and cfg.run.eval_every else None
-        bar = _progress(cfg.run.steps, step, progress)
-        say = _say(bar)
-        last = {}
+        bar = metrics_log.progress(cfg.run.steps, step, progress)
+        say, last = say_through(bar), {}
         while step < cfg.run.steps:
-            micro = sft.stack_micro_batches([next(batches) for _ in range(opt.grad_accum)])
-            micro = sharding_lib.shard_batch({k: np.swapaxes(v, 0, 1) for k, v in micro.items()},
-                                             mesh)
-            state, metrics = train_step(state, micro)
+            micro_batches = [next(batches) for _ in range(program.grad_accum)]
+            state, metrics = program(state, program.place_batch(micro_batches))
             step += 1
             bar.update(1)
-            if cfg.run.log_every and (step % cfg.run.log_every == 0 or step == cfg.run.steps):
+            if _due(step, cfg.run.log_every, cfg.run.steps):
                 last = {f"train/{k}": float(v) for k, v in metrics.items()}
-                last["train/lr"] = float(sft.make_schedule(opt, cfg.run.steps)(step - 1))
+                last["train/lr"] = float(schedule(step - 1))
                 logger.write(step, last)
                 bar.set_postfix(loss=f"{last['train/loss']:.3f}",
                                 acc=f"{last['train/accuracy']:.3f}")
-            if cfg.run.eval_every and (step % cfg.run.eval_every == 0 or step == cfg.run.steps):
+            if _due(step, cfg.run.eval_every, cfg.run.steps):
                 result["eval"] = evaluate(step)
-            stop = guard.should_stop(step)
-            if stop or ckpt.should_save(step) or step == cfg.run.steps:
-                ckpt.save(step, state, {"data": batches.position, "train": last})
-            if stop:
+            if _checkpoint(ckpt, guard, step, cfg.run.steps, state,
+                           lambda: {"data": batches.position, "train": last}):
                 result["stopped"] = True
                 say(f"[sft] stopping at step {step} on request (checkpoint saved)")
                 break
@@ -453,10 +315,48 @@ def evaluate_ppo(sampler: RolloutSampler, params, ref_params, dataset, *, batch_
     return metrics
 
 
-def _ppo_hyperparams(h) -> ppo.PPOConfig:
-    return ppo.PPOConfig(epochs=h.epochs, minibatches=h.minibatches, clip=h.clip,
-                         value_clip=h.value_clip, vf_coef=h.vf_coef, gamma=h.gamma, lam=h.lam,
-                         whiten_advantages=h.whiten_advantages, whiten_rewards=h.whiten_rewards)
+def _sampler(cfg, tokenizer, m: programs.PPOModels, reward_fn, mesh) -> RolloutSampler:
+    """Rollouts of the policy `m`, rewarded by `reward_fn` (default: the config's pipeline)."""
+    h = cfg.ppo
+    return RolloutSampler(tokenizer, m.graphdef, m.value_graphdef,
+                          reward_fn if reward_fn is not None else build_reward_fn(cfg), mesh,
+                          max_new_tokens=h.max_question_length, temperature=h.temperature,
+                          top_k=h.top_k, top_p=h.top_p)
+
+
+def _situations(cfg, tokenizer) -> tuple[Any, Any]:
+    """(train dataset, dev dataset or None) of tokenized situations."""
+    def dataset(situations):
+        return data_lib.situation_dataset(situations, tokenizer, cfg.policy.max_input_length,
+                                          cfg.data.length_buckets)
+
+    train_sits, dev_sits = data_lib.load_ppo_situations(cfg.data)
+    return dataset(train_sits), (dataset(dev_sits) if dev_sits else None)
+
+
+def _normalizer(cfg, saved: dict | None, where: str, sampler, params, dataset, say):
+    """The reward normalizer: the checkpoint's (`saved`), else fitted on the initial policy."""
+    if saved is not None:
+        return RewardNormalizer.from_dict(saved, where=where)
+    return _fit_normalizer(cfg, sampler, params, dataset, say)
+
+
+def _log_ppo_step(logger, bar, step: int, metrics, fields, times: dict, t_update: float, rollout,
+                  mesh) -> dict[str, float]:
+    """Log one step's scalars (the update's metrics, timings, raw reward, tokens per second) and
+    show some on the bar; returns them."""
+    row = {f"train/{k}": float(v) for k, v in metrics.items()}
+    times["time/update"] = time.perf_counter() - t_update  # float() above synchronized
+    row.update(times)
+    row["train/reward_raw"] = float(fields["reward"].mean())
+    row["train/tokens_per_s"] = float(host_rows(rollout.response_mask, mesh).sum()
+                                      ) / max(sum(times.values()), 1e-9)
+    if "valid" in fields:
+        row["train/valid_rate"] = float(np.mean(fields["valid"]))
+    logger.write(step, row)
+    bar.set_postfix(reward=f"{row['train/mean_score']:.3f}", kl=f"{row['train/kl_to_ref']:.3f}",
+                    loss=f"{row['train/total_loss']:.3f}")
+    return row
 
 
 def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = True,
@@ -466,130 +366,64 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
     reward_fn(situations, questions) -> raw rewards [b] (or an object with ``.reward``); default:
     the config's `RewardPipeline`. Returns {"step", "history" (logged train metrics), "eval"
     (last), "first_eval", "normalizer", "state" (the final `ppo.PPOState`), "output_dir",
-    "final", "stopped"}.
+    "final", "stopped", "program" (the `programs.PPOProgram` it ran)}.
     """
-    say = _say(None)
+    say = say_through(None)
     run_dir, mesh, rules = _start(cfg, "ppo", say)
-    h = cfg.ppo
-    ppo_config = _ppo_hyperparams(h)
+    h, seed = cfg.ppo, cfg.run.seed
     tokenizer = Tokenizer.from_pretrained(cfg.policy.tokenizer_path)
-    seed = cfg.run.seed
-    p_config, policy = build_t5(cfg.policy, seed=seed, mesh=mesh, rules=rules, tokenizer=tokenizer,
-                                where="policy")
-    graphdef, params = split_model(policy)
-    if cfg.reference is None:
-        ref_params = copy_params(params)
-    else:
-        _, reference = build_t5(cfg.reference, seed=seed, mesh=mesh, rules=rules, where="reference")
-        ref_graphdef, ref_params = split_model(reference)
-        if ref_graphdef != graphdef:
-            raise ConfigError("reference: the reference model's architecture differs from the "
-                              "policy's")
-    trunk = policy if cfg.value.model is None else build_t5(
-        cfg.value.model, seed=seed + 1, mesh=mesh, rules=rules, where="value.model")[1]
-    value = ValueModel.from_t5(trunk, seed=seed + 2)  # a copy of the trunk, and a new head
-    value_graphdef, value_params = split_model(value)
-    value_params = jax.device_put(value_params, nnx.to_pure_dict(sharding_lib.model_shardings(
-        nnx.state(value), mesh, rules)))
-
-    train_sits, dev_sits = data_lib.load_ppo_situations(cfg.data)
-    train_ds = data_lib.situation_dataset(train_sits, tokenizer, cfg.policy.max_input_length,
-                                          cfg.data.length_buckets)
-    dev_ds = data_lib.situation_dataset(dev_sits, tokenizer, cfg.policy.max_input_length,
-                                        cfg.data.length_buckets) if dev_sits else None
-    say(f"[ppo] {len(train_ds)} training situations, {len(dev_sits)} dev situations; policy "
-        f"d_model={p_config.d_model}, {p_config.num_layers} layers")
-
-    tx = sft.make_optimizer(cfg.optimizer, cfg.run.steps)
-    kl_ctl = (ppo.AdaptiveKL(h.kl_coef, h.kl_target, float(h.kl_horizon)) if h.adaptive_kl
-              else ppo.FixedKL(h.kl_coef))
-    p_sh, v_sh = param_shardings(params, mesh), param_shardings(value_params, mesh)
-    fresh = ppo.init_ppo_state(params, value_params, tx, tx, kl_ctl)
-    rep = _replicated(mesh)
-    ppo_sh = ppo.PPOState(p_sh, v_sh, opt_state_shardings(tx, fresh.policy_opt_state, params, p_sh,
-                                                          mesh),
-                          opt_state_shardings(tx, fresh.value_opt_state, value_params, v_sh, mesh),
-                          jax.tree.map(lambda _: rep, fresh.kl_ctl), rep)
-    state_sh = {"ppo": ppo_sh, "rng": rep}
-    state = jax.device_put({"ppo": fresh, "rng": jax.random.key_data(jax.random.key(seed))},
-                           state_sh)
-    b1, b2 = sharding_lib.batch_sharding(mesh, 1), sharding_lib.batch_sharding(mesh, 2)
-    rollout_sh = ppo.Rollout(b2, b2, b2, b2, b2, b2, b2, b1)
-    policy_fn, value_fn = make_ppo_fns(graphdef, value_graphdef)
-    update = jax.jit(traced("ppo_update", ppo.make_ppo_update(policy_fn, value_fn, tx, tx,
-                                                              ppo_config)),
-                     in_shardings=(ppo_sh, rollout_sh, rep), out_shardings=(ppo_sh, rep),
-                     donate_argnums=(0,) if jax.default_backend() != "cpu" else ())
-    sampler = RolloutSampler(tokenizer, graphdef, value_graphdef,
-                             reward_fn if reward_fn is not None else build_reward_fn(cfg), mesh,
-                             max_new_tokens=h.max_question_length, temperature=h.temperature,
-                             top_k=h.top_k, top_p=h.top_p)
-
+    m = programs.build_ppo_models(cfg, mesh, rules, tokenizer)
+    train_ds, dev_ds = _situations(cfg, tokenizer)
+    say(f"[ppo] {len(train_ds)} training situations, {len(dev_ds or ())} dev situations; policy "
+        f"d_model={m.config.d_model}, {m.config.num_layers} layers")
+    program = programs.PPOProgram.build(cfg, mesh, m.graphdef, m.params, m.value_graphdef,
+                                        m.value_params)
+    state = program.init_state()
+    sampler = _sampler(cfg, tokenizer, m, reward_fn, mesh)
     logger = MetricsLogger(run_dir, tensorboard=tensorboard, say=say)
     result: dict[str, Any] = {"output_dir": str(run_dir), "final": None, "stopped": False,
-                              "history": [], "first_eval": None, "eval": None}
-    with Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.run.max_to_keep,
-                      save_interval_steps=max(cfg.run.save_every, 1),
-                      async_save=cfg.run.async_checkpointing) as ckpt, PreemptionGuard() as guard:
+                              "history": [], "first_eval": None, "eval": None, "program": program}
+    with _checkpointer(cfg, run_dir) as ckpt, PreemptionGuard() as guard:
         step, state, extra = _restore(ckpt, state, say, cfg)
-        if "normalizer" in extra:
-            normalizer = RewardNormalizer.from_dict(extra["normalizer"],
-                                                    where=f"{ckpt.directory}: normalizer")
-        else:
-            normalizer = _fit_normalizer(cfg, sampler, state["ppo"].policy_params, train_ds, say)
+        normalizer = _normalizer(cfg, extra.get("normalizer"), f"{ckpt.directory}: normalizer",
+                                 sampler, state["ppo"].policy_params, train_ds, say)
         batches = data_lib.BatchIterator(train_ds, h.batch_size, seed=seed,
                                          shuffle=cfg.data.shuffle, position=extra.get("data"))
 
         def evaluate(at: int):
-            m = evaluate_ppo(sampler, state["ppo"].policy_params, ref_params, dev_ds,
-                             batch_size=cfg.data.eval_batch_size, normalizer=normalizer,
-                             key=jax.random.fold_in(jax.random.key(seed + 1), at))
-            logger.write(at, m)
-            say(f"[eval {at}] " + ", ".join(f"{k[5:]} {v:.4g}" for k, v in m.items()))
-            return m
+            return _log_eval(logger, say, at, evaluate_ppo(
+                sampler, state["ppo"].policy_params, m.ref_params, dev_ds,
+                batch_size=cfg.data.eval_batch_size, normalizer=normalizer,
+                key=jax.random.fold_in(jax.random.key(seed + 1), at)))
 
         if dev_ds is not None and cfg.run.eval_every and step == 0:
             result["first_eval"] = evaluate(0)
-        bar = _progress(cfg.run.steps, step, progress)
-        say = _say(bar)
+        bar = metrics_log.progress(cfg.run.steps, step, progress)
+        say = say_through(bar)
         while step < cfg.run.steps:
-            rng = jax.random.wrap_key_data(state["rng"])
-            rng, k_sample, k_update = jax.random.split(rng, 3)
+            rng, k_sample, k_update = jax.random.split(jax.random.wrap_key_data(state["rng"]), 3)
             batch = next(batches)
             situations = [train_ds.texts["situation"][j] for j in batch["index"]]
+            # sample questions, reward them (normalized), score them: log-probs, values
             rollout, questions, fields, times = sampler.rollout(
-                state["ppo"], ref_params, batch, situations, k_sample, normalizer)
+                state["ppo"], m.ref_params, batch, situations, k_sample, normalizer)
+            # KL-penalised per-token rewards, GAE, the PPO epochs: one jitted update
             t0 = time.perf_counter()
-            new_ppo, metrics = update(state["ppo"], rollout, k_update)
+            new_ppo, metrics = program(state["ppo"], rollout, k_update)
             state = {"ppo": new_ppo, "rng": jax.random.key_data(rng)}
             step += 1
             bar.update(1)
-            if cfg.run.log_every and (step % cfg.run.log_every == 0 or step == cfg.run.steps):
-                row = {f"train/{k}": float(v) for k, v in metrics.items()}
-                times["time/update"] = time.perf_counter() - t0  # float() above synchronized
-                row.update(times)
-                row["train/reward_raw"] = float(fields["reward"].mean())
-                row["train/tokens_per_s"] = float(host_rows(rollout.response_mask, mesh).sum()
-                                                  ) / max(sum(times.values()), 1e-9)
-                if "valid" in fields:
-                    row["train/valid_rate"] = float(np.mean(fields["valid"]))
-                logger.write(step, row)
+            if _due(step, cfg.run.log_every, cfg.run.steps):
+                row = _log_ppo_step(logger, bar, step, metrics, fields, times, t0, rollout, mesh)
                 result["history"].append({"step": step, **row})
-                bar.set_postfix(reward=f"{row['train/mean_score']:.3f}",
-                                kl=f"{row['train/kl_to_ref']:.3f}",
-                                loss=f"{row['train/total_loss']:.3f}")
             if cfg.run.sample_every and step % cfg.run.sample_every == 0:
                 for sit, q, r in list(zip(situations, questions, fields["reward"]))[:3]:
                     say(f"  [{step}] {sit!r}\n      -> {q!r} (raw reward {r:.4g})")
-            if dev_ds is not None and cfg.run.eval_every and (
-                    step % cfg.run.eval_every == 0 or step == cfg.run.steps):
+            if dev_ds is not None and _due(step, cfg.run.eval_every, cfg.run.steps):
                 result["eval"] = evaluate(step)
-            stop = guard.should_stop(step)
-            if stop or ckpt.should_save(step) or step == cfg.run.steps:
-                ckpt.save(step, state, {"data": batches.position,
-                                        "normalizer": normalizer.to_dict(),
-                                        "kl_coef": float(state["ppo"].kl_ctl.value)})
-            if stop:
+            if _checkpoint(ckpt, guard, step, cfg.run.steps, state, lambda: {
+                    "data": batches.position, "normalizer": normalizer.to_dict(),
+                    "kl_coef": float(state["ppo"].kl_ctl.value)}):
                 result["stopped"] = True
                 say(f"[ppo] stopping at step {step} on request (checkpoint saved)")
                 break
@@ -597,7 +431,7 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
     logger.close()
     result.update(step=step, normalizer=normalizer, state=state["ppo"])
     if export and not result["stopped"]:
-        result["final"] = _export(merge_model(graphdef, state["ppo"].policy_params), p_config,
+        result["final"] = _export(merge_model(m.graphdef, state["ppo"].policy_params), m.config,
                                   tokenizer, run_dir / "final", print)
     return result
 

@@ -1,6 +1,7 @@
 """Dry run of configs/ppo_t5_large.yaml on 8 fake CPU devices (issue 6): every parameter listed
 with a sharding, bytes per device reported, one PPO update compiled (not run), and T5-large never
-materialized.
+materialized. And the dry run compiles the run's own program (issue 10): for the tiny SFT and PPO
+configs, its lowered StableHLO is the text of the first real training step's.
 
 The step is compiled with ``dryrun.num_layers=2`` (2 + 2 layers at T5-large's width, 64 rows):
 ~35 s here; the full 24 + 24-layer PPO update (policy + value, 4 epochs) takes minutes to compile
@@ -12,7 +13,7 @@ import json
 
 import pytest
 
-from conftest import run_with_fake_devices
+from conftest import run_with_fake_devices, shared_data
 
 MiB = 2 ** 20
 
@@ -89,3 +90,60 @@ def test_dry_run_through_the_cli():
         "                       '--dry-run']))\n", 8)
     assert "bytes" in out.lower() or "GiB" in out
     assert "fsdp" in out
+
+
+SAME_PROGRAM = r'''
+import hashlib, json, sys
+import numpy as np
+from clarifyjax import dryrun, train
+from clarifyjax.config import load_config
+
+spm, out, train_tsv, dev_tsv = sys.argv[1:5]
+data = [f"data.train_path={train_tsv}", f"data.dev_path={dev_tsv}", "data.length_buckets=[512]"]
+run = ["run.steps=1", "run.eval_every=0", "run.log_every=1", "run.sample_every=0"]
+sha = lambda text: hashlib.sha256(text.encode()).hexdigest()
+hashes = {}
+
+# SFT: 2 micro-batches of 8 rows, label smoothing and dropout on (the old dry run had neither)
+model = ["model.tiny.vocab_size=608", "model.tiny.d_model=32", "model.tiny.d_ff=64",
+         "model.max_input_length=32", "model.max_target_length=16", "model.dropout_rate=0.1"]
+sft = model + data + ["data.batch_size=8", "data.train_rows=64", "data.dev_rows=8",
+                      "optimizer.grad_accum=2", "optimizer.label_smoothing=0.1"] + run
+dry = dryrun.main("configs/sft_question_tiny.yaml", sft, say=lambda _: None)
+real = train.train_sft(load_config("configs/sft_question_tiny.yaml", sft + [
+    f"model.tokenizer={spm}", f"run.output_dir={out}/sft"]),
+    tensorboard=False, progress=False, export=False)
+hashes["sft"] = (dry["compiled"]["lowered_sha256"], sha(real["program"].lowered_text()))
+
+# PPO: a random tiny policy, 8 rows in 2 minibatches, an adaptive KL controller
+policy = ["policy.init=null", "policy.tiny.vocab_size=608", "policy.tiny.d_model=32",
+          "policy.tiny.d_ff=64", "policy.max_input_length=32"]
+ppo = policy + data + ["ppo.batch_size=8", "ppo.minibatches=2", "ppo.max_question_length=10",
+                       "ppo.adaptive_kl=true", "data.dev_situations=8", "normalizer.fit=false",
+                       "normalizer.fit_batches=8"] + run
+dry = dryrun.main("configs/ppo_tiny.yaml", ppo, say=lambda _: None)
+real = train.train_ppo(load_config("configs/ppo_tiny.yaml", ppo + [
+    f"policy.tokenizer={spm}", f"run.output_dir={out}/ppo"]),
+    reward_fn=lambda s, q: np.zeros(len(q)), tensorboard=False, progress=False, export=False)
+hashes["ppo"] = (dry["compiled"]["lowered_sha256"], sha(real["program"].lowered_text()))
+print("RESULT" + json.dumps(hashes))
+'''
+
+
+@pytest.mark.slow
+def test_dry_run_lowers_the_program_of_the_first_real_step(tmp_path_factory, tmp_path):
+    """On 2 fake devices (mesh data=2) with batches padded to the full lengths (one length
+    bucket), the dry run of configs/sft_question_tiny.yaml and configs/ppo_tiny.yaml lowers the
+    same StableHLO text as the first step `train.train_sft` / `train.train_ppo` runs: the same
+    state, shardings, batch layout, loss options (label smoothing, dropout, KL controller) and
+    jitted function."""
+    from _tiny_models import tiny_spm_folder
+    from conftest import parse_result
+
+    spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
+    code = "import sys; sys.argv[1:] = " + repr([
+        str(spm), str(tmp_path), str(shared_data("delta-clarify/train.tsv")),
+        str(shared_data("delta-clarify/dev.tsv"))]) + "\n" + SAME_PROGRAM
+    hashes = parse_result(run_with_fake_devices(code, 2, timeout=900))
+    for kind, (dry, real) in hashes.items():
+        assert dry == real, f"{kind}: the dry run lowered another program than the run's"
