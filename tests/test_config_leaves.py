@@ -5,13 +5,13 @@ valid value (an ``a.b.c=value`` override), and requires either a `ConfigError` n
 a change in the runtime object that the key configures. Runtime objects, per section, built by
 the code the loops use where there is such code (no weights read, no forward pass):
 
-* model roles: the `T5Config` that `train.build_t5` returns (with `load_t5` stubbed to record
+* model roles: the `T5Config` that `programs.build_t5` returns (with `load_t5` stubbed to record
   its arguments), the tokenizer folder, and the padded lengths of its dataset columns;
 * reward models: every loader call and the `PipelineConfig` of `train.build_reward_fn` (the
   model loaders stubbed to record their arguments);
-* ppo: `train._ppo_hyperparams` (the update's `ppo.PPOConfig`), the KL controller and the
+* ppo: `programs.ppo_hyperparams` (the update's `ppo.PPOConfig`), the KL controller and the
   rollout sampler's arguments as `train.train_ppo` builds them;
-* optimizer: three updates of `sft.make_optimizer` on a small parameter tree (lr, schedule,
+* optimizer: three updates of `optim.make_optimizer` on a small parameter tree (lr, schedule,
   moments, decay, clipping all show in them);
 * data: what `data.load_sft_pairs` / `load_ppo_situations` read (stubbed readers) and return;
 * normalizer: `train._fit_normalizer`'s normalizer, or the number of batches it fits on;
@@ -46,13 +46,14 @@ LOOP_KEYS = {f"run.{f.name}" for f in dataclasses.fields(RunConfig)} | {
 def test_loop_keys_cover_run_and_are_read_by_the_loops():
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     assert {k.split(".", 1)[1] for k in LOOP_KEYS if k.startswith("run.")} == run_fields
-    source = (REPO_ROOT / "clarifyjax" / "train.py").read_text()
+    # The loops and the programs they compile (clarifyjax/programs.py) read these keys.
+    source = "".join((REPO_ROOT / "clarifyjax" / f).read_text() for f in ("train.py", "programs.py"))
     for key in sorted(LOOP_KEYS):
         name = key.split(".", 1)[1]
         if name in ("name", "output_dir"):  # read through RunConfig.directory
             assert "run.directory" in source
             continue
-        assert re.search(rf"\.{name}\b", source), f"train.py never reads {key}"
+        assert re.search(rf"\.{name}\b", source), f"neither train.py nor programs.py reads {key}"
 
 
 # --------------------------------------------------------------------------- leaves and values
@@ -143,7 +144,7 @@ def _pairs(n):
 @pytest.fixture(scope="module")
 def stubs():
     """Loaders that record their arguments instead of reading weights or files."""
-    from clarifyjax import data, delphi, nli, reward_pipeline, sharding, train
+    from clarifyjax import data, delphi, nli, programs, reward_pipeline, sharding, train
 
     rec = _Recorder()
     mp = pytest.MonkeyPatch()
@@ -161,7 +162,7 @@ def stubs():
         rows = [{"situation": f"s {i}"} for i in range(900)]
         return data.Table(path, tuple(columns), rows, list(range(2, 902)))
 
-    mp.setattr(train, "load_t5", load_t5)
+    mp.setattr(programs, "load_t5", load_t5)
     mp.setattr(sharding, "create_sharded", lambda *a, **k: None)
     mp.setattr(sharding, "process_mesh", lambda *a, **k: None)
     # Paths are only recorded: a changed path names a file that does not exist.
@@ -183,11 +184,11 @@ def _recorded(rec, fn, *args):
 
 
 def _t5(rec, model_cfg):
-    from clarifyjax import train
+    from clarifyjax import programs
 
     if model_cfg is None:
         return None
-    (config, _), calls = _recorded(rec, lambda: train.build_t5(
+    (config, _), calls = _recorded(rec, lambda: programs.build_t5(
         model_cfg, seed=0, mesh=None, rules=None))
     return config, calls
 
@@ -198,11 +199,11 @@ def _optimizer_trace(opt, steps):
     norms 100, 1 and 10 (so clipping changes the moments), and the schedule over the run."""
     import jax.numpy as jnp
 
-    from clarifyjax import sft
+    from clarifyjax import optim
 
-    schedule = sft.make_schedule(opt, steps)
+    schedule = optim.make_schedule(opt, steps)
     out = [float(schedule(c)) for c in np.linspace(0, steps - 1, 9)]
-    tx = sft.make_optimizer(opt, steps)
+    tx = optim.make_optimizer(opt, steps)
     params = {"w": jnp.ones((2, 3)), "b": jnp.full((3,), 0.5)}
     state = tx.init(params)
     for scale in (100.0, 1.0, 10.0):
@@ -213,7 +214,7 @@ def _optimizer_trace(opt, steps):
 
 
 def _runtime(cfg, rec) -> dict:
-    from clarifyjax import data, ppo, sharding, train
+    from clarifyjax import data, programs, sharding, train
 
     rt = {"mesh": (cfg.mesh.axis_sizes(), sharding.RULES[cfg.mesh.rules]),
           "optimizer": _optimizer_trace(cfg.optimizer, cfg.run.steps)}
@@ -228,9 +229,8 @@ def _runtime(cfg, rec) -> dict:
     rt["policy"] = (_t5(rec, p), p.tokenizer_path,
                     data.make_buckets(cfg.data.length_buckets, p.max_input_length))
     rt["reference"], rt["value"] = _t5(rec, cfg.reference), _t5(rec, cfg.value.model)
-    rt["ppo"] = train._ppo_hyperparams(h)
-    rt["kl"] = (ppo.AdaptiveKL(h.kl_coef, h.kl_target, float(h.kl_horizon)) if h.adaptive_kl
-                else ppo.FixedKL(h.kl_coef))  # as train_ppo builds it
+    rt["ppo"] = programs.ppo_hyperparams(h)
+    rt["kl"] = programs.kl_controller(h)  # as train_ppo builds it
     rt["sampler"] = (h.max_question_length, h.temperature, h.top_k, h.top_p)  # RolloutSampler's
     rt["rewards"] = _recorded(rec, train.build_reward_fn, cfg)
     n = cfg.normalizer
