@@ -16,7 +16,7 @@ import sys
 import numpy as np
 import pytest
 
-from _tiny_models import tiny_nli_folder, tiny_t5_folder
+from helpers.tiny_models import tiny_nli_folder, tiny_t5_folder
 from conftest import REPO_ROOT, shared_data
 from clarifyjax.cli import SUBCOMMANDS, equal_chunks, main
 from clarifyjax.delphi import Sampling

@@ -8,30 +8,27 @@ on this 2-core CPU. The listing and the bytes are those of the full T5-large.
 """
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from conftest import run_with_fake_devices
+from helpers.children import run_with_fake_devices
 
 MiB = 2 ** 20
 
 CODE = r'''
 import json, resource
 from clarifyjax import dryrun
+from clarifyjax.child_result import write_result
 lines = []
 report = dryrun.main("configs/ppo_t5_large.yaml", ["dryrun.num_layers=2"], say=lines.append)
 report["printed"] = lines
 report["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print("REPORT" + json.dumps(report, default=str))
+write_result(json.loads(json.dumps(report, default=str)))
 '''
 
 
 @pytest.fixture(scope="module")
 def report():
-    out = run_with_fake_devices(CODE, 8, timeout=600)
-    line = next(l for l in out.splitlines() if l.startswith("REPORT"))
-    return json.loads(line[len("REPORT"):])
+    return run_with_fake_devices(CODE, 8, timeout=600)
 
 
 @pytest.mark.slow
@@ -83,9 +80,16 @@ def test_bytes_per_device_and_compiled_step(report):
 @pytest.mark.slow
 def test_dry_run_through_the_cli():
     """`clarifyjax train CONFIG --dry-run` on 8 fake devices lists shardings and bytes per device."""
-    out = run_with_fake_devices(
+    result = run_with_fake_devices(
+        "import contextlib, io\n"
         "from clarifyjax.cli import main\n"
-        "raise SystemExit(main(['train', 'configs/ppo_t5_large.yaml', 'dryrun.compile=none',\n"
-        "                       '--dry-run']))\n", 8)
+        "from clarifyjax.child_result import write_result\n"
+        "printed = io.StringIO()  # what main says, away from native libraries' output\n"
+        "with contextlib.redirect_stdout(printed):\n"
+        "    status = main(['train', 'configs/ppo_t5_large.yaml', 'dryrun.compile=none',\n"
+        "                   '--dry-run'])\n"
+        "write_result({'status': status, 'printed': printed.getvalue()})\n", 8)
+    assert result["status"] == 0, result
+    out = result["printed"]
     assert "bytes" in out.lower() or "GiB" in out
     assert "fsdp" in out

@@ -112,7 +112,7 @@ def test_sft_data_file_with_a_missing_column_names_the_file_and_column(tmp_path,
 
 def _t5_folder(tmp_path_factory, d_model: int):
     """A random 1+1-layer T5 folder (v1.0, vocabulary 608) with its spiece.model."""
-    from _tiny_models import tiny_t5_folder
+    from helpers.tiny_models import tiny_t5_folder
 
     return tiny_t5_folder(tmp_path_factory, family="v1.0", seed=0, d_model=d_model,
                           num_layers=1, num_decoder_layers=1)
