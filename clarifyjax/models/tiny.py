@@ -211,20 +211,21 @@ def tiny_bpe_tokenizer(model_type: str = "roberta", vocab_size: int = 400):
     return tokenizer
 
 
-def save_classifier_folder(folder: Path, labels: Sequence[str], *, model_type: str, seed: int,
-                           hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
-                           intermediate_size: int = 64, weight_std: float | None = 0.2,
-                           tokenizer=None):
-    """A random `...ForSequenceClassification` with `labels` (id order) saved into `folder`
-    with its tokenizer.json; returns the torch model."""
+def random_classifier(labels: Sequence[str], *, model_type: str, seed: int, vocab_size: int,
+                      hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
+                      intermediate_size: int = 64, max_position_embeddings: int = 130,
+                      weight_std: float | None = 0.2):
+    """A random torch `RobertaForSequenceClassification` (or BERT, `model_type="bert"`) with
+    `labels` (id order), in eval mode; weights redrawn with std `weight_std` (None: Hugging
+    Face's init)."""
     import torch
     import transformers
 
-    tokenizer = tokenizer or tiny_bpe_tokenizer(model_type)
     id2label = dict(enumerate(labels))
-    common = dict(vocab_size=tokenizer.get_vocab_size(), hidden_size=hidden_size,
+    common = dict(vocab_size=vocab_size, hidden_size=hidden_size,
                   num_hidden_layers=num_layers, num_attention_heads=num_heads,
-                  intermediate_size=intermediate_size, max_position_embeddings=130,
+                  intermediate_size=intermediate_size,
+                  max_position_embeddings=max_position_embeddings,
                   id2label=id2label, label2id={v: k for k, v in id2label.items()})
     torch.manual_seed(seed)
     if model_type == "roberta":
@@ -240,7 +241,16 @@ def save_classifier_folder(folder: Path, labels: Sequence[str], *, model_type: s
             for name, p in model.named_parameters():
                 noise = torch.randn(p.shape, generator=gen) * weight_std
                 p.copy_(1.0 + noise if "LayerNorm.weight" in name else noise)
-    model.eval()
+    return model.eval()
+
+
+def save_classifier_folder(folder: Path, labels: Sequence[str], *, model_type: str, seed: int,
+                           tokenizer=None, **sizes):
+    """`random_classifier` saved into `folder` with its tokenizer.json (default: a BPE trained
+    here); returns the torch model. `sizes` go to `random_classifier`."""
+    tokenizer = tokenizer or tiny_bpe_tokenizer(model_type)
+    model = random_classifier(labels, model_type=model_type, seed=seed,
+                              vocab_size=tokenizer.get_vocab_size(), **sizes)
     model.save_pretrained(str(folder))
     tokenizer.save(str(Path(folder) / "tokenizer.json"))
     return model
