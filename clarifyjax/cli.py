@@ -1,7 +1,8 @@
 """The `clarifyjax` command (also `python -m clarifyjax`): `clarifyjax SUBCOMMAND [options]`.
 
     clarifyjax score-questions --situations FILE --questions FILE --answerer DIR --fusion DIR
-                               --judge DIR [--nli DIR] --out FILE.jsonl
+                               --judge DIR [--nli DIR] --out FILE.jsonl [--overwrite]
+    clarifyjax train CONFIG [--dry-run] [--no-progress] [KEY=VALUE ...]
 
 A subcommand is a function that adds its options to a parser and a function that runs it:
 
@@ -10,15 +11,27 @@ A subcommand is a function that adds its options to a parser and a function that
     @subcommand("train", "fine-tune or PPO-train a model from a YAML config", _train_options)
     def run_train(args: argparse.Namespace) -> int: ...
 
-Run functions import jax and the models themselves, so `clarifyjax --help` stays fast. Bad input
-(`CLIError`, and the project's CheckpointError / DataError / TextFormatError, which name the file,
-line and field) is printed as one line, `clarifyjax SUBCOMMAND: error: ...`, with exit status 2.
+Run functions import jax and the models themselves, so `clarifyjax --help` stays fast.
+
+What the command line promises (issue 11):
+* Options and positionals may be mixed in any order (`train CONFIG --no-progress k=v`).
+* Every numeric option has a range, checked while parsing, before any file is read or any model
+  loaded; the message names the option (`--gain`), never an internal field. NaN and infinity are
+  never accepted.
+* `score-questions --out` is checked before any work (a directory, a device, an earlier run's
+  results without --overwrite, an input file, a folder that cannot be written) and written once,
+  at the end, by a rename; finished chunks wait beside it (clarifyjax.chunkstore), so the same
+  command resumes a killed run.
+* Bad input - a usage error, `CLIError`, the project's CheckpointError / ConfigError / DataError /
+  TextFormatError (which name the file, line and field), an OSError (named by its path) - is
+  printed as one line, `clarifyjax SUBCOMMAND: error: ...`, and `main` returns 2; no traceback.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -26,6 +39,40 @@ from typing import Callable, Sequence
 
 class CLIError(ValueError):
     """Bad input or options; the message names the file, line and field."""
+
+
+class UsageError(CLIError):
+    """A command line that does not parse; the message starts with the (sub)command's name."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse prints usage (many lines for score-questions) and exits; we want one line and a
+    return value, so that `main([...])` returns 2 like every other bad input."""
+
+    def error(self, message: str):
+        raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
+
+
+def number(kind: type = int, *, low: float | None = None, high: float | None = None,
+           above: float | None = None) -> Callable[[str], int | float]:
+    """An argparse `type` for an int or a finite float with `low <= x <= high` and `x > above`;
+    argparse puts the option's own name before the message."""
+    bounds = [f">= {low}" if low is not None else "", f"> {above}" if above is not None else "",
+              f"<= {high}" if high is not None else ""]
+    wanted = " and ".join(b for b in bounds if b)
+    wanted = ("an integer" if kind is int else "a finite number") + (f" {wanted}" if wanted else "")
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+        if not ((kind is int or math.isfinite(value)) and (low is None or value >= low)
+                and (above is None or value > above) and (high is None or value <= high)):
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
+        return value
+
+    return parse
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,61 +99,77 @@ def subcommand(name: str, help: str, add_options: Callable[[argparse.ArgumentPar
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    """The top-level parser; `parser.subcommand_parsers[name]` is each subcommand's own."""
+    parser = _Parser(
         prog="clarifyjax", description="ClarifyDelphi in JAX: clarification questions for moral "
         "situations, trained with a defeasibility reward")
     sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
+    parser.subcommand_parsers = {}
     for command in SUBCOMMANDS.values():
         p = sub.add_parser(command.name, help=command.help, description=command.help)
         command.add_options(p)
         p.set_defaults(run=command.run)
+        parser.subcommand_parsers[command.name] = p
     return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse with options and positionals intermixed (`train CONFIG --no-progress k=v`).
+
+    argparse's `parse_intermixed_args` does not support subparsers, so the subcommand (the first
+    word) picks its parser here; `-h`, a missing or an unknown subcommand go to the top parser.
+    """
+    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in parser.subcommand_parsers:
+        args = parser.subcommand_parsers[argv[0]].parse_intermixed_args(argv[1:])
+        args.command = argv[0]
+        return args
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        parser.error(f"unknown option {argv[0]!r}; options go after the SUBCOMMAND")
+    return parser.parse_args(argv)
+
+
+def one_line(message: str) -> str:
+    """`message` on one line: a multi-line message's lines joined with "; "."""
+    return "; ".join(line.strip() for line in str(message).splitlines() if line.strip())
+
+
+def describe_os_error(e: OSError) -> str:
+    """"PATH: reason" for an OSError (its paths first), rather than Python's "[Errno 13] ..."."""
+    paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
+    reason = e.strerror or str(e)
+    return f"{paths}: {reason}" if paths else reason
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of `clarifyjax` (pyproject [project.scripts]); returns the exit status."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except UsageError as e:
+        print(one_line(str(e)), file=sys.stderr)
+        return 2
+    from clarifyjax.configlib import ConfigError
     from clarifyjax.data import DataError
     from clarifyjax.models.checkpoint_io import CheckpointError
     from clarifyjax.text import TextFormatError
 
     try:
         return int(args.run(args) or 0)
-    except (CLIError, CheckpointError, DataError, TextFormatError, FileNotFoundError) as e:
-        print(f"clarifyjax {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    except (CLIError, CheckpointError, ConfigError, DataError, TextFormatError) as e:
+        message = str(e)
+    except OSError as e:  # unwritable output, full disk, unreadable folder: name the path
+        message = describe_os_error(e)
+    print(f"clarifyjax {args.command}: error: {one_line(message)}", file=sys.stderr)
+    return 2
 
 
 # --------------------------------------------------------------------------- score-questions
 
-
-def read_texts(path: Path, column: str, *, limit: int | None = None
-               ) -> tuple[list[str], list[str]]:
-    """(texts, where) from a .tsv / .csv / .jsonl file (column `column`, header row) or any
-    other file (one text per line). `where[i]` is "FILE:LINE". An empty text raises naming it."""
-    from clarifyjax.data import read_table
-
-    path = Path(path)
-    if not path.is_file():
-        raise CLIError(f"{path}: no such file")
-    if path.suffix in (".tsv", ".csv", ".jsonl"):
-        table = read_table(path, (column,), resolve=False)  # DataError names file:line:column
-        texts = [row[column] for row in table.rows]
-        where = [table.where(i) for i in range(len(table))]
-    else:
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except UnicodeDecodeError as e:
-            raise CLIError(f"{path}: not UTF-8 text ({e})") from e
-        texts, where = lines, [f"{path}:{i}" for i in range(1, len(lines) + 1)]
-        for text, loc in zip(texts, where):
-            if not text.strip():
-                raise CLIError(f"{loc}: field {column!r} is empty")
-    if limit is not None:
-        texts, where = texts[:limit], where[:limit]
-    if not texts:
-        raise CLIError(f"{path}: no {column}s")
-    return texts, where
+# Token lengths beyond this do not fit attention memory on one device anyway; capping them turns a
+# typo (--answer-max-length 320000) into an error instead of an out-of-memory crash.
+MAX_TOKENS = 8192
+LENGTH = number(int, low=1, high=MAX_TOKENS)
 
 
 def equal_chunks(n: int, size: int) -> list[slice]:
@@ -120,13 +183,21 @@ def equal_chunks(n: int, size: int) -> list[slice]:
 def _score_options(p: argparse.ArgumentParser) -> None:
     io = p.add_argument_group("input and output")
     io.add_argument("--situations", type=Path, required=True,
-                    help="one situation per line (.txt), or a .tsv/.csv/.jsonl with a header")
+                    help="one situation per line (.txt), or a .tsv/.csv/.jsonl with a header; "
+                         "UTF-8, a byte-order mark is allowed")
     io.add_argument("--questions", type=Path, required=True,
                     help="one question per line, or a table (may be the same file)")
     io.add_argument("--situation-column", default="situation")
     io.add_argument("--question-column", default="question")
-    io.add_argument("--limit", type=int, default=None, help="score only the first N rows")
-    io.add_argument("--out", type=Path, required=True, help="JSONL: one line per question")
+    io.add_argument("--limit", type=number(int, low=1), default=None,
+                    help="score only the first N rows")
+    io.add_argument("--out", type=Path, required=True,
+                    help="JSONL: one line per question, written at the end in one rename; "
+                         "finished chunks wait in .OUT.partial/ beside it, so that the same "
+                         "command resumes a killed run")
+    io.add_argument("--overwrite", action="store_true",
+                    help="replace an existing non-empty --out (refused otherwise: it holds an "
+                         "earlier run's results)")
     models = p.add_argument_group("models (Hugging Face folders, safetensors)")
     models.add_argument("--answerer", type=Path, required=True, help="answer generator T5")
     models.add_argument("--fusion", type=Path, required=True, help="sentence fusion T5")
@@ -137,36 +208,41 @@ def _score_options(p: argparse.ArgumentParser) -> None:
     models.add_argument("--backend", choices=("hf", "tf_text"), default="hf",
                         help="T5 tokenizer backend")
     models.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-    models.add_argument("--max-input-length", type=int, default=128)
+    models.add_argument("--max-input-length", type=number(int, low=3, high=MAX_TOKENS),
+                        default=128, help="longer inputs keep their first tokens (counted)")
     judge = p.add_argument_group("judge")
     judge.add_argument("--judge-kind", choices=("auto", "t5", "encoder"), default="auto")
     judge.add_argument("--class-prefix", default="<class>",
                        help="target prefix teacher-forced before the class token")
     judge.add_argument("--class-tokens", default="-1,0,1",
                        help="class tokens for bad,ok,good (T5 judge)")
-    judge.add_argument("--class-step", type=int, default=None,
+    judge.add_argument("--class-step", type=LENGTH, default=None,
                        help="check that the prefix is this many tokens (Delphi: 4)")
     judge.add_argument("--encoder-labels", default="bad,ok,good",
                        help="classifier judge: its label names for bad,ok,good")
-    judge.add_argument("--judgment-max-length", type=int, default=32)
+    judge.add_argument("--judgment-max-length", type=LENGTH, default=32)
     reward = p.add_argument_group("reward")
     reward.add_argument("--dropped-answer", choices=("zero_reward", "resample", "blank"),
                         default="zero_reward")
-    reward.add_argument("--resample-k", type=int, default=2)
-    reward.add_argument("--nli-threshold", type=float, default=None,
+    reward.add_argument("--resample-k", type=number(int, low=1), default=2)
+    reward.add_argument("--nli-threshold", type=number(float, above=0.0, high=1.0), default=None,
                         help="drop when P(entailment) + P(contradiction) >= this (default: argmax)")
-    reward.add_argument("--answer-max-length", type=int, default=32)
-    reward.add_argument("--answer-temperature", type=float, default=0.0, help="0: greedy")
-    reward.add_argument("--fusion-max-length", type=int, default=64)
-    reward.add_argument("--max-question-words", type=int, default=64,
+    reward.add_argument("--answer-max-length", type=LENGTH, default=32)
+    reward.add_argument("--answer-temperature", type=number(float, low=0.0), default=0.0,
+                        help="0: greedy")
+    reward.add_argument("--fusion-max-length", type=LENGTH, default=64)
+    reward.add_argument("--max-question-words", type=number(int, low=1), default=64,
                         help="longer questions are cut (and counted)")
     reward.add_argument("--no-judgment-text", action="store_true",
                         help="leave the judge's judgment out of the answer generator's input")
-    reward.add_argument("--gain", type=float, default=None, help="reward = gain * JSD + bias")
-    reward.add_argument("--bias", type=float, default=None)
+    reward.add_argument("--gain", type=number(float, above=0.0), default=None,
+                        help="reward = gain * JSD + bias (gain > 0: a larger JSD stays better)")
+    reward.add_argument("--bias", type=number(float), default=None)
     run = p.add_argument_group("run")
-    run.add_argument("--batch-size", type=int, default=64, help="questions per pipeline call")
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--batch-size", type=number(int, low=1), default=64,
+                     help="questions per pipeline call")
+    # jax.random.key keeps 32 bits: 2**32 would silently be seed 0 again.
+    run.add_argument("--seed", type=number(int, low=0, high=2**32 - 1), default=0)
 
 
 def _split(value: str, option: str) -> tuple[str, ...]:
@@ -176,25 +252,38 @@ def _split(value: str, option: str) -> tuple[str, ...]:
     return parts
 
 
-@subcommand("score-questions", "reward of each (situation, question): answers, fused situations, "
-            "judge distributions, JSD; prints the paper's Table 4", _score_options)
-def run_score_questions(args: argparse.Namespace) -> int:
-    if args.batch_size < 1:
-        raise CLIError(f"--batch-size must be >= 1, got {args.batch_size}")
+def _check_score_options(args: argparse.Namespace) -> None:
+    """What one option alone cannot say; all before any file is read or model loaded."""
     if (args.gain is None) != (args.bias is None):
         raise CLIError("--gain and --bias go together")
+    if args.nli_threshold is not None and args.nli is None:
+        raise CLIError("--nli-threshold needs --nli (there is no filter without it)")
+    for option in ("--situation-column", "--question-column"):
+        if not getattr(args, option[2:].replace("-", "_")).strip():
+            raise CLIError(f"{option}: empty")
+    for option in ("--answerer", "--fusion", "--judge", "--nli"):
+        folder = getattr(args, option[2:])
+        if folder is not None and not folder.is_dir():
+            raise CLIError(f"{option} {folder}: " + ("not a folder" if folder.exists()
+                                                      else "no such folder"))
+
+
+def _read_inputs(args) -> tuple[list[str], list[str], list[str], list[str]]:
+    from clarifyjax.textfiles import read_texts
+
     situations, s_where = read_texts(args.situations, args.situation_column, limit=args.limit)
     questions, q_where = read_texts(args.questions, args.question_column, limit=args.limit)
     if len(situations) != len(questions):
         raise CLIError(f"{args.situations} has {len(situations)} situations but {args.questions} "
                        f"has {len(questions)} questions; they pair up line by line")
+    return situations, s_where, questions, q_where
 
-    import jax
 
+def _load_pipeline(args):
     from clarifyjax.delphi import Sampling
-    from clarifyjax.models.checkpoint_io import atomic_write_bytes
+    from clarifyjax.models.checkpoint_io import CheckpointError
     from clarifyjax.reward import RewardNormalizer
-    from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline, concat_outputs
+    from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline
 
     config = PipelineConfig(
         dropped_answer=args.dropped_answer, resample_k=args.resample_k,
@@ -207,32 +296,98 @@ def run_score_questions(args: argparse.Namespace) -> int:
         class_prefix=args.class_prefix, class_tokens=_split(args.class_tokens, "--class-tokens"),
         class_step=args.class_step, judgment=Sampling(max_new_tokens=args.judgment_max_length),
         encoder_labels=_split(args.encoder_labels, "--encoder-labels"))
-    pipeline = RewardPipeline.from_folders(
-        answerer=args.answerer, fusion=args.fusion, judge=args.judge, nli=args.nli,
-        config=config, backend=args.backend, dtype=args.dtype,
-        max_input_length=args.max_input_length, nli_threshold=args.nli_threshold,
-        nli_batch_size=2 * args.batch_size, judge_options=judge_options)
+    try:
+        return RewardPipeline.from_folders(
+            answerer=args.answerer, fusion=args.fusion, judge=args.judge, nli=args.nli,
+            config=config, backend=args.backend, dtype=args.dtype,
+            max_input_length=args.max_input_length, nli_threshold=args.nli_threshold,
+            nli_batch_size=2 * args.batch_size, judge_options=judge_options)
+    except CheckpointError:
+        raise
+    except ValueError as e:  # e.g. --max-input-length beyond the NLI model's positions
+        raise CLIError(f"the models do not fit these options: {e}") from e
 
-    key = jax.random.key(args.seed)
-    outputs = []
-    for i, chunk in enumerate(equal_chunks(len(situations), args.batch_size)):
-        outputs.append(pipeline(situations[chunk], questions[chunk],
-                                rng=jax.random.fold_in(key, i)))
+
+_LINE_BREAKS = str.maketrans({c: f"\\u{ord(c):04x}" for c in "\x85\u2028\u2029"})
+
+
+def _json_line(record: dict, where: str) -> str:
+    """One JSONL line; a NaN or infinity (invalid JSON) is an error naming the row and field."""
+    try:
+        line = json.dumps(record, ensure_ascii=False, allow_nan=False)
+        # JSON allows these raw, but str.splitlines (and so many JSONL readers) splits on them.
+        return line.translate(_LINE_BREAKS)
+    except ValueError:
+        bad = [k for k, v in record.items()
+               if not all(math.isfinite(x) for x in (v if isinstance(v, list) else [v])
+                          if isinstance(x, float))]
+        raise CLIError(f"{where}: score(s) {bad} are not finite (NaN or infinity); nothing was "
+                       "written (a float16 model overflowing? try --dtype float32)") from None
+
+
+# Options that do not change the scores, left out of the resume fingerprint.
+_NOT_IN_FINGERPRINT = ("out", "overwrite", "run", "command")
+
+
+def _score_chunks(args, situations: list[str], questions: list[str]):
+    """Every chunk's `RewardOutput`, resuming an interrupted run of the same command (see
+    clarifyjax.chunkstore); models are loaded only when a chunk is left to score."""
+    import jax
+
+    from clarifyjax.chunkstore import ChunkStore, fingerprint
+    from clarifyjax.reward_pipeline import RewardOutput
+
+    options = {k: v for k, v in vars(args).items() if k not in _NOT_IN_FINGERPRINT}
+    store = ChunkStore(args.out, fingerprint(options, (situations, questions),
+                                             (args.answerer, args.fusion, args.judge, args.nli)),
+                       RewardOutput, error=CLIError)
+    found = store.start()
+    key, pipeline, outputs, reused = jax.random.key(args.seed), None, [], 0
+    chunks = equal_chunks(len(situations), args.batch_size)
+    for i, chunk in enumerate(chunks):
+        output = store.load(i) if found else None
+        if output is None or len(output.reward) != chunk.stop - chunk.start:
+            pipeline = pipeline or _load_pipeline(args)
+            # fold_in(key, i) whether resumed or not: a resumed run scores as an uninterrupted one
+            output = pipeline(situations[chunk], questions[chunk], rng=jax.random.fold_in(key, i))
+            store.save(i, output)
+        else:
+            reused += 1
+        outputs.append(output)
+    if reused:
+        print(f"resumed: {reused} of {len(chunks)} chunks were scored by an interrupted run "
+              f"({store.folder})")
+    return store, outputs
+
+
+@subcommand("score-questions", "reward of each (situation, question): answers, fused situations, "
+            "judge distributions, JSD; prints the paper's Table 4", _score_options)
+def run_score_questions(args: argparse.Namespace) -> int:
+    from clarifyjax.models.checkpoint_io import atomic_write_bytes
+    from clarifyjax.reward_pipeline import concat_outputs
+    from clarifyjax.textfiles import check_output
+
+    _check_score_options(args)
+    check_output(args.out, overwrite=args.overwrite, error=CLIError,
+                 inputs=(("--situations", args.situations), ("--questions", args.questions)))
+    situations, s_where, questions, q_where = _read_inputs(args)
+    store, outputs = _score_chunks(args, situations, questions)
     out = concat_outputs(outputs)
     lines = []
     for i, row in enumerate(out.rows()):
         record = {"situation_at": s_where[i], "question_at": q_where[i],
                   "situation": situations[i], "question_as_given": questions[i], **row}
         record["question_truncated"] = row["question"] != " ".join(questions[i].split())
-        lines.append(json.dumps(record, ensure_ascii=False))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
+        lines.append(_json_line(record, q_where[i]))
+    # One rename: a killed run leaves the earlier file whole (or none), never half of the new one.
     atomic_write_bytes(args.out, ("\n".join(lines) + "\n").encode("utf-8"))
+    store.finish()
 
     summary = out.table4()
     print(f"scored {len(lines)} questions -> {args.out}")
     print(f"Table 4: avg. JSD {summary['avg_jsd']:.4f} over {summary['pairs']} pairs; "
           f"judgment flips {100 * summary['judgment_flips']:.1f}% of {summary['answers']} answers")
-    if out.valid.any() and config.normalizer is not None:
+    if out.valid.any() and args.gain is not None:
         print(f"mean reward {float(out.reward[out.valid].mean()):.4f} (normalized)")
     print("counts: " + ", ".join(f"{k} {v}" for k, v in out.counts.items()))
     if args.nli is None:
@@ -246,7 +401,8 @@ def run_score_questions(args: argparse.Namespace) -> int:
 def _train_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", type=Path,
                    help="YAML run config: kind sft (configs/sft_*.yaml) or ppo (configs/ppo_*.yaml)")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+    # default=[]: without a default argparse counts a "*" positional as required in its messages
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
                    help="config overrides, e.g. run.steps=20 ppo.batch_size=8 (an unknown key is an "
                         "error)")
     p.add_argument("--dry-run", action="store_true",
@@ -262,7 +418,12 @@ def _train_options(p: argparse.ArgumentParser) -> None:
             "resumes from the run's newest checkpoint", _train_options)
 def run_train(args: argparse.Namespace) -> int:
     from clarifyjax.config import ConfigError, load_config, parse_overrides
+    from clarifyjax.configlib import read_yaml
 
+    # The file itself (missing, a directory, not UTF-8, YAML syntax with its line) fails here,
+    # before JAX starts; a dry run's own `dryrun.*` overrides are checked by dryrun.main.
+    read_yaml(args.config)
+    parse_overrides(args.overrides)
     if args.dry_run:
         from clarifyjax import distributed  # before any other JAX call
 

@@ -11,7 +11,8 @@ A schema dataclass may declare:
 Supported field types: bool, int, float, str, ``Literal[...]``, ``tuple[X, ...]``, nested
 dataclasses, and ``Optional`` / unions of those.
 
-This module imports only the standard library and PyYAML, so anything may import it.
+This module imports only the standard library, PyYAML and clarifyjax.textfiles (standard library
+only), so anything may import it.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Sequence, Union
 
 import yaml
+
+from clarifyjax.textfiles import read_text_file
 
 
 class ConfigError(ValueError):
@@ -104,7 +107,8 @@ def _read_yaml_with_bases(path: Path, seen: tuple[Path, ...]) -> dict:
         chain = " -> ".join(str(p) for p in seen + (resolved,))
         raise ConfigError(f"{path}: 'base' files form a cycle: {chain}")
     try:
-        data = yaml.safe_load(path.read_text())
+        # UTF-8 whatever the locale, an optional BOM dropped; a directory or other bytes: one line
+        data = yaml.safe_load(read_text_file(path, error=ConfigError))
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "unknown position"

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import os
 import re
@@ -39,6 +40,7 @@ from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from clarifyjax import text as fmt
+from clarifyjax.textfiles import read_text_file
 from clarifyjax.tokenizer import bucket_length
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -112,10 +114,11 @@ def read_table(path: str | os.PathLike, columns: Sequence[str], *,
     path = resolve_data_path(path) if resolve else Path(path)
     if not path.is_file():
         raise DataError(f"data file not found: {path}")
-    if path.suffix == ".jsonl":
+    suffix = path.suffix.lower()  # Windows tools write ".CSV"
+    if suffix == ".jsonl":
         header, records = _read_jsonl(path)
     else:
-        sep = delimiter or ("\t" if path.suffix == ".tsv" else ",")
+        sep = delimiter or ("\t" if suffix == ".tsv" else ",")
         header, records = _read_delimited(path, sep)
     missing = [c for c in columns if c not in header]
     if missing:
@@ -132,7 +135,7 @@ def read_table(path: str | os.PathLike, columns: Sequence[str], *,
 
 
 def _read_delimited(path: Path, sep: str):
-    with open(path, newline="", encoding="utf-8") as f:
+    with io.StringIO(read_text_file(path, error=DataError), newline="") as f:
         reader = csv.reader(f, delimiter=sep, strict=True)
         try:
             header = next(reader, None)
@@ -149,14 +152,12 @@ def _read_delimited(path: Path, sep: str):
                 start = reader.line_num + 1
         except csv.Error as e:
             raise DataError(f"{path}:{reader.line_num}: malformed row: {e}") from e
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}: not UTF-8 text ({e})") from e
     return header, records
 
 
 def _read_jsonl(path: Path):
     records, header = [], {}
-    with open(path, encoding="utf-8") as f:
+    with io.StringIO(read_text_file(path, error=DataError)) as f:
         for line_no, line in enumerate(f, 1):
             if not line.strip():
                 continue

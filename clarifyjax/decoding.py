@@ -61,7 +61,8 @@ def _top_p_threshold_by_bisection(logits: jax.Array, log_total: jax.Array,
     A token is kept when the mass of the tokens strictly more likely than it is < top_p; that
     mass only falls as the logit rises, so the kept tokens are those whose key is >= the smallest
     key k with mass(> k) < top_p, found by 32 halvings of the int32 key range (one masked sum
-    over the row each). 12-16x cheaper than a sort of 32k logits on this 2-core CPU.
+    over the row each), which costs far less than sorting a large vocabulary per row
+    (benchmarks/results/t5.json has the measured decode costs).
     """
     keys = _ordered_keys(logits)
     probs = jnp.exp(logits - log_total)
@@ -88,9 +89,9 @@ def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0
     Temperature first, then top-k (keep the k largest), then top-p (keep the smallest set of
     most likely tokens whose probability reaches top_p; the most likely token always stays).
 
-    Top-p never sorts the vocabulary (a sort of 32k logits per row cost 130 ms of a batch-16
-    decoding step on a 2-core CPU): it looks for the nucleus among the TOP_P_CANDIDATES most
-    likely tokens (`lax.top_k`, 3 ms), and only when, in some row, those do not reach top_p,
+    Top-p never sorts the vocabulary (a per-row sort of a 32k vocabulary can cost more than the
+    model's own decoding step): it looks for the nucleus among the TOP_P_CANDIDATES most likely
+    tokens (`lax.top_k`), and only when, in some row, those do not reach top_p,
     bisects for the threshold over the whole row (`_top_p_threshold_by_bisection`).
     """
     logits = logits.astype(jnp.float32) / jnp.float32(temperature)
@@ -125,8 +126,8 @@ def sample_categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
     """One draw per row from softmax(logits): [b, V] float -> [b] int32 (-inf = never drawn).
 
     Inverse-CDF sampling with ONE uniform per row: `jax.random.categorical` draws a Gumbel
-    variate per vocabulary entry, and generating 16 x 32k threefry bits cost 7 ms of a 27 ms
-    decoding step on a 2-core CPU. The search is two-level (blocks of SAMPLE_BLOCK entries,
+    variate per vocabulary entry, and generating that many random bits is a sizeable share of a
+    small model's decoding step. The search is two-level (blocks of SAMPLE_BLOCK entries,
     then inside the chosen block) so that no cumulative sum runs over the whole vocabulary:
     sums stay short, exact enough in float32, and cheap on every backend.
     """

@@ -8,8 +8,8 @@ The JSD is the divergence (not the distance, its square root) in base 2, so it l
 Judge distributions are `[..., 3]` over (bad, ok, good); the reward does not depend on the order
 as long as both sides use the same one.
 
-`RewardPipeline` (answerer -> NLI filter -> fusion -> judge -> `defeasibility_reward`) composes
-models on top of these functions and lives further down this module.
+`clarifyjax.reward_pipeline.RewardPipeline` (answerer -> NLI filter -> fusion -> judge ->
+`defeasibility_reward`) composes the models on top of these functions.
 """
 from __future__ import annotations
 

@@ -13,11 +13,16 @@ so the backends cannot drift apart on them.
 Truncation is explicit: a text with more than ``max_length - 1`` tokens keeps its first
 ``max_length - 1`` tokens and EOS, and is counted (per call in `EncodeStats`, in total in
 ``Tokenizer.truncation_count``). An empty or whitespace-only text is an error unless allowed.
+A text that no backend can encode (a lone surrogate such as "\\ud800", which has no UTF-8 form)
+or that holds a NUL character (which T5's vocabulary reads as <unk>: a sign of a binary or
+UTF-16 file) is a `TextEncodingError` naming its index in the batch and a short repr, raised
+before the backend sees the batch (the backends fail without saying which text).
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -36,6 +41,27 @@ DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
 FINE_BUCKETS = (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448,
                 512)
 Backend = Literal["hf", "tf_text"]
+_UNENCODABLE = re.compile("[\ud800-\udfff\x00]")
+
+
+class TextEncodingError(ValueError):
+    """A text that cannot be encoded; `index` is its position in the batch, `reason` says why."""
+
+    def __init__(self, index: int, reason: str):
+        super().__init__(f"text {index} of the batch {reason}")
+        self.index, self.reason = index, reason
+
+
+def check_encodable(texts: Sequence[str]) -> None:
+    """Raise `TextEncodingError` for the first text with a lone surrogate or a NUL character."""
+    for i, text in enumerate(texts):
+        found = _UNENCODABLE.search(text)
+        if found:
+            at = found.start()
+            what = "a NUL character" if found.group() == "\x00" else "a lone surrogate"
+            context = text[max(0, at - 20):at + 20]
+            raise TextEncodingError(i, f"cannot be encoded: {what} ({found.group()!r}) at "
+                                       f"character {at + 1}, in {context!r}")
 
 
 def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
@@ -164,6 +190,7 @@ class Tokenizer:
           stats: `EncodeStats` of this call.
         Raises:
           ValueError: an empty text (naming its index), or inconsistent lengths.
+          TextEncodingError (a ValueError): a text with a lone surrogate or a NUL character.
           TypeError: `texts` is a str, or an item is not a str (naming its index).
         """
         if isinstance(texts, (str, bytes)):
@@ -175,6 +202,7 @@ class Tokenizer:
             if not allow_empty and not text.strip():
                 raise ValueError(f"text {i} of the batch is empty ({text!r}); "
                                  "pass allow_empty=True to encode it as EOS alone")
+        check_encodable(texts)
         if max_length < 2:
             raise ValueError(f"max_length must be >= 2 (one token and EOS), got {max_length}")
 

@@ -1,0 +1,168 @@
+"""The text files a user hands to `clarifyjax` and the file it writes back, checked up front.
+
+A file that is not what it claims must fail with one line naming it (and the line in it), before
+any model is loaded, and never half-way through the work:
+
+* Text is UTF-8, with an optional byte-order mark (Excel's "CSV UTF-8" writes one): the mark is
+  dropped, so that it never ends up inside the first header or the first situation. Another
+  encoding is an error naming the file and the line of the first byte that is not UTF-8; a UTF-16
+  or UTF-32 byte-order mark is named as such. A NUL character is an error naming its line (a
+  binary file, or UTF-16 without a byte-order mark).
+* Lines are split on "\\n" (and "\\r\\n") only: `str.splitlines` also splits on form feeds and
+  U+2028, which would shift every later situation against its question.
+* A text holding only whitespace and invisible format characters (zero-width space, a stray
+  byte-order mark) is empty: an error naming file and line.
+* An output file is refused when it exists and is not empty (an earlier run's results) unless
+  the caller allows overwriting; its folder must be writable (probed with a real file).
+"""
+from __future__ import annotations
+
+import codecs
+import os
+import stat
+import tempfile
+import unicodedata
+from pathlib import Path
+from typing import Sequence
+
+# Checked longest first: a UTF-32-LE mark starts with the UTF-16-LE one.
+_FOREIGN_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),
+                 (codecs.BOM_UTF16_LE, "UTF-16"), (codecs.BOM_UTF16_BE, "UTF-16"))
+# Suffixes read as tables (header row); any other file holds one text per line.
+TABLE_SUFFIXES = (".tsv", ".csv", ".jsonl")
+
+
+def read_text_file(path: str | os.PathLike, *, error: type[Exception] = ValueError) -> str:
+    """The text of a UTF-8 file (byte-order mark dropped), or `error` naming the file (and line).
+
+    Pipes are read too (``--situations <(head -100 all.txt)``); directories and devices are not.
+    """
+    path = Path(path)
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise error(f"{path}: no such file") from None
+    except OSError as e:
+        raise error(f"{path}: cannot read it ({e.strerror})") from e
+    if stat.S_ISDIR(mode):
+        raise error(f"{path}: is a directory, not a file")
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode)):
+        raise error(f"{path}: not a regular file")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise error(f"{path}: cannot read it ({e.strerror})") from e
+    return decode_utf8(data, str(path), error=error)
+
+
+def decode_utf8(data: bytes, name: str, *, error: type[Exception] = ValueError) -> str:
+    """`data` as UTF-8 (an optional byte-order mark dropped); `error` names `name` and the line."""
+    for bom, encoding in _FOREIGN_BOMS:
+        if data.startswith(bom):
+            raise error(f"{name}: {encoding} text (byte-order mark {bom.hex()}); save it as UTF-8")
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8):]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line, line_start = data.count(b"\n", 0, e.start) + 1, data.rfind(b"\n", 0, e.start) + 1
+        raise error(f"{name}:{line}: not UTF-8 text (byte "
+                    f"0x{data[e.start]:02x} at column {e.start - line_start + 1}); save it as "
+                    "UTF-8") from None
+    nul = text.find("\x00")
+    if nul >= 0:
+        line = text.count("\n", 0, nul) + 1
+        raise error(f"{name}:{line}: holds a NUL character (a binary "
+                    "file, or UTF-16 text without a byte-order mark?)")
+    return text
+
+
+def split_lines(text: str) -> list[str]:
+    """Lines split on "\\n" (a trailing "\\r" dropped), as editors and `wc -l` count them."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline ends the last line, it does not start a new one
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def is_blank(text: str) -> bool:
+    """Only whitespace and invisible characters (format: zero-width space, BOM; control)."""
+    return all(c.isspace() or unicodedata.category(c) in ("Cf", "Cc") for c in text)
+
+
+def read_texts(path: str | os.PathLike, column: str, *, limit: int | None = None
+               ) -> tuple[list[str], list[str]]:
+    """(texts, where) from a .tsv / .csv / .jsonl file (column `column`, header row) or any
+    other file (one text per line). `where[i]` is "FILE:LINE".
+
+    Raises:
+      DataError: the file is missing, not UTF-8, empty, lacks the column, or a text is empty or
+        cannot be tokenized (naming file and line).
+    """
+    from clarifyjax.data import DataError, read_table
+    from clarifyjax.tokenizer import TextEncodingError, check_encodable
+
+    path = Path(path)
+    suffix = path.suffix.lower()  # Windows tools write ".CSV"
+    if suffix == ".json":
+        raise DataError(f"{path}: a .json file; give one JSON object per line in a .jsonl file")
+    if suffix in TABLE_SUFFIXES:
+        table = read_table(path, (column,), resolve=False)  # names file:line:column
+        texts = [row[column] for row in table.rows]
+        where = [table.where(i) for i in range(len(table))]
+        kind = f"column {column!r}"
+    else:
+        texts = split_lines(read_text_file(path, error=DataError))
+        where = [f"{path}:{i}" for i in range(1, len(texts) + 1)]
+        kind = f"field {column!r}"
+    if not texts:
+        raise DataError(f"{path}: no {column}s in the file")
+    for text, loc in zip(texts, where):
+        if is_blank(text):
+            raise DataError(f"{loc}: {kind} is empty")
+    if limit is not None:
+        texts, where = texts[:limit], where[:limit]
+    try:
+        check_encodable(texts)
+    except TextEncodingError as e:
+        raise DataError(f"{where[e.index]}: {column} {e.reason}") from e
+    return texts, where
+
+
+# --------------------------------------------------------------------------- output
+
+
+def check_output(out: str | os.PathLike, *, overwrite: bool, option: str = "--out",
+                 inputs: Sequence[tuple[str, str | os.PathLike]] = (),
+                 error: type[Exception] = ValueError) -> Path:
+    """Check, before any work, that `out` can receive a new file; `error` names the path.
+
+    Refused: a directory or a non-regular file; an existing non-empty file unless `overwrite`
+    (it holds an earlier run's results); the same file as one of `inputs` ((option, path) pairs);
+    a folder that cannot be made or written (probed by creating a file, so that read-only mounts
+    and permissions are caught whoever runs it).
+    """
+    out = Path(out)
+    if out.is_dir():
+        raise error(f"{option} {out}: is a directory; give a file name")
+    if out.exists():
+        if not out.is_file():
+            raise error(f"{option} {out}: not a regular file")
+        if out.stat().st_size > 0 and not overwrite:
+            raise error(f"{option} {out}: already exists (an earlier run's results?); pass "
+                        "--overwrite to replace it, or choose another file")
+        for name, path in inputs:
+            if Path(path).exists() and os.path.samefile(out, path):
+                raise error(f"{option} {out}: is the {name} file; the results would replace it")
+    folder = out.absolute().parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise error(f"{option} {out}: {folder} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{out.name}.probe.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise error(f"{option} {out}: cannot write in {folder} ({e.strerror})") from e
+    return out
