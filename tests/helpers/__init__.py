@@ -8,4 +8,5 @@
 * `ppo_runs`: the tiny PPO configuration and toy reward of the training-loop tests.
 * `ppo_bandit`: the toy bandit policy of the PPO-update tests.
 * `sage_reference`: independent references for the SaGE metric.
+* `score_cli`: models, rows and command lines of the `score-questions` tests (fixtures).
 """
