@@ -65,15 +65,26 @@ def free_port() -> int:
         pass
     for _ in range(100):
         port = random.randrange(low, high)
-        # the coordinator binds [::]:port (dual stack): check the same way
-        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as s:
-            s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            try:
-                s.bind(("::", port))
-            except OSError:
-                continue
-        return port
+        if _bindable(port):
+            return port
     raise RuntimeError(f"no free port in [{low}, {high}) after 100 tries")
+
+
+def _bindable(port: int) -> bool:
+    """Whether `port` is free the way the coordinator binds it: [::]:port, dual stack (0.0.0.0
+    where the machine has no IPv6)."""
+    try:
+        s = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        address = ("::", port)
+    except OSError:
+        s, address = socket.socket(socket.AF_INET, socket.SOCK_STREAM), ("0.0.0.0", port)
+    with s:
+        try:
+            s.bind(address)
+        except OSError:
+            return False
+    return True
 
 
 def _tail(text: str, n: int) -> str:
