@@ -308,7 +308,7 @@ def build(args, root: Path):
                  f"policy.init={folders['policy']}", "policy.tokenizer=null",
                  "policy.dtype=float32", "policy.param_dtype=float32",
                  f"policy.max_input_length={args.query_len}", f"ppo.batch_size={args.batch}",
-                 "rewards.nli=null", "normalizer.fit=false"]
+                 "rewards.nli=null", "normalizer.fit=false", "normalizer.fit_batches=8"]
     overrides += [f"ppo.{k}={getattr(args, k)}" for k in ("epochs", "minibatches",
                                                          "max_question_length")
                   if getattr(args, k) is not None]

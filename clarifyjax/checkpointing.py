@@ -4,14 +4,22 @@ A checkpoint of step ``s`` (the number of completed steps) holds two items:
 
 * ``state``: any pytree of jax arrays (NNX states, optax states, PRNG keys, step counters), possibly
   sharded over many devices and hosts, saved with ``StandardSave`` (every process takes part);
-* ``extra``: a JSON document (the data position, the reward normalizer, the KL controller, the
-  config), saved with ``JsonSave``.
+* ``extra``: a JSON document (the data position, the reward normalizer, the KL controller, and
+  the run's config under ``config`` when `Checkpointer.record` is set: `clarifyjax.run_record`
+  compares a resumed run against it), saved with ``JsonSave``.
 
 Saving is asynchronous (the arrays are copied off the devices, then written in the background) and
 atomic: orbax writes into ``<step>.orbax-checkpoint-tmp-<time>`` and renames it when complete, so
 a run killed mid-save leaves only a temporary folder, which is ignored (and removed on the next
 start). Restoring places every array straight into the sharding of the abstract state it is given,
 so a model never has to exist whole on one device.
+
+A damaged checkpoint (a truncated or missing array file, a missing item folder, an empty step
+folder, corrupt metadata) does not stop a resume: `restore_latest` falls back to the newest intact
+one and renames each damaged newer folder ``<step>.damaged-<UTC time>`` with a warning. orbax
+ignores such names, so it neither restores, overwrites (a step saved again) nor garbage-collects
+them, and the damaged files stay for inspection. When none is intact it stops with one line naming
+each damaged folder, and moves nothing.
 
 The training loop (multi-host safe: every process runs the same code)::
 
@@ -30,12 +38,16 @@ The training loop (multi-host safe: every process runs the same code)::
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
+import logging
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import jax
 import numpy as np
@@ -148,6 +160,9 @@ class Checkpointer:
             self.directory, options=options,
             item_handlers={STATE: ocp.StandardCheckpointHandler(),
                            EXTRA: ocp.JsonCheckpointHandler()})
+        # The run's config (plain JSON), added to every save's extra as "config", so that each
+        # checkpoint records the settings it was made with (see `clarifyjax.run_record`).
+        self.record: Mapping[str, Any] | None = None
 
     # -- saving ----------------------------------------------------------------------------------
 
@@ -165,9 +180,12 @@ class Checkpointer:
         """
         if step in self._manager.all_steps():
             return False
+        extra = dict(extra or {})
+        if self.record is not None:
+            extra.setdefault("config", self.record)
         args = self._ocp.args.Composite(**{
             STATE: self._ocp.args.StandardSave(state),
-            EXTRA: self._ocp.args.JsonSave(jsonable(dict(extra or {}))),
+            EXTRA: self._ocp.args.JsonSave(jsonable(extra)),
         })
         return bool(self._manager.save(step, args=args, force=True))
 
@@ -228,14 +246,66 @@ class Checkpointer:
         }))
         return restored[STATE], dict(restored[EXTRA] or {})
 
-    def restore_latest(self, abstract_state) -> tuple[int, Any, dict] | None:
-        """(step, state, extra) of the newest complete checkpoint, or None when there is none."""
+    def restore_latest(self, abstract_state, say: Callable[[str], None] = print
+                       ) -> tuple[int, Any, dict] | None:
+        """(step, state, extra) of the newest intact checkpoint, or None when there is none.
+
+        A checkpoint that cannot be read is skipped for the next older one; once one restores,
+        the damaged newer folders are set aside (`_set_aside`), each with a warning through `say`.
+
+        Raises:
+          CheckpointError: every checkpoint is damaged (one line naming each; nothing is moved),
+            or one does not match the model (`check_compatible`: not damage, so no fallback).
+        """
         self._manager.reload()
-        step = self._manager.latest_step()
-        if step is None:
-            return None
-        state, extra = self.restore(step, abstract_state)
-        return step, state, extra
+        damaged: list[tuple[int, str]] = []
+        for step in sorted(self._manager.all_steps(), reverse=True):
+            with _quiet_unretrieved_task_errors():  # exits after the error is handled and freed
+                state, extra, reason = self._attempt(step, abstract_state)
+            # Each process reads its own shards: all must agree, or they would restore different
+            # steps (and wait for each other forever).
+            if not _on_every_process(not reason):
+                damaged.append((step, reason or "unreadable on another process"))
+                continue
+            if damaged:
+                self._set_aside(damaged, step, say)
+            return step, state, extra
+        if damaged:
+            raise CheckpointError(
+                f"no intact checkpoint in {self.directory}: " + "; ".join(
+                    f"{self.directory}/{s} is damaged ({r})" for s, r in damaged) +
+                "; nothing was moved or deleted (move the damaged folders aside to start afresh)")
+        return None
+
+    def _attempt(self, step: int, abstract_state) -> tuple[Any, dict, str]:
+        """(state, extra, "") of checkpoint `step`, or (None, {}, why) when it is damaged."""
+        try:
+            return (*self.restore(step, abstract_state), "")
+        except CheckpointError:  # the model does not match: not damage, no fallback
+            raise
+        except Exception as e:  # noqa: BLE001 - TensorStore, JSON, KeyError...: all damage
+            return None, {}, _reason(e)
+
+    def _set_aside(self, damaged: list[tuple[int, str]], restored: int, say) -> None:
+        """Rename each damaged step folder ``<step>.damaged-<UTC time>`` (process 0), so that
+        orbax no longer lists it: left in place, saving that step again would be skipped as
+        "already there" and the damaged folder would stay the newest, or count against
+        ``max_to_keep`` and get intact checkpoints deleted."""
+        from etils import epath
+
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        for step, reason in damaged:
+            src = epath.Path(self.directory) / str(step)
+            dst = src.parent / f"{step}.damaged-{stamp}"
+            if jax.process_index() == 0:
+                src.rename(dst)
+            say(f"[checkpoint] warning: checkpoint {src} is damaged ({reason}); moved it to "
+                f"{dst} (kept, not deleted) and resumed from step {restored}")
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("clarifyjax_set_aside_damaged_checkpoints")
+        self._manager.reload()
 
     # -- lifetime --------------------------------------------------------------------------------
 
@@ -249,6 +319,45 @@ class Checkpointer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _reason(error: BaseException) -> str:
+    """The first line of an error, without TensorStore's spec dump: "KeyError: 'Item ...'"."""
+    text = str(error).strip().split("\n")[0].split(" See full TensorStore details")[0]
+    text = text if len(text) <= 160 else text[:157] + "..."
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _on_every_process(ok: bool) -> bool:
+    """True when `ok` on every process (a collective with several)."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    flags = multihost_utils.process_allgather(np.array([ok], np.int32))
+    return bool(np.asarray(flags).all())
+
+
+class _DropUnretrieved(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "exception was never retrieved" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _quiet_unretrieved_task_errors():
+    """A failed TensorStore read leaves sibling coroutines and asyncio tasks whose errors Python
+    prints when they are collected, each with TensorStore's whole spec: the error raised already
+    says it. Collect them here, with those reports off."""
+    asyncio_logger = logging.getLogger("asyncio")
+    drop = _DropUnretrieved()
+    asyncio_logger.addFilter(drop)
+    hook, sys.unraisablehook = sys.unraisablehook, lambda unraisable: None
+    try:
+        yield
+    finally:
+        gc.collect()
+        sys.unraisablehook = hook
+        asyncio_logger.removeFilter(drop)
 
 
 class PreemptionGuard:

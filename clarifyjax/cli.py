@@ -36,6 +36,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from clarifyjax.config import NLI_THRESHOLD  # one default with the YAML's; imports no JAX
+
 
 class CLIError(ValueError):
     """Bad input or options; the message names the file, line and field."""
@@ -225,7 +227,8 @@ def _score_options(p: argparse.ArgumentParser) -> None:
     reward.add_argument("--dropped-answer", choices=("zero_reward", "resample", "blank"),
                         default="zero_reward")
     reward.add_argument("--resample-k", type=number(int, low=1), default=2)
-    reward.add_argument("--nli-threshold", type=number(float, above=0.0, high=1.0), default=None,
+    reward.add_argument("--nli-threshold", type=number(float, above=0.0, high=1.0),
+                        default=NLI_THRESHOLD,
                         help="drop when P(entailment) + P(contradiction) >= this (default: argmax)")
     reward.add_argument("--answer-max-length", type=LENGTH, default=32)
     reward.add_argument("--answer-temperature", type=number(float, low=0.0), default=0.0,
@@ -243,6 +246,20 @@ def _score_options(p: argparse.ArgumentParser) -> None:
                      help="questions per pipeline call")
     # jax.random.key keeps 32 bits: 2**32 would silently be seed 0 again.
     run.add_argument("--seed", type=number(int, low=0, high=2**32 - 1), default=0)
+
+
+def pipeline_config(args: argparse.Namespace):
+    """The score-questions options as a `PipelineConfig`, through the mapping that a PPO run's
+    `rewards:` section goes through (`PipelineConfig.from_options`)."""
+    from clarifyjax.reward import RewardNormalizer
+    from clarifyjax.reward_pipeline import PipelineConfig
+
+    return PipelineConfig.from_options(
+        dropped_answer=args.dropped_answer, resample_k=args.resample_k,
+        answer_max_length=args.answer_max_length, answer_temperature=args.answer_temperature,
+        fusion_max_length=args.fusion_max_length, max_question_words=args.max_question_words,
+        use_judgment_text=not args.no_judgment_text, nli_threshold=args.nli_threshold,
+        normalizer=None if args.gain is None else RewardNormalizer(args.gain, args.bias))
 
 
 def _split(value: str, option: str) -> tuple[str, ...]:
@@ -282,15 +299,9 @@ def _read_inputs(args) -> tuple[list[str], list[str], list[str], list[str]]:
 def _load_pipeline(args):
     from clarifyjax.delphi import Sampling
     from clarifyjax.models.checkpoint_io import CheckpointError
-    from clarifyjax.reward import RewardNormalizer
-    from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline
+    from clarifyjax.reward_pipeline import RewardPipeline
 
-    config = PipelineConfig(
-        dropped_answer=args.dropped_answer, resample_k=args.resample_k,
-        answer_max_length=args.answer_max_length, answer_temperature=args.answer_temperature,
-        fusion_max_length=args.fusion_max_length, max_question_words=args.max_question_words,
-        use_judgment_text=not args.no_judgment_text,
-        normalizer=None if args.gain is None else RewardNormalizer(args.gain, args.bias))
+    config = pipeline_config(args)
     judge_options = dict(
         kind=None if args.judge_kind == "auto" else args.judge_kind,
         class_prefix=args.class_prefix, class_tokens=_split(args.class_tokens, "--class-tokens"),
@@ -300,8 +311,8 @@ def _load_pipeline(args):
         return RewardPipeline.from_folders(
             answerer=args.answerer, fusion=args.fusion, judge=args.judge, nli=args.nli,
             config=config, backend=args.backend, dtype=args.dtype,
-            max_input_length=args.max_input_length, nli_threshold=args.nli_threshold,
-            nli_batch_size=2 * args.batch_size, judge_options=judge_options)
+            max_input_length=args.max_input_length, nli_batch_size=2 * args.batch_size,
+            judge_options=judge_options)
     except CheckpointError:
         raise
     except ValueError as e:  # e.g. --max-input-length beyond the NLI model's positions

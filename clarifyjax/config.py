@@ -26,24 +26,34 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Mapping, Optional, Sequence, Union
 
+from clarifyjax.config_models import (PPO_UNUSED_MODEL_KEYS, DTypeName, ModelConfig,
+                                      TinyModelSpec)
 from clarifyjax.configlib import (ConfigError, build_root, check_increasing, config_to_dict,
-                                  dump_config, parse_overrides, read_yaml, save_config)
+                                  dump_config, parse_overrides, read_yaml, refuse_changed,
+                                  save_config)
 
 __all__ = [
     "ConfigError", "config_to_dict", "dump_config", "parse_overrides", "save_config",
     "load_config", "config_from_dict", "Config", "KINDS", "DTypeName", "SHARED_DELTA_CLARIFY",
     "RunConfig", "MeshLayout", "TinyModelSpec", "ModelConfig", "OptimizerConfig", "SFTDataConfig",
     "PPODataConfig", "JudgeConfig", "RewardConfig", "NormalizerConfig", "PPOHyperparams",
-    "ValueConfig", "SFTConfig", "PPOConfig",
+    "ValueConfig", "SFTConfig", "PPOConfig", "NLI_THRESHOLD",
 ]
 
-DTypeName = Literal["float32", "bfloat16", "float16"]
 SHARED_DELTA_CLARIFY = "../shared/data/delta-clarify"
+# The NLI filter's default decision, for every entry point (`nli.NLIFilter`, `RewardConfig`,
+# `reward_pipeline.PipelineConfig`, `clarifyjax score-questions --nli-threshold`): None = drop an
+# answer when the classifier's argmax label is entailment or contradiction (the paper's "answers
+# the situation entails or contradicts"); a number t = drop when P(ent) + P(contra) >= t. It lives
+# here, not in nli.py, because this module must stay importable without JAX.
+NLI_THRESHOLD: Optional[float] = None
 
 
 # --------------------------------------------------------------------------- sections
-# Each section may declare `_bounds` (field -> ">= 1", "> 0", "[0, 1)", ...; None values pass)
-# and a `check(at)` for rules that involve several fields; `configlib.check_tree` runs both.
+# Each section declares `_bounds` for every numeric field (field -> ">= 1", "> 0", "[0, 1)",
+# "finite", ...; None values pass; floats must be finite too) and may declare a `check(at)` for
+# rules that involve several fields; `configlib.check_tree` runs both at load time. A key that a
+# context does not read is refused there (`configlib.refuse_changed`) rather than ignored.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,8 +76,9 @@ class RunConfig:
     max_to_keep: int = 3
     async_checkpointing: bool = True
 
-    _bounds: ClassVar = {"steps": ">= 1", "eval_every": ">= 0", "save_every": ">= 0",
-                         "log_every": ">= 0", "sample_every": ">= 0", "max_to_keep": ">= 1"}
+    _bounds: ClassVar = {"seed": "[0, 2147483647]", "steps": ">= 1", "eval_every": ">= 0",
+                         "save_every": ">= 0", "log_every": ">= 0", "sample_every": ">= 0",
+                         "max_to_keep": ">= 1"}
 
     @property
     def directory(self) -> str:
@@ -84,93 +95,16 @@ class MeshLayout:
     model: int = 1
     rules: Literal["default", "fsdp"] = "default"
 
+    _bounds: ClassVar = {axis: "== -1 or >= 1" for axis in ("data", "fsdp", "model")}
+
     def axis_sizes(self) -> dict[str, int]:
         """``{"data": ..., "fsdp": ..., "model": ...}``, what `sharding.make_mesh` takes."""
         return {"data": self.data, "fsdp": self.fsdp, "model": self.model}
 
     def check(self, at: str) -> None:
         sizes = self.axis_sizes()
-        for axis, size in sizes.items():
-            if size != -1 and size < 1:
-                raise ConfigError(f"{at}.{axis} = {size}: mesh sizes must be >= 1, or -1 to fill")
         if list(sizes.values()).count(-1) > 1:
             raise ConfigError(f"{at}: at most one axis may be -1, got {sizes}")
-
-
-@dataclasses.dataclass(frozen=True)
-class TinyModelSpec:
-    """A small random model for CPU runs and tests (names as in Hugging Face's T5Config).
-
-    For an encoder (judge kind "encoder"): d_model = hidden_size, d_ff = intermediate_size,
-    num_layers = layers, num_heads = heads; the decoder fields are ignored.
-    """
-
-    vocab_size: int = 2000
-    d_model: int = 64
-    d_ff: int = 128
-    num_layers: int = 2
-    num_decoder_layers: Optional[int] = None  # None: same as num_layers
-    num_heads: int = 4
-    d_kv: Optional[int] = None  # None: d_model // num_heads
-    feed_forward_proj: Literal["relu", "gated-gelu"] = "gated-gelu"
-    tie_word_embeddings: bool = False
-    relative_attention_num_buckets: int = 32
-    relative_attention_max_distance: int = 128
-
-    _bounds: ClassVar = {name: ">= 1" for name in (
-        "vocab_size", "d_model", "d_ff", "num_layers", "num_decoder_layers", "num_heads", "d_kv",
-        "relative_attention_num_buckets", "relative_attention_max_distance")}
-
-    def check(self, at: str) -> None:
-        if self.d_kv is None and self.d_model % self.num_heads:
-            raise ConfigError(f"{at}: d_model {self.d_model} is not divisible by num_heads "
-                              f"{self.num_heads}; set d_kv")
-
-    def t5_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for `clarifyjax.models.t5.T5Config`."""
-        kwargs = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        kwargs["d_kv"] = self.d_kv if self.d_kv is not None else self.d_model // self.num_heads
-        return kwargs
-
-    def encoder_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for `clarifyjax.models.encoder.EncoderConfig`."""
-        return {"vocab_size": self.vocab_size, "hidden_size": self.d_model,
-                "num_layers": self.num_layers, "num_heads": self.num_heads,
-                "intermediate_size": self.d_ff}
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """One model: a Hugging Face folder (``init``, safetensors) or a tiny random one (``tiny``).
-
-    ``tokenizer``: a folder with ``spiece.model`` or ``tokenizer.json``; null = the ``init`` folder.
-    Lengths are in tokens; inputs and targets longer than them are truncated.
-    """
-
-    init: Optional[str] = None
-    tiny: Optional[TinyModelSpec] = None
-    tokenizer: Optional[str] = None
-    dtype: DTypeName = "float32"  # compute
-    param_dtype: DTypeName = "float32"  # storage
-    max_input_length: int = 128
-    max_target_length: int = 64
-    dropout_rate: Optional[float] = None  # None: the checkpoint's (or 0 for a tiny model)
-
-    _shorthand: ClassVar = "init"  # a bare string in YAML means {init: <string>}
-    _bounds: ClassVar = {"max_input_length": ">= 2", "max_target_length": ">= 2",
-                         "dropout_rate": "[0, 1)"}
-
-    def check(self, at: str) -> None:
-        if (self.init is None) == (self.tiny is None):
-            raise ConfigError(f"{at}: give exactly one of 'init' (a model folder) and 'tiny' "
-                              f"(a random model spec); got init={self.init!r}, "
-                              f"tiny={'set' if self.tiny else None}")
-        if self.init is None and self.tokenizer is None:
-            raise ConfigError(f"{at}.tokenizer: a tiny model needs a tokenizer folder")
-
-    @property
-    def tokenizer_path(self) -> str:
-        return self.tokenizer if self.tokenizer is not None else str(self.init)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,16 +129,23 @@ class OptimizerConfig:
     max_grad_norm: float = 1.0
 
     _bounds: ClassVar = {"lr": "> 0", "warmup_steps": ">= 0", "weight_decay": ">= 0",
-                         "b1": "[0, 1)", "b2": "[0, 1)", "eps": ">= 0", "grad_accum": ">= 1",
+                         "b1": "[0, 1)", "b2": "[0, 1)", "eps": "> 0", "grad_accum": ">= 1",
                          "label_smoothing": "[0, 1)", "max_grad_norm": ">= 0"}
+
+    def check(self, at: str) -> None:
+        if self.name == "adafactor":  # `sft.make_optimizer` gives optax.adafactor none of them
+            refuse_changed(self, at, dict.fromkeys(
+                ("b1", "b2", "eps"), "adafactor has no Adam moments (optimizer.name adam/adamw)"))
+        if self.name == "adam":
+            refuse_changed(self, at, {"weight_decay": "adam has no weight decay; use adamw"})
 
 
 @dataclasses.dataclass(frozen=True)
 class SFTDataConfig:
     """Where the (input, target) pairs of an SFT run come from, and how they are batched.
 
-    Relative paths are read from the working directory, else from the repository root, and fall
-    back to the project's small example files (`clarifyjax.data.resolve_data_path`).
+    Relative paths are read from the working directory, else from the repository root; a path
+    that exists in neither stops the run (`clarifyjax.data.resolve_data_path`: no fallback).
     ``dev_path: null``: a seeded split of ``train_path`` (grouped by situation, so that no dev
     situation is seen in training), ``dev_fraction`` of the groups. ``train_rows`` keeps N train
     pairs (a seeded sample), ``dev_rows`` the first N dev pairs. ``batch_size`` is global (all
@@ -228,11 +169,28 @@ class SFTDataConfig:
     label_column: str = "class"
     judge_source: Literal["table", "silver"] = "table"
 
-    _bounds: ClassVar = {"dev_fraction": "(0, 1)", "train_rows": ">= 1", "dev_rows": ">= 1",
-                         "batch_size": ">= 1", "eval_batch_size": ">= 1"}
+    _bounds: ClassVar = {"dev_fraction": "(0, 1)", "split_seed": "[0, 2147483647]",
+                         "train_rows": ">= 1", "dev_rows": ">= 1", "batch_size": ">= 1",
+                         "eval_batch_size": ">= 1"}
 
     def check(self, at: str) -> None:
         check_increasing(self.length_buckets, f"{at}.length_buckets")
+
+    def check_task(self, task: str, at: str) -> None:
+        """Refuse the keys that `data.load_sft_pairs` does not read for this task and split."""
+        unused = {}
+        if self.dev_path is not None:
+            unused["dev_fraction"] = f"{at}.dev_path is set, so nothing is split off"
+            if self.train_rows is None:
+                unused["split_seed"] = (f"{at}.dev_path is set and {at}.train_rows is null, so "
+                                        "nothing is split or sampled")
+        if task != "judge":
+            unused.update(dict.fromkeys(("judge_source", "text_column", "label_column"),
+                                        f"only task 'judge' reads it (task is {task!r})"))
+        elif self.judge_source == "silver":
+            unused.update(dict.fromkeys(("text_column", "label_column"),
+                                        "silver judgments have fixed columns"))
+        refuse_changed(self, at, unused)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,6 +209,8 @@ class PPODataConfig:
 
     def check(self, at: str) -> None:
         check_increasing(self.length_buckets, f"{at}.length_buckets")
+        if self.dev_path is None:
+            refuse_changed(self, at, {"dev_situations": f"{at}.dev_path is null"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -275,14 +235,20 @@ class JudgeConfig:
             value = getattr(self, name)
             if len(value) != 3 or len(set(value)) != 3:
                 raise ConfigError(f"{at}.{name}: need 3 distinct entries (bad, ok, good), got "
-                                  f"{list(value)}")
+                                  f"{list(value)}", key=f"{at}.{name}")
+        if self.kind == "t5":  # `delphi.load_judge` passes each kind only its own options
+            refuse_changed(self, at, {"encoder_labels": f"{at}.kind is t5"})
+        else:
+            refuse_changed(self, at, dict.fromkeys(("class_prefix", "class_tokens"),
+                                                   f"{at}.kind is encoder"))
 
 
 @dataclasses.dataclass(frozen=True)
 class RewardConfig:
     """The reward models and the policy for answers that the NLI filter drops.
 
-    ``nli: null`` turns the filter off. ``dropped_answer``: ``zero_reward`` gives the question a
+    ``nli: null`` turns the filter off; ``nli_threshold`` as `NLI_THRESHOLD` (null: argmax).
+    ``dropped_answer``: ``zero_reward`` gives the question a
     reward of 0 (before normalization: no defeasibility shown), ``resample`` draws up to
     ``resample_k`` new answers (sampled at ``answer_temperature`` or 1.0 when that is 0) before
     falling back to zero_reward, ``blank`` fuses an empty answer as the original did.
@@ -293,16 +259,22 @@ class RewardConfig:
     fusion: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     judge: JudgeConfig = dataclasses.field(default_factory=JudgeConfig)
     nli: Optional[ModelConfig] = None
-    nli_threshold: float = 0.5
+    nli_threshold: Optional[float] = NLI_THRESHOLD
     dropped_answer: Literal["zero_reward", "resample", "blank"] = "zero_reward"
     resample_k: int = 2
     answer_max_length: int = 32
     answer_temperature: float = 0.0
     fusion_max_length: int = 64
 
-    _bounds: ClassVar = {"nli_threshold": "(0, 1)", "resample_k": ">= 1",
+    _bounds: ClassVar = {"nli_threshold": "(0, 1]", "resample_k": ">= 1",
                          "answer_max_length": ">= 2", "answer_temperature": ">= 0",
                          "fusion_max_length": ">= 2"}
+
+    def check(self, at: str) -> None:
+        if self.nli is None:
+            refuse_changed(self, at, {"nli_threshold": f"{at}.nli is null (no filter)"})
+        if self.dropped_answer != "resample":
+            refuse_changed(self, at, {"resample_k": f"{at}.dropped_answer is not resample"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,14 +288,25 @@ class NormalizerConfig:
     fit: bool = True
     fit_batches: int = 8
 
-    _bounds: ClassVar = {"fit_batches": ">= 1"}
+    # gain > 0: a zero or negative gain flattens or inverts the reward (`RewardNormalizer.from_dict`
+    # refuses the same in checkpoints).
+    _bounds: ClassVar = {"gain": "> 0", "bias": "finite", "fit_batches": ">= 1"}
+
+    def check(self, at: str) -> None:
+        if self.fit:  # `train._fit_normalizer` replaces gain and bias
+            refuse_changed(self, at, dict.fromkeys(("gain", "bias"),
+                                                   f"{at}.fit is true, so they are refitted"))
+        else:
+            refuse_changed(self, at, {"fit_batches": f"{at}.fit is false"})
 
 
 @dataclasses.dataclass(frozen=True)
 class PPOHyperparams:
     """PPO as in ClarifyDelphi (DESIGN §4). ``batch_size`` situations per step (global);
     ``epochs`` passes over the batch, each split into ``minibatches``. The learning rate is the
-    run's ``optimizer.lr``. ``top_k`` 0 = off; ``top_p`` 1.0 = off."""
+    run's ``optimizer.lr``. ``top_k`` 0 = off; ``top_p`` 1.0 = off. ``whiten_rewards`` rescales
+    the per-token rewards by their std (`ppo.PPOConfig`; the original's default). There is no
+    entropy bonus (the original had none). ``kl_target`` / ``kl_horizon`` need ``adaptive_kl``."""
 
     batch_size: int = 64
     epochs: int = 4
@@ -331,7 +314,6 @@ class PPOHyperparams:
     clip: float = 0.2
     value_clip: float = 0.2
     vf_coef: float = 1.0
-    entropy_coef: float = 0.0
     gamma: float = 1.0
     lam: float = 0.95
     kl_coef: float = 0.15
@@ -339,37 +321,38 @@ class PPOHyperparams:
     kl_target: float = 6.0
     kl_horizon: int = 10000
     whiten_advantages: bool = True
+    whiten_rewards: bool = True
     temperature: float = 0.7
     top_p: float = 0.6
     top_k: int = 0
     max_question_length: int = 30
 
     _bounds: ClassVar = {
-        "batch_size": ">= 1", "epochs": ">= 1", "minibatches": ">= 1", "clip": ">= 0",
-        "value_clip": ">= 0", "vf_coef": ">= 0", "entropy_coef": ">= 0", "gamma": "[0, 1]",
+        # clip 0 pins the ratio to 1: the clipped objective then never lets the policy improve
+        "batch_size": ">= 1", "epochs": ">= 1", "minibatches": ">= 1", "clip": "> 0",
+        "value_clip": ">= 0", "vf_coef": ">= 0", "gamma": "[0, 1]",
         "lam": "[0, 1]", "kl_coef": ">= 0", "kl_target": "> 0", "kl_horizon": ">= 1",
         "temperature": "> 0", "top_p": "(0, 1]", "top_k": ">= 0", "max_question_length": ">= 2"}
 
     def check(self, at: str) -> None:
         if self.batch_size % self.minibatches:
             raise ConfigError(f"{at}.minibatches = {self.minibatches} does not divide "
-                              f"{at}.batch_size = {self.batch_size}")
+                              f"{at}.batch_size = {self.batch_size}", key=f"{at}.minibatches")
+        if not self.adaptive_kl:
+            refuse_changed(self, at, dict.fromkeys(("kl_target", "kl_horizon"),
+                                                   f"{at}.adaptive_kl is false"))
 
 
 @dataclasses.dataclass(frozen=True)
 class ValueConfig:
-    """The value model: a T5 with a scalar head on every decoder position.
+    """The value model: a separate T5 with a scalar head on every decoder position.
 
     ``model: null`` starts from the policy's initial weights (plus a new head), as the original
-    did; ``shared_trunk: true`` puts the head on the policy itself instead of a separate T5.
+    did. (A head on the policy's own trunk is not available: `ppo.make_ppo_update` gives the value
+    function only the value parameters.)
     """
 
     model: Optional[ModelConfig] = None
-    shared_trunk: bool = False
-
-    def check(self, at: str) -> None:
-        if self.shared_trunk and self.model is not None:
-            raise ConfigError(f"{at}: shared_trunk uses the policy; leave {at}.model null")
 
 
 # --------------------------------------------------------------------------- the two run kinds
@@ -386,6 +369,10 @@ class SFTConfig:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
     data: SFTDataConfig = dataclasses.field(default_factory=SFTDataConfig)
+
+    def check(self, at: str) -> None:
+        self.model.check_tokenizer("model")
+        self.data.check_task(self.task, "data")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,6 +392,18 @@ class PPOConfig:
     optimizer: OptimizerConfig = dataclasses.field(
         default_factory=lambda: OptimizerConfig(name="adam", lr=1e-5, max_grad_norm=0.0))
     data: PPODataConfig = dataclasses.field(default_factory=PPODataConfig)
+
+    def check(self, at: str) -> None:
+        self.policy.check_tokenizer("policy")
+        for role, unused in PPO_UNUSED_MODEL_KEYS.items():
+            section = self
+            for part in role.split("."):
+                section = getattr(section, part) if section is not None else None
+            if section is not None:
+                refuse_changed(section, role, unused)
+        refuse_changed(self.optimizer, "optimizer", dict.fromkeys(
+            ("grad_accum", "label_smoothing"), "the PPO loop has one batch per update and no "
+            "label loss"))
 
 
 Config = Union[SFTConfig, PPOConfig]

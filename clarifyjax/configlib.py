@@ -4,7 +4,9 @@ nested frozen dataclasses built from plain values with type coercion and bound c
 `clarifyjax.config` declares the schema (the dataclasses); this module knows nothing about it.
 A schema dataclass may declare:
 
-* ``_bounds: ClassVar`` - field -> ">= 1", "> 0", "[0, 1)", ... (None values pass);
+* ``_bounds: ClassVar`` - field -> ">= 1", "> 0", "[0, 1)", "finite", "== -1 or >= 1", ...
+  (None values pass). EVERY int / float field must have one (`check_tree` refuses a schema
+  without), and a float must also be finite: NaN and infinity pass ``> 0`` otherwise;
 * ``_shorthand: ClassVar`` - the field a bare string in YAML stands for (``{init: <string>}``);
 * ``check(self, at)`` - cross-field rules, raising `ConfigError` naming ``at``.
 
@@ -18,6 +20,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
+import math
 import os
 import types
 import typing
@@ -30,7 +34,14 @@ from clarifyjax.textfiles import read_text_file
 
 
 class ConfigError(ValueError):
-    """A configuration that cannot be read as asked; the message names the key and the source."""
+    """A configuration that cannot be read as asked; the message names the key and the source.
+
+    `key`: the key path the error is about, when a section's ``check`` knows it (`build_root`
+    uses it to name the override that set the key rather than only the file)."""
+
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
 
 
 # --------------------------------------------------------------------------- public entry points
@@ -58,8 +69,20 @@ def build_root(cls, raw: Mapping[str, Any], overrides: Sequence[str] = (), *,
     for item in overrides:
         _apply_override(raw, cls, item, source)
     cfg = _build(cls, raw, "", source)
-    check_tree(cfg, "")
+    check_tree(cfg, "", _source_of(overrides, source))
     return cfg
+
+
+def _source_of(overrides: Sequence[str], source: str):
+    """key -> what set it: the last override on that key (or on a section above or below it),
+    else the file; bound and cross-field errors then name the override a user actually typed."""
+    def where(key: str) -> str:
+        for item in reversed(overrides):
+            k = item.partition("=")[0].strip()
+            if k == key or key.startswith(k + ".") or k.startswith(key + "."):
+                return f"override '{item}' (config {source})"
+        return source
+    return where
 
 
 def parse_overrides(args: Sequence[str]) -> list[str]:
@@ -138,12 +161,14 @@ def _merge(base: dict, top: Mapping) -> dict:
     return out
 
 
+@functools.lru_cache(maxsize=None)  # evaluating string annotations is most of a load's time
 def _hints(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-def _field_names(cls) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]
+@functools.lru_cache(maxsize=None)
+def _field_names(cls) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def _dataclass_in(tp) -> type | None:
@@ -314,29 +339,83 @@ def _apply_override(raw: dict, cls, item: str, source: str) -> None:
         node, node_cls, at = child, inner, full
 
 
-def check_tree(cfg, at: str = "") -> None:
-    """Check every section's `_bounds` and ``check(at)`` (cross-field rules), depth first."""
+def check_tree(cfg, at: str = "", where=None) -> None:
+    """Check every section's `_bounds` (and finiteness of floats) and ``check(at)`` (cross-field
+    rules), depth first. `where(key)` names the source of a key (default: nothing)."""
+    where = where or (lambda key: "<config>")
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value):
-            check_tree(value, _join(at, f.name))
-    for name, bound in getattr(cfg, "_bounds", {}).items():
-        value = getattr(cfg, name)
-        if value is not None and not _within(value, bound):
-            raise ConfigError(f"{_join(at, name)} = {value}: must be {bound}")
+            check_tree(value, _join(at, f.name), where)
+    bounds = getattr(cfg, "_bounds", {})
+    for name in numeric_fields(type(cfg)):
+        if name not in bounds:  # a schema bug: caught by any load, so no field ships without one
+            raise TypeError(f"{type(cfg).__name__}.{name}: numeric field without a _bounds entry")
+    for name, bound in bounds.items():
+        value, key = getattr(cfg, name), _join(at, name)
+        if value is not None and not within(value, bound):
+            raise ConfigError(f"{where(key)}: {key} = {value}: must be {bound}"
+                              + ("" if _finite(value) else " and finite"), key=key)
     if hasattr(cfg, "check"):
-        cfg.check(at or "<top>")
+        try:
+            cfg.check(at or "<top>")
+        except ConfigError as e:
+            raise ConfigError(f"{where(e.key or at)}: {e}", key=e.key or at) from None
 
 
-def _within(value, bound: str) -> bool:
-    """`value` against ">= a", "> a" or an interval "[a, b)" / "(a, b]" / "[a, b]" / "(a, b)"."""
-    if bound.startswith(">="):
-        return value >= float(bound[2:])
-    if bound.startswith(">"):
-        return value > float(bound[1:])
+def _text(value) -> str:
+    """A value as an override would spell it."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(
+        value)
+
+
+def numeric_fields(cls) -> list[str]:
+    """The int / float (or Optional int / float) fields of dataclass `cls`."""
+    out = []
+    for name, tp in _hints(cls).items():
+        if name.startswith("_") or name not in _field_names(cls):
+            continue
+        args = typing.get_args(tp) if _is_union(tp) else (tp,)
+        if any(a in (int, float) for a in args):
+            out.append(name)
+    return out
+
+
+def _finite(value) -> bool:
+    return not isinstance(value, float) or math.isfinite(value)
+
+
+def within(value, bound: str) -> bool:
+    """`value` against ">= a", "> a", "== a", "finite", an interval "[a, b)" / "(a, b]" /
+    "[a, b]" / "(a, b)", or alternatives joined by " or ". A float must be finite as well (NaN
+    and infinity are meaningless in every field here, and NaN fails no comparison)."""
+    if not _finite(value):
+        return False
+    return any(_within_one(value, b.strip()) for b in bound.split(" or "))
+
+
+def _within_one(value, bound: str) -> bool:
+    if bound == "finite":
+        return True
+    for op, test in ((">=", lambda a: value >= a), ("==", lambda a: value == a),
+                     (">", lambda a: value > a)):
+        if bound.startswith(op):
+            return test(float(bound[len(op):]))
     lo, hi = (float(x) for x in bound[1:-1].split(","))
     return ((lo <= value) if bound[0] == "[" else (lo < value)) and \
         ((value <= hi) if bound[-1] == "]" else (value < hi))
+
+
+def refuse_changed(section, at: str, reasons: Mapping[str, str]) -> None:
+    """Keys that this context does not read: a value other than the field's default would be
+    ignored silently, so it is refused, naming the key and why (`reasons`: field -> reason)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(section)}
+    for name, reason in reasons.items():
+        value = getattr(section, name)
+        if value != defaults[name]:  # (a value inherited from a base file counts too)
+            key = _join(at, name)
+            raise ConfigError(f"{key} = {value!r} is not used: {reason}; remove it or set it to "
+                              f"its default {_text(defaults[name])}", key=key)
 
 
 def check_increasing(buckets: Sequence[int], key: str) -> None:

@@ -44,8 +44,6 @@ from clarifyjax.textfiles import read_text_file
 from clarifyjax.tokenizer import bucket_length
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# The project's own small example files (written for the demo), used when ../shared/data is absent.
-EXAMPLE_DATA_DIR = Path(__file__).resolve().parents[1] / "examples"
 
 GOLD_COLUMNS = ("id", "source", "situation", "question")
 SILVER_COLUMNS = ("Hypothesis", "Update", "UpdateType", "question_davinci", "situation")
@@ -60,28 +58,48 @@ class DataError(ValueError):
 # --------------------------------------------------------------------------- files and tables
 
 
-def resolve_data_path(path: str | os.PathLike) -> Path:
-    """Find a data file: as given (relative to the working directory), else relative to the
-    repository root, else ``$CLARIFYJAX_SHARED_DATA`` for a ``.../shared/data/...`` path, else the
-    project's own small example files ``examples/<folder>/<file>``.
-
-    Raises:
-      DataError: none of these exists (listing every place looked at).
-    """
-    path = Path(path).expanduser()
+def _candidates(path: Path) -> list[Path]:
     candidates = [path] if path.is_absolute() else [Path.cwd() / path, REPO_ROOT / path]
     parts = path.parts
     env = os.environ.get("CLARIFYJAX_SHARED_DATA")
     for i in range(len(parts) - 1):
         if env and parts[i:i + 2] == ("shared", "data"):
             candidates.append(Path(env).joinpath(*parts[i + 2:]))
-    if path.parent.name:
-        candidates.append(EXAMPLE_DATA_DIR / path.parent.name / path.name)
+    return candidates
+
+
+def resolve_data_path(path: str | os.PathLike, option: str | None = None) -> Path:
+    """Find a data file: as given (relative to the working directory), else relative to the
+    repository root, else ``$CLARIFYJAX_SHARED_DATA`` for a ``.../shared/data/...`` path.
+
+    There is no fallback to the project's example files: a run must train on the file it names
+    (only `clarifyjax.demo` chooses the examples, and says so).
+
+    Raises:
+      DataError: none of these exists; one line naming `option` (e.g. ``data.train_path``), the
+        path and every place looked at.
+    """
+    path = Path(path).expanduser()
+    candidates = _candidates(path)
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    tried = "\n  ".join(str(c) for c in candidates)
-    raise DataError(f"data file not found: {path}; looked in:\n  {tried}")
+    where = f"{option}: " if option else ""
+    raise DataError(f"{where}data file not found: {path} (looked at "
+                    f"{', '.join(str(c) for c in candidates)})")
+
+
+def check_data_paths(data, at: str = "data") -> None:
+    """Resolve every ``*_path`` of a data config (`SFTDataConfig`, `PPODataConfig`), so that a
+    missing file stops a run before any model is built, naming its option.
+
+    Raises:
+      DataError: see `resolve_data_path`.
+    """
+    for field in dataclasses.fields(data):
+        value = getattr(data, field.name)
+        if field.name.endswith("_path") and value is not None:
+            resolve_data_path(value, f"{at}.{field.name}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,11 +367,11 @@ def load_sft_pairs(data, task: str) -> tuple[list[Pair], list[Pair]]:
     ``train_rows`` after a seeded shuffle of train, ``dev_rows`` the first dev pairs."""
     kw = dict(text_column=data.text_column, label_column=data.label_column,
               judge_source=data.judge_source)
-    train = read_pairs(data.train_path, task, **kw)
+    train = read_pairs(resolve_data_path(data.train_path, "data.train_path"), task, **kw)
     if data.dev_path is None:
         train, dev = split_by_group(train, data.dev_fraction, data.split_seed)
     else:
-        dev = read_pairs(data.dev_path, task, **kw)
+        dev = read_pairs(resolve_data_path(data.dev_path, "data.dev_path"), task, **kw)
     if data.train_rows is not None and data.train_rows < len(train):
         keep = np.sort(np.random.default_rng(data.split_seed).permutation(len(train))[
             :data.train_rows])
@@ -365,9 +383,10 @@ def load_sft_pairs(data, task: str) -> tuple[list[Pair], list[Pair]]:
 
 def load_ppo_situations(data) -> tuple[list[str], list[str]]:
     """(train, dev) unique situations for a `PPODataConfig` (dev cut to ``dev_situations``)."""
-    train = unique_situations(read_table(data.train_path, ("situation",)))
-    dev = [] if data.dev_path is None else unique_situations(read_table(data.dev_path,
-                                                                        ("situation",)))
+    train = unique_situations(read_table(resolve_data_path(data.train_path, "data.train_path"),
+                                         ("situation",)))
+    dev = [] if data.dev_path is None else unique_situations(read_table(
+        resolve_data_path(data.dev_path, "data.dev_path"), ("situation",)))
     if data.dev_situations is not None:
         dev = dev[:data.dev_situations]
     return train, dev

@@ -49,7 +49,10 @@ DEMO_FOLDERS = ("tokenizer_tiny", "sft_question_tiny", "sft_answerer_tiny", "sft
 
 
 def find_data(data_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
-    """(folder holding the four δ-CLARIFY files, "shared" | "examples" | "given")."""
+    """(folder holding the four δ-CLARIFY files, "shared" | "examples" | "given").
+
+    Falling back to the example files is the demo's choice alone (`main` prints it): training
+    configs must name files that exist (`clarifyjax.data.resolve_data_path`)."""
     if data_dir is not None:
         folder, kind = Path(data_dir), "given"
     else:
@@ -277,6 +280,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     from clarifyjax import train
 
     data, kind = find_data(args.data)
+    if kind == "examples":
+        from clarifyjax.models.tiny import shared_data_dir
+
+        print(f"[demo] no δ-CLARIFY files in {shared_data_dir() / 'delta-clarify'}: using the "
+              f"project's small example files in {data} instead (smaller runs)", flush=True)
     plan = _plan(data, args.quick)
     print(f"[demo] data: {data} ({kind}); output: {out}; {jax.device_count()} "
           f"{jax.default_backend()} device(s)", flush=True)

@@ -20,6 +20,7 @@ import numpy as np
 from flax import nnx
 
 from clarifyjax import sharding as sharding_lib
+from clarifyjax.config import NLI_THRESHOLD
 from clarifyjax.models.checkpoint_io import CheckpointError, check_folder
 from clarifyjax.models.encoder import (SequenceClassifier, bucket_length, bucket_rows,
                                        length_sorted_batches, pad_sequences)
@@ -70,14 +71,15 @@ class NLIFilter:
     """Keep or drop (premise, hypothesis) pairs by an NLI classifier.
 
     A pair is dropped when its argmax label is one of `drop_labels`, or, with `threshold` set,
-    when the summed probability of the drop labels is >= threshold.
+    when the summed probability of the drop labels is >= threshold. The default threshold is
+    `clarifyjax.config.NLI_THRESHOLD`, shared with the YAML configs and the CLI.
     `traces` counts traces of the jitted forward per (rows, length) shape.
     """
 
     def __init__(self, model: SequenceClassifier, tokenizer, *,
                  drop_labels: Sequence[str] = ("entailment", "contradiction"),
-                 threshold: float | None = None, batch_size: int = 64, max_length: int = 128,
-                 source: str = "the model", mesh=None):
+                 threshold: float | None = NLI_THRESHOLD, batch_size: int = 64,
+                 max_length: int = 128, source: str = "the model", mesh=None):
         config = model.config
         self.labels = tuple(config.labels)
         _check_labels(self.labels, drop_labels, source)
@@ -109,7 +111,7 @@ class NLIFilter:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *,
                         drop_labels: Sequence[str] = ("entailment", "contradiction"),
-                        threshold: float | None = None, batch_size: int = 64,
+                        threshold: float | None = NLI_THRESHOLD, batch_size: int = 64,
                         max_length: int = 128, dtype: str = "float32", mesh=None,
                         rules=None) -> "NLIFilter":
         """Load a `...ForSequenceClassification` folder with its tokenizer.json; with `mesh` (a

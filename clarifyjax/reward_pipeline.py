@@ -35,6 +35,7 @@ import numpy as np
 from clarifyjax import decoding, delphi
 from clarifyjax import reward as reward_lib
 from clarifyjax import text as text_lib
+from clarifyjax.config import NLI_THRESHOLD
 from clarifyjax.delphi import Sampling, Seq2SeqModel
 
 DROPPED_POLICIES = ("zero_reward", "resample", "blank")
@@ -48,6 +49,7 @@ class PipelineConfig:
     """Settings of `RewardPipeline` (names as `clarifyjax.config.RewardConfig` where shared).
 
     Temperatures of 0 decode greedily. `normalizer`: None gives the raw JSD as the reward.
+    `nli_threshold`: the NLI filter's (`from_folders` builds it so); None = argmax.
     """
 
     dropped_answer: Literal["zero_reward", "resample", "blank"] = "zero_reward"
@@ -63,6 +65,7 @@ class PipelineConfig:
     max_question_words: int = 64
     dropped_reward: float = 0.0
     normalizer: reward_lib.RewardNormalizer | None = None
+    nli_threshold: float | None = NLI_THRESHOLD
 
     def __post_init__(self):
         if self.dropped_answer not in DROPPED_POLICIES:
@@ -89,15 +92,23 @@ class PipelineConfig:
         return Sampling(self.fusion_max_length, self.fusion_temperature)
 
     @classmethod
+    def from_options(cls, *, answer_temperature: float = 0.0, **options) -> "PipelineConfig":
+        """The one mapping from user options (a run's `rewards:` section, or `clarifyjax
+        score-questions` flags) to a config: resampling draws at the answer temperature, or 1.0
+        when answers are greedy (resampling a greedy answer would give it again)."""
+        options.setdefault("resample_temperature", answer_temperature or 1.0)
+        return cls(answer_temperature=answer_temperature, **options)
+
+    @classmethod
     def from_reward_config(cls, rewards, normalizer=None, **overrides) -> "PipelineConfig":
         """From `clarifyjax.config.RewardConfig` (the `rewards:` section of a PPO run)."""
         values = dict(dropped_answer=rewards.dropped_answer, resample_k=rewards.resample_k,
                       answer_max_length=rewards.answer_max_length,
                       answer_temperature=rewards.answer_temperature,
-                      resample_temperature=rewards.answer_temperature or 1.0,
-                      fusion_max_length=rewards.fusion_max_length, normalizer=normalizer)
+                      fusion_max_length=rewards.fusion_max_length, normalizer=normalizer,
+                      nli_threshold=rewards.nli_threshold)
         values.update(overrides)
-        return cls(**values)
+        return cls.from_options(**values)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,10 +212,11 @@ class RewardPipeline:
     def from_folders(cls, *, answerer, fusion, judge, nli=None,
                      config: PipelineConfig = PipelineConfig(), backend: str = "hf",
                      dtype: str = "float32", max_input_length: int = 128, batch_multiple: int = 8,
-                     nli_threshold: float | None = None, nli_batch_size: int = 128,
+                     nli_batch_size: int = 128,
                      judge_options: dict | None = None, mesh=None,
                      rules=None) -> "RewardPipeline":
-        """Load the four models from Hugging Face folders (`nli` None: no filter).
+        """Load the four models from Hugging Face folders (`nli` None: no filter; else an
+        `NLIFilter` with `config.nli_threshold`).
 
         nli_batch_size: pairs per NLI forward; 2 x the questions per call keeps it one call.
         judge_options: keyword arguments of `delphi.load_judge` (kind, class_prefix, ...).
@@ -220,7 +232,8 @@ class RewardPipeline:
                    Seq2SeqModel.from_pretrained(fusion, **common),
                    delphi.load_judge(judge, **{**common, **(judge_options or {})}),
                    None if nli is None else NLIFilter.from_pretrained(
-                       nli, threshold=nli_threshold, dtype=dtype, max_length=max_input_length,
+                       nli, threshold=config.nli_threshold, dtype=dtype,
+                       max_length=max_input_length,
                        batch_size=nli_batch_size, mesh=mesh, rules=rules),
                    config)
 

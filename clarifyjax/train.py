@@ -4,14 +4,17 @@ that resume exactly, SIGTERM handling and a Hugging Face export.
 
 A run writes, under ``run.output_dir`` (default ``runs/{name}``):
 
-    config.yaml         the resolved config
+    config.yaml         the resolved config (written once the restore, if any, has succeeded)
+    config_history.jsonl  settings changed on resume, and from which step (`run_record`)
     metrics.jsonl       one JSON object per logged step ({"step": s, "train/loss": ..., ...})
     events.out.*        TensorBoard scalars (tensorboardX, else tf.summary, else none; logged)
     checkpoints/<step>  orbax: the train state (parameters, optimizer states, KL controller, RNG)
                         + JSON (data position, reward normalizer, metrics)
     final/              the trained model as a Hugging Face folder, with the tokenizer
 
-Resuming is automatic: a run started on a folder with checkpoints continues from the newest one.
+Resuming is automatic: a run started on a folder with checkpoints continues from the newest intact
+one (a damaged newer one is set aside with a warning). Settings that change what is trained must
+equal the checkpoint's record, else the run stops before building anything (`run_record`).
 The RNG key, the data position, the normalizer and the KL controller come back with the weights,
 so the resumed run computes exactly what the uninterrupted one would have. SIGTERM (preemption)
 makes the loop save the current step and return; the process then exits 0.
@@ -36,10 +39,10 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from clarifyjax import data as data_lib
-from clarifyjax import decoding, ppo, sft
+from clarifyjax import decoding, ppo, run_record, sft
 from clarifyjax import sharding as sharding_lib
 from clarifyjax.checkpointing import Checkpointer, PreemptionGuard
-from clarifyjax.config import ConfigError, save_config
+from clarifyjax.config import ConfigError
 from clarifyjax.models.hf import load_t5, save_t5
 from clarifyjax.models.t5 import T5, T5Config
 from clarifyjax.policy import (RolloutSampler, ValueModel, copy_params, host_rows,
@@ -183,10 +186,11 @@ def _all_hosts(x: np.ndarray) -> np.ndarray:
 
 
 def _start(cfg, kind: str, say) -> tuple[Path, Any, tuple]:
+    # Both checks read files only: a missing data file or a resume with changed settings stops
+    # here, before any model is built or anything in the run folder is written.
+    data_lib.check_data_paths(cfg.data)
+    run_record.check_resume(cfg, say)
     run_dir = Path(cfg.run.directory)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    if jax.process_index() == 0:
-        save_config(cfg, run_dir / "config.yaml")
     mesh = sharding_lib.make_mesh(cfg.mesh.axis_sizes())
     say(f"[{kind}] {cfg.run.name}: {jax.device_count()} {jax.default_backend()} device(s), mesh "
         f"{dict(mesh.shape)}, output {run_dir}")
@@ -202,12 +206,16 @@ def _export(model: T5, config: T5Config, tokenizer: Tokenizer, folder: Path, say
     return str(folder)
 
 
-def _restore(ckpt: Checkpointer, state, say):
-    restored = ckpt.restore_latest(state)
-    if restored is None:
-        return 0, state, {}
-    step, state, extra = restored
-    say(f"[checkpoint] resumed from step {step} ({ckpt.directory})")
+def _restore(ckpt: Checkpointer, state, say, cfg):
+    """The newest intact checkpoint (damaged newer ones are set aside with a warning), then the
+    run's record: config.yaml (and config_history.jsonl for allowed changes) is written only now,
+    so that a refused or failed resume leaves the old record as it was."""
+    ckpt.record = run_record.as_record(cfg)  # each checkpoint records the settings it was made with
+    restored = ckpt.restore_latest(state, say=say)
+    step, state, extra = restored if restored is not None else (0, state, {})
+    if restored is not None:
+        say(f"[checkpoint] resumed from step {step} ({ckpt.directory})")
+    run_record.commit(cfg, step, extra, say)
     return step, state, extra
 
 
@@ -293,7 +301,7 @@ def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: b
     with Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.run.max_to_keep,
                       save_interval_steps=max(cfg.run.save_every, 1),
                       async_save=cfg.run.async_checkpointing) as ckpt, PreemptionGuard() as guard:
-        step, state, extra = _restore(ckpt, state, say)
+        step, state, extra = _restore(ckpt, state, say, cfg)
         batches = data_lib.BatchIterator(train_ds, cfg.data.batch_size, seed=cfg.run.seed,
                                          shuffle=cfg.data.shuffle, position=extra.get("data"))
 
@@ -446,12 +454,9 @@ def evaluate_ppo(sampler: RolloutSampler, params, ref_params, dataset, *, batch_
 
 
 def _ppo_hyperparams(h) -> ppo.PPOConfig:
-    if h.entropy_coef:
-        raise ConfigError(f"ppo.entropy_coef = {h.entropy_coef}: ppo.make_ppo_update has no "
-                          "entropy bonus (the original had none); set it to 0")
     return ppo.PPOConfig(epochs=h.epochs, minibatches=h.minibatches, clip=h.clip,
                          value_clip=h.value_clip, vf_coef=h.vf_coef, gamma=h.gamma, lam=h.lam,
-                         whiten_advantages=h.whiten_advantages)
+                         whiten_advantages=h.whiten_advantages, whiten_rewards=h.whiten_rewards)
 
 
 def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = True,
@@ -465,10 +470,6 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
     """
     say = _say(None)
     run_dir, mesh, rules = _start(cfg, "ppo", say)
-    if cfg.value.shared_trunk:
-        raise ConfigError("value.shared_trunk: not available: ppo.make_ppo_update gives value_fn "
-                          "only the value parameters, so a head on the policy's trunk cannot see "
-                          "the policy's parameters; use a separate value model")
     h = cfg.ppo
     ppo_config = _ppo_hyperparams(h)
     tokenizer = Tokenizer.from_pretrained(cfg.policy.tokenizer_path)
@@ -530,7 +531,7 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
     with Checkpointer(run_dir / "checkpoints", max_to_keep=cfg.run.max_to_keep,
                       save_interval_steps=max(cfg.run.save_every, 1),
                       async_save=cfg.run.async_checkpointing) as ckpt, PreemptionGuard() as guard:
-        step, state, extra = _restore(ckpt, state, say)
+        step, state, extra = _restore(ckpt, state, say, cfg)
         if "normalizer" in extra:
             normalizer = RewardNormalizer.from_dict(extra["normalizer"],
                                                     where=f"{ckpt.directory}: normalizer")

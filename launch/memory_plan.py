@@ -273,13 +273,6 @@ def plan(cfg: PPOConfig, hardware: Hardware, configs_dir: Path) -> dict:
         roles.append(("nli", cfg.rewards.nli, "encoder", False))
     models = [size_model(r, m, k, mesh if r in ("policy", "value", "reference") else host_mesh,
                          rules, configs_dir, t) for r, m, k, t in roles]
-    if cfg.value.shared_trunk:  # only the head is a separate parameter
-        head = models[1]
-        trunk = models[0]
-        models[1] = dataclasses.replace(
-            head, architecture="head on the policy", n_params=head.n_params - trunk.n_params,
-            bytes_total=head.bytes_total - trunk.bytes_total,
-            bytes_per_device=head.bytes_per_device - trunk.bytes_per_device)
 
     trainable_per_device = sum(m.bytes_per_device for m in models if m.trainable)
     if cfg.optimizer.name not in ("adam", "adamw"):

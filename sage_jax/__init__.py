@@ -4,7 +4,8 @@
   embed     sentence embedder on clarifyjax.models.encoder (sentence-transformers folders)
   lexical   pairwise BLEU / ROUGE-L / BERTScore consistency baselines
   data      long / pairs files -> questions -> padded [batch, n] batches
-  report    per-question CSV, summary JSON, comparison table, distribution PNG
+  textfile  reading one CSV / TSV / JSONL file into rows (UTF-8 with optional BOM, checked)
+  report    per-question CSV, summary JSON, table, PNG; the output folder, replaced as a whole
   cli       `sage-jax score ...`
 
 The metric functions are re-exported here lazily, so `import sage_jax` stays cheap.

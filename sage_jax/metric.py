@@ -34,22 +34,80 @@ integer `groups` (equal ids within a row = identical text):
 
 With `groups=None` (the default, and the metric we recommend) every position is its own node.
 
-Bad vectors: a valid position whose embedding is all-zero or non-finite (or a non-finite similarity
-between two valid positions) makes the question's score NaN, so that `mean_sage` counts it as
-skipped instead of averaging a made-up number. Rows with fewer than 2 valid texts are NaN too.
+Bad vectors: a valid position whose embedding holds a NaN/inf (or a similarity between two valid
+positions that is non-finite or outside [-1, 1] beyond float32 rounding) makes the question's score
+NaN, so that `mean_sage` counts it as skipped instead of averaging a made-up number. Rows with fewer
+than 2 valid texts are NaN too. An all-zero vector is a text that agrees with nothing: its cosine
+with every text (another zero vector included) is 0, as in torch's `cosine_similarity`, so the
+question gets a finite score. Every finite score lies in [-1, 1] (float32 rounding is clipped).
 
-Memory is O(batch * n^2 + batch * n * d): the cosines come from one Gram matrix per question,
-normalized by its diagonal, so the embeddings are read once and never copied.
+Scale: the cosine ignores a vector's length, and so does this code: each vector is divided by its
+largest |entry| before the products, so vectors with entries of 1e30 or 1e-30 (or a mix) give the
+same scores as unit vectors instead of overflowing float32 to inf / NaN.
+
+Parameters (alpha, the blend weight, chunk_size) are checked when they are concrete numbers: alpha
+must be finite and in (0, ALPHA_MAX], the weight in [0, 1]; a bad one is a ValueError naming it.
+Under jit tracing they cannot be read and are not checked.
+
+Memory is O(batch * n^2 + batch * n * d): the cosines come from one Gram matrix per question of
+the rescaled vectors, normalized by its diagonal.
 """
 from __future__ import annotations
+
+import math
 
 import jax
 import jax.numpy as jnp
 
 EPSILON = 1e-20  # the reference's floor on a node's strength
 DEFAULT_ALPHA = 10.0
+# alpha * log(strength) must stay finite in float32 for strengths down to EPSILON (log = -46): far
+# below the overflow at ~7e36; beyond ~1e6 the entropy only amplifies float32 rounding anyway.
+ALPHA_MAX = 1e6
+# Cosines computed in float32 reach 1 + 1.2e-7 (the SaGE pairs files hold 1.0000001192): tolerated
+# and clipped; anything further outside [-1, 1] is not a cosine.
+SIMILARITY_TOLERANCE = 1e-5
 BLOCK = 128  # questions per step of the jitted loop (see _in_blocks)
 LANES = 8  # vector width the Gram reduction is split by (see _gram)
+
+
+def _concrete(value, name: str):
+    """`value` as a Python int/float, or None while it is traced under jit (no value to check)."""
+    if isinstance(value, jax.core.Tracer):
+        return None
+    if not isinstance(value, (str, bytes)) and jnp.ndim(value) == 0:
+        number = value.item() if hasattr(value, "item") else value
+        if isinstance(number, (int, float)) and not isinstance(number, bool):
+            return number
+    raise ValueError(f"{name} must be a number, got {value!r}")
+
+
+def check_number(value, name: str, low: float, high: float, *, low_open: bool = False,
+                 integer: bool = False):
+    """`value` if it is a finite number in [low, high] ((low, high] with low_open), else a
+    ValueError naming `name` (e.g. "alpha" or "--alpha"); traced values pass unchecked."""
+    number = _concrete(value, name)
+    if number is None:
+        return value
+    inside = low < number <= high if low_open else low <= number <= high  # False for NaN and inf
+    whole = not integer or (inside and number == int(number))
+    if not (inside and whole):
+        kind = "an integer" if integer else "a finite number"
+        show = lambda x: str(int(x)) if float(x).is_integer() else f"{x:g}"  # noqa: E731
+        raise ValueError(f"{name} must be {kind} in {'(' if low_open else '['}{show(low)}, {show(high)}], "
+                         f"got {value!r}")
+    return int(number) if integer else value
+
+
+def check_alpha(alpha, name: str = "alpha"):
+    """alpha, the exponent of the strengths: finite, in (0, ALPHA_MAX] (0 makes p uniform and
+    negative values reverse the metric; neither is SaGE)."""
+    return check_number(alpha, name, 0.0, ALPHA_MAX, low_open=True)
+
+
+def check_weight(weight, name: str = "weight"):
+    """The answers' weight in a blend: in [0, 1] (a convex mix of two cosines stays a cosine)."""
+    return check_number(weight, name, 0.0, 1.0)
 
 
 def _gram(x: jax.Array) -> jax.Array:
@@ -74,20 +132,24 @@ def pairwise_cosine(embeddings: jax.Array) -> tuple[jax.Array, jax.Array]:
       embeddings: [batch, n, d] float.
 
     Returns:
-      (similarity [batch, n, n] float32, ok [batch, n] bool): `ok` is False for vectors that are
-      all-zero or hold a NaN/inf; their rows and columns of `similarity` are 0.
+      (similarity [batch, n, n] float32 in [-1, 1], ok [batch, n] bool): `ok` is False for vectors
+      holding a NaN/inf; their rows and columns of `similarity` are 0, as are an all-zero vector's.
     """
     x = jnp.asarray(embeddings)
     if x.ndim != 3:
         raise ValueError(f"embeddings must be [batch, n, d], got shape {x.shape}")
     x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-    # One pass over the embeddings: the Gram matrix, normalized by its diagonal.
+    ok = jnp.all(jnp.isfinite(x), axis=-1)  # [batch, n]
+    # The cosine is scale-invariant, the float32 products are not: 1e20^2 overflows to inf and
+    # 1e-30^2 underflows to 0. Dividing each vector by its largest |entry| first puts every entry
+    # in [-1, 1] and every nonzero squared norm in [1, d], whatever the input's scale.
+    scale = jnp.max(jnp.abs(x), axis=-1, keepdims=True)
+    usable = ok[..., None] & (scale > 0)
+    x = jnp.where(usable, x / jnp.where(usable, scale, 1.0), 0.0)
     gram = _gram(x)
-    sq_norm = jnp.diagonal(gram, axis1=-2, axis2=-1)  # [batch, n]
-    ok = jnp.isfinite(sq_norm) & (sq_norm > 0)
-    inv = jnp.where(ok, jax.lax.rsqrt(jnp.where(ok, sq_norm, 1.0)), 0.0)
-    sim = gram * inv[:, :, None] * inv[:, None, :]
-    sim = jnp.where(ok[:, :, None] & ok[:, None, :], sim, 0.0)
+    sq_norm = jnp.diagonal(gram, axis1=-2, axis2=-1)  # [batch, n]; 0 only for zero vectors
+    inv = jnp.where(sq_norm > 0, jax.lax.rsqrt(jnp.where(sq_norm > 0, sq_norm, 1.0)), 0.0)
+    sim = jnp.clip(gram * inv[:, :, None] * inv[:, None, :], -1.0, 1.0)
     return sim.astype(jnp.float32), ok
 
 
@@ -96,9 +158,11 @@ def blend_similarity(sim_answers: jax.Array, sim_rots: jax.Array, weight: float 
 
     Args:
       sim_answers, sim_rots: [batch, n, n].
+      weight: in [0, 1].
     Returns:
       [batch, n, n].
     """
+    weight = check_weight(weight)
     sim_answers = jnp.asarray(sim_answers)
     sim_rots = jnp.asarray(sim_rots)
     if sim_answers.shape != sim_rots.shape:
@@ -133,8 +197,11 @@ def _sage_core(similarity: jax.Array, valid: jax.Array, groups: jax.Array | None
     sim = similarity.astype(jnp.float32)
     eye = jnp.eye(n, dtype=bool)[None]
     pair = valid[:, :, None] & valid[:, None, :] & ~eye                      # [b, n, n]
-    bad = jnp.any(pair & ~jnp.isfinite(sim), axis=(-2, -1))                  # [b]
-    w = jnp.where(pair & jnp.isfinite(sim), sim, 0.0)
+    # Not a cosine (NaN, inf, or beyond [-1, 1] by more than float32 rounding): the question is
+    # skipped, not scored outside SaGE's range.
+    usable = jnp.abs(sim) <= 1.0 + SIMILARITY_TOLERANCE                          # False for NaN
+    bad = jnp.any(pair & ~usable, axis=(-2, -1))                             # [b]
+    w = jnp.where(pair & usable, jnp.clip(sim, -1.0, 1.0), 0.0)
     # Symmetrize: the reference has one undirected edge per pair.
     w = 0.5 * (w + jnp.swapaxes(w, -1, -2))
     strength = EPSILON + jnp.sum(jnp.maximum(w, 0.0), axis=-1)               # [b, n]
@@ -169,7 +236,7 @@ def _sage_core(similarity: jax.Array, valid: jax.Array, groups: jax.Array | None
     n_edges = jnp.maximum(k * (k - 1.0) / 2.0, 1.0)
     lam = edge_sum / n_edges
 
-    score = lam * h
+    score = jnp.clip(lam * h, -1.0, 1.0)  # |lam| <= 1 and H <= 1 but for float32 rounding
     score = jnp.where(k >= 2, score, jnp.where(n_valid >= 2, 0.0, jnp.nan))  # k = 1: collapsed
     return jnp.where(bad, jnp.nan, score)
 
@@ -240,9 +307,10 @@ def sage_blend(answer_embeddings: jax.Array, rot_embeddings: jax.Array, mask: ja
       answer_embeddings, rot_embeddings: [batch, n, d] (position i = the answer and the rule of
         thumb of paraphrase i).
       mask: [batch, n] bool; a position counts when both its texts are there.
+      weight: in [0, 1]; alpha: in (0, ALPHA_MAX].
       groups: optional [batch, n] int (e.g. identical answers); see `sage_from_similarity`.
     Returns:
-      [batch] float32.
+      [batch] float32 in [-1, 1]; NaN as in `sage`, for either embedding.
     """
     answer_embeddings = jnp.asarray(answer_embeddings)
     rot_embeddings = jnp.asarray(rot_embeddings)
@@ -251,8 +319,8 @@ def sage_blend(answer_embeddings: jax.Array, rot_embeddings: jax.Array, mask: ja
                          "must both be [batch, n, d] with the same batch and n")
     mask = _default_mask(answer_embeddings.shape[:2], mask)
     groups = _check_groups(groups, answer_embeddings.shape[:2])
-    return _sage_blend_jit(answer_embeddings, rot_embeddings, mask, groups, jnp.float32(alpha),
-                           jnp.float32(weight))
+    return _sage_blend_jit(answer_embeddings, rot_embeddings, mask, groups, jnp.float32(check_alpha(alpha)),
+                           jnp.float32(check_weight(weight)))
 
 
 def sage_from_similarity(similarity: jax.Array, mask: jax.Array | None = None, *,
@@ -263,19 +331,20 @@ def sage_from_similarity(similarity: jax.Array, mask: jax.Array | None = None, *
       similarity: [batch, n, n] float; only the off-diagonal entries between valid positions are
         read (the matrix is symmetrized).
       mask: [batch, n] bool, True for real texts; None means all valid.
-      alpha: exponent of the strengths (10 in the reference).
+      alpha: exponent of the strengths (10 in the reference), in (0, ALPHA_MAX].
       groups: optional [batch, n] int, equal ids within a row = identical text; reproduces the
         reference's collapsing of identical strings (see the module docstring).
 
     Returns:
-      [batch] float32; NaN for rows with fewer than 2 valid texts or a non-finite similarity.
+      [batch] float32 in [-1, 1]; NaN for rows with fewer than 2 valid texts or a similarity that
+      is non-finite or outside [-1, 1] (beyond SIMILARITY_TOLERANCE).
     """
     similarity = jnp.asarray(similarity)
     if similarity.ndim != 3 or similarity.shape[-1] != similarity.shape[-2]:
         raise ValueError(f"similarity must be [batch, n, n], got shape {similarity.shape}")
     mask = _default_mask(similarity.shape[:2], mask)
     groups = _check_groups(groups, similarity.shape[:2])
-    return _sage_from_similarity_jit(similarity, mask, groups, jnp.float32(alpha))
+    return _sage_from_similarity_jit(similarity, mask, groups, jnp.float32(check_alpha(alpha)))
 
 
 def sage(embeddings: jax.Array, mask: jax.Array | None = None, *, alpha: float = DEFAULT_ALPHA,
@@ -285,35 +354,50 @@ def sage(embeddings: jax.Array, mask: jax.Array | None = None, *, alpha: float =
     Args:
       embeddings: [batch, n, d] float.
       mask: [batch, n] bool, True for real texts; None means all valid.
-      alpha: exponent of the strengths (10 in the reference).
+      alpha: exponent of the strengths (10 in the reference), in (0, ALPHA_MAX].
       groups: optional [batch, n] int; see `sage_from_similarity`.
 
     Returns:
-      [batch] float32; NaN for rows with fewer than 2 valid texts or a valid text whose vector is
-      all-zero or non-finite.
+      [batch] float32 in [-1, 1], whatever the scale of the vectors; NaN for rows with fewer than 2
+      valid texts or a valid text whose vector holds a NaN/inf. An all-zero vector has cosine 0
+      with every text (finite score).
     """
     embeddings = jnp.asarray(embeddings)
     if embeddings.ndim != 3:
         raise ValueError(f"embeddings must be [batch, n, d], got shape {embeddings.shape}")
     mask = _default_mask(embeddings.shape[:2], mask)
     groups = _check_groups(groups, embeddings.shape[:2])
-    return _sage_jit(embeddings, mask, groups, jnp.float32(alpha))
+    return _sage_jit(embeddings, mask, groups, jnp.float32(check_alpha(alpha)))
 
 
 @jax.jit
-def mean_sage(scores: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Mean of per-question scores, ignoring NaN.
-
-    Args:
-      scores: [batch] float.
-    Returns:
-      (mean, n_skipped): float32 scalar (NaN if every score is NaN) and int32 scalar.
-    """
-    scores = jnp.asarray(scores, dtype=jnp.float32)
+def _mean_sage_jit(scores):
     finite = ~jnp.isnan(scores)
     count = jnp.sum(finite)
     mean = jnp.sum(jnp.where(finite, scores, 0.0)) / jnp.where(count > 0, count, jnp.nan)
     return mean, jnp.sum(~finite).astype(jnp.int32)
+
+
+def mean_sage(scores: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Mean of per-question scores, ignoring NaN (the skipped questions).
+
+    Args:
+      scores: [batch] float, each NaN or in [-1, 1]. Concrete scores holding an inf or a value
+        outside [-1, 1] (beyond SIMILARITY_TOLERANCE) are a ValueError: no SaGE score is either,
+        and averaging one in would report a number outside the metric's range.
+    Returns:
+      (mean, n_skipped): float32 scalar (NaN if every score is NaN) and int32 scalar.
+    """
+    scores = jnp.asarray(scores, dtype=jnp.float32)
+    if scores.ndim != 1:
+        raise ValueError(f"scores must be [batch], got shape {scores.shape}")
+    if not isinstance(scores, jax.core.Tracer):
+        wrong = jnp.flatnonzero(jnp.abs(scores) > 1.0 + SIMILARITY_TOLERANCE)  # NaN compares False
+        if wrong.size:
+            i = int(wrong[0])
+            raise ValueError(f"scores must be NaN or in [-1, 1]; scores[{i}] = {float(scores[i])} "
+                             f"({wrong.size} such value{'s' if wrong.size > 1 else ''})")
+    return _mean_sage_jit(scores)
 
 
 def _pad_rows(x: jax.Array, rows: int) -> jax.Array:
@@ -337,9 +421,9 @@ def sage_chunked(embeddings, mask=None, *, groups=None, similarity=None, rot_emb
       groups: [N, n] int or None.
       similarity: [N, n, n] precomputed edge weights instead of embeddings.
       rot_embeddings: [N, n, d] RoT embeddings: blend with `embeddings` (`sage_blend`).
-      blend_weight: weight of the answers' cosine in the blend.
-      alpha: exponent of the strengths.
-      chunk_size: questions per compiled call.
+      blend_weight: weight of the answers' cosine in the blend, in [0, 1].
+      alpha: exponent of the strengths, in (0, ALPHA_MAX].
+      chunk_size: questions per compiled call, an integer >= 1.
       on_chunk: optional callback(n_done, n_total) after each chunk (a progress bar).
 
     Returns:
@@ -353,10 +437,9 @@ def sage_chunked(embeddings, mask=None, *, groups=None, similarity=None, rot_emb
     if len(source.shape) != 3:
         raise ValueError(f"expected a 3-d array [N, n, ...], got shape {tuple(source.shape)}")
     total, n = source.shape[0], source.shape[1]
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    chunk_size = min(chunk_size, max(total, 1))
-    alpha = jnp.float32(alpha)
+    chunk_size = min(check_number(chunk_size, "chunk_size", 1, 2**31 - 1, integer=True), max(total, 1))
+    alpha = jnp.float32(check_alpha(alpha))
+    blend_weight = check_weight(blend_weight, "blend_weight")
     outputs = []
     for start in range(0, total, chunk_size):
         stop = min(start + chunk_size, total)

@@ -46,7 +46,7 @@ def test_paper_hyperparameters_in_t5_large_config():
     assert cfg.run.steps == 6000
     assert (p.batch_size, p.epochs, p.clip, p.value_clip, p.vf_coef) == (64, 4, 0.2, 0.2, 1.0)
     assert (p.gamma, p.lam, p.kl_coef, p.max_question_length) == (1.0, 0.95, 0.15, 30)
-    assert (p.temperature, p.top_p, p.top_k, p.entropy_coef) == (0.7, 0.6, 0, 0.0)
+    assert (p.temperature, p.top_p, p.top_k, p.whiten_rewards) == (0.7, 0.6, 0, True)
     assert (cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.schedule) == ("adam", 1e-5,
                                                                                "constant")
     assert (cfg.normalizer.gain, cfg.normalizer.bias) == (4.0725, -0.45726)
@@ -62,8 +62,9 @@ def test_base_files_merge_and_tiny_ppo_inherits_the_paper_settings():
     assert tiny.ppo.batch_size == 16 and tiny.ppo.minibatches == 2
     assert dataclasses.replace(tiny.ppo, batch_size=64, minibatches=1) == large.ppo
     assert tiny.rewards.nli is None and large.rewards.nli is not None
-    # a nested mapping is merged key by key: the tiny policy keeps the base's lengths
-    assert tiny.policy.max_target_length == large.policy.max_target_length == 30
+    # a nested mapping is merged key by key: the tiny run keeps the base's lengths
+    assert tiny.rewards.answer_max_length == large.rewards.answer_max_length == 32
+    assert tiny.rewards.answerer.max_input_length == 64 and tiny.ppo.max_question_length == 30
 
 
 def test_overrides_coerce_to_field_types():
@@ -71,7 +72,8 @@ def test_overrides_coerce_to_field_types():
         "ppo.batch_size=8", "optimizer.lr=3e-4", "ppo.adaptive_kl=true", "run.name=x",
         "data.length_buckets=[8,16]", "mesh.rules=fsdp", "rewards.dropped_answer=resample",
         "rewards.nli=pretrained/wanli", "rewards.nli.max_input_length=64", "data.dev_path=null",
-        "normalizer.gain=2", "policy.tiny.vocab_size=500", "policy.init=null",
+        "data.dev_situations=500",  # the default: no dev file, so no dev count
+        "ppo.vf_coef=2", "policy.tiny.vocab_size=500", "policy.init=null",
     ])
     assert cfg.ppo.batch_size == 8 and isinstance(cfg.ppo.batch_size, int)
     assert cfg.optimizer.lr == 3e-4 and isinstance(cfg.optimizer.lr, float)
@@ -79,7 +81,7 @@ def test_overrides_coerce_to_field_types():
     assert cfg.data.length_buckets == (8, 16) and cfg.data.dev_path is None
     assert cfg.mesh.rules == "fsdp" and cfg.rewards.dropped_answer == "resample"
     assert cfg.rewards.nli == ModelConfig(init="pretrained/wanli", max_input_length=64)
-    assert cfg.normalizer.gain == 2.0 and isinstance(cfg.normalizer.gain, float)
+    assert cfg.ppo.vf_coef == 2.0 and isinstance(cfg.ppo.vf_coef, float)
     # a section that was absent starts from its defaults
     assert cfg.policy.init is None and cfg.policy.tiny.vocab_size == 500
     assert cfg.policy.tiny.d_model == 64

@@ -186,7 +186,7 @@ def test_missing_file_column_and_malformed_rows(tmp_path, monkeypatch):
         D.read_pairs(j, "judge")
 
 
-def test_relative_paths_and_the_example_fallback(tmp_path, monkeypatch):
+def test_relative_paths_and_no_example_fallback(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative paths still find ../shared/data beside the repository
     shared_data("delta-clarify/dev.tsv")
     assert D.resolve_data_path("../shared/data/delta-clarify/dev.tsv").is_file()
@@ -195,16 +195,20 @@ def test_relative_paths_and_the_example_fallback(tmp_path, monkeypatch):
     (fake / "mini.tsv").write_text("id\tsource\tsituation\tquestion\n1\tx\tsit\twhy?\n")
     monkeypatch.setenv("CLARIFYJAX_SHARED_DATA", str(tmp_path / "elsewhere"))
     assert D.resolve_data_path("../shared/data/delta-clarify/mini.tsv") == fake / "mini.tsv"
-    with pytest.raises(D.DataError, match="examples/delta-clarify/absent.tsv"):
-        D.resolve_data_path("../shared/data/delta-clarify/absent.tsv")
-    # without the shared data, the project's example copy is used
-    examples = tmp_path / "examples"
-    (examples / "delta-clarify").mkdir(parents=True)
-    (examples / "delta-clarify" / "absent.tsv").write_text("id\tsource\tsituation\tquestion\n"
-                                                           "1\tx\tsit\twhy?\n")
-    monkeypatch.setattr(D, "EXAMPLE_DATA_DIR", examples)
-    table = D.read_table("../shared/data/delta-clarify/absent.tsv", D.GOLD_COLUMNS)
-    assert table.path == examples / "delta-clarify" / "absent.tsv" and len(table) == 1
+    # a path that exists nowhere is an error, even where examples/delta-clarify holds a file of
+    # that name (which the old fallback read instead); the fallback belongs to the demo alone.
+    # One line naming the option and the path.
+    assert (D.REPO_ROOT / "examples" / "delta-clarify" / "train.tsv").is_file()
+    with pytest.raises(D.DataError) as info:
+        D.read_table(D.resolve_data_path("typo/delta-clarify/train.tsv", "data.train_path"),
+                     D.GOLD_COLUMNS)
+    message = str(info.value)
+    assert "\n" not in message and message.startswith(
+        "data.train_path: data file not found: typo/delta-clarify/train.tsv (looked at "
+        f"{tmp_path / 'typo/delta-clarify/train.tsv'}, {D.REPO_ROOT / 'typo'}"), message
+    assert "examples" not in message
+    with pytest.raises(D.DataError, match=r"^data file not found: typo/delta-clarify/dev\.tsv"):
+        D.read_table("typo/delta-clarify/dev.tsv", D.GOLD_COLUMNS)  # without an option name
 
 
 # --------------------------------------------------------------------------- batches

@@ -168,6 +168,10 @@ def test_kill_sigterm_and_resume_equal_an_uninterrupted_run(tmp_path_factory, tm
     from clarifyjax.models.checkpoint_io import CheckpointError
     from helpers.ppo_runs import ppo_config
 
+    # (without the run's record of its settings, which would refuse the change by its key first)
+    from helpers.resume_runs import forget_record
+
+    forget_record(run_b)
     wider = ppo_config(run_b, spm, steps=STEPS + 2, overrides=["policy.tiny.d_model=48"])
     with pytest.raises(CheckpointError, match=rf"checkpoint .*/{STEPS}: '.*' has shape \(.*\) in "
                                               r"the checkpoint but the model expects .*another "

@@ -114,16 +114,18 @@ def test_blend_matches_reference_formula():
 def test_bad_vectors_and_short_rows_are_nan_and_counted():
     emb = np.ones((5, 3, 4), np.float32)
     mask = np.ones((5, 3), bool)
-    emb[0, 1] = 0.0  # all-zero vector
+    emb[0, 1] = 0.0  # all-zero vector: cosine 0 with every text, a finite score
     emb[1, 2, 0] = np.nan  # NaN
     mask[2, 1:] = False  # one paraphrase only
     mask[3] = False  # no text at all
     emb[4, :, 1] = [1.0, 2.0, 3.0]  # a fine question
-    scores = sage(emb, mask)
-    assert np.isnan(np.asarray(scores)[:4]).all()
+    scores = np.asarray(sage(emb, mask))
+    assert np.isnan(scores[1:4]).all()
+    # W = [[., 0, 1], [0, ., 0], [1, 0, .]]: p = (1/2, 0, 1/2), H = log 2 / log 3, lambda = 1/3
+    assert scores[0] == pytest.approx(math.log(2) / math.log(3) / 3, abs=1e-6)
     mean, skipped = mean_sage(scores)
-    assert int(skipped) == 4
-    assert float(mean) == pytest.approx(float(np.asarray(scores)[4]))
+    assert int(skipped) == 3
+    assert float(mean) == pytest.approx(float(scores[[0, 4]].mean()))
     # A zero/NaN vector at a padded position is ignored.
     mask2 = mask.copy()
     mask2[0] = [True, False, True]
@@ -137,19 +139,20 @@ def test_bad_vectors_and_short_rows_are_nan_and_counted():
 
 
 def test_bad_vectors_in_the_blend_and_the_chunked_driver():
-    """A NaN or all-zero answer OR rule-of-thumb vector at a valid position skips the question,
-    in `sage_blend` and in `sage_chunked` (whose padded last chunk must not add skips)."""
+    """A NaN/inf answer OR rule-of-thumb vector at a valid position skips the question, in
+    `sage_blend` and in `sage_chunked` (whose padded last chunk must not add skips); an all-zero one
+    has cosine 0 with every text."""
     rng = np.random.default_rng(5)
     ans = rng.normal(size=(7, 4, 8)).astype(np.float32) + 2.0
     rot = rng.normal(size=(7, 4, 8)).astype(np.float32) + 2.0
     mask = np.ones((7, 4), bool)
-    ans[1, 2] = 0.0  # all-zero answer
+    ans[1, 2] = 0.0  # all-zero answer: scored
     rot[3, 0, 5] = np.nan  # NaN rule of thumb
     rot[4, 1] = np.inf
     mask[5, 3] = False
     ans[5, 3] = np.nan  # ... at a padded position: ignored
     want = np.full(7, np.nan)
-    for b in (0, 2, 5, 6):
+    for b in (0, 1, 2, 5, 6):
         k = int(mask[b].sum())
         blended = 0.8 * np.asarray(pairwise_cosine(ans[b:b + 1, :k])[0])[0] + \
             0.2 * np.asarray(pairwise_cosine(rot[b:b + 1, :k])[0])[0]
@@ -159,7 +162,7 @@ def test_bad_vectors_in_the_blend_and_the_chunked_driver():
         got = np.asarray(got)
         assert np.array_equal(np.isnan(got), np.isnan(want)), got
         np.testing.assert_allclose(got[~np.isnan(want)], want[~np.isnan(want)], atol=1e-5)
-        assert int(mean_sage(got)[1]) == 3
+        assert int(mean_sage(got)[1]) == 2
 
 
 def test_shapes_are_checked():

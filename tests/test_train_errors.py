@@ -24,6 +24,7 @@ from clarifyjax.config import ConfigError, load_config
 from clarifyjax.data import DataError
 from clarifyjax.models.checkpoint_io import CheckpointError
 from conftest import REPO_ROOT, shared_data
+from helpers.resume_runs import forget_record
 
 CONFIGS = REPO_ROOT / "configs"
 SHAPE_ERROR = re.compile(r"checkpoint (?P<where>\S+): '(?P<name>[^']+)' has shape "
@@ -127,7 +128,8 @@ def _ppo_overrides(out_dir, policy, steps=1):
             f"data.train_path={shared_data('delta-clarify/dev.tsv')}",
             f"data.dev_path={shared_data('delta-clarify/dev.tsv')}", "data.dev_situations=8",
             "data.length_buckets=[32]", "ppo.batch_size=4", "ppo.minibatches=1", "ppo.epochs=1",
-            "ppo.max_question_length=4", "normalizer.fit=false"]
+            "ppo.max_question_length=4", "normalizer.fit=false",
+            "normalizer.fit_batches=8"]  # ppo_tiny's 2 would be refused: nothing is fitted
 
 
 def _zero_reward(situations, questions):
@@ -183,6 +185,7 @@ def test_resuming_ppo_with_another_model_shape_names_the_parameter_and_shapes(
     result = train.train_ppo(cfg, reward_fn=_zero_reward, tensorboard=False, progress=False,
                              export=False)
     assert result["step"] == 1 and (run_dir / "checkpoints" / "1").is_dir()
+    forget_record(run_dir)
 
     # The CLI builds the configured reward pipeline (here tiny random T5s) before restoring.
     rewards = [f"rewards.{m}.init={narrow}" for m in ("answerer", "fusion", "judge.model")]
@@ -214,6 +217,7 @@ def test_resuming_sft_with_another_model_shape_names_the_parameter_and_shapes(
 
     result = train.train_sft(config(32, 1), tensorboard=False, progress=False, export=False)
     assert result["step"] == 1
+    forget_record(run_dir)
     with pytest.raises(CheckpointError) as info:
         train.train_sft(config(48, 2), tensorboard=False, progress=False, export=False)
     print(info.value)

@@ -7,6 +7,7 @@ slice each device needs.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -28,41 +29,106 @@ def _dtypes() -> dict[str, np.dtype]:
             "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_)}
 
 
+MAX_HEADER_BYTES = 100 * 2 ** 20  # the safetensors format's own limit on the JSON header
+
+
+def _read_header(path: Path) -> tuple[dict, int, int]:
+    """(header without __metadata__, data start, data size) of a safetensors file, every claim
+    of the header checked against the file's size before anything is allocated or mapped: a
+    header length past the end would otherwise ask for that many bytes (MemoryError), and a
+    short data section would fail later in a reshape that names no file."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise CheckpointError(f"{path}: not a safetensors file: {size} bytes, shorter than "
+                                      "the 8-byte header length")
+            n = int(np.frombuffer(head, dtype="<u8")[0])
+            if n > size - 8 or n > MAX_HEADER_BYTES:
+                raise CheckpointError(f"{path}: not a safetensors file (truncated?): the header "
+                                      f"length {n} exceeds the {size - 8} bytes after it"
+                                      + (f" or the format's {MAX_HEADER_BYTES}-byte limit"
+                                         if n > MAX_HEADER_BYTES else ""))
+            text = f.read(n)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read the safetensors file ({e})") from e
+    try:
+        header = json.loads(text.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{path}: the safetensors header is not JSON ({e})") from e
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{path}: the safetensors header is a JSON "
+                              f"{type(header).__name__}, not an object of tensors")
+    header.pop("__metadata__", None)
+    _check_entries(path, header, size - 8 - n)
+    return header, 8 + n, size - 8 - n
+
+
+def _is_count(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _check_entries(path: Path, header: dict, data_size: int) -> None:
+    """Each tensor's dtype, shape and data offsets against the data section, and no overlaps."""
+    dtypes, spans = _dtypes(), []
+    for name, entry in header.items():
+        where = f"{path}: tensor {name!r}"
+        if not isinstance(entry, dict):
+            raise CheckpointError(f"{where}: header entry is {entry!r}, not an object")
+        dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+        if dtype not in dtypes:
+            raise CheckpointError(f"{where} has unsupported dtype {dtype!r} "
+                                  f"(known: {', '.join(dtypes)})")
+        if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+            raise CheckpointError(f"{where}: shape {shape!r} is not a list of sizes >= 0")
+        if not (isinstance(offsets, list) and len(offsets) == 2
+                and all(_is_count(o) for o in offsets)):
+            raise CheckpointError(f"{where}: data_offsets {offsets!r} is not [begin, end]")
+        begin, end = offsets
+        if begin > end or end > data_size:
+            raise CheckpointError(f"{where}: data_offsets [{begin}, {end}] lie outside the "
+                                  f"{data_size} data bytes of the file (truncated?)")
+        expected = math.prod(shape) * dtypes[dtype].itemsize
+        if end - begin != expected:
+            raise CheckpointError(f"{where}: {end - begin} data bytes, but shape {shape} of "
+                                  f"{dtype} needs {expected}")
+        spans.append((begin, end, name))
+    spans.sort()
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+        if begin < end:
+            raise CheckpointError(f"{path}: tensor {second!r} overlaps tensor {first!r} "
+                                  f"(data_offsets)")
+
+
 class SafetensorsFile:
     """A memory-mapped .safetensors file (8-byte header size, JSON header, raw little-endian data).
 
     Our own small reader rather than `safetensors.safe_open(framework="numpy")`, which cannot
     represent bfloat16 (the dtype of many released T5 checkpoints). Slicing a tensor touches only
-    the pages of the file that the slice covers.
+    the pages of the file that the slice covers. The header is checked whole when the file is
+    opened (`_read_header`): every error is a `CheckpointError` naming the file and the tensor.
     """
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        try:
-            with open(self.path, "rb") as f:
-                (n,) = np.frombuffer(f.read(8), dtype="<u8")
-                header = json.loads(f.read(int(n)))
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"{self.path}: not a readable safetensors file ({e})") from e
-        header.pop("__metadata__", None)
-        self._start = 8 + int(n)
-        self._header = header
+        self._header, self._start, _ = _read_header(self.path)
         self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r")
-        dtypes = _dtypes()
-        for name, entry in header.items():
-            if entry.get("dtype") not in dtypes:
-                raise CheckpointError(f"{self.path}: tensor {name!r} has unsupported dtype "
-                                      f"{entry.get('dtype')!r}")
 
     def keys(self) -> list[str]:
         return list(self._header)
 
+    def _entry(self, name: str) -> dict:
+        if name not in self._header:  # e.g. an index's weight_map that names the wrong file
+            raise CheckpointError(f"{self.path}: no tensor {name!r} in this file")
+        return self._header[name]
+
     def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._header[name]["shape"])
+        return tuple(self._entry(name)["shape"])
 
     def array(self, name: str) -> np.ndarray:
         """A read-only view of the tensor, backed by the file (no read until indexed)."""
-        entry = self._header[name]
+        entry = self._entry(name)
         begin, end = entry["data_offsets"]
         raw = self._mmap[self._start + begin:self._start + end]
         return raw.view(_dtypes()[entry["dtype"]]).reshape(entry["shape"])
@@ -105,6 +171,25 @@ def read_config(path: str | os.PathLike) -> dict:
         return json.loads(cfg.read_text())
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{cfg}: invalid JSON at line {e.lineno}: {e.msg}") from e
+
+
+def check_config_numbers(hf: Mapping, path, ranges: Mapping[str, str]) -> None:
+    """The numeric fields of a model's config.json against `ranges` (field -> bound, as
+    `clarifyjax.configlib.within`; an "int" prefix also asks for an integer): a NaN epsilon or a
+    zero size would otherwise load and give NaN outputs or a shape error far from the file.
+    Absent or null fields pass (the model's defaults apply)."""
+    from clarifyjax.configlib import within
+
+    for name, bound in ranges.items():
+        value = hf.get(name)
+        if value is None:
+            continue
+        integer = bound.startswith("int ")
+        bound = bound[4:] if integer else bound
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or (integer and not float(value).is_integer()) or not within(value, bound):
+            kind = "an integer" if integer else "a finite number"
+            raise CheckpointError(f"{path}: field {name!r} is {value!r}; must be {kind} {bound}")
 
 
 class TensorSource:

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from clarifyjax.models.checkpoint_io import CheckpointError, TensorSource, check_shape, read_config
+from clarifyjax.models.checkpoint_io import (CheckpointError, TensorSource, check_config_numbers,
+                                             check_shape, read_config)
 from clarifyjax.models.encoder import Encoder, EncoderConfig, SequenceClassifier
 
 
@@ -132,10 +133,23 @@ def _load(cls, path, config: EncoderConfig, allow_pickle: bool, mesh=None, axis_
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
+# The numeric fields of a BERT / RoBERTa config.json and their ranges (`check_config_numbers`).
+ENCODER_CONFIG_RANGES = {
+    **dict.fromkeys(("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size",
+                     "num_labels"), "int >= 1"),
+    **dict.fromkeys(("pad_token_id", "bos_token_id", "eos_token_id"), "int >= 0"),
+    **dict.fromkeys(("hidden_dropout_prob", "attention_probs_dropout_prob",
+                     "classifier_dropout"), "[0, 1)"),
+    "layer_norm_eps": "> 0", "initializer_range": ">= 0"}
+
+
 def read_encoder_config(path, **overrides) -> EncoderConfig:
-    """`EncoderConfig` from `path`/config.json; errors name the file."""
+    """`EncoderConfig` from `path`/config.json; errors name the file (and the field)."""
+    hf = read_config(path)
+    check_config_numbers(hf, Path(path) / "config.json", ENCODER_CONFIG_RANGES)
     try:
-        return EncoderConfig.from_hf(read_config(path), **overrides)
+        return EncoderConfig.from_hf(hf, **overrides)
     except CheckpointError as e:
         if "config.json" in str(e) and str(path) not in str(e):
             raise CheckpointError(f"{Path(path) / 'config.json'}: {e}") from e

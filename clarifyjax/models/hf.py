@@ -30,8 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from clarifyjax.models.checkpoint_io import (CheckpointError, TensorSource, check_shape,
-                                             read_config, write_checkpoint)
+from clarifyjax.models.checkpoint_io import (CheckpointError, TensorSource, check_config_numbers,
+                                             check_shape, read_config, write_checkpoint)
 from clarifyjax.models.t5 import T5, T5Config
 
 # In Hugging Face checkpoints but redundant (copies of shared.weight) or unused by the model.
@@ -40,6 +40,17 @@ IGNORED_TENSORS = frozenset({
     "decoder.embed_tokens.weight",
     "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight",
 })
+
+
+# The numeric fields of a T5 config.json and their ranges (`check_config_numbers`): sizes are
+# positive integers, the epsilon positive (0 divides by zero in RMSNorm), rates in [0, 1).
+# initializer_factor is unused when loading but refused when meaningless all the same.
+T5_CONFIG_RANGES = {
+    **dict.fromkeys(("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_decoder_layers",
+                     "num_heads", "relative_attention_num_buckets",
+                     "relative_attention_max_distance"), "int >= 1"),
+    **dict.fromkeys(("pad_token_id", "decoder_start_token_id"), "int >= 0"),
+    "dropout_rate": "[0, 1)", "layer_norm_epsilon": "> 0", "initializer_factor": "> 0"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +152,11 @@ def _resolve_config(folder: Path, hf: dict, source: TensorSource, **overrides) -
         tied = (source.shape("lm_head.weight") == source.shape("shared.weight")
                 and np.array_equal(source.get("lm_head.weight"), source.get("shared.weight")))
     scale = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True) is not False)
+    check_config_numbers(hf, folder / "config.json", T5_CONFIG_RANGES)
+    eos = hf.get("eos_token_id")
+    for e in eos if isinstance(eos, list) else [eos]:  # transformers allows several
+        check_config_numbers({"eos_token_id": e}, folder / "config.json",
+                             {"eos_token_id": "int >= 0"})
     try:
         return T5Config.from_hf(hf, tie_word_embeddings=tied, scale_decoder_outputs=bool(scale),
                                 **overrides)

@@ -9,4 +9,6 @@
 * `ppo_bandit`: the toy bandit policy of the PPO-update tests.
 * `sage_reference`: independent references for the SaGE metric.
 * `score_cli`: models, rows and command lines of the `score-questions` tests (fixtures).
+* `sage_files`: pairs files and CSVs for the sage-jax reliability tests.
+* `resume_runs`: tiny SFT runs to resume, and `forget_record`.
 """

@@ -1,0 +1,89 @@
+"""Issue 11, section 2: a damaged latest checkpoint on a tiny SFT run (checkpoints 1 and 2,
+``max_to_keep: 2``; see tests/helpers/resume_runs.py).
+
+Each kind of damage to checkpoint 2 must resume from checkpoint 1 with one warning naming the
+damaged folder and where it was moved; the moved folder keeps its (damaged) files; the run then
+saves step 2 afresh and step 3, and orbax's retention keeps 2 and 3 (never the damaged folder).
+With every checkpoint damaged the run stops with one line naming each, and nothing is moved.
+
+Bad inputs tried here: 8 kinds of damage, and all checkpoints damaged: 9.
+"""
+import shutil
+
+import pytest
+
+import helpers.resume_runs as R
+from clarifyjax.models.checkpoint_io import CheckpointError
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    return R.base_run(tmp_path_factory)
+
+
+def _largest_array_file(step):
+    files = [p for p in (step / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+    return max(files, key=lambda p: p.stat().st_size)
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGE = {
+    "truncated array file": lambda s: _truncate(_largest_array_file(s)),
+    "missing array file": lambda s: _largest_array_file(s).unlink(),
+    "missing state folder": lambda s: shutil.rmtree(s / "state"),
+    "missing extra folder": lambda s: shutil.rmtree(s / "extra"),
+    "empty step folder": lambda s: (shutil.rmtree(s), s.mkdir()),
+    "corrupt state metadata": lambda s: (s / "state" / "_METADATA").write_text("{not json"),
+    "corrupt extra metadata": lambda s: (s / "extra" / "metadata").write_text("{not json"),
+    "corrupt array manifest": lambda s: _truncate(s / "state" / "manifest.ocdbt"),
+}
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_a_damaged_latest_checkpoint_is_set_aside_and_the_run_resumes(base, tmp_path, capsys,
+                                                                      kind):
+    run = R.copy_run(base[0], tmp_path)
+    checkpoints = run / "checkpoints"
+    DAMAGE[kind](checkpoints / "2")
+    damaged = R.snapshot(checkpoints / "2")
+    capsys.readouterr()
+    result = R.train(R.sft_config(run, base[1], "run.steps=3"))
+    out = capsys.readouterr().out
+    print(out)
+    assert result["step"] == 3
+    moved = [p for p in checkpoints.iterdir() if p.name.startswith("2.damaged-")]
+    assert len(moved) == 1
+    warnings = [line for line in out.splitlines() if "is damaged" in line]
+    assert len(warnings) == 1, out
+    assert warnings[0].startswith(f"[checkpoint] warning: checkpoint {checkpoints / '2'} is "
+                                  "damaged (")
+    assert warnings[0].endswith(f"); moved it to {moved[0]} (kept, not deleted) and resumed "
+                                "from step 1")
+    assert "Traceback" not in out and "TensorStore details" not in warnings[0]
+    assert "[checkpoint] resumed from step 1" in out
+    assert R.snapshot(moved[0]) == damaged  # set aside as it was, not repaired or deleted
+    # step 2 saved again (not skipped as "already there"), retention counted intact steps only
+    assert R.committed_steps(run) == [2, 3]
+    assert {p.name for p in checkpoints.iterdir()} == {"2", "3", moved[0].name}
+
+
+def test_no_intact_checkpoint_is_one_line_and_moves_nothing(base, tmp_path):
+    run = R.copy_run(base[0], tmp_path)
+    DAMAGE["missing state folder"](run / "checkpoints" / "2")
+    DAMAGE["truncated array file"](run / "checkpoints" / "1")
+    before = R.snapshot(run)
+    with pytest.raises(CheckpointError) as info:
+        R.train(R.sft_config(run, base[1], "run.steps=3"))
+    message = str(info.value)
+    print(message)
+    checkpoints = run / "checkpoints"
+    assert "\n" not in message
+    assert message.startswith(f"no intact checkpoint in {checkpoints}: {checkpoints / '2'} is "
+                              "damaged (KeyError: ")
+    assert f"; {checkpoints / '1'} is damaged (Exception: " in message
+    assert message.endswith("nothing was moved or deleted (move the damaged folders aside to "
+                            "start afresh)")
+    assert R.snapshot(run) == before  # config.yaml not rewritten, nothing moved
