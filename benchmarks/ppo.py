@@ -45,7 +45,6 @@ import csv
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -53,18 +52,16 @@ from types import SimpleNamespace
 
 from _common import REPO_ROOT, write_results
 
-sys.path.insert(0, str(REPO_ROOT / "tests"))  # the tiny-model builders
-
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from _tiny_models import save_t5_folder, tiny_spm_folder, tiny_t5_config  # noqa: E402
 from clarifyjax import decoding, delphi, optim, ppo, programs, train  # noqa: E402
 from clarifyjax import sharding as sharding_lib  # noqa: E402
 from clarifyjax import text as text_lib  # noqa: E402
 from clarifyjax.config import load_config  # noqa: E402
 from clarifyjax.models.hf import tensor_maps  # noqa: E402
+from clarifyjax.models.tiny import save_t5_folder, tiny_spm_folder, tiny_t5_config  # noqa: E402
 from clarifyjax.policy import (RolloutSampler, ValueModel, copy_params,  # noqa: E402
                                make_ppo_fns, split_model)
 from clarifyjax.reward import RewardNormalizer  # noqa: E402

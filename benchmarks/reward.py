@@ -45,15 +45,12 @@ import argparse
 import contextlib
 import csv
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Iterator
 
 from _common import REPO_ROOT, timeit, write_results
-
-sys.path.insert(0, str(REPO_ROOT / "tests"))  # the tiny-model builders
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -62,12 +59,13 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from _tiny_models import (WANLI_LABELS, save_classifier_folder, save_t5_folder,  # noqa: E402
-                          tiny_bpe_tokenizer, tiny_spm_folder, tiny_t5_config)
 from clarifyjax import delphi  # noqa: E402
 from clarifyjax import text as text_lib  # noqa: E402
 from clarifyjax.delphi import (DELPHI_CLASS_STEP, Judge, Sampling, Seq2SeqModel,  # noqa: E402
                                parse_judgment)
+from clarifyjax.models.tiny import (WANLI_LABELS, save_classifier_folder,  # noqa: E402
+                                    save_t5_folder, tiny_bpe_tokenizer, tiny_spm_folder,
+                                    tiny_t5_config)
 from clarifyjax.nli import NLIFilter  # noqa: E402
 from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline  # noqa: E402
 

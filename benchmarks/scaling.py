@@ -28,14 +28,16 @@ benchmarks/results/scaling.json (via `_common.write_results`).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from _common import REPO_ROOT, timeit, write_results
+
+from clarifyjax.child_result import RESULT_FILE_ENV, read_result, write_result
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -137,22 +139,28 @@ def main() -> None:
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print("RESULT" + json.dumps(worker(args.batch, args.repeats)), flush=True)
+        write_result(worker(args.batch, args.repeats))
         return
     runs = []
     for n in args.devices:
         if args.batch % n:
             raise SystemExit(f"--batch {args.batch} is not divisible by {n} devices")
-        env = dict(os.environ, JAX_PLATFORMS="cpu",
-                   XLA_FLAGS=f"--xla_force_host_platform_device_count={n}",
-                   PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker",
-                               "--batch", str(args.batch), "--repeats", str(args.repeats)],
-                              env=env, capture_output=True, text=True, cwd=str(REPO_ROOT))
-        if proc.returncode != 0:
-            raise SystemExit(f"worker with {n} devices failed:\n{proc.stdout}\n{proc.stderr}")
-        line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULT"))
-        run = json.loads(line[len("RESULT"):])
+        with tempfile.TemporaryDirectory(prefix="scaling-") as tmp:
+            result = Path(tmp) / "result.json"
+            env = dict(os.environ, JAX_PLATFORMS="cpu",
+                       XLA_FLAGS=f"--xla_force_host_platform_device_count={n}",
+                       PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+                       **{RESULT_FILE_ENV: str(result)})
+            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker",
+                                   "--batch", str(args.batch), "--repeats", str(args.repeats)],
+                                  env=env, capture_output=True, text=True, cwd=str(REPO_ROOT))
+            try:
+                if proc.returncode != 0:
+                    raise ValueError(f"exit status {proc.returncode}")
+                run = read_result(result)
+            except (OSError, ValueError) as e:
+                raise SystemExit(f"worker with {n} devices failed ({e}):\n{proc.stdout}\n"
+                                 f"{proc.stderr}") from e
         print(f"{n} device(s): step {1e3 * run['step_s']['median_s']:.1f} ms, without collectives "
               f"{1e3 * run['no_collectives_step_s']['median_s']:.1f} ms, communication share "
               f"{100 * run['communication_share']:.0f}%, collectives {run['collectives']}",

@@ -57,9 +57,9 @@ def find_data(data_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
     if data_dir is not None:
         folder, kind = Path(data_dir), "given"
     else:
-        env = os.environ.get("CLARIFYJAX_SHARED_DATA")
-        shared = Path(env) if env else REPO_ROOT.parent / "shared" / "data"
-        folder, kind = shared / "delta-clarify", "shared"
+        from clarifyjax.models.tiny import shared_data_dir
+
+        folder, kind = shared_data_dir() / "delta-clarify", "shared"
         if not all((folder / f).is_file() for f in DATA_FILES):
             folder, kind = EXAMPLES / "delta-clarify", "examples"
     missing = [f for f in DATA_FILES if not (folder / f).is_file()]
@@ -86,29 +86,17 @@ def corpus(data: Path, max_rows: int = 6000) -> list[str]:
 def train_tokenizer(texts: Sequence[str], folder: Path, vocab_size: int = VOCAB) -> Path:
     """A SentencePiece unigram model trained on `texts` -> `folder` (spiece.model, plus the Hugging
     Face tokenizer.json made from it so that later loads are fast), checked for the judge."""
-    import sentencepiece as spm
-    from sentencepiece import sentencepiece_model_pb2 as model_pb2
-
     from clarifyjax import delphi
     from clarifyjax.models.checkpoint_io import atomic_write_bytes
+    from clarifyjax.models.tiny import train_spm_model
     from clarifyjax.tokenizer import Tokenizer
 
-    buffer = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter([t.replace("<", " ") for t in texts]), model_writer=buffer,
-        vocab_size=vocab_size, model_type="unigram", character_coverage=1.0, pad_id=0, eos_id=1,
-        unk_id=2, bos_id=-1, num_threads=2, minloglevel=2,
-        hard_vocab_limit=False)  # the small example files give fewer pieces
-    proto = model_pb2.ModelProto()
-    proto.ParseFromString(buffer.getvalue())
-    if not any(p.piece == "-1" for p in proto.pieces):  # Delphi's "bad" class: one piece
-        piece = proto.pieces.add()
-        piece.piece, piece.score = "-1", 0.0
-        piece.type = model_pb2.ModelProto.SentencePiece.NORMAL
+    model = train_spm_model([t.replace("<", " ") for t in texts], vocab_size, num_threads=2,
+                            hard_vocab_limit=False)  # the small example files give fewer pieces
     folder.mkdir(parents=True, exist_ok=True)
     for stale in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (folder / stale).unlink(missing_ok=True)
-    atomic_write_bytes(folder / "spiece.model", proto.SerializeToString())
+    atomic_write_bytes(folder / "spiece.model", model)
     from transformers import T5TokenizerFast
 
     T5TokenizerFast.from_pretrained(str(folder), extra_ids=0).save_pretrained(str(folder))
@@ -298,8 +286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     data, kind = find_data(args.data)
     if kind == "examples":
-        shared = os.environ.get("CLARIFYJAX_SHARED_DATA") or REPO_ROOT.parent / "shared" / "data"
-        print(f"[demo] no δ-CLARIFY files in {Path(shared) / 'delta-clarify'}: using the "
+        from clarifyjax.models.tiny import shared_data_dir
+
+        print(f"[demo] no δ-CLARIFY files in {shared_data_dir() / 'delta-clarify'}: using the "
               f"project's small example files in {data} instead (smaller runs)", flush=True)
     plan = _plan(data, args.quick)
     print(f"[demo] data: {data} ({kind}); output: {out}; {jax.device_count()} "

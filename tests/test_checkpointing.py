@@ -20,7 +20,9 @@ import pytest
 
 from clarifyjax.checkpointing import Checkpointer, PreemptionGuard, jsonable
 from clarifyjax.models.checkpoint_io import CheckpointError
-from conftest import REPO_ROOT, run_with_fake_devices
+from clarifyjax.child_result import RESULT_FILE_ENV, read_result
+from conftest import REPO_ROOT
+from helpers.children import child_failure, child_result, clean_env, run_with_fake_devices
 
 
 def make_state(seed=0):
@@ -118,12 +120,12 @@ def test_extra_must_be_json(tmp_path):
 
 def test_sharded_save_restores_into_other_shardings():
     """Saved from a 4-way sharded array, restored into a 2x2 mesh and onto 1 device."""
-    out = run_with_fake_devices(textwrap.dedent(f"""
-        import sys, tempfile
-        sys.path.insert(0, {str(REPO_ROOT / 'tests')!r})
+    result = run_with_fake_devices(textwrap.dedent(f"""
+        import tempfile
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import NamedSharding, PartitionSpec as P
         from clarifyjax.checkpointing import Checkpointer
+        from clarifyjax.child_result import write_result
         auto = (jax.sharding.AxisType.Auto,) * 2
         mesh = jax.make_mesh((4, 1), ("a", "b"), axis_types=auto)
         x = jax.device_put(jnp.arange(32.0).reshape(8, 4), NamedSharding(mesh, P("a", None)))
@@ -143,9 +145,9 @@ def test_sharded_save_restores_into_other_shardings():
         np.testing.assert_array_equal(np.asarray(got["w"]), np.arange(32.0).reshape(8, 4))
         assert single["w"].sharding == one
         np.testing.assert_array_equal(np.asarray(single["w"]), np.arange(32.0).reshape(8, 4))
-        print("OK", step)
+        write_result({{"step": step}})
     """), n_devices=4, timeout=300)
-    assert "OK 1" in out
+    assert result == {"step": 1}
 
 
 # --------------------------------------------------------------------------- preemption
@@ -154,6 +156,7 @@ LOOP = textwrap.dedent("""
     import sys, time
     import jax, jax.numpy as jnp, numpy as np
     from clarifyjax.checkpointing import Checkpointer, PreemptionGuard
+    from clarifyjax.child_result import write_result
 
     directory, total, pause = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 
@@ -166,19 +169,20 @@ LOOP = textwrap.dedent("""
             PreemptionGuard() as guard:
         restored = ckpt.restore_latest(init)
         step, state = (0, init) if restored is None else restored[:2]
-        print("start", step, flush=True)
+        report = {"start": step, "step": step, "preempted": None, "signal": None}
         while step < total:
             state = train_step(state, step)
             step += 1
-            print("step", step, flush=True)
+            report["step"] = step
+            write_result(report)  # progress: the parent waits for a step before signalling
             stop = guard.should_stop(step)
             if stop or ckpt.should_save(step) or step == total:
                 ckpt.save(step, state, {"data": {"index": step}})
             if stop:
-                print("preempted", step, flush=True)
+                report.update(preempted=step, signal=int(guard.signal_received))
                 break
             time.sleep(pause)
-    print("final", step, float(state["w"][0]), int(state["count"]), flush=True)
+    write_result({**report, "final": [step, float(state["w"][0]), int(state["count"])]})
 """)
 
 
@@ -189,45 +193,54 @@ def expected_state(steps: int) -> tuple[float, int]:
     return float(w), steps
 
 
-def start_loop(tmp_path, total, pause):
-    script = tmp_path / "loop.py"
-    script.write_text(LOOP)
-    env = dict(os.environ, JAX_PLATFORMS="cpu",
-               PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, str(script), str(tmp_path / "ckpt"), str(total),
-                             str(pause)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=str(tmp_path))
+class Loop:
+    """LOOP in a child process; its progress and final report are in its result file."""
 
+    def __init__(self, tmp_path, total: int, pause: float):
+        script = tmp_path / "loop.py"
+        script.write_text(LOOP)
+        self.result = tmp_path / f"result.{time.monotonic_ns()}.json"
+        self.out, self.err = (open(tmp_path / f"{self.result.stem}.{n}", "w+")
+                              for n in ("out", "err"))
+        env = clean_env(JAX_PLATFORMS="cpu", **{RESULT_FILE_ENV: str(self.result)})
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), str(tmp_path / "ckpt"), str(total), str(pause)],
+            stdout=self.out, stderr=self.err, env=env, cwd=str(tmp_path))
 
-def wait_for_line(proc, prefix, timeout=120):
-    deadline = time.time() + timeout
-    lines = []
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        lines.append(line)
-        if line.startswith(prefix):
-            return lines
-    proc.kill()
-    raise AssertionError(f"no line {prefix!r}; got {lines}\n{proc.stderr.read()}")
+    def output(self) -> tuple[str, str]:
+        self.out.seek(0), self.err.seek(0)
+        return self.out.read(), self.err.read()
 
+    def wait_for_step(self, step: int, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.proc.poll() is None:
+            try:
+                if read_result(self.result)["step"] >= step:
+                    return
+            except (OSError, ValueError):
+                pass  # not written yet
+            time.sleep(0.01)
+        self.proc.kill()
+        self.proc.wait()
+        raise child_failure("loop", self.proc.returncode, *self.output(),
+                            f"never reached step {step}")
 
-def parse_final(out: str) -> tuple[int, float, int]:
-    line = [x for x in out.splitlines() if x.startswith("final")][-1].split()
-    return int(line[1]), float(line[2]), int(line[3])
+    def finish(self, timeout: float = 180) -> dict:
+        self.proc.wait(timeout=timeout)
+        output = self.output()
+        self.out.close(), self.err.close()
+        return child_result(self.result, self.proc.returncode, *output, "loop")
 
 
 def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
-    proc = start_loop(tmp_path, total=10_000, pause=0.05)
-    wait_for_line(proc, "step 7")
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err
-    stopped = int(next(x for x in out.splitlines() if x.startswith("preempted")).split()[1])
-    assert 7 <= stopped < 10_000 and "received SIGTERM" in err
-    step, w, count = parse_final(out)
-    assert (step, count) == (stopped, stopped) and w == expected_state(stopped)[0]
+    loop = Loop(tmp_path, total=10_000, pause=0.05)
+    loop.wait_for_step(7)
+    loop.proc.send_signal(signal.SIGTERM)
+    report = loop.finish(timeout=120)  # exit status 0, or this fails
+    stopped = report["preempted"]
+    assert stopped is not None and 7 <= stopped < 10_000, report
+    assert report["signal"] == signal.SIGTERM
+    assert report["final"] == [stopped, expected_state(stopped)[0], stopped]
     with Checkpointer(tmp_path / "ckpt") as ckpt:
         assert ckpt.latest_step() == stopped  # off the save interval: saved because of SIGTERM
         _, state, extra = ckpt.restore_latest({"w": jnp.ones((3,)), "count": jnp.int32(0)})
@@ -238,21 +251,18 @@ def test_sigterm_saves_a_checkpoint_and_exits_zero(tmp_path):
 
 def test_kill_9_then_restart_resumes_from_the_last_complete_checkpoint(tmp_path):
     total = 40
-    proc = start_loop(tmp_path, total=total, pause=0.05)
-    wait_for_line(proc, "step 17")
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    loop = Loop(tmp_path, total=total, pause=0.05)
+    loop.wait_for_step(17)
+    loop.proc.send_signal(signal.SIGKILL)
+    loop.proc.wait(timeout=60)
+    assert loop.proc.returncode == -signal.SIGKILL
     # what a kill in the middle of a save leaves: an uncommitted temporary step folder
     junk = tmp_path / "ckpt" / "35.orbax-checkpoint-tmp-1234567890"
     (junk / "state").mkdir(parents=True)
     (junk / "state" / "garbage").write_bytes(b"\0" * 64)
-    proc = start_loop(tmp_path, total=total, pause=0.0)
-    out, err = proc.communicate(timeout=180)
-    assert proc.returncode == 0, err
-    resumed = int(next(x for x in out.splitlines() if x.startswith("start")).split()[1])
-    assert resumed in (10, 15), out  # the newest committed multiple of 5 before the kill
-    assert parse_final(out) == (total, expected_state(total)[0], total)  # == uninterrupted
+    report = Loop(tmp_path, total=total, pause=0.0).finish(timeout=180)
+    assert report["start"] in (10, 15), report  # the newest committed multiple of 5 before the kill
+    assert report["final"] == [total, expected_state(total)[0], total]  # == uninterrupted
     assert not junk.exists()  # cleaned up on start
     with Checkpointer(tmp_path / "ckpt") as ckpt:
         assert ckpt.latest_step() == total and total - 10 in ckpt.all_steps()

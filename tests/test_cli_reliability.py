@@ -13,7 +13,7 @@ by a function that fails the test) and without writing `--out`. The classes:
 * `train`: config missing / a directory / not UTF-8 / YAML syntax, bad overrides, bad usage.
 
 Inputs that are fine but were mishandled (a byte-order mark, ".CSV", U+2028 inside a line,
---overwrite over a longer earlier run) are scored with the tiny models of test_cli_score.py.
+--overwrite over a longer earlier run) are scored with the tiny models of test_cli_score.py (helpers/score_cli.py).
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ import pytest
 from clarifyjax import cli
 from clarifyjax.cli import main, parse_args
 from conftest import REPO_ROOT
-from test_cli_score import args_for, folders, rows, write_lines  # noqa: F401 (fixtures)
+from helpers.score_cli import args_for, folders, rows, write_lines  # noqa: F401 (fixtures)
 
 SITUATIONS = ["lying to a friend", "helping a neighbour move", "skipping work"]
 QUESTIONS = ["why did you lie?", "was it raining?", "were you sick?"]
@@ -436,7 +436,7 @@ def test_chunks_of_other_inputs_are_not_reused(folders, rows, tmp_path, capsys, 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from _tiny_models import tiny_spm_folder
+    from helpers.tiny_models import tiny_spm_folder
     from clarifyjax.tokenizer import Tokenizer
 
     return Tokenizer.from_pretrained(tiny_spm_folder(tmp_path_factory))

@@ -7,7 +7,6 @@ input named in issue 4 must end in exit status 2 and one line naming the file, l
 from __future__ import annotations
 
 import contextlib
-import csv
 import io
 import json
 import subprocess
@@ -16,44 +15,12 @@ import sys
 import numpy as np
 import pytest
 
-from _tiny_models import tiny_nli_folder, tiny_t5_folder
-from conftest import REPO_ROOT, shared_data
 from clarifyjax.cli import SUBCOMMANDS, equal_chunks, main
 from clarifyjax.delphi import Sampling
 from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline
-
-N = 12  # with --batch-size 8: two chunks of 6 rows, the same shapes
-
-
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    return dict(
-        answerer=tiny_t5_folder(tmp_path_factory, seed=21, initializer_factor=3.0),
-        fusion=tiny_t5_folder(tmp_path_factory, family="v1.1", seed=12, initializer_factor=3.0),
-        judge=tiny_t5_folder(tmp_path_factory, seed=13),
-        nli=tiny_nli_folder(tmp_path_factory, seed=14))
-
-
-@pytest.fixture(scope="module")
-def rows():
-    with open(shared_data("delta-clarify/dev.tsv"), newline="", encoding="utf-8") as f:
-        data = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[:N]
-    return [r["situation"] for r in data], [r["question"] for r in data]
-
-
-def write_lines(path, lines):
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
-def args_for(folders, situations, questions, out, *extra):
-    argv = ["score-questions", "--situations", str(situations), "--questions", str(questions),
-            "--out", str(out), "--batch-size", "8", "--answer-max-length", "10",
-            "--fusion-max-length", "14", "--judgment-max-length", "6"]
-    for name in ("answerer", "fusion", "judge", "nli"):
-        if name in folders:
-            argv += [f"--{name}", str(folders[name])]
-    return argv + list(extra)
+from conftest import REPO_ROOT, shared_data
+from helpers.score_cli import N, args_for, folders, rows, write_lines  # noqa: F401 (fixtures)
+from helpers.tiny_models import tiny_nli_folder, tiny_t5_folder
 
 
 def run_cli(argv, capsys):

@@ -9,17 +9,17 @@ every process writes its own shards). Process 0 of the saving run dumps the gath
 """
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, fake_device_env, run_with_fake_devices
+from helpers.children import fake_device_env, run_child, run_launcher, run_with_fake_devices
 
 DRIVER = r'''
 import sys
 from clarifyjax import distributed
+from clarifyjax.child_result import write_result
 distributed.initialize()
 
 import jax, jax.numpy as jnp, numpy as np, optax
@@ -62,15 +62,14 @@ else:
     with Checkpointer(ckpt_dir) as ckpt:
         state, extra = ckpt.restore(5, to_abstract(state))
     assert extra == {"note": "saved by 2 processes"}, extra
-    placed = {tuple(x.sharding.spec) for x in jax.tree.leaves(state) if x.ndim == 2}
-    print("SPECS", sorted(map(str, placed)))
+placed = sorted({str(tuple(x.sharding.spec)) for x in jax.tree.leaves(state) if x.ndim == 2})
 
 flat = {jax.tree_util.keystr(p): np.asarray(multihost_utils.process_allgather(x, tiled=True))
         for p, x in jax.tree_util.tree_leaves_with_path(state)}
 if jax.process_index() == 0:
     np.savez(out_path, **flat)
-print(f"DONE {mode} process {jax.process_index()}/{jax.process_count()} devices "
-      f"{jax.device_count()} mesh {dict(mesh.shape)}", flush=True)
+write_result({"mode": mode, "process": jax.process_index(), "processes": jax.process_count(),
+              "devices": jax.device_count(), "mesh": dict(mesh.shape), "specs": placed})
 '''
 
 
@@ -80,25 +79,19 @@ def dumps(tmp_path_factory):
     script = tmp / "driver.py"
     script.write_text(DRIVER)
     ckpt = tmp / "ckpt"
-    env = fake_device_env(4)
-    env.pop("XLA_FLAGS")
-    env["DEVICES_PER_PROCESS"] = "4"
-    proc = subprocess.run(["bash", str(REPO_ROOT / "launch/local_multiprocess.sh"), "2",
-                           sys.executable, str(script), "save", str(ckpt), str(tmp / "saved.npz")],
-                          env=env, capture_output=True, text=True, timeout=600, cwd=str(REPO_ROOT))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "[1] DONE save process 1/2 devices 8" in proc.stdout, proc.stdout
+    results = run_launcher([sys.executable, script, "save", ckpt, tmp / "saved.npz"], 2,
+                           n_devices=4)
+    for i, r in enumerate(results):
+        assert (r["mode"], r["process"], r["processes"], r["devices"]) == ("save", i, 2, 8), r
     out = {"saved": dict(np.load(tmp / "saved.npz"))}
-    proc = subprocess.run([sys.executable, str(script), "restore", str(ckpt), str(tmp / "one.npz")],
-                          env=fake_device_env(1), capture_output=True, text=True, timeout=600,
-                          cwd=str(REPO_ROOT))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = run_child([sys.executable, script, "restore", ckpt, tmp / "one.npz"],
+                  env=fake_device_env(1))
+    assert (r["mode"], r["devices"]) == ("restore", 1), r
     out["one"] = dict(np.load(tmp / "one.npz"))
-    code = (f"import sys; sys.argv = ['driver', 'restore', {str(ckpt)!r}, "
-            f"{str(tmp / 'eight.npz')!r}]\n" + DRIVER)
-    stdout = run_with_fake_devices(code, 8, timeout=600)
-    assert "mesh {'data': 1, 'fsdp': 8, 'model': 1}" in stdout, stdout
-    assert "fsdp" in stdout.split("SPECS", 1)[1].splitlines()[0], stdout  # really resharded
+    r = run_with_fake_devices(f"import sys; sys.argv = ['driver', 'restore', {str(ckpt)!r}, "
+                              f"{str(tmp / 'eight.npz')!r}]\n" + DRIVER, 8)
+    assert r["mesh"] == {"data": 1, "fsdp": 8, "model": 1}, r
+    assert any("fsdp" in spec for spec in r["specs"]), r  # really resharded
     out["eight"] = dict(np.load(tmp / "eight.npz"))
     return out
 

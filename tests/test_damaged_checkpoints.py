@@ -1,5 +1,5 @@
 """Issue 11, section 2: a damaged latest checkpoint on a tiny SFT run (checkpoints 1 and 2,
-``max_to_keep: 2``; see tests/_resume_runs.py).
+``max_to_keep: 2``; see tests/helpers/resume_runs.py).
 
 Each kind of damage to checkpoint 2 must resume from checkpoint 1 with one warning naming the
 damaged folder and where it was moved; the moved folder keeps its (damaged) files; the run then
@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-import _resume_runs as R
+import helpers.resume_runs as R
 from clarifyjax.models.checkpoint_io import CheckpointError
 
 

@@ -20,48 +20,10 @@ from flax import nnx
 from clarifyjax import decoding
 from clarifyjax.decoding import Generation, filter_logits, generate, score
 from clarifyjax.models.t5 import T5, T5Config, shift_right
+from helpers.t5_builders import FAMILIES, TINY, random_t5
 
-TINY = dict(vocab_size=64, d_model=32, d_kv=8, d_ff=48, num_layers=1, num_decoder_layers=2,
-            num_heads=3, relative_attention_num_buckets=8, relative_attention_max_distance=16,
-            dropout_rate=0.0)
-FAMILIES = {"v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True),
-            "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False)}
 MAX_NEW = 12
-GAIN = 3.0  # see random_t5
 TOL = 1e-5
-
-
-def random_t5(config: T5Config, seed: int = 0) -> T5:
-    """A T5 with random parameters drawn on the host (numpy).
-
-    `T5(config, rngs=...)` is the real initializer, but compiling its many random draws costs
-    ~20 s of XLA time on a busy 2-core CPU; tests only need some random weights. Norm scales
-    are drawn around 1 (not exactly 1) so that a mix-up between them would show. The output
-    projection is scaled so that logits are of order 1 in both families (v1.0 rescales by
-    d_model**-0.5 before the tied embedding; an untied lm_head gets std d_model**-0.5).
-    The sublayer output projections get GAIN x the usual std: otherwise the residual stream is
-    dominated by the input embedding and a tied (v1.0) random model just repeats one token.
-    """
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0))))
-    rng = np.random.RandomState(seed)
-    dtype = jnp.dtype(config.param_dtype)
-
-    def draw(path, shape):
-        name = path[-1] if isinstance(path[-1], str) else path[-2]
-        if name == "scale":
-            value = 1.0 + 0.2 * rng.randn(*shape)
-        elif name == "embedding":
-            value = rng.randn(*shape)
-        elif name == "out":  # [h, d, m]
-            value = GAIN * rng.randn(*shape) / np.sqrt(shape[0] * shape[1])
-        elif name == "wo":
-            value = GAIN * rng.randn(*shape) / np.sqrt(shape[0])
-        else:  # [fan_in, ...]
-            value = rng.randn(*shape) / np.sqrt(shape[0])
-        return jnp.asarray(value.astype(np.float32), dtype)
-
-    flat = [(p, v.replace(draw(p, v.shape))) for p, v in nnx.to_flat_state(abstract)]
-    return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
 def make_model(family: str, seed: int = 0, **overrides) -> T5:

@@ -1,6 +1,6 @@
 """The judge (`clarifyjax.delphi`) against the original's method on PyTorch, same weights.
 
-T5 judge. The tiny tokenizer is Delphi-like (tests/_tiny_models.py): "<" is not a piece, so the
+T5 judge. The tiny tokenizer is Delphi-like (clarifyjax/models/tiny.py): "<" is not a piece, so the
 class prefix "<class>" is `▁ <unk> class >` and "1", "0", "-1" are single pieces. The original
 (allenai/clarifydelphi `DelphiScorer.score_batch`) runs HF greedy `generate(..., output_scores=
 True, return_dict_in_generate=True)`, softmaxes `scores[4]` over the whole vocabulary, takes the
@@ -21,7 +21,7 @@ import csv
 import numpy as np
 import pytest
 
-from _tiny_models import tiny_classifier_folder, tiny_t5_folder
+from helpers.tiny_models import tiny_classifier_folder, tiny_t5_folder
 from conftest import require, shared_data
 from clarifyjax import delphi
 from clarifyjax.delphi import (DELPHI_CLASS_STEP, ClassifierJudge, Judge, Sampling, load_judge,

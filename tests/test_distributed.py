@@ -6,15 +6,10 @@ the CLARIFYJAX_* variables, and checks what each of them saw.
 """
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-
 import pytest
 
 from clarifyjax import distributed as dist
-from conftest import REPO_ROOT, fake_device_env, parse_result
+from helpers.children import clean_env, run_child, run_processes
 
 SLURM_STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "gpu[01-02]", "SLURM_NTASKS": "16",
               "SLURM_PROCID": "9", "SLURM_LOCALID": "1"}
@@ -108,6 +103,7 @@ def test_single_process_initialize_is_a_no_op_and_idempotent():
     code = r'''
 import jax
 from clarifyjax import distributed as dist
+from clarifyjax.child_result import write_result
 a = dist.initialize()
 b = dist.initialize()
 assert a is b and a.source == "single" and not jax.distributed.is_initialized(), a
@@ -116,23 +112,18 @@ dist.barrier("no-op")
 try:
     dist.initialize(num_processes=2)
 except dist.DistributedError as e:
-    print("CONFLICT", e)
+    write_result({"conflict": str(e)})
 '''
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CLARIFYJAX_", "SLURM_", "OMPI_", "TPU_", "MEGASCALE_"))}
-    env.update(JAX_PLATFORMS="cpu", TPU_SKIP_MDS_QUERY="1",
-               PYTHONPATH=str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                          timeout=120, cwd=str(REPO_ROOT))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "CONFLICT initialize() was already called (single) with num_processes=1" in proc.stdout
+    result = run_child(code, env=clean_env(JAX_PLATFORMS="cpu"), timeout=120)
+    assert result["conflict"].startswith(
+        "initialize() was already called (single) with num_processes=1"), result
 
 
 # ------------------------------------------------------------------ two processes on 127.0.0.1
 
 TWO_PROCESS_SCRIPT = r'''
-import json, os
 from clarifyjax import distributed as dist
+from clarifyjax.child_result import write_result
 launch = dist.initialize()            # everything from CLARIFYJAX_* (set by the test)
 again = dist.initialize()             # idempotent
 import jax, jax.numpy as jnp, numpy as np
@@ -158,7 +149,7 @@ r_host = np.arange(4 * 8, dtype=np.float32).reshape(4, 8) - 10 * pid
 y = jax.jit(lambda r, w: r @ w)(sh.place_rows(r_host, pm), w)
 written = dist.primary_only(lambda: "written")()
 dist.barrier("after-write")
-print("RESULT" + json.dumps({
+write_result({
     "source": launch.source, "same": again is launch, "num_processes": launch.num_processes,
     "process_id": launch.process_id, "pid": pid, "primary": dist.is_primary(),
     "devices": jax.device_count(), "local_devices": jax.local_device_count(),
@@ -168,36 +159,12 @@ print("RESULT" + json.dumps({
     "process_mesh_local": sorted(d.id for d in pm.devices.flat) == sorted(
         d.id for d in jax.local_devices()),
     "w_shard": list(w.addressable_shards[0].data.shape),
-    "local_matmul": bool(np.array_equal(np.asarray(y), r_host @ w_host))}), flush=True)
+    "local_matmul": bool(np.array_equal(np.asarray(y), r_host @ w_host))})
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_processes_initialize_build_a_global_mesh_and_agree_on_a_psum():
-    port = free_port()
-    procs = []
-    for i in range(2):
-        env = fake_device_env(4, CLARIFYJAX_COORDINATOR=f"127.0.0.1:{port}",
-                              CLARIFYJAX_NUM_PROCESSES="2", CLARIFYJAX_PROCESS_ID=str(i))
-        env = {k: v for k, v in env.items() if not k.startswith(("SLURM_", "OMPI_"))}
-        procs.append(subprocess.Popen([sys.executable, "-c", TWO_PROCESS_SCRIPT], env=env,
-                                      cwd=str(REPO_ROOT), stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))
-    try:
-        outputs = [p.communicate(timeout=240) for p in procs]
-    finally:  # a hung coordinator must not outlive the test
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    results = []
-    for p, (stdout, stderr) in zip(procs, outputs):
-        assert p.returncode == 0, stderr[-3000:]
-        results.append(parse_result(stdout, stderr))
+    results = run_processes(TWO_PROCESS_SCRIPT, 2, n_devices=4, timeout=240)
     # rows 0..11 of host 0 and 100..111 of host 1: an independent sum
     expected = float(sum(range(12)) + sum(100 + r for r in range(12)))
     for i, r in enumerate(results):

@@ -9,30 +9,28 @@ on this 2-core CPU. The listing and the bytes are those of the full T5-large.
 """
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from conftest import run_with_fake_devices, shared_data
+from conftest import shared_data
+from helpers.children import run_with_fake_devices
 
 MiB = 2 ** 20
 
 CODE = r'''
 import json, resource
 from clarifyjax import dryrun
+from clarifyjax.child_result import write_result
 lines = []
 report = dryrun.main("configs/ppo_t5_large.yaml", ["dryrun.num_layers=2"], say=lines.append)
 report["printed"] = lines
 report["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print("REPORT" + json.dumps(report, default=str))
+write_result(json.loads(json.dumps(report, default=str)))
 '''
 
 
 @pytest.fixture(scope="module")
 def report():
-    out = run_with_fake_devices(CODE, 8, timeout=600)
-    line = next(l for l in out.splitlines() if l.startswith("REPORT"))
-    return json.loads(line[len("REPORT"):])
+    return run_with_fake_devices(CODE, 8, timeout=600)
 
 
 @pytest.mark.slow
@@ -84,10 +82,17 @@ def test_bytes_per_device_and_compiled_step(report):
 @pytest.mark.slow
 def test_dry_run_through_the_cli():
     """`clarifyjax train CONFIG --dry-run` on 8 fake devices lists shardings and bytes per device."""
-    out = run_with_fake_devices(
+    result = run_with_fake_devices(
+        "import contextlib, io\n"
         "from clarifyjax.cli import main\n"
-        "raise SystemExit(main(['train', 'configs/ppo_t5_large.yaml', 'dryrun.compile=none',\n"
-        "                       '--dry-run']))\n", 8)
+        "from clarifyjax.child_result import write_result\n"
+        "printed = io.StringIO()  # what main says, away from native libraries' output\n"
+        "with contextlib.redirect_stdout(printed):\n"
+        "    status = main(['train', 'configs/ppo_t5_large.yaml', 'dryrun.compile=none',\n"
+        "                   '--dry-run'])\n"
+        "write_result({'status': status, 'printed': printed.getvalue()})\n", 8)
+    assert result["status"] == 0, result
+    out = result["printed"]
     assert "bytes" in out.lower() or "GiB" in out
     assert "fsdp" in out
 
@@ -126,7 +131,8 @@ real = train.train_ppo(load_config("configs/ppo_tiny.yaml", ppo + [
     f"policy.tokenizer={spm}", f"run.output_dir={out}/ppo"]),
     reward_fn=lambda s, q: np.zeros(len(q)), tensorboard=False, progress=False, export=False)
 hashes["ppo"] = (dry["compiled"]["lowered_sha256"], sha(real["program"].lowered_text()))
-print("RESULT" + json.dumps(hashes))
+from clarifyjax.child_result import write_result
+write_result(hashes)
 '''
 
 
@@ -137,13 +143,12 @@ def test_dry_run_lowers_the_program_of_the_first_real_step(tmp_path_factory, tmp
     same StableHLO text as the first step `train.train_sft` / `train.train_ppo` runs: the same
     state, shardings, batch layout, loss options (label smoothing, dropout, KL controller) and
     jitted function."""
-    from _tiny_models import tiny_spm_folder
-    from conftest import parse_result
+    from helpers.tiny_models import tiny_spm_folder
 
     spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
     code = "import sys; sys.argv[1:] = " + repr([
         str(spm), str(tmp_path), str(shared_data("delta-clarify/train.tsv")),
         str(shared_data("delta-clarify/dev.tsv"))]) + "\n" + SAME_PROGRAM
-    hashes = parse_result(run_with_fake_devices(code, 2, timeout=900))
+    hashes = run_with_fake_devices(code, 2, timeout=900)
     for kind, (dry, real) in hashes.items():
         assert dry == real, f"{kind}: the dry run lowered another program than the run's"

@@ -14,7 +14,7 @@ import pytest
 from flax import nnx
 
 from conftest import require
-from test_t5_parity import TINY, make_hf_t5, padded_batch
+from helpers.t5_builders import HF_TINY as TINY, make_hf_t5, padded_batch
 
 from clarifyjax.models.checkpoint_io import CheckpointError
 from clarifyjax.models.hf import load_t5, save_t5, tensor_maps

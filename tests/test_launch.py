@@ -16,18 +16,10 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT
+from helpers.children import clean_env, run_launcher
 
 LAUNCH = REPO_ROOT / "launch"
 SCRIPTS = ["local_multiprocess.sh", "tpu_pod.sh", "slurm.sbatch"]
-
-
-def clean_env(**extra) -> dict:
-    """The test's environment without any cluster variables (a CI runner may be a SLURM job)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CLARIFYJAX_", "SLURM_", "OMPI_", "TPU_", "MEGASCALE_"))}
-    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(extra)
-    return env
 
 
 def run(args, env=None, timeout=240, cwd=REPO_ROOT) -> subprocess.CompletedProcess:
@@ -54,8 +46,8 @@ def test_scripts_parse_and_are_executable(script):
 # ------------------------------------------------------------------- local_multiprocess.sh
 
 PSUM_COMMAND = r'''
-import json
 from clarifyjax import distributed as dist
+from clarifyjax.child_result import write_result
 launch = dist.initialize()
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import PartitionSpec as P
@@ -65,26 +57,18 @@ rows = np.full((jax.local_device_count(), 2), jax.process_index() + 1, np.float3
 x = sh.shard_batch(rows, mesh)
 total = jax.jit(jax.shard_map(lambda b: jax.lax.psum(b.sum(), "data"), mesh=mesh,
                               in_specs=P("data"), out_specs=P()))(x)
-print("RESULT" + json.dumps({"pid": jax.process_index(), "n": launch.num_processes,
-                             "devices": jax.device_count(),
-                             "psum": float(total.addressable_data(0))}), flush=True)
+write_result({"pid": jax.process_index(), "n": launch.num_processes,
+              "devices": jax.device_count(), "psum": float(total.addressable_data(0))})
 '''
 
 
 def test_local_multiprocess_runs_a_two_process_psum():
-    proc = run([LAUNCH / "local_multiprocess.sh", 2, sys.executable, "-c", PSUM_COMMAND])
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    results = {}
-    for line in proc.stdout.splitlines():
-        prefix, _, rest = line.partition(" ")
-        if rest.startswith("RESULT"):
-            results[prefix] = json.loads(rest[len("RESULT"):])
-    assert sorted(results) == ["[0]", "[1]"], proc.stdout
-    for prefix, r in results.items():
-        assert r["pid"] == int(prefix[1]) and r["n"] == 2 and r["devices"] == 8
+    """The launcher passes the environment through: each process writes its own result file."""
+    results = run_launcher([sys.executable, "-c", PSUM_COMMAND], 2, n_devices=4, timeout=240)
+    for i, r in enumerate(results):
+        assert r["pid"] == i and r["n"] == 2 and r["devices"] == 8
         # 4 devices x 2 values of 1 (process 0) + 4 x 2 of 2 (process 1)
         assert r["psum"] == 4 * 2 * 1 + 4 * 2 * 2
-    assert "all 2 processes finished" in proc.stderr
 
 
 def test_local_multiprocess_stops_the_others_when_one_fails(tmp_path):
@@ -104,6 +88,8 @@ def test_local_multiprocess_stops_the_others_when_one_fails(tmp_path):
 
 
 def test_local_multiprocess_sets_the_environment(tmp_path):
+    # The children are `bash -c echo`: no native library shares this stdout, and the "[i] "
+    # prefix on it is the launcher's own output under test.
     proc = run([LAUNCH / "local_multiprocess.sh", 2, "bash", "-c",
                 'echo "$CLARIFYJAX_NUM_PROCESSES $CLARIFYJAX_PROCESS_ID $CLARIFYJAX_COORDINATOR '
                 '$JAX_PLATFORMS $XLA_FLAGS"'],

@@ -20,6 +20,7 @@ import pytest
 from conftest import require, shared_data
 from clarifyjax.models.checkpoint_io import CheckpointError
 from clarifyjax.models.encoder_params import load_sequence_classifier
+from clarifyjax.models.tiny import random_classifier
 from clarifyjax.nli import NLIFilter
 
 TOL = 1e-4
@@ -67,27 +68,14 @@ def build_tokenizer(model_type: str, corpus: list[str]):
 
 def make_classifier(tmp_path, model_type: str, labels=WANLI_LABELS, seed: int = 0):
     """A tiny random HF classifier folder with tokenizer.json; returns (folder, torch model, tok)."""
-    torch = require("torch")
-    transformers = require("transformers")
+    require("torch")
+    require("transformers")
     rows = dev_rows(400)
     tokenizer = build_tokenizer(model_type, [r["situation"] for r in rows] +
                                 [r["question"] for r in rows])
-    common = dict(vocab_size=tokenizer.get_vocab_size(), hidden_size=32, num_hidden_layers=2,
-                  num_attention_heads=4, intermediate_size=48, max_position_embeddings=160,
-                  id2label=dict(labels), label2id={v: k for k, v in labels.items()})
-    if model_type == "roberta":
-        config = transformers.RobertaConfig(pad_token_id=1, bos_token_id=0, eos_token_id=2,
-                                            type_vocab_size=1, **common)
-        model = transformers.RobertaForSequenceClassification(config)
-    else:
-        config = transformers.BertConfig(pad_token_id=0, type_vocab_size=2, **common)
-        model = transformers.BertForSequenceClassification(config)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen) * 0.2
-            p.copy_(1.0 + noise if "LayerNorm.weight" in name else noise)
-    model.eval()
+    model = random_classifier([labels[i] for i in range(len(labels))], model_type=model_type,
+                              seed=seed, vocab_size=tokenizer.get_vocab_size(),
+                              intermediate_size=48, max_position_embeddings=160)
     center_logits(model, tokenizer, rows[:40], model_type)
     folder = tmp_path / model_type
     model.save_pretrained(folder)

@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from clarifyjax import ppo
+from helpers.ppo_bandit import B, T, TARGET, V, bandit_values, make_rollout, policy_logprobs
 
 
 def _right_padded_mask(rng, batch, time, min_len=0):
@@ -177,42 +178,7 @@ def test_kl_controllers():
 
 
 # ----------------------------------------------------------------------------- the update
-
-# A toy policy: a table of logits per response position over a tiny vocabulary (independent
-# positions, like a multi-armed bandit per step); a value table per position.
-V, T, B = 8, 4, 64
-TARGET = 3
-
-
-def _policy_logprobs(params, rollout):
-    logp = jax.nn.log_softmax(params["logits"], axis=-1)  # [T, V]
-    return jnp.take_along_axis(logp[None], rollout.response_ids[..., None], axis=-1)[..., 0]
-
-
-def _values(params, rollout):
-    return jnp.broadcast_to(params["v"], rollout.response_ids.shape)
-
-
-def _toy_score(response_ids):
-    return (response_ids[:, 0] == TARGET).astype(jnp.float32)  # pays for the first token
-
-
-def _make_rollout(policy_params, ref_params, value_params, rng):
-    k_tok, k_len = jax.random.split(rng)
-    tokens = jax.random.categorical(k_tok, policy_params["logits"], shape=(B, T))
-    lengths = jax.random.randint(k_len, (B,), 1, T + 1)
-    mask = (jnp.arange(T)[None] < lengths[:, None]).astype(jnp.float32)
-    tokens = jnp.where(mask > 0, tokens, 0)
-    roll = ppo.Rollout(query_ids=jnp.zeros((B, 2), jnp.int32), query_mask=jnp.ones((B, 2)),
-                       response_ids=tokens, response_mask=mask, logprobs=None,
-                       ref_logprobs=None, values=None, scores=_toy_score(tokens))
-    return roll._replace(logprobs=_policy_logprobs(policy_params, roll),
-                         ref_logprobs=_policy_logprobs(ref_params, roll),
-                         values=_values(value_params, roll) * mask)
-
-
-_make_rollout_jit = jax.jit(_make_rollout)  # eager, it would dispatch (and compile) op by op
-
+# the toy bandit: helpers/ppo_bandit.py
 
 def _exact_kl(logits, ref_logits):
     """[T] KL(pi_t || ref_t) per position, exact."""
@@ -224,8 +190,8 @@ def _exact_kl(logits, ref_logits):
 def _toy_functions(config):
     """Jitted once per config and shared by the toy runs (beta lives in the state, not the trace)."""
     policy_tx, value_tx = optax.adam(0.05), optax.adam(0.05)
-    update = jax.jit(ppo.make_ppo_update(_policy_logprobs, _values, policy_tx, value_tx, config))
-    return policy_tx, value_tx, update, _make_rollout_jit
+    update = jax.jit(ppo.make_ppo_update(policy_logprobs, bandit_values, policy_tx, value_tx, config))
+    return policy_tx, value_tx, update, make_rollout
 
 
 def _run_toy(kl_coef, n_updates, config=ppo.PPOConfig(), seed=0):
@@ -292,7 +258,7 @@ def _policy_logprobs_entropy_neginf_padding(params, rollout):
     logp = jax.nn.log_softmax(params["logits"], axis=-1)
     entropy = -jnp.sum(jnp.exp(logp) * logp, -1)  # [T]
     mask = rollout.response_mask > 0
-    return (jnp.where(mask, _policy_logprobs(params, rollout), -jnp.inf),
+    return (jnp.where(mask, policy_logprobs(params, rollout), -jnp.inf),
             jnp.broadcast_to(entropy, mask.shape))
 
 
@@ -309,10 +275,10 @@ def test_first_step_matches_numpy_sgd():
     policy = {"logits": ref["logits"] + 0.5 * jax.random.normal(jax.random.key(6), (T, V))}
     values = {"v": jax.random.normal(jax.random.key(7), (T,))}
     tx = optax.sgd(lr)
-    update = jax.jit(ppo.make_ppo_update(_policy_logprobs_entropy_neginf_padding, _values, tx,
+    update = jax.jit(ppo.make_ppo_update(_policy_logprobs_entropy_neginf_padding, bandit_values, tx,
                                          tx, cfg))
     state = ppo.init_ppo_state(policy, values, tx, tx, ppo.FixedKL(beta))
-    roll = _make_rollout_jit(policy, ref, values, jax.random.key(8))
+    roll = make_rollout(policy, ref, values, jax.random.key(8))
     pad = roll.response_mask == 0
     assert bool(pad.any())
     dirty = roll._replace(logprobs=jnp.where(pad, -jnp.inf, roll.logprobs),
@@ -363,11 +329,11 @@ def test_minibatches_epochs_and_adaptive_kl_in_state():
     tx = optax.adam(1e-2)
     ref = {"logits": jnp.zeros((T, V))}
     values = {"v": jnp.zeros((T,))}
-    update = jax.jit(ppo.make_ppo_update(_policy_logprobs, _values, tx, tx, cfg))
+    update = jax.jit(ppo.make_ppo_update(policy_logprobs, bandit_values, tx, tx, cfg))
     ctl = ppo.AdaptiveKL(value=0.2, target=1e-6, horizon=100.0)  # any KL is above this target
     state = ppo.init_ppo_state({"logits": 0.5 * jax.random.normal(jax.random.key(1), (T, V))},
                                values, tx, tx, ctl)
-    roll = _make_rollout_jit(state.policy_params, ref, values, jax.random.key(2))
+    roll = make_rollout(state.policy_params, ref, values, jax.random.key(2))
     new_state, metrics = update(state, roll, jax.random.key(3))
     assert float(metrics["kl_to_ref"]) > 0
     np.testing.assert_allclose(float(new_state.kl_ctl.value), 0.2 * (1 + 0.2 * B / 100.0), rtol=1e-5)
@@ -375,29 +341,27 @@ def test_minibatches_epochs_and_adaptive_kl_in_state():
     # 8 Adam steps were taken: the count lives in the optimizer state
     assert int(new_state.policy_opt_state[0].count) == cfg.epochs * cfg.minibatches
     with pytest.raises(ValueError, match="not divisible by PPOConfig.minibatches=5"):
-        jax.jit(ppo.make_ppo_update(_policy_logprobs, _values, tx, tx,
+        jax.jit(ppo.make_ppo_update(policy_logprobs, bandit_values, tx, tx,
                                     ppo.PPOConfig(minibatches=5)))(state, roll, jax.random.key(0))
     with pytest.raises(ValueError, match="Rollout.scores has shape"):
         update(state, roll._replace(scores=roll.scores[:3]), jax.random.key(0))
 
 
 _SHARDED_CODE = r"""
-import sys
-sys.path.insert(0, "tests")
 import jax, jax.numpy as jnp, numpy as np, optax
 from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
-import test_ppo as tp
+import helpers.ppo_bandit as tp
 from clarifyjax import ppo
+from clarifyjax.child_result import write_result
 
-assert jax.device_count() == 8
 mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
 tx = optax.adam(0.05)
 cfg = ppo.PPOConfig(epochs=2, minibatches=2)
-update = ppo.make_ppo_update(tp._policy_logprobs, tp._values, tx, tx, cfg)
+update = ppo.make_ppo_update(tp.policy_logprobs, tp.bandit_values, tx, tx, cfg)
 ref = {"logits": jax.random.normal(jax.random.key(0), (tp.T, tp.V))}
 values = {"v": jnp.zeros((tp.T,))}
 state = ppo.init_ppo_state(ref, values, tx, tx, ppo.AdaptiveKL(0.1, 1.0, 100.0))
-roll = tp._make_rollout_jit(ref, ref, values, jax.random.key(1))
+roll = tp.make_rollout(ref, ref, values, jax.random.key(1))
 
 replicated = NamedSharding(mesh, P())
 state_sh = jax.tree.map(lambda _: replicated, state)
@@ -405,16 +369,15 @@ roll_sh = ppo.Rollout(*(NamedSharding(mesh, P("data")) for _ in roll))
 sharded = jax.jit(update, in_shardings=(state_sh, roll_sh, replicated),
                   out_shardings=(state_sh, replicated))
 placed = jax.device_put(roll, roll_sh)
-assert len(placed.response_ids.sharding.device_set) == 8
 s1, m1 = sharded(jax.device_put(state, state_sh), placed, jax.random.key(2))
 s0, m0 = jax.jit(update)(state, roll, jax.random.key(2))
 diff = max(float(jnp.max(jnp.abs(a - b))) for a, b in
            zip(jax.tree.leaves((s1.policy_params, s1.value_params, s1.kl_ctl)),
                jax.tree.leaves((s0.policy_params, s0.value_params, s0.kl_ctl))))
 mdiff = max(abs(float(m1[k]) - float(m0[k])) for k in m0)
-print("max param diff", diff, "max metric diff", mdiff)
-assert diff < 1e-5 and mdiff < 1e-4, (diff, mdiff)
-print("OK")
+write_result({"devices": jax.device_count(),
+              "rollout_devices": len(placed.response_ids.sharding.device_set),
+              "param_diff": diff, "metric_diff": mdiff})
 """
 
 
@@ -422,7 +385,9 @@ print("OK")
 def test_update_jits_with_shardings_on_8_devices():
     """The pure update under jit with in/out shardings (params replicated, rollout split over 8
     fake devices) gives the single-device result (params within 1e-5, metrics within 1e-4)."""
-    from conftest import run_with_fake_devices
-    out = run_with_fake_devices(_SHARDED_CODE, 8)
-    print(out)
-    assert "OK" in out
+    from helpers.children import run_with_fake_devices
+
+    r = run_with_fake_devices(_SHARDED_CODE, 8)
+    print(r)
+    assert r["devices"] == 8 and r["rollout_devices"] == 8, r
+    assert r["param_diff"] < 1e-5 and r["metric_diff"] < 1e-4, r

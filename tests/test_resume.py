@@ -1,6 +1,7 @@
 """Checkpoints of the PPO loop: kill -9 in the middle of a run and SIGTERM, then resume; the final
 state must equal an uninterrupted run's with the same seed. A checkpoint of another model shape
 must be refused clearly."""
+import itertools
 import json
 import os
 import signal
@@ -13,21 +14,32 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clarifyjax.child_result import RESULT_FILE_ENV
 from conftest import REPO_ROOT
+from helpers.children import child_result, clean_env
 
-TESTS = Path(__file__).resolve().parent
 STEPS, SAVE_EVERY = 10, 2
 
 SCRIPT = textwrap.dedent("""
     import sys, time
-    sys.path.insert(0, {tests!r})
     import jax, numpy as np
-    from test_train_ppo import lower_half_share, ppo_config
+    from helpers.ppo_runs import lower_half_share, ppo_config
     from clarifyjax import train
+    from clarifyjax.checkpointing import Checkpointer
+    from clarifyjax.child_result import write_result
     from clarifyjax.tokenizer import Tokenizer
 
     out, spm = sys.argv[1], sys.argv[2]
     reward = lower_half_share(Tokenizer.from_pretrained(spm))
+    report = {{"resumed_from": None}}
+    restore_latest = Checkpointer.restore_latest
+
+    def spy(self, *args, **kwargs):  # which step the loop really resumed from
+        restored = restore_latest(self, *args, **kwargs)
+        report["resumed_from"] = None if restored is None else int(restored[0])
+        return restored
+
+    Checkpointer.restore_latest = spy
 
     def slow_reward(situations, questions):  # slow enough to be killed between checkpoints
         time.sleep({sleep})
@@ -41,20 +53,24 @@ SCRIPT = textwrap.dedent("""
         leaves = jax.tree_util.tree_flatten_with_path(result["state"])[0]
         np.savez(out + "/final_state.npz",
                  **{{jax.tree_util.keystr(p): np.asarray(v) for p, v in leaves}})
-    print("STOPPED" if result["stopped"] else "DONE", result["step"], flush=True)
+    write_result({{**report, "stopped": result["stopped"], "step": int(result["step"])}})
 """)
 
 
+_STARTS = itertools.count()
+
+
 def _start(tmp_path, out, spm, cache):
+    """Start a run into `out`; returns (process, log file, the path of its result)."""
     script = tmp_path / "run_ppo.py"
-    script.write_text(SCRIPT.format(tests=str(TESTS), sleep=0.4, steps=STEPS,
-                                    save_every=SAVE_EVERY))
-    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
-               PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    script.write_text(SCRIPT.format(sleep=0.4, steps=STEPS, save_every=SAVE_EVERY))
+    result = tmp_path / f"result.{next(_STARTS)}.json"
+    env = clean_env(JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
+                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                    **{RESULT_FILE_ENV: str(result)})
     log = open(tmp_path / f"{Path(out).name}.log", "a")
     return subprocess.Popen([sys.executable, str(script), str(out), str(spm)], cwd=REPO_ROOT,
-                            env=env, stdout=log, stderr=subprocess.STDOUT), log
+                            env=env, stdout=log, stderr=subprocess.STDOUT), log, result
 
 
 def _committed(run: Path) -> list[int]:
@@ -79,11 +95,15 @@ def _wait_for(proc, run: Path, step: int, timeout: float = 400.0) -> list[int]:
     raise AssertionError(f"no checkpoint {step} after {timeout} s")
 
 
-def _finish(proc, log, tmp_path, name, timeout=400):
+def _finish(proc, log, result, tmp_path, name, timeout=400, killed=False) -> dict | None:
+    """Wait for the run; its result (None when `killed` by SIGKILL, as it must have been)."""
     rc = proc.wait(timeout=timeout)
     log.close()
     text = (tmp_path / f"{name}.log").read_text()
-    return rc, text
+    if killed:
+        assert rc == -signal.SIGKILL, (rc, text[-3000:])
+        return None
+    return child_result(result, rc, text, "", f"run {name}")
 
 
 @pytest.mark.slow
@@ -94,38 +114,36 @@ def test_kill_sigterm_and_resume_equal_an_uninterrupted_run(tmp_path_factory, tm
     B's final state (policy, value, both Adam states, KL controller) must equal A's within 1e-6
     (they are in fact identical on CPU), and B's last step must have logged A's metrics.
     Then the same folder with a wider policy must be refused with a clear CheckpointError."""
-    from _tiny_models import tiny_spm_folder
+    from helpers.tiny_models import tiny_spm_folder
 
     spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
     cache = tmp_path / "jax_cache"  # compiled programs shared by the four processes
     run_a, run_b = tmp_path / "a", tmp_path / "b"
 
-    proc, log = _start(tmp_path, run_a, spm, cache)
-    rc, text = _finish(proc, log, tmp_path, "a")
-    assert rc == 0 and f"DONE {STEPS}" in text, text[-3000:]
+    proc, log, result = _start(tmp_path, run_a, spm, cache)
+    done = _finish(proc, log, result, tmp_path, "a")
+    assert done == {"resumed_from": None, "stopped": False, "step": STEPS}, done
 
-    proc, log = _start(tmp_path, run_b, spm, cache)
+    proc, log, result = _start(tmp_path, run_b, spm, cache)
     before_kill = _wait_for(proc, run_b, 4)
     os.kill(proc.pid, signal.SIGKILL)
-    rc, text = _finish(proc, log, tmp_path, "b")
-    assert rc == -signal.SIGKILL and STEPS not in before_kill, (before_kill, text[-2000:])
+    _finish(proc, log, result, tmp_path, "b", killed=True)
+    assert STEPS not in before_kill, before_kill
     resumed_from = max(_committed(run_b))
     assert 4 <= resumed_from < STEPS
 
-    proc, log = _start(tmp_path, run_b, spm, cache)
+    proc, log, result = _start(tmp_path, run_b, spm, cache)
     _wait_for(proc, run_b, resumed_from + SAVE_EVERY)
     proc.send_signal(signal.SIGTERM)
-    rc, text = _finish(proc, log, tmp_path, "b")
-    assert f"resumed from step {resumed_from}" in text, text[-3000:]
-    assert rc == 0, text[-3000:]
-    if "STOPPED" in text:  # SIGTERM landed before the last step: it saved where it stopped
-        stopped_at = int(text.split("STOPPED")[1].split()[0])
+    done = _finish(proc, log, result, tmp_path, "b")  # exit status 0, or it fails here
+    assert done["resumed_from"] == resumed_from, done
+    if done["stopped"]:  # SIGTERM landed before the last step: it saved where it stopped
+        stopped_at = done["step"]
         assert max(_committed(run_b)) == stopped_at < STEPS
-        assert "stopping at step" in text
-        proc, log = _start(tmp_path, run_b, spm, cache)
-        rc, text = _finish(proc, log, tmp_path, "b")
-        assert rc == 0 and f"resumed from step {stopped_at}" in text, text[-3000:]
-    assert f"DONE {STEPS}" in text, text[-3000:]
+        proc, log, result = _start(tmp_path, run_b, spm, cache)
+        done = _finish(proc, log, result, tmp_path, "b")
+        assert done["resumed_from"] == stopped_at, done
+    assert not done["stopped"] and done["step"] == STEPS, done
 
     a = np.load(run_a / "final_state.npz")
     b = np.load(run_b / "final_state.npz")
@@ -148,12 +166,12 @@ def test_kill_sigterm_and_resume_equal_an_uninterrupted_run(tmp_path_factory, tm
     # the same folder with a wider policy: the checkpoint is refused, naming a tensor and shapes
     from clarifyjax import train
     from clarifyjax.models.checkpoint_io import CheckpointError
-    from test_train_ppo import ppo_config
+    from helpers.ppo_runs import ppo_config
 
     # (without the run's record of its settings, which would refuse the change by its key first)
-    from test_train_errors import _forget_record
+    from helpers.resume_runs import forget_record
 
-    _forget_record(run_b)
+    forget_record(run_b)
     wider = ppo_config(run_b, spm, steps=STEPS + 2, overrides=["policy.tiny.d_model=48"])
     with pytest.raises(CheckpointError, match=rf"checkpoint .*/{STEPS}: '.*' has shape \(.*\) in "
                                               r"the checkpoint but the model expects .*another "

@@ -20,7 +20,7 @@ import json
 import numpy as np
 import pytest
 
-import _resume_runs as R
+import helpers.resume_runs as R
 from clarifyjax import cli, run_record, train
 from clarifyjax.config import ConfigError, dump_config, load_config
 from clarifyjax.data import DataError
@@ -133,17 +133,9 @@ def test_deleted_or_edited_config_yaml_is_checked_against_the_checkpoint(base, t
     assert "optimizer.lr: 0.001 in the record, 0.002 now" in message
 
 
-def _forget_records(run):
-    """Make the checkpoints look like older ones, saved before they recorded their config."""
-    for metadata in (run / "checkpoints").glob("*/extra/metadata"):
-        extra = json.loads(metadata.read_text())
-        extra.pop("config")
-        metadata.write_text(json.dumps(extra))
-
-
 def test_checkpoints_without_a_record_fall_back_to_config_yaml(base, tmp_path, capsys):
     run = R.copy_run(base[0], tmp_path)
-    _forget_records(run)
+    R.forget_record(run, keep_config_yaml=True)  # older checkpoints, config.yaml kept
     message = _refused(run, R.sft_config(run, base[1], "run.seed=3"),
                        source=str(run / "config.yaml"))
     assert "run.seed: 0 in the record, 3 now" in message

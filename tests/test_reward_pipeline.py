@@ -1,6 +1,6 @@
 """`RewardPipeline` end to end on tiny random models and 64 situations of δ-CLARIFY dev.tsv.
 
-Models (tests/_tiny_models.py): answerer, fusion and judge are tiny random T5s sharing a
+Models (clarifyjax/models/tiny.py): answerer, fusion and judge are tiny random T5s sharing a
 Delphi-like SentencePiece vocabulary; the NLI filter a tiny random RoBERTa with WaNLI's labels.
 What is checked against an independent computation:
 * each stage's output equals the same model called alone on inputs built here with `text.*`
@@ -18,7 +18,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from _tiny_models import tiny_classifier_folder, tiny_nli_folder, tiny_t5_folder
+from helpers.tiny_models import tiny_classifier_folder, tiny_nli_folder, tiny_t5_folder
 from conftest import require, shared_data
 from clarifyjax import text as text_lib
 from clarifyjax.delphi import ClassifierJudge, Judge, Sampling, Seq2SeqModel
@@ -39,7 +39,7 @@ def dev_rows(n: int) -> tuple[list[str], list[str]]:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    # initializer_factor 3: generators whose outputs depend on their inputs (see _tiny_models)
+    # initializer_factor 3: generators whose outputs depend on their inputs (see clarifyjax/models/tiny.py)
     answerer = Seq2SeqModel.from_pretrained(tiny_t5_folder(tmp_path_factory, seed=21,
                                                            initializer_factor=3.0))
     fusion = Seq2SeqModel.from_pretrained(tiny_t5_folder(tmp_path_factory, family="v1.1",

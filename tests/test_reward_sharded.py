@@ -17,9 +17,10 @@ import textwrap
 
 import pytest
 
-from _tiny_models import tiny_classifier_folder, tiny_nli_folder, tiny_t5_folder
-from conftest import parse_result, run_with_fake_devices, shared_data
 from clarifyjax import sharding
+from conftest import shared_data
+from helpers.children import run_with_fake_devices
+from helpers.tiny_models import tiny_classifier_folder, tiny_nli_folder, tiny_t5_folder
 
 
 @pytest.mark.parametrize("global_sizes, n_local, expected", [
@@ -45,6 +46,7 @@ import csv, json
 import numpy as np, jax
 from flax import nnx
 from clarifyjax import sharding
+from clarifyjax.child_result import write_result
 from clarifyjax.delphi import ClassifierJudge, Sampling
 from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline
 
@@ -100,7 +102,7 @@ result["classifier"] = placement(cj.model)
 texts = situations[:13]
 result["classifier_diff"] = float(np.abs(cj_plain.class_probabilities(texts)
                                          - cj.class_probabilities(texts)).max())
-print("RESULT" + json.dumps(result), flush=True)
+write_result(result)
 """
 
 
@@ -116,7 +118,7 @@ def child(tmp_path_factory):
         "dev": shared_data("delta-clarify/dev.tsv"),
     }
     code = f"FOLDERS = {json.dumps(json.dumps({k: str(v) for k, v in folders.items()}))}\n"
-    return parse_result(run_with_fake_devices(code + textwrap.dedent(CHILD), 8, timeout=600))
+    return run_with_fake_devices(code + textwrap.dedent(CHILD), 8, timeout=600)
 
 
 @pytest.mark.slow  # the child loads and runs two pipelines: ~35 s

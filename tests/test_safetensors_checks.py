@@ -99,7 +99,7 @@ T5_BAD = [("layer_norm_epsilon", float("nan")), ("layer_norm_epsilon", 0.0),
 
 @pytest.fixture(scope="module")
 def t5_folder(tmp_path_factory):
-    from _tiny_models import tiny_t5_folder
+    from helpers.tiny_models import tiny_t5_folder
 
     return tiny_t5_folder(tmp_path_factory.mktemp("t5"))
 

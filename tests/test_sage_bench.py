@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO_ROOT, require, shared_data
 from sage_jax.metric import mean_sage, pairwise_cosine, sage_from_similarity
-from test_sage_metric import collapsed_reference, random_questions
+from helpers.sage_reference import collapsed_reference, random_questions
 
 
 @pytest.fixture(scope="module")

@@ -16,34 +16,16 @@ import numpy as np
 import pytest
 
 from conftest import shared_data
+from helpers.sage_files import PAIRS, pairs_file, write_csv
 from sage_jax import cli, report
 from sage_jax.data import DataError, DataWarning, pair_matrix, read_questions
 
-PAIRS = "sage-mcc/vicuna-7b-v1.5_pairs_0.csv"
 LONG_HEADER = ["question_id", "question", "paraphrased", "model_output", "rot"]
 
 
 def long_rows(n_questions=2, n=3):
     return [[str(q), f"question {q}?", f"paraphrase {q}.{i}", f"answer {q}.{i}", f"rule {q}.{i}"]
             for q in range(n_questions) for i in range(n)]
-
-
-def write_csv(path, header, rows, delimiter=",", encoding="utf-8"):
-    with open(path, "w", newline="", encoding=encoding) as f:
-        w = csv.writer(f, delimiter=delimiter)
-        w.writerow(header)
-        w.writerows(rows)
-    return path
-
-
-def pairs_file(path, edit=None, questions=3):
-    """The first `questions` questions of the release's pairs file; edit(rows) may change them."""
-    with open(shared_data(PAIRS), newline="", encoding="utf-8") as f:
-        lines = list(csv.reader(f))
-    rows = [list(r) for r in lines[1:1 + 10 * questions]]
-    if edit:
-        edit(rows)
-    return write_csv(path, lines[0], rows)
 
 
 @pytest.fixture

@@ -16,19 +16,19 @@ checks that every step really moved the parameters (> 1e-4, 10 x the tolerance).
 """
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, fake_device_env, run_with_fake_devices
+from helpers.children import fake_device_env, run_child, run_launcher, run_with_fake_devices
 
 TOL = 1e-5
 
 DRIVER = r'''
 import sys
 from clarifyjax import distributed
+from clarifyjax.child_result import write_result
 distributed.initialize()  # reads CLARIFYJAX_* from local_multiprocess.sh; one process otherwise
 
 import jax, jax.numpy as jnp, numpy as np, optax
@@ -113,8 +113,8 @@ dumps["ppo_total_loss"] = np.asarray(multihost_utils.process_allgather(ppo_metri
 
 if jax.process_index() == 0:
     np.savez(out_path, **dumps)
-print(f"DONE process {jax.process_index()}/{jax.process_count()} devices {jax.device_count()} "
-      f"mesh {dict(mesh.shape)}", flush=True)
+write_result({"process": jax.process_index(), "processes": jax.process_count(),
+              "devices": jax.device_count(), "mesh": dict(mesh.shape)})
 '''
 
 
@@ -125,28 +125,20 @@ def dumps(tmp_path_factory):
     script.write_text(DRIVER)
     out = {}
     # 1 device
-    proc = subprocess.run([sys.executable, str(script), str(tmp / "single.npz"), "single"],
-                          env=fake_device_env(1), capture_output=True, text=True, timeout=600,
-                          cwd=str(REPO_ROOT))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    r = run_child([sys.executable, script, tmp / "single.npz", "single"], env=fake_device_env(1))
+    assert (r["processes"], r["devices"]) == (1, 1), r
     out["single"] = dict(np.load(tmp / "single.npz"))
-    # 8 fake devices, one process (conftest's helper)
-    code = (f"import sys; sys.argv = ['driver', {str(tmp / 'eight.npz')!r}, 'mesh']\n"
-            + DRIVER)
-    stdout = run_with_fake_devices(code, 8, timeout=600)
-    assert "mesh {'data': 2, 'fsdp': 2, 'model': 2}" in stdout, stdout
+    # 8 fake devices, one process
+    r = run_with_fake_devices(f"import sys; sys.argv = ['driver', {str(tmp / 'eight.npz')!r}, "
+                              "'mesh']\n" + DRIVER, 8)
+    assert (r["processes"], r["devices"]) == (1, 8), r
+    assert r["mesh"] == {"data": 2, "fsdp": 2, "model": 2}, r
     out["eight"] = dict(np.load(tmp / "eight.npz"))
     # 2 processes x 4 fake devices, started by the launch script
-    env = fake_device_env(4)
-    env.pop("XLA_FLAGS")  # the launch script sets it from DEVICES_PER_PROCESS
-    env["DEVICES_PER_PROCESS"] = "4"
-    proc = subprocess.run(["bash", str(REPO_ROOT / "launch/local_multiprocess.sh"), "2",
-                           sys.executable, str(script), str(tmp / "multi.npz"), "mesh"],
-                          env=env, capture_output=True, text=True, timeout=600,
-                          cwd=str(REPO_ROOT))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "[0] DONE process 0/2 devices 8" in proc.stdout, proc.stdout
-    assert "[1] DONE process 1/2 devices 8" in proc.stdout, proc.stdout
+    results = run_launcher([sys.executable, script, tmp / "multi.npz", "mesh"], 2, n_devices=4)
+    for i, r in enumerate(results):
+        assert (r["process"], r["processes"], r["devices"]) == (i, 2, 8), r
+        assert r["mesh"] == {"data": 2, "fsdp": 2, "model": 2}, r
     out["multi"] = dict(np.load(tmp / "multi.npz"))
     return out
 

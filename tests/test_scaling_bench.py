@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, fake_device_env
+from conftest import REPO_ROOT
+from helpers.children import fake_device_env
 
 NAME = "scaling_ci_check"
 

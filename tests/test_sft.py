@@ -215,7 +215,7 @@ def test_sft_on_2000_rows_lowers_the_dev_loss(tmp_path_factory, tmp_path):
     Required: the dev loss (token NLL) at most half the random start's and below 5.0 nats (the
     uniform distribution's is log(608) = 6.4); token accuracy above 15%. Measured on CPU:
     18.4 -> 4.15 nats, accuracy 0 -> 0.26, ROUGE-L 1.0 -> 26.8."""
-    from _tiny_models import tiny_spm_folder
+    from helpers.tiny_models import tiny_spm_folder
     from clarifyjax.train import train_sft
 
     spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
@@ -243,7 +243,7 @@ def test_sft_on_2000_rows_lowers_the_dev_loss(tmp_path_factory, tmp_path):
 
 
 def test_sft_bad_inputs_fail_clearly(tmp_path_factory, tmp_path):
-    from _tiny_models import tiny_spm_folder
+    from helpers.tiny_models import tiny_spm_folder
     from clarifyjax.config import ConfigError
     from clarifyjax.data import DataError
     from clarifyjax.train import train_sft
@@ -291,7 +291,7 @@ def test_cli_train_runs_exports_and_resumes(tmp_path_factory, tmp_path):
     import subprocess
     import sys
 
-    from _tiny_models import tiny_spm_folder
+    from helpers.tiny_models import tiny_spm_folder
     from conftest import REPO_ROOT
 
     spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
@@ -305,7 +305,6 @@ def test_cli_train_runs_exports_and_resumes(tmp_path_factory, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "clarifyjax", "train", *args, "--no-progress"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert f"done: 2 steps; model exported to {tmp_path / 'run' / 'final'}" in proc.stdout
     assert (tmp_path / "run" / "final" / "model.safetensors").exists()
     assert (tmp_path / "run" / "config.yaml").exists()
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
@@ -319,7 +318,6 @@ def test_cli_train_runs_exports_and_resumes(tmp_path_factory, tmp_path):
                            "--no-tensorboard"], cwd=REPO_ROOT, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "[checkpoint] resumed from step 2" in proc.stdout
-    assert "done: 3 steps" in proc.stdout
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
-    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["step"] for r in rows] == [1, 2, 3]  # a run from scratch would log 1, 2 again
+    assert (tmp_path / "run" / "checkpoints" / "3").is_dir()

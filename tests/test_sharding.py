@@ -6,17 +6,12 @@ what it observed as JSON, which the tests below check.
 """
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
-import sys
-
 import jax
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
 from clarifyjax import sharding as sh
-from conftest import REPO_ROOT, fake_device_env, parse_result, run_with_fake_devices
+from helpers.children import run_processes, run_with_fake_devices
 
 MESH_222 = AbstractMesh((2, 2, 2), sh.MESH_AXES)
 
@@ -82,10 +77,10 @@ def test_single_device_default_mesh():
 # ------------------------------------------------------------------ placement on 8 fake devices
 
 PLACEMENT_SCRIPT = r'''
-import json
 import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
 from clarifyjax import sharding as sh
+from clarifyjax.child_result import write_result
 
 out = {}
 out["fill"] = {k: dict(sh.make_mesh(c).shape) for k, c in {
@@ -153,15 +148,13 @@ try:
     sh.shard_batch({"ids": np.zeros((8, 5)), "labels": [np.zeros((6,))]}, mesh)
 except ValueError as e:
     out["batch_error"] = str(e)
-print("RESULT" + json.dumps(out), flush=True)
+write_result(out)
 '''
 
 
 @pytest.fixture(scope="module")
 def placement() -> dict:
-    stdout = run_with_fake_devices(PLACEMENT_SCRIPT, 8)
-    line = next(l for l in stdout.splitlines() if l.startswith("RESULT"))
-    return json.loads(line[len("RESULT"):])
+    return run_with_fake_devices(PLACEMENT_SCRIPT, 8)
 
 
 def test_make_mesh_fills_minus_one(placement):
@@ -217,13 +210,16 @@ def test_shard_batch_splits_leading_dim_over_data_and_fsdp(placement):
 # ------------------------------------------------------- two processes (multi-host on one machine)
 
 TWO_PROCESS_SCRIPT = r'''
-import json, sys
+import os
 import jax
-pid, port = int(sys.argv[1]), sys.argv[2]
-jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+# jax's own initialize, not clarifyjax.distributed's: the launch variables passed by hand
+pid = int(os.environ["CLARIFYJAX_PROCESS_ID"])
+jax.distributed.initialize(coordinator_address=os.environ["CLARIFYJAX_COORDINATOR"],
+                           num_processes=2, process_id=pid)
 import numpy as np
 from jax.experimental import multihost_utils
 from clarifyjax import sharding as sh
+from clarifyjax.child_result import write_result
 
 out = {}
 mesh = sh.make_mesh(sh.MeshConfig(data=2, fsdp=2, model=2))      # 8 devices, 4 per process
@@ -236,30 +232,14 @@ try:
 except ValueError as e:
     out["error"] = str(e)
 multihost_utils.sync_global_devices("results-ready")  # neither process shuts down while the other works
-print("RESULT" + json.dumps(out), flush=True)
+write_result(out)
 jax.distributed.shutdown()
 '''
 
 
 def test_shard_batch_with_two_processes():
     """Each process passes its own rows and gets the global batch (gloo collectives on CPU)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = fake_device_env(4)
-    procs = [subprocess.Popen([sys.executable, "-c", TWO_PROCESS_SCRIPT, str(i), port], env=env,
-                              cwd=str(REPO_ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for i in range(2)]
-    try:
-        outputs = [p.communicate(timeout=240) for p in procs]
-    finally:  # a hung coordinator must not outlive the test
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    results = []
-    for p, (stdout, stderr) in zip(procs, outputs):
-        assert p.returncode == 0, stderr[-3000:]
-        results.append(parse_result(stdout, stderr))
+    results = run_processes(TWO_PROCESS_SCRIPT, 2, n_devices=4, timeout=240)
     expected = [[r + 100 * pid for r in range(3 * i, 3 * i + 3)] for pid in (0, 1) for i in range(4)]
     for r in results:
         assert r["global_shape"] == [8, 3]

@@ -16,51 +16,20 @@ import pytest
 from flax import nnx
 
 from conftest import require
-from test_decoding import random_t5
+from helpers.t5_builders import HF_TINY as TINY
+from helpers.t5_builders import make_hf_t5, padded_batch, random_t5
 
 from clarifyjax.decoding import generate, score
 from clarifyjax.models.hf import load_t5
 from clarifyjax.models.t5 import T5Config
 from clarifyjax.models.t5_layers import relative_position_bucket
 
-TINY = dict(vocab_size=96, d_model=32, d_kv=6, d_ff=40, num_layers=2, num_decoder_layers=3,
-            num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=20,
-            dropout_rate=0.0, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0)
-FAMILIES = {
-    "v1.0": dict(feed_forward_proj="relu", tie_word_embeddings=True),
-    "v1.1": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),
-    # transformers 5 ties lm_head even when the config says untied, and only drops the rescale
-    "v1.1-tied-by-transformers5": dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False),
-}
 LOGIT_TOL = 1e-4
 
 # Jitted calls: eager NNX dispatches (and compiles) op by op, far slower on a shared 2-core box.
 forward = nnx.jit(lambda model, *args: model(*args))
 encode_decode = nnx.jit(lambda model, ids, mask, dec: model.decode(
     dec, model.encode(ids, mask), mask, return_hidden=True))
-
-
-def make_hf_t5(folder, family: str, seed: int = 0, **overrides):
-    """A random torch T5 of `family`, saved as safetensors in `folder`; returns the torch model."""
-    torch = require("torch")
-    transformers = require("transformers")
-    torch.manual_seed(seed)
-    cfg = transformers.T5Config(**{**TINY, **FAMILIES[family], **overrides})
-    model = transformers.T5ForConditionalGeneration(cfg).eval()
-    if family == "v1.1":  # a real v1.1 checkpoint has its own lm_head (std 1, as HF inits it)
-        model.lm_head.weight = torch.nn.Parameter(torch.randn(cfg.vocab_size, cfg.d_model))
-    model.save_pretrained(str(folder), safe_serialization=True)
-    return model
-
-
-def padded_batch(rng: np.random.RandomState, lengths, vocab: int, low: int = 2):
-    """Right-padded ids [b, max(lengths)] (pad 0) and mask."""
-    ids = np.zeros((len(lengths), max(lengths)), np.int64)
-    mask = np.zeros_like(ids)
-    for i, n in enumerate(lengths):
-        ids[i, :n] = rng.randint(low, vocab, n)
-        mask[i, :n] = 1
-    return ids, mask
 
 
 @pytest.fixture(scope="module", params=["v1.0", "v1.1"])

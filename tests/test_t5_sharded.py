@@ -7,15 +7,14 @@ log-probs (measured ~1e-6); greedy tokens identical.
 """
 from __future__ import annotations
 
-import json
 import textwrap
 
 import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import run_with_fake_devices
-from test_decoding import TINY as _DECODING_TINY
+from helpers.children import run_with_fake_devices
+from helpers.t5_builders import TINY
 
 from clarifyjax.models.t5 import T5, T5Config
 
@@ -28,7 +27,7 @@ LOGICAL_NAMES = {
 
 
 def test_every_parameter_has_logical_axis_names():
-    config = T5Config(**{**_DECODING_TINY, "feed_forward_proj": "gated-gelu",
+    config = T5Config(**{**TINY, "feed_forward_proj": "gated-gelu",
                          "tie_word_embeddings": False})
     abstract = nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))
     seen = set()
@@ -46,12 +45,12 @@ def test_every_parameter_has_logical_axis_names():
 
 
 SHARDED = textwrap.dedent("""
-    import json, sys, tempfile
+    import tempfile
     import numpy as np, jax, jax.numpy as jnp
     from flax import nnx
     from jax.sharding import PartitionSpec as P
-    sys.path.insert(0, "tests")
-    from test_decoding import random_t5
+    from helpers.t5_builders import random_t5
+    from clarifyjax.child_result import write_result
     from clarifyjax.models import checkpoint_io
     from clarifyjax.models.hf import load_t5, save_t5
     from clarifyjax.models.t5 import T5Config
@@ -112,15 +111,13 @@ SHARDED = textwrap.dedent("""
             r["generate_equal"] = bool((np.asarray(g1.tokens) == np.asarray(g8.tokens)).all())
             r["generate_logprob_diff"] = float(np.abs(np.asarray(g1.logprobs) - np.asarray(g8.logprobs)).max())
         results[family] = r
-    print("RESULT" + json.dumps(results), flush=True)
-    print(json.dumps(results, indent=1), file=sys.stderr)
+    write_result(results)
 """)
 
 
 @pytest.mark.slow  # a subprocess with 8 devices compiling ~10 programs: 15-35 s on 2 busy cores
 def test_forward_on_8_devices_equals_one_device():
-    out = run_with_fake_devices(SHARDED, 8)
-    results = json.loads(out.split("RESULT", 1)[1])
+    results = run_with_fake_devices(SHARDED, 8)
     for family, r in results.items():
         # FSDP_RULES: embed over fsdp, heads/mlp/vocab over model
         assert r["query_spec"] == ["fsdp", "model", None], r

@@ -24,6 +24,7 @@ from clarifyjax.config import ConfigError, load_config
 from clarifyjax.data import DataError
 from clarifyjax.models.checkpoint_io import CheckpointError
 from conftest import REPO_ROOT, shared_data
+from helpers.resume_runs import forget_record
 
 CONFIGS = REPO_ROOT / "configs"
 SHAPE_ERROR = re.compile(r"checkpoint (?P<where>\S+): '(?P<name>[^']+)' has shape "
@@ -112,7 +113,7 @@ def test_sft_data_file_with_a_missing_column_names_the_file_and_column(tmp_path,
 
 def _t5_folder(tmp_path_factory, d_model: int):
     """A random 1+1-layer T5 folder (v1.0, vocabulary 608) with its spiece.model."""
-    from _tiny_models import tiny_t5_folder
+    from helpers.tiny_models import tiny_t5_folder
 
     return tiny_t5_folder(tmp_path_factory, family="v1.0", seed=0, d_model=d_model,
                           num_layers=1, num_decoder_layers=1)
@@ -174,19 +175,6 @@ def _check_shape_error(message: str, run_dir, model_folder, *, narrow: int, wide
     return match
 
 
-def _forget_record(run_dir) -> None:
-    """Make the run look like one saved before checkpoints recorded their config: the settings
-    check (`run_record`, tests/test_resume_safety.py) would refuse the other model by its key
-    first; without a record, the shape check below is what stops the resume."""
-    import json
-
-    (run_dir / "config.yaml").unlink()
-    for metadata in (run_dir / "checkpoints").glob("*/extra/metadata"):
-        extra = json.loads(metadata.read_text())
-        extra.pop("config")
-        metadata.write_text(json.dumps(extra))
-
-
 def test_resuming_ppo_with_another_model_shape_names_the_parameter_and_shapes(
         tmp_path_factory, tmp_path, capsys):
     """One PPO step of a d_model 32 policy (checkpointed), then `clarifyjax train` on the same
@@ -197,7 +185,7 @@ def test_resuming_ppo_with_another_model_shape_names_the_parameter_and_shapes(
     result = train.train_ppo(cfg, reward_fn=_zero_reward, tensorboard=False, progress=False,
                              export=False)
     assert result["step"] == 1 and (run_dir / "checkpoints" / "1").is_dir()
-    _forget_record(run_dir)
+    forget_record(run_dir)
 
     # The CLI builds the configured reward pipeline (here tiny random T5s) before restoring.
     rewards = [f"rewards.{m}.init={narrow}" for m in ("answerer", "fusion", "judge.model")]
@@ -229,7 +217,7 @@ def test_resuming_sft_with_another_model_shape_names_the_parameter_and_shapes(
 
     result = train.train_sft(config(32, 1), tensorboard=False, progress=False, export=False)
     assert result["step"] == 1
-    _forget_record(run_dir)
+    forget_record(run_dir)
     with pytest.raises(CheckpointError) as info:
         train.train_sft(config(48, 2), tensorboard=False, progress=False, export=False)
     print(info.value)

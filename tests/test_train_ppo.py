@@ -1,7 +1,6 @@
 """The PPO adapters (clarifyjax.policy) against independent code paths, and the PPO loop
 (clarifyjax.train.train_ppo) on a toy reward: the mean reward must rise, the KL stay bounded."""
 import json
-from pathlib import Path
 
 import jax
 import numpy as np
@@ -11,6 +10,7 @@ from flax import nnx
 from clarifyjax import decoding, policy, train
 from clarifyjax.models.t5 import T5, T5Config, shift_right
 from conftest import shared_data
+from helpers.ppo_runs import lower_half_share, ppo_config
 
 
 def _tiny_t5(seed=0, tied=False):
@@ -119,34 +119,6 @@ def test_metrics_logger_says_which_backend(tmp_path):
     assert rows == [{"step": 3, "train/loss": 1.5, "eval/bleu": 2.0}]
 
 
-def lower_half_share(tokenizer):
-    """Toy reward (a token-level proxy on the tiny vocabulary): the share of the question's
-    SentencePiece tokens among the lower half of the ids (the more frequent pieces)."""
-    half = tokenizer.vocab_size // 2
-
-    def reward(situations, questions):
-        ids, mask = tokenizer.encode_batch(questions, 64, allow_empty=True)
-        real = mask.astype(bool) & (ids != tokenizer.eos_id)
-        return np.array([(row[m] < half).mean() if m.any() else 0.0 for row, m in zip(ids, real)])
-
-    return reward
-
-
-def ppo_config(out_dir, spm, steps=30, overrides=()):
-    from clarifyjax.config import load_config
-
-    return load_config("configs/ppo_tiny.yaml", [
-        f"run.output_dir={out_dir}", f"run.steps={steps}", "run.log_every=1", "run.eval_every=0",
-        "run.sample_every=0", f"run.save_every={steps}", "policy.init=null",
-        f"policy.tokenizer={spm}", "policy.tiny.vocab_size=608", "policy.tiny.d_model=32",
-        "policy.tiny.d_ff=64", "policy.tiny.num_heads=4", "policy.max_input_length=32",
-        f"data.train_path={shared_data('delta-clarify/train.tsv')}",
-        f"data.dev_path={shared_data('delta-clarify/dev.tsv')}", "data.dev_situations=16",
-        "data.eval_batch_size=16", "data.length_buckets=[32]", "ppo.batch_size=16",
-        "ppo.minibatches=2", "ppo.max_question_length=10", "optimizer.lr=1e-3",
-        "normalizer.fit_batches=2", *overrides])
-
-
 @pytest.mark.slow
 def test_ppo_raises_a_toy_reward_with_bounded_kl(tmp_path_factory, tmp_path):
     """A random tiny policy (d_model 32), 30 PPO steps of 16 situations through `train_ppo`,
@@ -159,7 +131,7 @@ def test_ppo_raises_a_toy_reward_with_bounded_kl(tmp_path_factory, tmp_path):
     steps at most 1.5 x that of steps 11-20). Measured on CPU: reward 0.51 -> 0.88 (first and last
     5 steps), dev 0.40 -> 0.79, per-token KL 2-3 nats from step 8 on (largest 5-step mean 3.8,
     largest single step 4.2; the exact path depends on the installed sentencepiece and numpy)."""
-    from _tiny_models import tiny_spm_folder
+    from helpers.tiny_models import tiny_spm_folder
     from clarifyjax.tokenizer import Tokenizer
 
     spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
@@ -214,16 +186,15 @@ def test_ppo_and_sft_steps_on_a_sharded_mesh(tmp_path_factory, tmp_path):
     """2 PPO steps and 2 SFT steps (2 micro-batches each) on 8 fake CPU devices, mesh data=4 x
     model=2: the jitted steps take the mesh's shardings (parameters split over `model`, the batch
     over `data`) and keep them."""
-    from _tiny_models import tiny_spm_folder
-    from conftest import run_with_fake_devices
+    from helpers.children import run_with_fake_devices
+    from helpers.tiny_models import tiny_spm_folder
 
     spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
     code = f"""
-import sys, json
-sys.path.insert(0, {str(Path(__file__).parent)!r})
 import jax, numpy as np
-from test_train_ppo import lower_half_share, ppo_config
+from helpers.ppo_runs import lower_half_share, ppo_config
 from clarifyjax import train
+from clarifyjax.child_result import write_result
 from clarifyjax.config import load_config
 from clarifyjax.tokenizer import Tokenizer
 
@@ -252,10 +223,9 @@ sft_cfg = load_config("configs/sft_question_tiny.yaml", [
 r = train.train_sft(sft_cfg, tensorboard=False, progress=False, export=False)
 out["sft_step"] = r["step"]
 out["sft_loss"] = r["eval"]["eval/loss"]
-print("RESULT" + json.dumps(out), flush=True)
+write_result(out)
 """
-    stdout = run_with_fake_devices(code, 8, timeout=900)
-    result = json.loads(stdout.split("RESULT")[1])
+    result = run_with_fake_devices(code, 8, timeout=900)
     assert result["ndev"] == 8, result
     for key in ("wi_spec", "value_spec", "mu_spec"):  # [embed, mlp]: mlp over the model axis
         assert result[key] == [None, "model"], result

@@ -1,8 +1,11 @@
-"""Tiny random Hugging Face model folders with tokenizers trained here, for tests and benchmarks.
+"""Tiny random Hugging Face model folders with tokenizers trained in-process, for tests,
+benchmarks and the demo (which trains its tokenizer with `train_spm_model`).
 
 Each builder takes `root` (pytest's session-scoped `tmp_path_factory`, or a plain directory) and
 returns a folder that `clarifyjax` loaders and transformers' `from_pretrained` both read. Folders
-are cached per `root` and arguments, so a session builds each one once.
+are cached per `root` and arguments, so a session builds each one once. The tokenizers are trained
+on δ-CLARIFY train.tsv from the shared data folder (`shared_data_dir`). torch, transformers and
+sentencepiece are imported when a builder needs them.
 
 * `tiny_spm_folder`: a SentencePiece unigram model (pad/eos/unk = 0/1/2, as T5) trained on the
   situations and questions of δ-CLARIFY train.tsv plus Delphi-like targets. Like T5's vocabulary it
@@ -26,11 +29,12 @@ from __future__ import annotations
 import csv
 import io
 import math
+import os
 import shutil
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
-from conftest import require, shared_data
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 PAD, EOS, UNK = 0, 1, 2
 WANLI_LABELS = ("contradiction", "entailment", "neutral")  # roberta-large-wanli's id order
@@ -64,9 +68,19 @@ def _cached(kind: str, root, key: tuple, build) -> Path:
     return _CACHE[full_key]
 
 
+def shared_data_dir() -> Path:
+    """../shared/data beside the repository (override with CLARIFYJAX_SHARED_DATA)."""
+    env = os.environ.get("CLARIFYJAX_SHARED_DATA")
+    return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
+
+
 def corpus(n_rows: int | None = 3000) -> list[str]:
     """Situations and questions of the first `n_rows` rows (None: all) of δ-CLARIFY train.tsv."""
-    with open(shared_data("delta-clarify/train.tsv"), newline="", encoding="utf-8") as f:
+    path = shared_data_dir() / "delta-clarify" / "train.tsv"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: the tiny tokenizers are trained on it (set "
+                                "CLARIFYJAX_SHARED_DATA to the folder holding delta-clarify/)")
+    with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[:n_rows]
     return [t for r in rows for t in (r["situation"], r["question"]) if t and t.strip()]
 
@@ -74,29 +88,38 @@ def corpus(n_rows: int | None = 3000) -> list[str]:
 # --------------------------------------------------------------------------- SentencePiece
 
 
+def train_spm_model(texts: Iterable[str], vocab_size: int, *, minus_one: bool = True,
+                    **options) -> bytes:
+    """A serialized SentencePiece unigram model with T5's pad/eos/unk = 0/1/2 and no bos, trained
+    on `texts`; with `minus_one`, "-1" (Delphi's "bad" class) is added as one piece if training
+    did not make it one. `options` go to `SentencePieceTrainer.train` (num_threads, ...)."""
+    import sentencepiece as spm
+    from sentencepiece import sentencepiece_model_pb2 as model_pb2
+
+    buffer = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=buffer, vocab_size=vocab_size,
+        model_type="unigram", character_coverage=1.0, pad_id=PAD, eos_id=EOS, unk_id=UNK,
+        bos_id=-1, minloglevel=2, **options)
+    proto = model_pb2.ModelProto()
+    proto.ParseFromString(buffer.getvalue())
+    if minus_one and not any(p.piece == "-1" for p in proto.pieces):
+        piece = proto.pieces.add()
+        piece.piece, piece.score = "-1", 0.0  # likelier than any learned piece
+        piece.type = model_pb2.ModelProto.SentencePiece.NORMAL
+    return proto.SerializeToString()
+
+
 def tiny_spm_folder(root, *, vocab_size: int = 600, minus_one: bool = True) -> Path:
     """A folder with `spiece.model` (vocabulary `vocab_size`, + 1 with `minus_one`)."""
 
     def build() -> Path:
-        spm = require("sentencepiece")
-        from sentencepiece import sentencepiece_model_pb2 as model_pb2
-
         # Delphi's targets without "<", so that "<" stays out of the vocabulary as in T5's.
         targets = [f"class>{c}/class> text>{t}/text>" for c, t in DELPHI_TARGETS] * 100
-        buffer = io.BytesIO()
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(corpus(3000 if vocab_size <= 1000 else None) + targets),
-            model_writer=buffer,
-            vocab_size=vocab_size, model_type="unigram", character_coverage=1.0,
-            pad_id=PAD, eos_id=EOS, unk_id=UNK, bos_id=-1, num_threads=1, minloglevel=2)
-        proto = model_pb2.ModelProto()
-        proto.ParseFromString(buffer.getvalue())
-        if minus_one and not any(p.piece == "-1" for p in proto.pieces):
-            piece = proto.pieces.add()
-            piece.piece, piece.score = "-1", 0.0  # likelier than any learned piece
-            piece.type = model_pb2.ModelProto.SentencePiece.NORMAL
+        model = train_spm_model(corpus(3000 if vocab_size <= 1000 else None) + targets,
+                                vocab_size, minus_one=minus_one, num_threads=1)
         folder = _new_dir(root, f"spm{vocab_size}{'' if minus_one else '_no_minus_one'}")
-        (folder / "spiece.model").write_bytes(proto.SerializeToString())
+        (folder / "spiece.model").write_bytes(model)
         return folder
 
     return _cached("spm", root, (vocab_size, minus_one), build)
@@ -113,7 +136,8 @@ def spm_vocab_size(folder: Path) -> int:
 
 
 def tiny_t5_config(family: str = "v1.0", *, vocab_size: int, **overrides):
-    transformers = require("transformers")
+    import transformers
+
     if family not in T5_FAMILIES:
         raise ValueError(f"unknown T5 family {family!r}; expected one of {sorted(T5_FAMILIES)}")
     values = {**TINY_T5, **T5_FAMILIES[family], "vocab_size": vocab_size, "pad_token_id": PAD,
@@ -123,8 +147,9 @@ def tiny_t5_config(family: str = "v1.0", *, vocab_size: int, **overrides):
 
 def save_t5_folder(folder: Path, config, seed: int, spm_folder: Path):
     """A random torch T5 of `config` saved (safetensors) into `folder` with the tokenizer."""
-    torch = require("torch")
-    transformers = require("transformers")
+    import torch
+    import transformers
+
     torch.manual_seed(seed)
     model = transformers.T5ForConditionalGeneration(config).eval()
     if not config.tie_word_embeddings:  # a real v1.1 checkpoint has its own lm_head
@@ -162,7 +187,6 @@ def tiny_bpe_tokenizer(model_type: str = "roberta", vocab_size: int = 400):
     """A byte-level BPE `tokenizers.Tokenizer` trained on the corpus, with the family's specials
     (RoBERTa: <s>=0 <pad>=1 </s>=2 <unk>=3; BERT: [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3) and pair
     template."""
-    require("tokenizers")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
     if model_type == "roberta":
@@ -187,19 +211,21 @@ def tiny_bpe_tokenizer(model_type: str = "roberta", vocab_size: int = 400):
     return tokenizer
 
 
-def save_classifier_folder(folder: Path, labels: Sequence[str], *, model_type: str, seed: int,
-                           hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
-                           intermediate_size: int = 64, weight_std: float | None = 0.2,
-                           tokenizer=None):
-    """A random `...ForSequenceClassification` with `labels` (id order) saved into `folder`
-    with its tokenizer.json; returns the torch model."""
-    torch = require("torch")
-    transformers = require("transformers")
-    tokenizer = tokenizer or tiny_bpe_tokenizer(model_type)
+def random_classifier(labels: Sequence[str], *, model_type: str, seed: int, vocab_size: int,
+                      hidden_size: int = 32, num_layers: int = 2, num_heads: int = 4,
+                      intermediate_size: int = 64, max_position_embeddings: int = 130,
+                      weight_std: float | None = 0.2):
+    """A random torch `RobertaForSequenceClassification` (or BERT, `model_type="bert"`) with
+    `labels` (id order), in eval mode; weights redrawn with std `weight_std` (None: Hugging
+    Face's init)."""
+    import torch
+    import transformers
+
     id2label = dict(enumerate(labels))
-    common = dict(vocab_size=tokenizer.get_vocab_size(), hidden_size=hidden_size,
+    common = dict(vocab_size=vocab_size, hidden_size=hidden_size,
                   num_hidden_layers=num_layers, num_attention_heads=num_heads,
-                  intermediate_size=intermediate_size, max_position_embeddings=130,
+                  intermediate_size=intermediate_size,
+                  max_position_embeddings=max_position_embeddings,
                   id2label=id2label, label2id={v: k for k, v in id2label.items()})
     torch.manual_seed(seed)
     if model_type == "roberta":
@@ -215,7 +241,16 @@ def save_classifier_folder(folder: Path, labels: Sequence[str], *, model_type: s
             for name, p in model.named_parameters():
                 noise = torch.randn(p.shape, generator=gen) * weight_std
                 p.copy_(1.0 + noise if "LayerNorm.weight" in name else noise)
-    model.eval()
+    return model.eval()
+
+
+def save_classifier_folder(folder: Path, labels: Sequence[str], *, model_type: str, seed: int,
+                           tokenizer=None, **sizes):
+    """`random_classifier` saved into `folder` with its tokenizer.json (default: a BPE trained
+    here); returns the torch model. `sizes` go to `random_classifier`."""
+    tokenizer = tokenizer or tiny_bpe_tokenizer(model_type)
+    model = random_classifier(labels, model_type=model_type, seed=seed,
+                              vocab_size=tokenizer.get_vocab_size(), **sizes)
     model.save_pretrained(str(folder))
     tokenizer.save(str(Path(folder) / "tokenizer.json"))
     return model

@@ -1,4 +1,5 @@
-"""Tiny SFT runs to resume (tests/test_resume_safety.py, tests/test_damaged_checkpoints.py).
+"""Tiny SFT runs to resume (tests/test_resume_safety.py, tests/test_damaged_checkpoints.py), and
+`forget_record` (test_train_errors, test_resume).
 
 The model is a random 1+1-layer T5 Hugging Face folder (d_model 32; loading one compiles nothing),
 trained for 2 steps of 8 rows of the shared dev.tsv, with a synchronous checkpoint after each step
@@ -6,17 +7,18 @@ and ``max_to_keep: 2`` (so the folder holds checkpoints 1 and 2).
 """
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 from clarifyjax.config import load_config
-from conftest import REPO_ROOT, shared_data
+from helpers.env import REPO_ROOT, shared_data
 
 CONFIG = REPO_ROOT / "configs" / "sft_question_tiny.yaml"
 
 
 def t5_folder(root, seed: int = 0, d_model: int = 32) -> Path:
-    from _tiny_models import tiny_t5_folder
+    from helpers.tiny_models import tiny_t5_folder
 
     return tiny_t5_folder(root, family="v1.0", seed=seed, d_model=d_model, num_layers=1,
                           num_decoder_layers=1)
@@ -69,3 +71,16 @@ def committed_steps(run_dir: Path) -> list[int]:
     folder = run_dir / "checkpoints"
     return sorted(int(p.name) for p in folder.iterdir()
                   if p.name.isdigit() and (p / "commit_success.txt").exists())
+
+
+def forget_record(run_dir, *, keep_config_yaml: bool = False) -> None:
+    """Make the run look like one saved before checkpoints recorded their config (and, unless
+    `keep_config_yaml`, before config.yaml): the settings check (`run_record`,
+    tests/test_resume_safety.py) would refuse another model by its key first; without a record,
+    the shape check is what stops the resume."""
+    if not keep_config_yaml:
+        (run_dir / "config.yaml").unlink()
+    for metadata in (run_dir / "checkpoints").glob("*/extra/metadata"):
+        extra = json.loads(metadata.read_text())
+        extra.pop("config")
+        metadata.write_text(json.dumps(extra))
