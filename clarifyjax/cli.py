@@ -291,7 +291,7 @@ def _check_score_options(args: argparse.Namespace) -> None:
 
 
 def _read_inputs(args) -> tuple[list[str], list[str], list[str], list[str]]:
-    from clarifyjax.textfiles import read_texts
+    from clarifyjax.text_inputs import read_texts
 
     situations, s_where = read_texts(args.situations, args.situation_column, limit=args.limit)
     questions, q_where = read_texts(args.questions, args.question_column, limit=args.limit)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import math
 import os
 import types
 import typing
@@ -30,6 +29,7 @@ from typing import Any, Literal, Mapping, Sequence, Union
 
 import yaml
 
+from clarifyjax.ranges import finite, within  # noqa: F401  (within: part of this module's API)
 from clarifyjax.textfiles import read_text_file
 
 
@@ -355,7 +355,7 @@ def check_tree(cfg, at: str = "", where=None) -> None:
         value, key = getattr(cfg, name), _join(at, name)
         if value is not None and not within(value, bound):
             raise ConfigError(f"{where(key)}: {key} = {value}: must be {bound}"
-                              + ("" if _finite(value) else " and finite"), key=key)
+                              + ("" if finite(value) else " and finite"), key=key)
     if hasattr(cfg, "check"):
         try:
             cfg.check(at or "<top>")
@@ -379,31 +379,6 @@ def numeric_fields(cls) -> list[str]:
         if any(a in (int, float) for a in args):
             out.append(name)
     return out
-
-
-def _finite(value) -> bool:
-    return not isinstance(value, float) or math.isfinite(value)
-
-
-def within(value, bound: str) -> bool:
-    """`value` against ">= a", "> a", "== a", "finite", an interval "[a, b)" / "(a, b]" /
-    "[a, b]" / "(a, b)", or alternatives joined by " or ". A float must be finite as well (NaN
-    and infinity are meaningless in every field here, and NaN fails no comparison)."""
-    if not _finite(value):
-        return False
-    return any(_within_one(value, b.strip()) for b in bound.split(" or "))
-
-
-def _within_one(value, bound: str) -> bool:
-    if bound == "finite":
-        return True
-    for op, test in ((">=", lambda a: value >= a), ("==", lambda a: value == a),
-                     (">", lambda a: value > a)):
-        if bound.startswith(op):
-            return test(float(bound[len(op):]))
-    lo, hi = (float(x) for x in bound[1:-1].split(","))
-    return ((lo <= value) if bound[0] == "[" else (lo < value)) and \
-        ((value <= hi) if bound[-1] == "]" else (value < hi))
 
 
 def refuse_changed(section, at: str, reasons: Mapping[str, str]) -> None:

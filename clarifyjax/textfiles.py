@@ -90,48 +90,6 @@ def is_blank(text: str) -> bool:
     return all(c.isspace() or unicodedata.category(c) in ("Cf", "Cc") for c in text)
 
 
-def read_texts(path: str | os.PathLike, column: str, *, limit: int | None = None
-               ) -> tuple[list[str], list[str]]:
-    """(texts, where) from a .tsv / .csv / .jsonl file (column `column`, header row) or any
-    other file (one text per line). `where[i]` is "FILE:LINE".
-
-    Raises:
-      DataError: the file is missing, not UTF-8, empty, lacks the column, or a text is empty or
-        cannot be tokenized (naming file and line).
-    """
-    from clarifyjax.data import DataError, read_table
-    from clarifyjax.tokenizer import TextEncodingError, check_encodable
-
-    path = Path(path)
-    suffix = path.suffix.lower()  # Windows tools write ".CSV"
-    if suffix == ".json":
-        raise DataError(f"{path}: a .json file; give one JSON object per line in a .jsonl file")
-    if suffix in TABLE_SUFFIXES:
-        table = read_table(path, (column,), resolve=False)  # names file:line:column
-        texts = [row[column] for row in table.rows]
-        where = [table.where(i) for i in range(len(table))]
-        kind = f"column {column!r}"
-    else:
-        texts = split_lines(read_text_file(path, error=DataError))
-        where = [f"{path}:{i}" for i in range(1, len(texts) + 1)]
-        kind = f"field {column!r}"
-    if not texts:
-        raise DataError(f"{path}: no {column}s in the file")
-    for text, loc in zip(texts, where):
-        if is_blank(text):
-            raise DataError(f"{loc}: {kind} is empty")
-    if limit is not None:
-        texts, where = texts[:limit], where[:limit]
-    try:
-        check_encodable(texts)
-    except TextEncodingError as e:
-        raise DataError(f"{where[e.index]}: {column} {e.reason}") from e
-    return texts, where
-
-
-# --------------------------------------------------------------------------- output
-
-
 def check_output(out: str | os.PathLike, *, overwrite: bool, option: str = "--out",
                  inputs: Sequence[tuple[str, str | os.PathLike]] = (),
                  error: type[Exception] = ValueError) -> Path:

@@ -28,18 +28,13 @@ from typing import Literal, Sequence
 
 import numpy as np
 
+from clarifyjax.buckets import DEFAULT_BUCKETS, FINE_BUCKETS, bucket_length  # noqa: F401 (re-exported)
 from clarifyjax.models.checkpoint_io import CheckpointError, atomic_write_bytes, check_folder
 
 SPM_FILE = "spiece.model"
 HF_FILE = "tokenizer.json"
 # Copied by `save_pretrained` when present, so that a model folder is self-contained.
 TOKENIZER_FILES = (SPM_FILE, HF_FILE, "tokenizer_config.json", "special_tokens_map.json")
-DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
-# Finer steps, for models that run on many short inputs per call (the reward's seq2seq stages): the
-# encoder is compute-bound, so a padded column costs as much as a real one, and powers of two pad
-# an input of 65 tokens to 128. More shapes compile, each once.
-FINE_BUCKETS = (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448,
-                512)
 Backend = Literal["hf", "tf_text"]
 _UNENCODABLE = re.compile("[\ud800-\udfff\x00]")
 
@@ -62,22 +57,6 @@ def check_encodable(texts: Sequence[str]) -> None:
             context = text[max(0, at - 20):at + 20]
             raise TextEncodingError(i, f"cannot be encoded: {what} ({found.group()!r}) at "
                                        f"character {at + 1}, in {context!r}")
-
-
-def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
-    """The smallest bucket >= `n`, so that jitted shapes repeat.
-
-    Past the largest bucket, `n` is rounded up to a multiple of it (512, 1024, ...).
-    """
-    if n < 0:
-        raise ValueError(f"bucket_length: negative length {n}")
-    if not buckets or list(buckets) != sorted(buckets) or buckets[0] < 1:
-        raise ValueError(f"bucket_length: buckets must be increasing positive ints, got {buckets}")
-    for b in buckets:
-        if n <= b:
-            return int(b)
-    largest = buckets[-1]
-    return int(-(-n // largest) * largest)
 
 
 @dataclasses.dataclass(frozen=True)

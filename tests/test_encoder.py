@@ -18,9 +18,9 @@ from flax import nnx
 
 from clarifyjax.models.checkpoint_io import CheckpointError
 from clarifyjax.models.encoder import (EncoderConfig, SequenceClassifier, bucket_length,
-                                       bucket_rows, length_sorted_batches, load_encoder,
-                                       pad_sequences, roberta_position_ids)
-from clarifyjax.models.encoder_params import load_sequence_classifier
+                                       bucket_rows, length_sorted_batches, pad_sequences,
+                                       roberta_position_ids)
+from clarifyjax.models.encoder_params import load_encoder, load_sequence_classifier
 from conftest import require
 
 TOL = 1e-4

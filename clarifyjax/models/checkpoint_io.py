@@ -15,6 +15,8 @@ from typing import Iterator, Mapping
 
 import numpy as np
 
+from clarifyjax.ranges import within
+
 
 class CheckpointError(ValueError):
     """A checkpoint folder that cannot be read as asked; the message names the file or tensor."""
@@ -175,11 +177,9 @@ def read_config(path: str | os.PathLike) -> dict:
 
 def check_config_numbers(hf: Mapping, path, ranges: Mapping[str, str]) -> None:
     """The numeric fields of a model's config.json against `ranges` (field -> bound, as
-    `clarifyjax.configlib.within`; an "int" prefix also asks for an integer): a NaN epsilon or a
+    `clarifyjax.ranges.within`; an "int" prefix also asks for an integer): a NaN epsilon or a
     zero size would otherwise load and give NaN outputs or a shape error far from the file.
     Absent or null fields pass (the model's defaults apply)."""
-    from clarifyjax.configlib import within
-
     for name, bound in ranges.items():
         value = hf.get(name)
         if value is None:

@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from clarifyjax.buckets import DEFAULT_BUCKETS
+from clarifyjax.buckets import bucket_length as smallest_bucket
 from clarifyjax.models.checkpoint_io import CheckpointError
 
 SUPPORTED_MODEL_TYPES = ("bert", "roberta")
@@ -342,14 +344,12 @@ class SequenceClassifier(nnx.Module):
 # once per shape): sort by length, pad lengths to buckets and row counts to powers of two.
 # ---------------------------------------------------------------------------------------------
 
-LENGTH_BUCKETS = (16, 32, 64, 128, 256, 512)
+LENGTH_BUCKETS = DEFAULT_BUCKETS
 
 
 def bucket_length(n: int, max_length: int, buckets: Sequence[int] = LENGTH_BUCKETS) -> int:
-    """`tokenizer.bucket_length` (the smallest bucket >= n) never above max_length: inputs are
+    """`buckets.bucket_length` (the smallest bucket >= n) never above max_length: inputs are
     truncated to max_length, which is itself the last bucket."""
-    from clarifyjax.tokenizer import bucket_length as smallest_bucket  # tokenizer imports models
-
     return min(smallest_bucket(n, buckets), int(max_length))
 
 
@@ -373,13 +373,3 @@ def pad_sequences(sequences: Sequence[Sequence[int]], rows: int, length: int,
     for i, seq in enumerate(sequences):
         out[i, : len(seq)] = seq
     return out
-
-
-def __getattr__(name: str):
-    # The loaders live in encoder_params beside the checkpoint name map; re-exported lazily here
-    # because encoder_params imports this module.
-    if name in ("load_encoder", "load_sequence_classifier", "checkpoint_rules"):
-        from clarifyjax.models import encoder_params
-
-        return getattr(encoder_params, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from clarifyjax import sharding as sharding_lib
 from clarifyjax.models.checkpoint_io import (CheckpointError, TensorSource, check_config_numbers,
                                              check_shape, read_config)
 from clarifyjax.models.encoder import Encoder, EncoderConfig, SequenceClassifier
@@ -119,7 +120,6 @@ def _load(cls, path, config: EncoderConfig, allow_pickle: bool, mesh=None, axis_
     dtype = jnp.dtype(config.param_dtype)
     shardings = None
     if mesh is not None:
-        from clarifyjax import sharding as sharding_lib  # above `models`; needed only with a mesh
 
         shardings = sharding_lib.flat_shardings(state, mesh, axis_rules)
     for ours, name, kind in rules:

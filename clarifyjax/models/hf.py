@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from clarifyjax import sharding as sharding_lib
 from clarifyjax.models.checkpoint_io import (CheckpointError, TensorSource, check_config_numbers,
                                              check_shape, read_config, write_checkpoint)
 from clarifyjax.models.t5 import T5, T5Config
@@ -214,7 +215,6 @@ def load_t5(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
     if mesh is None:
         values = {p: jnp.asarray(maps[p].read(source).astype(np_dtype)) for p, _ in flat}
     else:
-        from clarifyjax import sharding as sharding_lib  # above `models`; needed only with a mesh
 
         shardings = sharding_lib.flat_shardings(abstract_state, mesh, rules)
         values = {}
