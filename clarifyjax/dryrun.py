@@ -20,7 +20,7 @@ Dry-run options are given like config overrides, with the prefix ``dryrun.``:
 * ``dryrun.compile=ppo|sft|none``: which step to compile (default: the config's kind);
 * ``dryrun.num_layers=N``: compile the step with N encoder and N decoder layers of the same width
   (the listing and the bytes stay those of the full model). Compiling the full T5-large PPO update
-  (24 + 24 layers, policy + value, 4 epochs) on a 2-core CPU takes several minutes; the tests use
+  (24 + 24 layers, policy + value, 4 epochs) on a small CPU takes minutes; the tests use
   ``dryrun.num_layers=2``;
 * ``dryrun.rows=N``: batch rows of the compiled step (default: the config's batch size).
 

@@ -116,7 +116,7 @@ def _gram(x: jax.Array) -> jax.Array:
     As a fused multiply-and-reduce, not a batched matmul: XLA:CPU runs b tiny [n, d] x [d, n]
     products one by one, while this reads each block of vectors once. d is split into
     [d / LANES, LANES] and reduced over the outer part first, so the inner loop is a plain
-    vector add (1.6x faster than the einsum for 100k x 5 x 384 on a 2-core CPU).
+    vector add (benchmarks/results/sage.json has the measured rates).
     """
     b, n, d = x.shape
     if d % LANES:
@@ -245,7 +245,7 @@ def _in_blocks(fn, arrays: tuple, block: int = BLOCK) -> jax.Array:
     """fn(*arrays) for [batch, ...] arrays (None allowed), `block` questions at a time -> [batch].
 
     XLA on CPU runs one huge batch of tiny [n, d] x [d, n] products poorly; a loop over
-    cache-sized blocks of questions ran 3-5x faster here (100k x 5 x 384 on a 2-core CPU).
+    cache-sized blocks of questions keeps each block's vectors in cache while they are used.
     Each step slices the inputs in place (dynamic_slice), so nothing is padded.
     """
     batch = next(a for a in arrays if a is not None).shape[0]
