@@ -35,7 +35,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
                "clarifyjax.models.encoder_params", "clarifyjax.models.hf",
                "clarifyjax.models.tiny"),
     # Building blocks over the models: configs, tokenizers, decoding, files, data formats.
-    "building blocks": ("clarifyjax.configlib", "clarifyjax.config_models", "clarifyjax.config",
+    "building blocks": ("clarifyjax.tables", "clarifyjax.configlib", "clarifyjax.config_models", "clarifyjax.config",
                         "clarifyjax.tokenizer", "clarifyjax.decoding",
                         "clarifyjax.child_result", "clarifyjax.chunkstore", "sage_jax.textfile",
                         "sage_jax.lexical"),
