@@ -268,14 +268,37 @@ class RewardPipeline:
         Raises text.TextFormatError for an empty situation (naming its row), ValueError for
         lengths that differ.
         """
-        cfg, self.timings = self.config, {}
+        self.timings = {}
+        sits, qs, counts = self._prepare(situations, questions)
+        b = len(sits)
+        active = np.flatnonzero([bool(q) for q in qs])
+        counts["empty_questions"] = b - active.size
+        keys = self._keys(rng)
+        # 1. judgment text of the base situations
+        judgments = self._judgments(sits, active, counts)
+        # 2, 3. weakener and strengthener answers (rows [0, n) weak, [n, 2n) strong), NLI filter
+        premises = [sits[i] for i in active] * 2
+        answers, keep = self._answers(sits, qs, judgments, active, premises, keys, counts)
+        # 4. fusion of every answer into its situation
+        fused, fused_ok = self._fuse(premises, qs, answers, keep, active, keys[1], counts)
+        # 5. the judge on base + weak + strong situations in one batch
+        judged = [t if ok else p for t, ok, p in zip(fused, fused_ok, premises)]
+        before = self.judge.truncated_inputs
+        probs = self._stage("judge", self.judge.class_probabilities, sits + judged)
+        counts["truncated_judge_inputs"] += self.judge.truncated_inputs - before
+        # 6. the reward
+        return self._output(probs, qs, judgments, answers, keep, fused, fused_ok, active, counts)
+
+    def _prepare(self, situations, questions) -> tuple[list[str], list[str], collections.Counter]:
+        """Situations without the policy prefix (an empty one is an error naming its row), and
+        questions cut to `max_question_words` (counted)."""
+        cfg = self.config
         situations, questions = list(situations), list(questions)
         if len(situations) != len(questions):
             raise ValueError(f"RewardPipeline: {len(situations)} situations but {len(questions)} "
                              "questions")
-        b = len(situations)
         counts: collections.Counter = collections.Counter({k: 0 for k in COUNT_KEYS})
-        counts["questions"] = b
+        counts["questions"] = len(situations)
         sits = []
         for i, s in enumerate(situations):
             s = text_lib.strip_policy_prefix(_string(s, "situation", i))
@@ -289,29 +312,34 @@ class RewardPipeline:
                 words, counts["truncated_questions"] = (words[: cfg.max_question_words],
                                                         counts["truncated_questions"] + 1)
             qs.append(" ".join(words).strip())
-        active = np.flatnonzero([bool(q) for q in qs])
-        counts["empty_questions"] = b - active.size
-        n = active.size
+        return sits, qs, counts
 
+    def _keys(self, rng) -> list:
+        """One key per sampling stage: answers, fusion, then each resampling round."""
+        cfg = self.config
         key = _as_key(rng)
         needs_rng = (cfg.answer_temperature > 0 or cfg.fusion_temperature > 0
                      or cfg.dropped_answer == "resample")
         if needs_rng and key is None:
             raise ValueError("RewardPipeline: this configuration samples; pass rng")
-        keys = list(jax.random.split(key, 2 + cfg.resample_k)) if key is not None else [None] * (
-            2 + cfg.resample_k)
+        n = 2 + cfg.resample_k
+        return list(jax.random.split(key, n)) if key is not None else [None] * n
 
-        # 1. judgment text of the base situations
-        act_sits = [sits[i] for i in active]
-        judgments = [""] * b
-        if cfg.use_judgment_text and n:
+    def _judgments(self, sits, active, counts) -> list[str]:
+        """The judge's judgment text of each base situation ("" where not asked for)."""
+        judgments = [""] * len(sits)
+        if self.config.use_judgment_text and active.size:
             before = self.judge.truncated_inputs
+            act_sits = [sits[i] for i in active]
             for i, j in zip(active, self._stage("judgment", self.judge.judgment_text, act_sits)):
                 judgments[i] = j
             counts["truncated_judge_inputs"] += self.judge.truncated_inputs - before
+        return judgments
 
-        # 2. weakener and strengthener answers: rows [0, n) weak, [n, 2n) strong
-        premises = act_sits + act_sits
+    def _answers(self, sits, qs, judgments, active, premises, keys, counts):
+        """Weakener and strengthener answers ([2n], weak first) and which the NLI filter keeps,
+        after resampling what it dropped when so configured."""
+        cfg = self.config
         answer_inputs = [text_lib.answer_input(sits[i], qs[i], kind, judgments[i], where=f"row {i}")
                          for kind in text_lib.UPDATE_TYPES for i in active]
         answers = self._stage("answers", self.answerer.generate, answer_inputs,
@@ -319,8 +347,6 @@ class RewardPipeline:
         counts["truncated_answer_inputs"] += answers.truncated_inputs
         answers = list(answers.texts)
         counts["answers"] = len(answers)
-
-        # 3. NLI filter, and resampling of what it dropped
         keep = self._keep(premises, answers, counts, first=True)
         first_dropped = int((~keep).sum())
         if cfg.dropped_answer == "resample":
@@ -338,28 +364,30 @@ class RewardPipeline:
                                         first=False)
             counts["recovered"] = first_dropped - int((~keep).sum())
         counts["dropped"] = int((~keep).sum())
+        return answers, keep
 
-        # 4. fusion of every answer (dropped ones blank) into its situation
+    def _fuse(self, premises, qs, answers, keep, active, key, counts):
+        """Every answer (a dropped one blank) fused into its situation: texts [2n], and which
+        are non-empty."""
+        n = active.size
         fused_answers = [a if k else "" for a, k in zip(answers, keep)]
         fusion_inputs = [text_lib.fusion_input(premises[r], qs[active[r % n]], fused_answers[r],
                                                where=f"row {active[r % n]}")
                          for r in range(2 * n)]
-        fused = self._stage("fusion", self.fusion.generate, fusion_inputs, cfg.fusion_sampling,
-                            rng=keys[1])
+        fused = self._stage("fusion", self.fusion.generate, fusion_inputs,
+                            self.config.fusion_sampling, rng=key)
         counts["truncated_fusion_inputs"] += fused.truncated_inputs
         fused_ok = np.array([bool(t) for t in fused.texts], bool)
         counts["empty_fusions"] = int((~fused_ok).sum())
-        judged = [t if ok else p for t, ok, p in zip(fused.texts, fused_ok, premises)]
+        return list(fused.texts), fused_ok
 
-        # 5. the judge on base + weak + strong situations in one batch
-        before = self.judge.truncated_inputs
-        probs = self._stage("judge", self.judge.class_probabilities, sits + judged)
-        counts["truncated_judge_inputs"] += self.judge.truncated_inputs - before
+    def _output(self, probs, qs, judgments, answers, keep, fused, fused_ok, active, counts
+                ) -> RewardOutput:
+        """The reward of each row from the judge's [b + 2n, 3] probabilities."""
+        cfg, b, n = self.config, len(qs), active.size
         p_base = probs[:b]
         p_weak, p_strong = p_base.copy(), p_base.copy()
         p_weak[active], p_strong[active] = probs[b: b + n], probs[b + n:]
-
-        # 6. reward
         dropped = np.zeros((b, 2), bool)
         dropped[active] = (~keep).reshape(2, n).T
         answered = np.zeros((b, 2), bool)
@@ -381,13 +409,13 @@ class RewardPipeline:
                 out[i] = values[part * n + r]
             return out
 
+        situations = [t if ok else "" for t, ok in zip(fused, fused_ok)]
         return RewardOutput(
             reward=reward, raw_reward=raw, jsd=jsd, valid=valid, p_base=p_base, p_weak=p_weak,
             p_strong=p_strong, dropped=dropped, answered=answered, questions=qs,
             judgments=judgments, weak_answers=spread(answers, 0),
-            strong_answers=spread(answers, 1),
-            weak_situations=spread([t if ok else "" for t, ok in zip(fused.texts, fused_ok)], 0),
-            strong_situations=spread([t if ok else "" for t, ok in zip(fused.texts, fused_ok)], 1),
+            strong_answers=spread(answers, 1), weak_situations=spread(situations, 0),
+            strong_situations=spread(situations, 1),
             counts={k: int(v) for k, v in sorted(counts.items())})
 
 
