@@ -24,6 +24,8 @@ lines = []
 report = dryrun.main("configs/ppo_t5_large.yaml", ["dryrun.num_layers=2"], say=lines.append)
 report["printed"] = lines
 report["max_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+import jax
+report["live_array_bytes"] = sum(x.nbytes for x in jax.live_arrays())
 write_result(json.loads(json.dumps(report, default=str)))
 '''
 
@@ -73,10 +75,14 @@ def test_bytes_per_device_and_compiled_step(report):
     compiled = report["compiled"]
     assert compiled["step"] == "ppo" and compiled["num_layers"] == 2 and compiled["rows"] == 64
     assert compiled["memory"]["argument_size_in_bytes"] > 0
-    # nothing of T5-large was allocated: policy + value alone would be 5.5 GiB in float32
+    # nothing of T5-large was allocated: policy + value alone would be 5.5 GiB in float32. The
+    # arrays alive after the dry run are the exact measure; the peak RSS (which XLA's compiler
+    # heap and malloc arenas move: 0.7 GiB alone, 2.8 GiB once inside a full suite run) must
+    # still stay below one copy of policy + value.
     whole = sum(p["bytes"] for p in report["parameters"])
     assert whole > 5 * 2 ** 30
-    assert report["max_rss_bytes"] < whole / 2, report["max_rss_bytes"]
+    assert report["live_array_bytes"] < whole / 100, report["live_array_bytes"]
+    assert report["max_rss_bytes"] < whole, report["max_rss_bytes"]
 
 
 @pytest.mark.slow
