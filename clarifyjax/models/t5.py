@@ -147,16 +147,24 @@ class DecodeCache(NamedTuple):
     encoder_mask: jax.Array
 
 
-class Encoder(nnx.Module):
-    def __init__(self, config: T5Config, *, rngs: nnx.Rngs):
+class _Stack(nnx.Module):
+    """Relative position bias, the layers and the final norm of the encoder or the decoder."""
+
+    def __init__(self, config: T5Config, layer: type, num_layers: int, *, bidirectional: bool,
+                 rngs: nnx.Rngs):
         c = config
         self.relative_bias = RelativePositionBias(
             c.relative_attention_num_buckets, c.relative_attention_max_distance, c.num_heads,
-            c.d_model, bidirectional=True, param_dtype=c.param_dtype, rngs=rngs)
-        self.layers = nnx.List([EncoderLayer(c, rngs=rngs) for _ in range(c.num_layers)])
+            c.d_model, bidirectional=bidirectional, param_dtype=c.param_dtype, rngs=rngs)
+        self.layers = nnx.List([layer(c, rngs=rngs) for _ in range(num_layers)])
         self.final_norm = RMSNorm(c.d_model, c.layer_norm_epsilon, dtype=c.dtype,
                                   param_dtype=c.param_dtype)
         self.dropout = nnx.Dropout(c.dropout_rate)
+
+
+class Encoder(_Stack):
+    def __init__(self, config: T5Config, *, rngs: nnx.Rngs):
+        super().__init__(config, EncoderLayer, config.num_layers, bidirectional=True, rngs=rngs)
 
     def __call__(self, x: jax.Array, mask: jax.Array, *, deterministic: bool = True,
                  rngs: nnx.Rngs | None = None) -> jax.Array:
@@ -171,16 +179,10 @@ class Encoder(nnx.Module):
         return self.dropout(self.final_norm(x), **kw)
 
 
-class Decoder(nnx.Module):
+class Decoder(_Stack):
     def __init__(self, config: T5Config, *, rngs: nnx.Rngs):
-        c = config
-        self.relative_bias = RelativePositionBias(
-            c.relative_attention_num_buckets, c.relative_attention_max_distance, c.num_heads,
-            c.d_model, bidirectional=False, param_dtype=c.param_dtype, rngs=rngs)
-        self.layers = nnx.List([DecoderLayer(c, rngs=rngs) for _ in range(c.num_decoder_layers)])
-        self.final_norm = RMSNorm(c.d_model, c.layer_norm_epsilon, dtype=c.dtype,
-                                  param_dtype=c.param_dtype)
-        self.dropout = nnx.Dropout(c.dropout_rate)
+        super().__init__(config, DecoderLayer, config.num_decoder_layers, bidirectional=False,
+                         rngs=rngs)
 
     def __call__(self, x: jax.Array, encoder_hidden: jax.Array, encoder_mask: jax.Array,
                  decoder_mask: jax.Array | None, *, deterministic: bool = True,

@@ -190,19 +190,34 @@ class FeedForward(nnx.Module):
         return h @ self.wo[...].astype(self.dtype)
 
 
-class EncoderLayer(nnx.Module):
-    """Pre-norm self-attention and feed-forward, each with a residual connection."""
+class _Sublayers(nnx.Module):
+    """The norms, attentions and feed-forward of one T5 layer, with cross-attention for the
+    decoder; built in one order (self-attention, cross-attention, feed-forward) so that a seed
+    gives the same weights in either stack."""
 
-    def __init__(self, config, *, rngs: nnx.Rngs):
+    def __init__(self, config, *, cross_attention: bool, rngs: nnx.Rngs):
         c = config
         kw = dict(dtype=c.dtype, param_dtype=c.param_dtype)
+
+        def attention():
+            return Attention(c.d_model, c.num_heads, c.d_kv, c.dropout_rate, **kw, rngs=rngs)
+
         self.self_attention_norm = RMSNorm(c.d_model, c.layer_norm_epsilon, **kw)
-        self.self_attention = Attention(c.d_model, c.num_heads, c.d_kv, c.dropout_rate, **kw,
-                                        rngs=rngs)
+        self.self_attention = attention()
+        if cross_attention:
+            self.cross_attention_norm = RMSNorm(c.d_model, c.layer_norm_epsilon, **kw)
+            self.cross_attention = attention()
         self.mlp_norm = RMSNorm(c.d_model, c.layer_norm_epsilon, **kw)
         self.mlp = FeedForward(c.d_model, c.d_ff, c.feed_forward_proj, c.dropout_rate, **kw,
                                rngs=rngs)
         self.dropout = nnx.Dropout(c.dropout_rate)
+
+
+class EncoderLayer(_Sublayers):
+    """Pre-norm self-attention and feed-forward, each with a residual connection."""
+
+    def __init__(self, config, *, rngs: nnx.Rngs):
+        super().__init__(config, cross_attention=False, rngs=rngs)
 
     def __call__(self, x: jax.Array, bias: jax.Array, mask: jax.Array, *,
                  deterministic: bool = True, rngs: nnx.Rngs | None = None) -> jax.Array:
@@ -213,22 +228,11 @@ class EncoderLayer(nnx.Module):
         return x + self.dropout(self.mlp(self.mlp_norm(x), **kw), **kw)
 
 
-class DecoderLayer(nnx.Module):
+class DecoderLayer(_Sublayers):
     """Causal self-attention, cross-attention over the encoder output, feed-forward."""
 
     def __init__(self, config, *, rngs: nnx.Rngs):
-        c = config
-        kw = dict(dtype=c.dtype, param_dtype=c.param_dtype)
-        self.self_attention_norm = RMSNorm(c.d_model, c.layer_norm_epsilon, **kw)
-        self.self_attention = Attention(c.d_model, c.num_heads, c.d_kv, c.dropout_rate, **kw,
-                                        rngs=rngs)
-        self.cross_attention_norm = RMSNorm(c.d_model, c.layer_norm_epsilon, **kw)
-        self.cross_attention = Attention(c.d_model, c.num_heads, c.d_kv, c.dropout_rate, **kw,
-                                         rngs=rngs)
-        self.mlp_norm = RMSNorm(c.d_model, c.layer_norm_epsilon, **kw)
-        self.mlp = FeedForward(c.d_model, c.d_ff, c.feed_forward_proj, c.dropout_rate, **kw,
-                               rngs=rngs)
-        self.dropout = nnx.Dropout(c.dropout_rate)
+        super().__init__(config, cross_attention=True, rngs=rngs)
 
     def __call__(self, x: jax.Array, encoder_hidden: jax.Array, bias: jax.Array,
                  self_mask: jax.Array, cross_mask: jax.Array, *, deterministic: bool = True,
