@@ -1,6 +1,18 @@
 """Data files: finding them (`resolve_data_path`: a path the user gave must exist) and reading them
-as tables (`read_table`: TSV / CSV / JSONL with each row's line number). Every problem is a
-`DataError` naming the file, and the line and column where there is one.
+as rows (`read_rows`) or as tables with required columns (`read_table`). Every problem is a
+`DataError` naming the file, and the line and column where there is one. Both packages read
+their CSV, TSV and JSONL inputs here.
+
+* Text is UTF-8 with an optional byte-order mark (`clarifyjax.textfiles.read_text_file`).
+* CSV / TSV: blank lines are skipped; the first non-blank line is the header, whose column names
+  must be distinct; every row needs exactly as many fields as the header; a quote that is never
+  closed is an error, not the rest of the file read as one field.
+* JSONL: one object per line, keys distinct within it, no NaN / Infinity (not JSON, and no text),
+  no string holding a lone surrogate such as "\\ud800" (not encodable text: it would fail inside
+  the tokenizer later).
+
+A cell reads as a string; a JSON null as ""; a JSON number as its text; a JSON array or object as
+`NOT_TEXT`, which the readers refuse where the field is needed.
 
 `clarifyjax.data` builds pairs and batches on top and re-exports these names.
 """
@@ -12,9 +24,9 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
-from clarifyjax.textfiles import read_text_file
+from clarifyjax.textfiles import read_text_file, unencodable
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,13 +98,11 @@ class Table:
         return len(self.rows)
 
 
-def read_table(path: str | os.PathLike, columns: Sequence[str], *,
-               delimiter: str | None = None, resolve: bool = True) -> Table:
+def read_table(path: str | os.PathLike, columns: Sequence[str], *, resolve: bool = True) -> Table:
     """Read a ``.tsv`` / ``.csv`` (header row, standard quoting) or ``.jsonl`` file.
 
     Args:
-      columns: the columns that must exist and be non-empty in every row.
-      delimiter: override the one implied by the suffix (tab for .tsv, comma otherwise).
+      columns: the columns that must exist and hold text in every row.
     Raises:
       DataError: missing file, missing column (naming it and the columns found), a row with the
         wrong number of fields or an empty required field (naming file and line), bad JSON.
@@ -100,59 +110,141 @@ def read_table(path: str | os.PathLike, columns: Sequence[str], *,
     path = resolve_data_path(path) if resolve else Path(path)
     if not path.is_file():
         raise DataError(f"data file not found: {path}")
-    suffix = path.suffix.lower()  # Windows tools write ".CSV"
-    if suffix == ".jsonl":
-        header, records = _read_jsonl(path)
-    else:
-        sep = delimiter or ("\t" if suffix == ".tsv" else ",")
-        header, records = _read_delimited(path, sep)
+    header, records = read_rows(path)
     missing = [c for c in columns if c not in header]
     if missing:
         raise DataError(f"{path}: missing column(s) {missing}; the file has columns {list(header)}")
     rows, lines = [], []
     for line, record in records:
         for c in columns:
-            value = record.get(c)
-            if value is None or not str(value).strip():
+            value = record[c]
+            if value is NOT_TEXT:
+                raise DataError(f"{path}:{line}: column {c!r} holds a JSON array or object, not text")
+            if value is None or not value.strip():
                 raise DataError(f"{path}:{line}: column {c!r} is empty")
-        rows.append({k: str(v) for k, v in record.items()})
+        rows.append({k: "" if v is None else str(v) for k, v in record.items()})
         lines.append(line)
     return Table(path, tuple(header), rows, lines)
 
 
-def _read_delimited(path: Path, sep: str):
-    with io.StringIO(read_text_file(path, error=DataError), newline="") as f:
-        reader = csv.reader(f, delimiter=sep, strict=True)
+# --------------------------------------------------------------------------- rows
+
+
+class _NotText(str):
+    """A JSON array or object where a cell should be; refused by the readers where it is used."""
+
+
+NOT_TEXT = _NotText("<JSON array or object>")
+
+
+def file_kind(path: Path) -> str:
+    """"csv", "tsv" or "jsonl", from the file's suffix (any case: Windows tools write ".CSV")."""
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return "csv"
+    if suffix in (".tsv", ".tab"):
+        return "tsv"
+    if suffix in (".jsonl", ".ndjson"):
+        return "jsonl"
+    raise DataError(f"{path}: unknown file type {suffix!r}; expected .csv, .tsv or .jsonl")
+
+
+def read_rows(path: str | os.PathLike) -> tuple[list[str], Iterator[tuple[int, dict[str, str]]]]:
+    """The header and an iterator of (line number, row as column -> string) of a CSV/TSV/JSONL file.
+
+    The header of a JSONL file is the union of the keys of its objects, in order of appearance; a
+    key missing from one object reads as None there (callers report it when the field is needed).
+    """
+    path = Path(path)
+    kind = file_kind(path)
+    text = read_text_file(path, error=DataError)
+    if kind == "jsonl":
+        header, rows = _jsonl_rows(path, text)
+    else:
+        header, rows = _csv_rows(path, text, "," if kind == "csv" else "\t")
+    return header, iter(rows)
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict)):
+        return NOT_TEXT
+    return str(value)
+
+
+def _json_object(path: Path, line_no: int, line: str) -> dict:
+    def pairs(items):
+        keys = [k for k, _ in items]
+        twice = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+        if twice is not None:  # json.loads would keep the last value silently
+            raise DataError(f"{path}:{line_no}: key {twice!r} appears twice in one object")
+        return dict(items)
+
+    def constant(name):
+        raise DataError(f"{path}:{line_no}: {name} is not valid JSON (write null for a missing "
+                        "value)")
+
+    try:
+        obj = json.loads(line, object_pairs_hook=pairs, parse_constant=constant)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{line_no}: malformed JSON ({e.msg})") from e
+    except RecursionError:
+        raise DataError(f"{path}:{line_no}: malformed JSON (nested too deeply)") from None
+    if not isinstance(obj, dict):
+        raise DataError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}")
+    for key, value in obj.items():
+        for text in (key, value):
+            at = unencodable(text) if isinstance(text, str) else None
+            if at is not None:
+                raise DataError(f"{path}:{line_no}: field {key!r} holds {text[at]!r} (a lone "
+                                "surrogate), which is not encodable text")
+    return obj
+
+
+def _jsonl_rows(path: Path, text: str) -> tuple[list[str], list[tuple[int, dict]]]:
+    records: list[tuple[int, dict]] = []
+    header: dict[str, None] = {}
+    for line_no, line in enumerate(io.StringIO(text, newline=None), start=1):
+        if line.strip():
+            obj = _json_object(path, line_no, line)
+            header.update(dict.fromkeys(obj))
+            records.append((line_no, obj))
+    if not records:
+        raise DataError(f"{path}: empty file")
+    return list(header), [(n, {k: (_cell(obj[k]) if k in obj else None) for k in header})
+                          for n, obj in records]
+
+
+def _blank(row: list[str]) -> bool:
+    return not row or all(not cell.strip() for cell in row)
+
+
+def _csv_rows(path: Path, text: str, delimiter: str) -> tuple[list[str], list[tuple[int, dict]]]:
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    header, rows = None, []
+    while True:
+        start = reader.line_num + 1  # where the next record begins (it may span several lines)
         try:
-            header = next(reader, None)
-            if not header:
-                raise DataError(f"{path}: empty file (no header row)")
-            header = [h.strip() for h in header]
-            records, start = [], reader.line_num + 1
-            for fields in reader:
-                if fields and len(fields) != len(header):
-                    raise DataError(f"{path}:{start}: malformed row: {len(fields)} fields, the "
-                                    f"header has {len(header)} ({sep!r}-separated)")
-                if fields:
-                    records.append((start, dict(zip(header, fields))))
-                start = reader.line_num + 1
+            row = next(reader)
+        except StopIteration:
+            break
         except csv.Error as e:
-            raise DataError(f"{path}:{reader.line_num}: malformed row: {e}") from e
-    return header, records
-
-
-def _read_jsonl(path: Path):
-    records, header = [], {}
-    with io.StringIO(read_text_file(path, error=DataError)) as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{line_no}: malformed JSON: {e.msg}") from e
-            if not isinstance(record, dict):
-                raise DataError(f"{path}:{line_no}: expected a JSON object per line")
-            header.update(dict.fromkeys(record))
-            records.append((line_no, record))
-    return list(header), records
+            what = "header" if header is None else "row"
+            raise DataError(f"{path}:{start}: malformed {what} ({e})") from None
+        if _blank(row):
+            continue
+        if header is None:
+            header = [h.strip() for h in row]
+            named = [h for h in header if h]
+            twice = next((h for i, h in enumerate(named) if h in named[:i]), None)
+            if twice is not None:  # a dict per row would keep only the last such column
+                raise DataError(f"{path}:{start}: column {twice!r} appears twice in the header")
+        elif len(row) != len(header):
+            raise DataError(f"{path}:{start}: malformed row: {len(row)} fields, the header has "
+                            f"{len(header)} ({delimiter!r}-separated)")
+        else:
+            rows.append((start, dict(zip(header, row))))
+    if header is None:
+        raise DataError(f"{path}: empty file")
+    return header, rows

@@ -77,6 +77,18 @@ def decode_utf8(data: bytes, name: str, *, error: type[Exception] = ValueError) 
     return text
 
 
+def unencodable(text: str) -> int | None:
+    """Index of the first character of `text` that has no UTF-8 encoding (a lone surrogate, as
+    JSON's "\\ud800" or Python's surrogateescape make), or None when the text is fine."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
 def split_lines(text: str) -> list[str]:
     """Lines split on "\\n" (a trailing "\\r" dropped), as editors and `wc -l` count them."""
     lines = text.split("\n")

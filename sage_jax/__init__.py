@@ -3,8 +3,8 @@
   metric    pure, jitted SaGE over [batch, n, d] embeddings or [batch, n, n] similarities (jax only)
   embed     sentence embedder on clarifyjax.models.encoder (sentence-transformers folders)
   lexical   pairwise BLEU / ROUGE-L / BERTScore consistency baselines
-  data      long / pairs files -> questions -> padded [batch, n] batches
-  textfile  reading one CSV / TSV / JSONL file into rows (UTF-8 with optional BOM, checked)
+  data      long / pairs files (read by clarifyjax.tables) -> questions -> padded [batch, n]
+            batches
   report    per-question CSV, summary JSON, table, PNG; the output folder, replaced as a whole
   cli       `sage-jax score ...`
 

@@ -114,15 +114,15 @@ def check_options(args) -> None:
 
 def check_inputs(files: Sequence[Path]) -> None:
     """Each input exists, is a file of a known type and is given once."""
-    from sage_jax.textfile import file_kind
+    from clarifyjax.tables import file_kind
 
     missing = [str(f) for f in files if not f.exists()]
     if missing:
-        raise UsageError(f"input file{'s' if len(missing) > 1 else ''} not found: {', '.join(missing)}")
+        raise UsageError(f"{', '.join(missing)}: no such file")  # the words of `tables.read_rows`
     seen: dict = {}
     for f in files:
         if f.is_dir():
-            raise UsageError(f"{f}: is a folder, not an input file")
+            raise UsageError(f"{f}: is a directory, not a file")
         file_kind(f)
         stat = f.stat()
         first = seen.setdefault((stat.st_dev, stat.st_ino), f)

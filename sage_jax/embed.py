@@ -32,7 +32,7 @@ from clarifyjax.models.encoder import (EncoderConfig, bucket_length, bucket_rows
                                        length_sorted_batches, pad_sequences)
 from clarifyjax.models.encoder_params import (load_encoder, load_encoder_tokenizer,
                                               read_encoder_config)
-from sage_jax.textfile import unencodable
+from clarifyjax.textfiles import unencodable
 
 # Token lengths a batch is padded to. The forward is compute-bound on a CPU, so a padded token costs
 # as much as a real one: powers of two padded the vicuna pairs file's answers and rules of thumb to

@@ -103,7 +103,7 @@ BAD_FILES = [
     ("bad_json.jsonl", b'{"situation": "a"}\n{"situation": "b"\n', ":2: malformed JSON"),
     ("list.jsonl", b'{"situation": "a"}\n["b"]\n', ":2: expected a JSON object"),
     ("surrogate.jsonl", b'{"situation": "a"}\n{"situation": "x \\ud800 y"}\n',
-     ":2: situation cannot be encoded: a lone surrogate"),
+     ":2: field 'situation' holds '\\ud800' (a lone surrogate)"),
     ("whole.json", b'[{"situation": "a"}]', "a .json file"),
     ("ragged.csv", b"situation,question\na,b,c\n", ":2: malformed row"),
     ("short.txt", b"lying\nhelping\n", "has 2 situations but"),

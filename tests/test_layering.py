@@ -37,8 +37,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # Building blocks over the models: configs, tokenizers, decoding, files, data formats.
     "building blocks": ("clarifyjax.tables", "clarifyjax.configlib", "clarifyjax.config_models", "clarifyjax.config",
                         "clarifyjax.tokenizer", "clarifyjax.decoding",
-                        "clarifyjax.child_result", "clarifyjax.chunkstore", "sage_jax.textfile",
-                        "sage_jax.lexical"),
+                        "clarifyjax.child_result", "clarifyjax.chunkstore", "sage_jax.lexical"),
     # Components: the models' roles (judge, NLI filter, rollouts, SFT step), data, checkpoints.
     "components": ("clarifyjax.data", "clarifyjax.text_inputs", "clarifyjax.delphi",
                    "clarifyjax.nli", "clarifyjax.policy", "clarifyjax.sft", "clarifyjax.checkpointing", "clarifyjax.run_record",

@@ -107,7 +107,7 @@ def test_malformed_rows_name_the_file_and_line(tmp_path):
         read_questions(path)
     jsonl = tmp_path / "bad.jsonl"
     jsonl.write_text('{"question_id": 1, "model_output": "a"}\n\n{"question_id": 1, "model_output": \n')
-    with pytest.raises(DataError, match=r"bad\.jsonl:3: invalid JSON"):
+    with pytest.raises(DataError, match=r"bad\.jsonl:3: malformed JSON"):
         read_questions(jsonl)
     jsonl.write_text('{"question_id": 1, "model_output": "a"}\n{"question_id": 1}\n')
     with pytest.raises(DataError, match=r"bad\.jsonl:2: missing field 'model_output'"):
@@ -120,7 +120,7 @@ def test_malformed_rows_name_the_file_and_line(tmp_path):
         read_questions(empty_id)
     with pytest.raises(DataError, match="unknown file type"):
         read_questions(write_csv(tmp_path / "x.xlsx", ["a"], []))
-    with pytest.raises(DataError, match="not found"):
+    with pytest.raises(DataError, match="no such file"):
         read_questions(tmp_path / "nope.csv")
     with pytest.raises(DataError, match=r"h\.csv: no data rows"):
         read_questions(write_csv(tmp_path / "h.csv", ["question_id", "model_output"], []))

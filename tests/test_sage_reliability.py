@@ -224,12 +224,12 @@ def test_a_second_file_failing_while_scored_publishes_nothing(tmp_path, capsys, 
 
 
 def bad_inputs_missing(tmp_path):
-    return tmp_path / "missing.csv", "not found"
+    return tmp_path / "missing.csv", "no such file"
 
 
 def bad_inputs_folder(tmp_path):
     (tmp_path / "folder.csv").mkdir()
-    return tmp_path / "folder.csv", "is a folder"
+    return tmp_path / "folder.csv", "is a directory"
 
 
 def bad_inputs_suffix(tmp_path):
@@ -269,7 +269,7 @@ GOOD_JSONL = '{"question_id": 1, "model_output": "a1"}\n{"question_id": 1, "mode
 # (file name, bytes, text the error must hold; "{f}" is the file's path)
 BAD_FILES = [
     ("latin1.csv", (HEADER_LINE + "1,p1,caf\xe9\n").encode("latin-1"), "{f}:2: not UTF-8"),
-    ("utf16.csv", GOOD_CSV.encode("utf-16"), "{f}:1: not UTF-8 text (byte 0xff at offset 0) (it starts with a UTF-16"),
+    ("utf16.csv", GOOD_CSV.encode("utf-16"), "{f}: UTF-16 text (byte-order mark fffe); save it as UTF-8"),
     ("image.csv", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "{f}:1: not UTF-8"),
     ("empty.csv", b"", "{f}: empty file"),
     ("blank.csv", b"\n  \n\r\n", "{f}: empty file"),
@@ -294,10 +294,10 @@ BAD_FILES = [
     ("low_surrogate.jsonl", b'{"question_id": 2, "model_output": "ok"}\n{"question_id": "\\udfff", "model_output": "a"}\n',
      "{f}:2: field 'question_id' holds '\\udfff'"),
     ("array.jsonl", b'["question_id", "model_output"]\n', "{f}:1: expected a JSON object"),
-    ("truncated.jsonl", (GOOD_JSONL + '{"question_id": 1, "model_output": \n').encode(), "{f}:3: invalid JSON"),
+    ("truncated.jsonl", (GOOD_JSONL + '{"question_id": 1, "model_output": \n').encode(), "{f}:3: malformed JSON"),
     ("no_field.jsonl", (GOOD_JSONL + '{"question_id": 1}\n').encode(), "{f}:3: missing field 'model_output'"),
     ("blank.jsonl", b"\n\n   \n", "{f}: empty file"),
-    ("second_bom.jsonl", GOOD_JSONL.encode() + b"\xef\xbb\xbf" + GOOD_JSONL.encode(), "{f}:3: invalid JSON"),
+    ("second_bom.jsonl", GOOD_JSONL.encode() + b"\xef\xbb\xbf" + GOOD_JSONL.encode(), "{f}:3: malformed JSON"),
     ("two_questions.csv", b"question_id,question,model_output\n1,Lie?,a\n1,Lie?,b\n1,Steal?,c\n",
      "{f}:4: question id '1' has a different 'question' than line 2"),
 ]
@@ -320,7 +320,7 @@ def test_bad_files_name_the_file_and_line(tmp_path, capsys, no_model, name, cont
 
 def test_a_folder_named_like_an_input_file(tmp_path):
     (tmp_path / "dir.csv").mkdir()
-    with pytest.raises(DataError, match=r"dir\.csv: is a folder"):
+    with pytest.raises(DataError, match=r"dir\.csv: is a directory"):
         read_questions(tmp_path / "dir.csv")
 
 
