@@ -26,8 +26,6 @@ import optax
 from flax import nnx
 
 from clarifyjax.models.t5 import shift_right
-# the optimizer lives in `clarifyjax.optim`; these names stay importable from here
-from clarifyjax.optim import learning_rate, make_optimizer, make_schedule  # noqa: F401
 
 BATCH_KEYS = ("input_ids", "input_mask", "target_ids", "target_mask", "example_mask")
 

@@ -54,8 +54,6 @@ the rescaled vectors, normalized by its diagonal.
 """
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 

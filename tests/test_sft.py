@@ -11,7 +11,7 @@ import optax
 import pytest
 from flax import nnx
 
-from clarifyjax import sft
+from clarifyjax import optim, sft
 from clarifyjax.models.t5 import T5, T5Config
 from clarifyjax.policy import split_model
 from conftest import shared_data
@@ -84,11 +84,11 @@ def test_learning_rate_schedules_by_hand():
                 "linear": 1e-3 * warm * (1 - progress),
                 "cosine": 1e-3 * warm * 0.5 * (1 + np.cos(np.pi * progress))}
     for name, ref in expected.items():
-        got = np.asarray(sft.learning_rate(steps, schedule=name, **kw))
+        got = np.asarray(optim.learning_rate(steps, schedule=name, **kw))
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-10)  # float32
-    assert float(sft.learning_rate(0, lr=0.1, warmup_steps=0, total_steps=5)) == pytest.approx(0.1)
+    assert float(optim.learning_rate(0, lr=0.1, warmup_steps=0, total_steps=5)) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="schedule 'exp'"):
-        sft.learning_rate(0, schedule="exp", **kw)
+        optim.learning_rate(0, schedule="exp", **kw)
 
 
 def test_make_optimizer_variants():
@@ -99,19 +99,19 @@ def test_make_optimizer_variants():
     for name in ("adamw", "adam", "adafactor"):
         cfg = OptimizerConfig(name=name, lr=0.1, weight_decay=0.0 if name == "adam" else 0.1,
                               warmup_steps=2, schedule="linear", max_grad_norm=1.0)
-        tx = sft.make_optimizer(cfg, total_steps=10)
+        tx = optim.make_optimizer(cfg, total_steps=10)
         updates, _ = tx.update(grads, tx.init(params), params)
         assert all(np.all(np.isfinite(u)) and np.any(u != 0) for u in jax.tree.leaves(updates))
     # adamw: first step of Adam moves by lr_0 = 0.1 * 1/2 (warm-up) against the clipped gradient,
     # plus decoupled decay on the matrix only
     cfg = OptimizerConfig(name="adamw", lr=0.1, weight_decay=0.1, warmup_steps=2,
                           schedule="constant", max_grad_norm=0.0)
-    tx = sft.make_optimizer(cfg, total_steps=10)
+    tx = optim.make_optimizer(cfg, total_steps=10)
     updates, _ = tx.update(grads, tx.init(params), params)
     np.testing.assert_allclose(np.asarray(updates["w"]), -0.05 * (1.0 + 0.1), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(updates["b"]), -0.05, rtol=1e-5)
     with pytest.raises(ValueError, match="'adam' has no weight decay"):
-        sft.make_optimizer(OptimizerConfig(name="adam", weight_decay=0.1), 10)
+        optim.make_optimizer(OptimizerConfig(name="adam", weight_decay=0.1), 10)
 
 
 # ----------------------------------------------------------------------------- the step
