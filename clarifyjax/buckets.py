@@ -1,10 +1,13 @@
-"""Padded lengths, so that jitted shapes repeat: every variable-length batch of the project (the
-tokenizer's batches, the reward's seq2seq stages, the encoders, the training data) is padded to
-one of a few bucket lengths, and each shape compiles once.
+"""Padded shapes, so that jitted shapes repeat: every variable-length batch of the project (the
+tokenizer's batches, the reward's seq2seq stages, the encoders, the training data, the SaGE
+embedder and its BERTScore baseline) is padded to one of a few bucket lengths and row counts, and
+each shape compiles once. The rule is written here only.
 """
 from __future__ import annotations
 
 from typing import Sequence
+
+import numpy as np
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
 # Finer steps, for models that run on many short inputs per call (the reward's seq2seq stages): the
@@ -12,19 +15,62 @@ DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
 # an input of 65 tokens to 128. More shapes compile, each once.
 FINE_BUCKETS = (8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 224, 256, 320, 384, 448,
                 512)
+# Finer still, for the sentence embedder, which reads short sentences by the thousand: every length
+# up to 31, then steps of 4, 8, 16 and 32. Padding costs as much as real tokens, and each of the
+# ~60 shapes compiles once per process (benchmarks/results/sage.json measures the trade).
+SENTENCE_BUCKETS = (*range(1, 32), *range(32, 64, 4), *range(64, 128, 8), *range(128, 256, 16),
+                    *range(256, 513, 32))
+POWER_OF_TWO_BUCKETS = tuple(2 ** k for k in range(3, 16))  # 8 ... 32768
 
 
-def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
-    """The smallest bucket >= `n`, so that jitted shapes repeat.
-
-    Past the largest bucket, `n` is rounded up to a multiple of it (512, 1024, ...).
-    """
+def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS, *,
+                  cap: int | None = None) -> int:
+    """The smallest bucket >= `n`, never above `cap` (inputs truncated to `cap` make it the last
+    bucket). Past the largest bucket, `n` is rounded up to a multiple of it (512, 1024, ...)."""
     if n < 0:
         raise ValueError(f"bucket_length: negative length {n}")
     if not buckets or list(buckets) != sorted(buckets) or buckets[0] < 1:
         raise ValueError(f"bucket_length: buckets must be increasing positive ints, got {buckets}")
-    for b in buckets:
-        if n <= b:
-            return int(b)
-    largest = buckets[-1]
-    return int(-(-n // largest) * largest)
+    length = next((int(b) for b in buckets if n <= b), None)
+    if length is None:
+        largest = buckets[-1]
+        length = int(-(-n // largest) * largest)
+    return length if cap is None else min(length, int(cap))
+
+
+def column_buckets(buckets: Sequence[int], max_length: int) -> tuple[int, ...]:
+    """The padded lengths of one column of a dataset: the given ones below `max_length`, then
+    `max_length` (no buckets given: powers of two from 8)."""
+    buckets = buckets or POWER_OF_TWO_BUCKETS
+    return tuple(sorted({b for b in buckets if b < max_length} | {max_length}))
+
+
+def bucket_rows(n: int, batch_size: int) -> int:
+    """Rows for a batch of n <= batch_size sequences: batch_size, or a power of two for the rest."""
+    return batch_size if n >= batch_size else min(batch_size, 1 << max(0, n - 1).bit_length())
+
+
+def equal_chunks(n: int, size: int) -> list[slice]:
+    """ceil(n / size) slices of n rows whose sizes differ by at most one, so that each batch pads
+    to the same shapes (a short last chunk would compile every stage again)."""
+    k = max(1, -(-n // size))
+    bounds = [round(i * n / k) for i in range(k + 1)]
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
+    """Indices of the inputs, sorted by length, cut into batches of at most batch_size (so that a
+    batch pads to the bucket of lengths close to its own)."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    order = np.argsort(np.asarray(lengths, dtype=np.int64), kind="stable")
+    return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def pad_sequences(sequences: Sequence[Sequence[int]], rows: int, length: int,
+                  fill: int) -> np.ndarray:
+    """Right-pad `sequences` (each <= length) into an int32 array [rows, length] of `fill`."""
+    out = np.full((rows, length), fill, dtype=np.int32)
+    for i, seq in enumerate(sequences):
+        out[i, : len(seq)] = seq
+    return out

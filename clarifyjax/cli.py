@@ -179,14 +179,6 @@ MAX_TOKENS = 8192
 LENGTH = number(int, low=1, high=MAX_TOKENS)
 
 
-def equal_chunks(n: int, size: int) -> list[slice]:
-    """ceil(n / size) slices of n rows whose sizes differ by at most one, so that each batch pads
-    to the same shapes (a short last chunk would compile every stage again)."""
-    k = max(1, -(-n // size))
-    bounds = [round(i * n / k) for i in range(k + 1)]
-    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-
-
 def _score_options(p: argparse.ArgumentParser) -> None:
     io = p.add_argument_group("input and output")
     io.add_argument("--situations", type=Path, required=True,
@@ -350,6 +342,7 @@ def _score_chunks(args, situations: list[str], questions: list[str]):
     clarifyjax.chunkstore); models are loaded only when a chunk is left to score."""
     import jax
 
+    from clarifyjax.buckets import equal_chunks
     from clarifyjax.chunkstore import ChunkStore, fingerprint
     from clarifyjax.reward_pipeline import RewardOutput
 

@@ -39,7 +39,7 @@ import numpy as np
 from clarifyjax import text as fmt
 from clarifyjax.tables import (REPO_ROOT, DataError, Table, check_data_paths,  # noqa: F401
                                read_table, resolve_data_path)
-from clarifyjax.tokenizer import bucket_length
+from clarifyjax.buckets import bucket_length, column_buckets
 
 GOLD_COLUMNS = ("id", "source", "situation", "question")
 SILVER_COLUMNS = ("Hypothesis", "Update", "UpdateType", "question_davinci", "situation")
@@ -261,14 +261,6 @@ def as_hf_dataset(pairs: Sequence[Pair]):
 # --------------------------------------------------------------------------- tokenized batches
 
 
-def make_buckets(buckets: Sequence[int], max_length: int) -> tuple[int, ...]:
-    """Padded lengths for a column: the given ones below `max_length`, then `max_length`
-    (empty: powers of two from 8)."""
-    if not buckets:
-        buckets = [2 ** k for k in range(3, 16)]
-    return tuple(sorted({b for b in buckets if b < max_length} | {max_length}))
-
-
 class TokenizedDataset:
     """Texts encoded once into [N, max_length] int32 matrices, one per column.
 
@@ -276,7 +268,7 @@ class TokenizedDataset:
       texts: column name -> N texts (e.g. {"input": [...], "target": [...]}).
       tokenizer: anything with ``encode_batch(texts, max_length, pad_to=None) -> (ids, mask)``.
       max_lengths: column name -> max tokens (EOS included; longer texts are truncated).
-      buckets: padded lengths of batches (see `make_buckets`), shared by all columns.
+      buckets: padded lengths of batches (see `buckets.column_buckets`), shared by all columns.
     """
 
     def __init__(self, texts: Mapping[str, Sequence[str]], tokenizer, max_lengths: Mapping[str, int],
@@ -303,7 +295,7 @@ class TokenizedDataset:
                               else np.zeros((0, length), np.int32))
             self.lengths[name] = (np.concatenate(parts_len) if parts_len
                                   else np.zeros((0,), np.int32))
-            self.buckets[name] = make_buckets(buckets, length)
+            self.buckets[name] = column_buckets(buckets, length)
 
     def __len__(self) -> int:
         return self.size

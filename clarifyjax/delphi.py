@@ -42,7 +42,8 @@ from clarifyjax import text as text_lib
 from clarifyjax.decoding import generate
 from clarifyjax.models.checkpoint_io import CheckpointError, check_folder, read_config
 from clarifyjax.models.t5 import T5
-from clarifyjax.tokenizer import FINE_BUCKETS, Tokenizer
+from clarifyjax.buckets import FINE_BUCKETS
+from clarifyjax.tokenizer import Tokenizer
 
 # Traces of this module's jitted functions (tests and benchmarks check that shapes repeat).
 TRACE_COUNTS: collections.Counter = collections.Counter()
@@ -408,14 +409,14 @@ class ClassifierJudge:
 
     def class_probabilities(self, texts: Sequence[str]) -> np.ndarray:
         """[n, 3] float32 P(bad, ok, good): the softmax over the model's three labels."""
-        from clarifyjax.models.encoder import bucket_length, pad_sequences
+        from clarifyjax.buckets import bucket_length, pad_sequences
 
         inputs = self.inputs(texts)
         if not inputs:
             return np.zeros((0, 3), np.float32)
         encodings = self.tokenizer.encode_batch(inputs)
         self.truncated_inputs += sum(1 for e in encodings if e.overflowing)
-        length = bucket_length(max(len(e.ids) for e in encodings), self.max_input_length)
+        length = bucket_length(max(len(e.ids) for e in encodings), cap=self.max_input_length)
         rows = padded_rows(len(inputs), self.batch_multiple)
         ids = pad_sequences([e.ids for e in encodings], len(inputs), length, self.pad_token_id)
         mask = pad_sequences([e.attention_mask for e in encodings], len(inputs), length, 0)

@@ -22,8 +22,8 @@ from flax import nnx
 from clarifyjax import sharding as sharding_lib
 from clarifyjax.config import NLI_THRESHOLD
 from clarifyjax.models.checkpoint_io import CheckpointError, check_folder
-from clarifyjax.models.encoder import (SequenceClassifier, bucket_length, bucket_rows,
-                                       length_sorted_batches, pad_sequences)
+from clarifyjax.buckets import bucket_length, bucket_rows, length_sorted_batches, pad_sequences
+from clarifyjax.models.encoder import SequenceClassifier
 from clarifyjax.models.encoder_params import (load_encoder_tokenizer, load_sequence_classifier,
                                               read_encoder_config)
 
@@ -152,7 +152,7 @@ class NLIFilter:
         shards = sharding_lib.row_shards(self.mesh)
         pending = []
         for index in length_sorted_batches(lengths, self.batch_size):
-            length = bucket_length(max(lengths[i] for i in index), self.max_length)
+            length = bucket_length(max(lengths[i] for i in index), cap=self.max_length)
             rows = bucket_rows(len(index), self.batch_size)
             rows = -(-rows // shards) * shards  # whole shards for the mesh's devices
             chosen = [encodings[i] for i in index]

@@ -28,7 +28,7 @@ from typing import Literal, Sequence
 
 import numpy as np
 
-from clarifyjax.buckets import DEFAULT_BUCKETS, FINE_BUCKETS, bucket_length  # noqa: F401 (re-exported)
+from clarifyjax.buckets import DEFAULT_BUCKETS, bucket_length
 from clarifyjax.models.checkpoint_io import CheckpointError, atomic_write_bytes, check_folder
 
 SPM_FILE = "spiece.model"

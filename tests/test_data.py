@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from clarifyjax import data as D
+from clarifyjax.buckets import column_buckets
 from clarifyjax.config import SFTDataConfig, load_config
 from conftest import REPO_ROOT, require, shared_data
 
@@ -315,8 +316,8 @@ def test_eval_batches_cover_every_row_once(dev_dataset):
 
 
 def test_bucket_rules():
-    assert D.make_buckets((), 100) == (8, 16, 32, 64, 100)
-    assert D.make_buckets((16, 48, 256), 64) == (16, 48, 64)
+    assert column_buckets((), 100) == (8, 16, 32, 64, 100)
+    assert column_buckets((16, 48, 256), 64) == (16, 48, 64)
 
 
 # --------------------------------------------------------------------------- the real tokenizer

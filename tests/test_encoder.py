@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from clarifyjax.buckets import bucket_length, bucket_rows, length_sorted_batches, pad_sequences
 from clarifyjax.models.checkpoint_io import CheckpointError
-from clarifyjax.models.encoder import (EncoderConfig, SequenceClassifier, bucket_length,
-                                       bucket_rows, length_sorted_batches, pad_sequences,
+from clarifyjax.models.encoder import (EncoderConfig, SequenceClassifier,
                                        roberta_position_ids)
 from clarifyjax.models.encoder_params import load_encoder, load_sequence_classifier
 from conftest import require
@@ -251,9 +251,9 @@ def test_load_sequence_classifier_requires_labels(tmp_path):
 # -- batching helpers ----------------------------------------------------------------------------
 
 def test_bucketing_helpers():
-    assert [bucket_length(n, 256) for n in (1, 16, 17, 64, 65, 200, 256)] == \
+    assert [bucket_length(n, cap=256) for n in (1, 16, 17, 64, 65, 200, 256)] == \
         [16, 16, 32, 64, 128, 256, 256]
-    assert bucket_length(90, 100) == 100 and bucket_length(20, 24) == 24
+    assert bucket_length(90, cap=100) == 100 and bucket_length(20, cap=24) == 24
     assert [bucket_rows(n, 64) for n in (1, 2, 3, 5, 33, 64)] == [1, 2, 4, 8, 64, 64]
     assert bucket_rows(7, 6) == 6
     batches = length_sorted_batches([5, 1, 4, 2, 3], 2)

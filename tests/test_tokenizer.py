@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from clarifyjax.models.checkpoint_io import CheckpointError
-from clarifyjax.tokenizer import Tokenizer, bucket_length
+from clarifyjax.buckets import bucket_length
+from clarifyjax.tokenizer import Tokenizer
 from conftest import require, shared_data
 
 MAX_LENGTH = 16  # truncates roughly one dev situation in seven (with EOS)

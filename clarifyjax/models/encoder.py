@@ -18,15 +18,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from clarifyjax.buckets import DEFAULT_BUCKETS
-from clarifyjax.buckets import bucket_length as smallest_bucket
 from clarifyjax.models.checkpoint_io import CheckpointError
 
 SUPPORTED_MODEL_TYPES = ("bert", "roberta")
@@ -337,39 +334,3 @@ class SequenceClassifier(nnx.Module):
         hidden = self.encoder(input_ids, attention_mask, token_type_ids)
         pooled = jnp.tanh(self.dense(hidden[:, 0]))
         return self.out_proj(pooled).astype(jnp.float32)
-
-
-# ---------------------------------------------------------------------------------------------
-# Batching variable-length inputs into a few repeated shapes (so each jitted forward compiles
-# once per shape): sort by length, pad lengths to buckets and row counts to powers of two.
-# ---------------------------------------------------------------------------------------------
-
-LENGTH_BUCKETS = DEFAULT_BUCKETS
-
-
-def bucket_length(n: int, max_length: int, buckets: Sequence[int] = LENGTH_BUCKETS) -> int:
-    """`buckets.bucket_length` (the smallest bucket >= n) never above max_length: inputs are
-    truncated to max_length, which is itself the last bucket."""
-    return min(smallest_bucket(n, buckets), int(max_length))
-
-
-def bucket_rows(n: int, batch_size: int) -> int:
-    """Rows for a batch of n <= batch_size sequences: batch_size, or a power of two for the rest."""
-    return batch_size if n >= batch_size else min(batch_size, 1 << max(0, n - 1).bit_length())
-
-
-def length_sorted_batches(lengths: Sequence[int], batch_size: int) -> list[np.ndarray]:
-    """Indices of the inputs, sorted by length, cut into batches of at most batch_size."""
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    order = np.argsort(np.asarray(lengths, dtype=np.int64), kind="stable")
-    return [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
-
-
-def pad_sequences(sequences: Sequence[Sequence[int]], rows: int, length: int,
-                  fill: int) -> np.ndarray:
-    """Right-pad `sequences` (each <= length) into an int32 array [rows, length] of `fill`."""
-    out = np.full((rows, length), fill, dtype=np.int32)
-    for i, seq in enumerate(sequences):
-        out[i, : len(seq)] = seq
-    return out
