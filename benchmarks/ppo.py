@@ -56,7 +56,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from clarifyjax import decoding, delphi, optim, ppo, programs, train  # noqa: E402
+from clarifyjax import optim, ppo, programs, traces, train  # noqa: E402
 from clarifyjax import sharding as sharding_lib  # noqa: E402
 from clarifyjax import text as text_lib  # noqa: E402
 from clarifyjax.config import load_config  # noqa: E402
@@ -356,8 +356,7 @@ def build(args, root: Path):
 def compiled_programs(bench) -> int:
     """Traces so far of the jitted programs a step runs (sampling, the reward models' generate
     and judge, the scorer); the update is compiled ahead of time."""
-    return (sum(decoding.TRACE_COUNTS.values()) + sum(delphi.TRACE_COUNTS.values())
-            + bench.sampler.scorer._cache_size())
+    return traces.count() + bench.sampler.scorer._cache_size()
 
 
 def rollout(bench, state: ppo.PPOState, batch, situations, key):

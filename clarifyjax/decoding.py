@@ -4,7 +4,7 @@
 functional `DecodeCache`, until every row has emitted EOS or `max_new_tokens` are out. The model
 goes in as `nnx.split(model)`: the graph definition and the sampling settings are static
 arguments of a module-level jitted function, so calls with the same shapes and settings reuse
-one compiled program (`TRACE_COUNTS` counts the traces, for tests and benchmarks).
+one compiled program (`clarifyjax.traces` counts the traces).
 
 PPO needs the log-probability of each sampled token under the distribution it was drawn from
 (after temperature, top-k, top-p); at temperature 1 with no truncation that equals `score`.
@@ -13,7 +13,6 @@ Shapes: b = batch, s = source length, n = max_new_tokens, t = target length, V =
 """
 from __future__ import annotations
 
-import collections
 import functools
 from typing import NamedTuple
 
@@ -21,10 +20,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from clarifyjax import traces
 from clarifyjax.models.t5 import T5, shift_right
-
-TRACE_COUNTS: collections.Counter = collections.Counter()
-
 
 class Generation(NamedTuple):
     """tokens [b, n] int32 (pad after EOS); logprobs [b, n] float32 (0 where mask is 0);
@@ -167,7 +164,7 @@ def _check_sampling(max_new_tokens, min_new_tokens, temperature, top_k, top_p) -
 def _generate(graphdef, state, input_ids, attention_mask, rng, *, max_new_tokens: int,
               min_new_tokens: int, greedy: bool, temperature: float, top_k: int,
               top_p: float) -> Generation:
-    TRACE_COUNTS["generate"] += 1
+    traces.note("generate")
     model: T5 = nnx.merge(graphdef, state)
     c = model.config
     b = input_ids.shape[0]
@@ -237,7 +234,7 @@ def generate(model: T5, input_ids: jax.Array, attention_mask: jax.Array, *,
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
 def _score(graphdef, state, input_ids, attention_mask, target_ids, target_mask) -> jax.Array:
-    TRACE_COUNTS["score"] += 1
+    traces.note("score")
     model: T5 = nnx.merge(graphdef, state)
     start = model.config.decoder_start_token_id
     decoder_input_ids = shift_right(target_ids, start)

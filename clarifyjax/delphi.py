@@ -24,7 +24,6 @@ Every judge distribution is `[batch, 3]` float32 in the order (bad, ok, good)
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import math
@@ -37,16 +36,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from clarifyjax.buckets import FINE_BUCKETS
 from clarifyjax import sharding as sharding_lib
 from clarifyjax import text as text_lib
+from clarifyjax import traces
 from clarifyjax.decoding import generate
 from clarifyjax.models.checkpoint_io import CheckpointError, check_folder, read_config
 from clarifyjax.models.t5 import T5
-from clarifyjax.buckets import FINE_BUCKETS
 from clarifyjax.tokenizer import Tokenizer
 
-# Traces of this module's jitted functions (tests and benchmarks check that shapes repeat).
-TRACE_COUNTS: collections.Counter = collections.Counter()
 
 DELPHI_CLASS_STEP = 4  # `▁ <unk> class >` in T5's vocabulary: Delphi reads the class at step 4
 
@@ -240,7 +238,7 @@ def class_token_ids(tokenizer: Tokenizer, class_prefix: str, class_tokens: Seque
 @functools.partial(jax.jit, static_argnames=("graphdef",))
 def _class_probabilities(graphdef, state, input_ids, attention_mask, decoder_ids, class_ids):
     """[b, s] inputs, decoder_ids [t] (start + prefix), class_ids [3] -> [b, 3] float32."""
-    TRACE_COUNTS["class_probabilities"] += 1
+    traces.note("class_probabilities")
     model: T5 = nnx.merge(graphdef, state)
     hidden = model.encode(input_ids, attention_mask)
     decoder_ids = jnp.broadcast_to(decoder_ids[None, :], (input_ids.shape[0],) + decoder_ids.shape)
@@ -355,7 +353,7 @@ class Judge:
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
 def _classifier_probabilities(graphdef, state, input_ids, attention_mask, columns):
-    TRACE_COUNTS["classifier_probabilities"] += 1
+    traces.note("classifier_probabilities")
     logits = nnx.merge(graphdef, state)(input_ids, attention_mask, jnp.zeros_like(input_ids))
     return jax.nn.softmax(jnp.take(logits, columns, axis=-1), axis=-1)
 

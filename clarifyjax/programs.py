@@ -21,9 +21,7 @@ the step again for it, which is how the tests compare the dry run with a real st
 """
 from __future__ import annotations
 
-import collections
 import dataclasses
-import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -32,7 +30,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-from clarifyjax import optim, ppo, sft
+from clarifyjax import optim, ppo, sft, traces
 from clarifyjax import sharding as sharding_lib
 from clarifyjax.config import ConfigError
 from clarifyjax.models.hf import load_t5
@@ -40,7 +38,6 @@ from clarifyjax.models.t5 import T5, T5Config
 from clarifyjax.policy import ValueModel, copy_params, make_ppo_fns, split_model
 from clarifyjax.tokenizer import Tokenizer
 
-TRACE_COUNTS: collections.Counter = collections.Counter()  # traces of the jitted steps
 
 # --------------------------------------------------------------------------- models
 
@@ -178,12 +175,9 @@ def _abstract(tree, shardings=None):
 
 
 def traced(name: str, fn):
-    """`fn`, counting its traces in `TRACE_COUNTS[name]` (a jitted step traces once per shape)."""
-    @functools.wraps(fn)
-    def wrapper(*args):
-        TRACE_COUNTS[name] += 1
-        return fn(*args)
-    return wrapper
+    """`fn`, counting its traces as `name` in `clarifyjax.traces` (a jitted step traces once per
+    shape)."""
+    return traces.counted(name)(fn)
 
 
 # --------------------------------------------------------------------------- programs

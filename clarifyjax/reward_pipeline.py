@@ -32,7 +32,7 @@ from typing import Any, Literal, Sequence
 import jax
 import numpy as np
 
-from clarifyjax import decoding, delphi
+from clarifyjax import delphi, traces
 from clarifyjax import reward as reward_lib
 from clarifyjax import text as text_lib
 from clarifyjax.config import NLI_THRESHOLD
@@ -177,8 +177,9 @@ def _string(value, field: str, row: int) -> str:
 
 
 def _trace_total(nli) -> int:
-    total = sum(decoding.TRACE_COUNTS.values()) + sum(delphi.TRACE_COUNTS.values())
-    return total + (sum(nli.traces.values()) if hasattr(nli, "traces") else 0)
+    """Compilations so far of the jitted functions the stages run (the NLI filter counts its own,
+    per instance and shape)."""
+    return traces.count() + (sum(nli.traces.values()) if hasattr(nli, "traces") else 0)
 
 
 def _as_key(rng) -> jax.Array | None:

@@ -41,7 +41,6 @@ from clarifyjax.metrics_log import MetricsLogger, say_through
 from clarifyjax.models.hf import save_t5
 from clarifyjax.models.t5 import T5, T5Config
 from clarifyjax.policy import RolloutSampler, host_rows, merge_model, split_model
-from clarifyjax.programs import TRACE_COUNTS  # noqa: F401  (the tests count traces here)
 from clarifyjax.reward import RewardNormalizer, flip_rate
 from clarifyjax.tokenizer import Tokenizer
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from clarifyjax import decoding
+from clarifyjax import decoding, traces
 from clarifyjax.decoding import Generation, filter_logits, generate, score
 from clarifyjax.models.t5 import T5, T5Config, shift_right
 from helpers.t5_builders import FAMILIES, TINY, random_t5
@@ -265,14 +265,14 @@ def test_repeated_calls_do_not_retrace():
     model = make_model("v1.0", seed=6)
     generate(model, ids, mask, rng=jax.random.key(0), max_new_tokens=MAX_NEW, top_p=0.9)
     score(model, ids, mask, ids, mask)
-    before = dict(decoding.TRACE_COUNTS)
+    before = traces.counts()
     for seed in range(3):
         generate(model, ids, mask, rng=jax.random.key(seed), max_new_tokens=MAX_NEW, top_p=0.9)
         score(model, ids + seed, mask, ids, mask)
-    assert dict(decoding.TRACE_COUNTS) == before
+    assert traces.counts() == before
     # a new setting is a new program: exactly one more trace
     generate(model, ids, mask, rng=jax.random.key(0), max_new_tokens=MAX_NEW, top_p=0.8)
-    assert decoding.TRACE_COUNTS["generate"] == before["generate"] + 1
+    assert traces.count("generate") == before["generate"] + 1
 
 
 def test_bad_sampling_arguments():

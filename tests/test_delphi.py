@@ -23,7 +23,7 @@ import pytest
 
 from helpers.tiny_models import tiny_classifier_folder, tiny_t5_folder
 from conftest import require, shared_data
-from clarifyjax import delphi
+from clarifyjax import traces
 from clarifyjax.delphi import (DELPHI_CLASS_STEP, ClassifierJudge, Judge, Sampling, load_judge,
                                parse_judgment)
 from clarifyjax.models.checkpoint_io import CheckpointError
@@ -103,9 +103,9 @@ def test_batched_and_single_agree_and_shapes_compile_once(t5_judge):
     _, judge, _, _ = t5_judge
     texts = dev_situations(13, offset=40)
     judge.class_probabilities(texts[:10])  # 10 -> 16 rows
-    before = delphi.TRACE_COUNTS["class_probabilities"]
+    before = traces.count("class_probabilities")
     batched = judge.class_probabilities(texts)  # 13 -> 16 rows, same length bucket
-    assert delphi.TRACE_COUNTS["class_probabilities"] == before
+    assert traces.count("class_probabilities") == before
     single = np.concatenate([judge.class_probabilities([t]) for t in texts[:3]])
     np.testing.assert_allclose(batched[:3], single, atol=1e-6)
 

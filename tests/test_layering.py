@@ -25,7 +25,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # Import nothing of the packages: anyone may import them.
     "foundation": ("clarifyjax", "clarifyjax.models", "clarifyjax.sharding",
                    "clarifyjax.distributed", "clarifyjax.text", "clarifyjax.metrics_log",
-                   "clarifyjax.optim", "clarifyjax.buckets", "clarifyjax.ranges",
+                   "clarifyjax.optim", "clarifyjax.buckets", "clarifyjax.ranges", "clarifyjax.traces",
                    "clarifyjax.textfiles"),
     # Arrays in, arrays out: jax, optax and numpy only (research code pastes these).
     "pure math": ("clarifyjax.ppo", "clarifyjax.reward", "sage_jax.metric"),
