@@ -133,7 +133,7 @@ class ShapeOnlyRngs:
 
     With a real `nnx.Rngs`, each key drawn inside the trace updates a counter Variable, and flax
     0.12.8 then asks the tracer for its sharding, for which jax 0.10 builds an error message by
-    walking the whole trace: tracing T5-large takes ~9 s instead of ~1 s. The models use their
+    walking the whole trace, which makes tracing T5-large several times slower. The models use their
     rngs only through ``rngs.params()``; anything else fails loudly here.
     """
 
