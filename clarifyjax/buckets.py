@@ -1,10 +1,13 @@
-"""Padded lengths, so that jitted shapes repeat: every variable-length batch of the project (the
+"""Padded shapes, so that jitted shapes repeat: every variable-length batch of the project (the
 tokenizer's batches, the reward's seq2seq stages, the encoders, the training data) is padded to
-one of a few bucket lengths, and each shape compiles once.
+one of a few bucket lengths, and the reward models' batches to a few row counts
+(`padded_rows`, `pad_rows`), and each shape compiles once.
 """
 from __future__ import annotations
 
 from typing import Sequence
+
+import numpy as np
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
 # Finer steps, for models that run on many short inputs per call (the reward's seq2seq stages): the
@@ -28,3 +31,22 @@ def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
             return int(b)
     largest = buckets[-1]
     return int(-(-n // largest) * largest)
+
+
+def padded_rows(n: int, multiple: int, *, power_of_two: bool = False) -> int:
+    """Rows of a batch holding n texts: n rounded up to `multiple` (or to multiple * 2^k), so
+    that a few batch shapes repeat and each jitted function compiles once per shape."""
+    if multiple < 1:
+        raise ValueError(f"padded_rows: multiple must be >= 1, got {multiple}")
+    blocks = max(1, -(-n // multiple))
+    if power_of_two:
+        blocks = 1 << (blocks - 1).bit_length()
+    return blocks * multiple
+
+
+def pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
+    """Repeat the last row up to `rows` rows (a copy of a real row finishes with it)."""
+    if array.shape[0] >= rows:
+        return array
+    filler = np.repeat(array[-1:], rows - array.shape[0], axis=0)
+    return np.concatenate([array, filler], axis=0)

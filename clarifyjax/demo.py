@@ -228,7 +228,7 @@ def show_samples(cfg, before: Path, after: Path, data: Path, n: int = 5) -> None
     answer generator, the fusion model and the judge make of them."""
     from clarifyjax import data as data_lib
     from clarifyjax import text
-    from clarifyjax.delphi import Sampling, Seq2SeqModel
+    from clarifyjax.seq2seq import Sampling, Seq2SeqModel
     from clarifyjax.train import build_reward_fn
 
     situations = data_lib.unique_situations(data_lib.read_table(data / "dev.tsv",

@@ -226,6 +226,7 @@ def build_reward_fn(cfg):
     puts in one process, each device reading only its slices of the checkpoints.
     """
     from clarifyjax import delphi, reward_pipeline
+    from clarifyjax.seq2seq import Seq2SeqModel
 
     r = cfg.rewards
     mesh = sharding_lib.process_mesh(cfg.mesh.axis_sizes())
@@ -235,7 +236,7 @@ def build_reward_fn(cfg):
         if m.init is None:
             raise ConfigError(f"rewards.{name}.init: the reward models must be trained folders "
                               "(a random 'tiny' model is not a reward model)")
-        return delphi.Seq2SeqModel.from_pretrained(
+        return Seq2SeqModel.from_pretrained(
             m.init, tokenizer_path=m.tokenizer, dtype=m.dtype, max_input_length=m.max_input_length,
             mesh=mesh, rules=rules)
 

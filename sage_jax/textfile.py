@@ -22,6 +22,8 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from clarifyjax.textfiles import unencodable
+
 
 class DataError(ValueError):
     """An input file that cannot be read as asked; the message names the file, line or column."""
@@ -32,18 +34,6 @@ class _NotText(str):
 
 
 NOT_TEXT = _NotText("<JSON array or object>")
-
-
-def unencodable(text: str) -> int | None:
-    """Index of the first character of `text` that has no UTF-8 encoding (a lone surrogate, as
-    JSON's "\\ud800" or Python's surrogateescape make), or None when the text is fine."""
-    if text.isascii():
-        return None
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        return e.start
-    return None
 
 
 def file_kind(path: Path) -> str:

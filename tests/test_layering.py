@@ -40,7 +40,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
                         "clarifyjax.child_result", "clarifyjax.chunkstore", "sage_jax.textfile",
                         "sage_jax.lexical"),
     # Components: the models' roles (judge, NLI filter, rollouts, SFT step), data, checkpoints.
-    "components": ("clarifyjax.data", "clarifyjax.text_inputs", "clarifyjax.delphi",
+    "components": ("clarifyjax.data", "clarifyjax.text_inputs", "clarifyjax.seq2seq", "clarifyjax.delphi",
                    "clarifyjax.nli", "clarifyjax.policy", "clarifyjax.sft", "clarifyjax.checkpointing", "clarifyjax.run_record",
                    "sage_jax.data", "sage_jax.embed", "sage_jax.report"),
     # Pipelines: the composed reward, the training programs and loops, the dry run.
@@ -62,6 +62,7 @@ SAME_LAYER: set[tuple[str, str]] = {
     ("clarifyjax.config", "clarifyjax.configlib"),
     ("clarifyjax.config", "clarifyjax.config_models"),
     ("clarifyjax.text_inputs", "clarifyjax.data"),
+    ("clarifyjax.delphi", "clarifyjax.seq2seq"),
     ("clarifyjax.programs", "clarifyjax.memory_plan"),
     ("clarifyjax.train", "clarifyjax.programs"),
     ("clarifyjax.train", "clarifyjax.reward_pipeline"),
