@@ -3,9 +3,10 @@ against the same math in PyTorch on the same weights.
 
 Models: random, float32, T5 v1.0 (d_model 512, 6+6 layers, 8 heads, d_ff 2048, vocabulary 32128)
 for the policy, the frozen reference (a copy) and the value model
-(`models.value.ValueModel.from_t5`, as `train.train_ppo` builds it). Texts use a SentencePiece vocabulary of 2,000 pieces trained on
-δ-CLARIFY; the policy's ids beyond it are folded into it for decoding (`FoldedVocabulary`), so that
-every sampled token becomes text. Queries: "question: " + δ-CLARIFY dev situations, 64 tokens.
+(`models.value.ValueModel.from_t5`, as `train.train_ppo` builds it). Texts use a SentencePiece
+vocabulary of 2,000 pieces trained on δ-CLARIFY; the policy's ids beyond it are folded into it for
+decoding (`FoldedVocabulary`), so that every sampled token becomes text. Queries: "question: " +
+δ-CLARIFY dev situations, 64 tokens.
 Settings: configs/ppo_t5_large.yaml's where they apply (4 epochs, 1 minibatch, clips 0.2, vf coef
 1, gamma 1, lambda 0.95, fixed KL 0.15, Adam 1e-5, temperature 0.7, top-p 0.6, questions of at
 most 30 tokens, the reward pipeline's lengths), with a batch of 16 instead of 64 (2-core CPU), mesh
