@@ -8,7 +8,6 @@ question generator.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from typing import NamedTuple, Sequence
@@ -26,9 +25,9 @@ from clarifyjax.textfiles import check_texts
 from clarifyjax.tokenizer import Tokenizer
 
 
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-    """How a `Seq2SeqModel` decodes: temperature 0 is greedy (the other settings then unused)."""
+class Sampling(NamedTuple):
+    """How a `Seq2SeqModel` decodes: temperature 0 is greedy (the other settings then unused).
+    Immutable, so that a default `Sampling()` argument is safe to share."""
 
     max_new_tokens: int = 32
     temperature: float = 0.0
