@@ -2,10 +2,11 @@
 against the same math in PyTorch on the same weights.
 
 Models: random, float32, T5 v1.0 (d_model 512, 6+6 layers, 8 heads, d_ff 2048, vocabulary 32128)
-for the policy, the frozen reference (a copy) and the value model (`policy.ValueModel.from_t5`, as
-`train.train_ppo` builds it). Texts use a SentencePiece vocabulary of 2,000 pieces trained on
-δ-CLARIFY; the policy's ids beyond it are folded into it for decoding (`FoldedVocabulary`), so that
-every sampled token becomes text. Queries: "question: " + δ-CLARIFY dev situations, 64 tokens.
+for the policy, the frozen reference (a copy) and the value model
+(`models.value.ValueModel.from_t5`, as `train.train_ppo` builds it). Texts use a SentencePiece
+vocabulary of 2,000 pieces trained on δ-CLARIFY; the policy's ids beyond it are folded into it for
+decoding (`FoldedVocabulary`), so that every sampled token becomes text. Queries: "question: " +
+δ-CLARIFY dev situations, 64 tokens.
 Settings: configs/ppo_t5_large.yaml's where they apply (4 epochs, 1 minibatch, clips 0.2, vf coef
 1, gamma 1, lambda 0.95, fixed KL 0.15, Adam 1e-5, temperature 0.7, top-p 0.6, questions of at
 most 30 tokens, the reward pipeline's lengths), with a batch of 16 instead of 64 (2-core CPU), mesh
@@ -62,8 +63,10 @@ from clarifyjax import text as text_lib  # noqa: E402
 from clarifyjax.config import load_config  # noqa: E402
 from clarifyjax.models.hf import tensor_maps  # noqa: E402
 from clarifyjax.models.tiny import save_t5_folder, tiny_spm_folder, tiny_t5_config  # noqa: E402
-from clarifyjax.policy import (RolloutSampler, ValueModel, copy_params,  # noqa: E402
-                               make_ppo_fns, split_model)
+from clarifyjax.models.params import copy_params, split_model  # noqa: E402
+from clarifyjax.models.value import ValueModel  # noqa: E402
+from clarifyjax.policy import make_ppo_fns  # noqa: E402
+from clarifyjax.rollout import RolloutSampler  # noqa: E402
 from clarifyjax.reward import RewardNormalizer  # noqa: E402
 from clarifyjax.tokenizer import Tokenizer  # noqa: E402
 from t5 import matmul_flops_per_s  # noqa: E402  (benchmarks/t5.py)
@@ -162,7 +165,7 @@ def summary(times: list[float]) -> dict:
 
 
 class TorchValue(torch.nn.Module):
-    """HF T5 trunk + scalar head on every decoder position (as `policy.ValueModel`)."""
+    """HF T5 trunk + scalar head on every decoder position (as `models.value.ValueModel`)."""
 
     def __init__(self, t5, head_kernel: np.ndarray, head_bias: np.ndarray, scale: bool):
         super().__init__()
@@ -198,7 +201,7 @@ def torch_advantages(r: dict, cfg: ppo.PPOConfig, kl_coef: float):
     b, t = mask.shape
     positions = torch.arange(t)
     last = torch.where(mask > 0, positions, torch.full_like(positions, -1)).max(dim=1).values
-    rewards = r["scores"][:, None] * (positions[None] == last[:, None]).float()
+    rewards = r["rewards"][:, None] * (positions[None] == last[:, None]).float()
     rewards = rewards - kl_coef * (r["logprobs"] - r["ref_logprobs"]) * mask
     if cfg.whiten_rewards:
         rewards = _whiten(rewards, mask, shift_mean=False)
@@ -372,11 +375,11 @@ def rollout(bench, state: ppo.PPOState, batch, situations, key):
         state.policy_params, bench.ref_params, state.value_params, ids, mask, gen.tokens,
         gen.mask))
     t3 = time.perf_counter()
-    scores = sharding_lib.shard_batch(fields["score"], bench.mesh)
+    rewards = sharding_lib.shard_batch(fields["reward"], bench.mesh)
     logprobs, ref_logprobs, values = scored
     r = ppo.Rollout(query_ids=ids, query_mask=mask, response_ids=gen.tokens,
                     response_mask=gen.mask, logprobs=logprobs, ref_logprobs=ref_logprobs,
-                    values=values, scores=scores)
+                    values=values, rewards=rewards)
     return r, {"sample_s": t1 - t0, "reward_s": t2 - t1, "score_s": t3 - t2}, fields
 
 
@@ -490,7 +493,7 @@ def main() -> None:
             "tokens_note": "tokens_per_s: sampled question tokens per second of PPO step; "
                            "update: (query + response) tokens x epochs per second",
             "reward_stage_s_last_step": dict(getattr(bench.reward_fn, "timings", {}) or {}),
-            "reward_raw_mean_last_step": float(np.mean(fields["reward"])),
+            "reward_raw_mean_last_step": float(np.mean(fields["raw_reward"])),
         },
         "update": {
             "flops": update_flops, "flops_one_minibatch_step": step_flops,
@@ -540,7 +543,7 @@ def torch_peer(args, bench, rollout0, state0, state1, metrics0, ours_best_s: flo
     r = {k: torch.from_numpy(np.array(v)) for k, v in rollout0._asdict().items()}
     for k in ("query_ids", "query_mask", "response_ids", "response_mask"):
         r[k] = r[k].long()
-    for k in ("logprobs", "ref_logprobs", "values", "scores"):
+    for k in ("logprobs", "ref_logprobs", "values", "rewards"):
         r[k] = r[k].float()
     generator = torch.Generator().manual_seed(0)
 

@@ -29,7 +29,9 @@ from flax import nnx
 
 from clarifyjax import ppo
 from clarifyjax.models.t5 import T5, T5Config
-from clarifyjax.policy import ValueModel, make_ppo_fns, split_model
+from clarifyjax.models.params import split_model
+from clarifyjax.models.value import ValueModel
+from clarifyjax.policy import make_ppo_fns
 
 
 def bf16_matmul_flops_per_s(n: int = 8192) -> float:
@@ -75,13 +77,14 @@ def main() -> None:
     lengths = rng.integers(5, t + 1, size=b)
     response_mask = (np.arange(t)[None] < lengths[:, None]).astype(np.int32)
     rollout = ppo.Rollout(
-        jnp.asarray(rng.integers(2, 32128, (b, s)), jnp.int32), jnp.ones((b, s), jnp.int32),
-        jnp.asarray(rng.integers(2, 32128, (b, t)) * response_mask, jnp.int32),
-        jnp.asarray(response_mask),
-        jnp.asarray(-rng.uniform(0.5, 5, (b, t)) * response_mask, jnp.float32),
-        jnp.asarray(-rng.uniform(0.5, 5, (b, t)) * response_mask, jnp.float32),
-        jnp.asarray(rng.normal(size=(b, t)) * response_mask, jnp.float32),
-        jnp.asarray(rng.normal(size=b), jnp.float32))
+        query_ids=jnp.asarray(rng.integers(2, 32128, (b, s)), jnp.int32),
+        query_mask=jnp.ones((b, s), jnp.int32),
+        response_ids=jnp.asarray(rng.integers(2, 32128, (b, t)) * response_mask, jnp.int32),
+        response_mask=jnp.asarray(response_mask),
+        logprobs=jnp.asarray(-rng.uniform(0.5, 5, (b, t)) * response_mask, jnp.float32),
+        ref_logprobs=jnp.asarray(-rng.uniform(0.5, 5, (b, t)) * response_mask, jnp.float32),
+        values=jnp.asarray(rng.normal(size=(b, t)) * response_mask, jnp.float32),
+        rewards=jnp.asarray(rng.normal(size=b), jnp.float32))
     fns = make_ppo_fns(graphdef, value_graphdef)
 
     def make_update(epochs: int):  # jitted as train.train_ppo jits it

@@ -61,8 +61,8 @@ from flax import nnx  # noqa: E402
 
 from clarifyjax import delphi  # noqa: E402
 from clarifyjax import text as text_lib  # noqa: E402
-from clarifyjax.delphi import (DELPHI_CLASS_STEP, Judge, Sampling, Seq2SeqModel,  # noqa: E402
-                               parse_judgment)
+from clarifyjax.delphi import DELPHI_CLASS_STEP, Judge  # noqa: E402
+from clarifyjax.seq2seq import Sampling, Seq2SeqModel  # noqa: E402
 from clarifyjax.models.tiny import (WANLI_LABELS, save_classifier_folder,  # noqa: E402
                                     save_t5_folder, tiny_bpe_tokenizer, tiny_spm_folder,
                                     tiny_t5_config)
@@ -180,7 +180,8 @@ class OriginalReward:
         """DelphiScorer.generate_batch (its text split replaced by our tolerant parser)."""
         seq = self._generate(self.judge, ["[moral_single]: " + s for s in situations],
                              max_new_tokens=self.args.reference_judgment_tokens)
-        return [parse_judgment(t)[1] for t in self.tok.batch_decode(seq, skip_special_tokens=True)]
+        return [text_lib.parse_delphi_output(t, keep_unparsed=True)[1]
+                for t in self.tok.batch_decode(seq, skip_special_tokens=True)]
 
     def __call__(self, situations: list[str], questions: list[str]):
         self.timings = {}

@@ -61,6 +61,8 @@ def worker(batch: int, repeats: int) -> dict:
     from jax.sharding import NamedSharding, PartitionSpec
 
     from clarifyjax import policy, ppo
+    from clarifyjax.models.params import split_model
+    from clarifyjax.models.value import ValueModel
     from clarifyjax import sharding as sh
     from clarifyjax.models.t5 import T5, T5Config
 
@@ -69,10 +71,10 @@ def worker(batch: int, repeats: int) -> dict:
     config = T5Config(vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
                       relative_attention_num_buckets=8, relative_attention_max_distance=32,
                       dropout_rate=0.0, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
-    pol_def, pol = policy.split_model(
+    pol_def, pol = split_model(
         sh.create_sharded(lambda: T5(config, rngs=nnx.Rngs(0)), mesh))
-    val_def, val = policy.split_model(
-        sh.create_sharded(lambda: policy.ValueModel(config, rngs=nnx.Rngs(1)), mesh))
+    val_def, val = split_model(
+        sh.create_sharded(lambda: ValueModel(config, rngs=nnx.Rngs(1)), mesh))
 
     rs = np.random.RandomState(0)
     s, t = 16, 12
@@ -85,7 +87,7 @@ def worker(batch: int, repeats: int) -> dict:
     logprobs, ref, values = (np.asarray(x) for x in scorer(pol, pol, val, qi, qm, ri, rm))
     rollout_np = ppo.Rollout(query_ids=qi, query_mask=qm, response_ids=ri, response_mask=rm,
                              logprobs=logprobs, ref_logprobs=ref + 0.05 * rs.randn(batch, t),
-                             values=values, scores=rs.randn(batch).astype(np.float32))
+                             values=values, rewards=rs.randn(batch).astype(np.float32))
     rollout_np = jax.tree.map(lambda x: np.asarray(x, np.float32) if np.asarray(x).dtype ==
                               np.float64 else np.asarray(x), rollout_np)
 

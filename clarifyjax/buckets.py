@@ -1,7 +1,7 @@
 """Padded shapes, so that jitted shapes repeat: every variable-length batch of the project (the
 tokenizer's batches, the reward's seq2seq stages, the encoders, the training data, the SaGE
-embedder and its BERTScore baseline) is padded to one of a few bucket lengths and row counts, and
-each shape compiles once. The rule is written here only.
+embedder and its BERTScore baseline) is padded to one of a few bucket lengths and row counts
+(`bucket_rows`, `padded_rows`), and each shape compiles once. The rule is written here only.
 """
 from __future__ import annotations
 
@@ -48,6 +48,25 @@ def column_buckets(buckets: Sequence[int], max_length: int) -> tuple[int, ...]:
 def bucket_rows(n: int, batch_size: int) -> int:
     """Rows for a batch of n <= batch_size sequences: batch_size, or a power of two for the rest."""
     return batch_size if n >= batch_size else min(batch_size, 1 << max(0, n - 1).bit_length())
+
+
+def padded_rows(n: int, multiple: int, *, power_of_two: bool = False) -> int:
+    """Rows of a batch holding n texts: n rounded up to `multiple` (or to multiple * 2^k), so
+    that a few batch shapes repeat and each jitted function compiles once per shape."""
+    if multiple < 1:
+        raise ValueError(f"padded_rows: multiple must be >= 1, got {multiple}")
+    blocks = max(1, -(-n // multiple))
+    if power_of_two:
+        blocks = 1 << (blocks - 1).bit_length()
+    return blocks * multiple
+
+
+def pad_rows(array: np.ndarray, rows: int) -> np.ndarray:
+    """Repeat the last row up to `rows` rows (a copy of a real row finishes with it)."""
+    if array.shape[0] >= rows:
+        return array
+    filler = np.repeat(array[-1:], rows - array.shape[0], axis=0)
+    return np.concatenate([array, filler], axis=0)
 
 
 def equal_chunks(n: int, size: int) -> list[slice]:

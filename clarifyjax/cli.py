@@ -294,7 +294,7 @@ def _read_inputs(args) -> tuple[list[str], list[str], list[str], list[str]]:
 
 
 def _load_pipeline(args):
-    from clarifyjax.delphi import Sampling
+    from clarifyjax.seq2seq import Sampling
     from clarifyjax.models.checkpoint_io import CheckpointError
     from clarifyjax.reward_pipeline import RewardPipeline
 

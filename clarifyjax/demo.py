@@ -198,14 +198,13 @@ def plot_rewards(metrics: Path, png: Path) -> Path:
     train = sorted({r["step"]: r for r in rows if "train/mean_score" in r}.items())
     dev = sorted({r["step"]: r for r in rows if "eval/reward" in r}.items())
     steps = [s for s, _ in train]
-    scores = [r["train/mean_score"] for _, r in train]
+    rewards = [r["train/mean_score"] for _, r in train]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    ax.plot(steps, scores, ".-", alpha=0.35, label="rollouts (normalized reward)")
-    if len(scores) >= 5:  # the rollout batches are small: a running mean shows the trend
+    ax.plot(steps, rewards, ".-", alpha=0.35, label="rollouts (normalized reward)")
+    if len(rewards) >= 5:  # the rollout batches are small: a running mean shows the trend
         window = 5
-        mean = [sum(scores[max(0, i - window + 1): i + 1]) / len(scores[max(0, i - window + 1):
-                                                                        i + 1])
-                for i in range(len(scores))]
+        mean = [sum(rewards[max(0, i - window + 1): i + 1])
+                / len(rewards[max(0, i - window + 1): i + 1]) for i in range(len(rewards))]
         ax.plot(steps, mean, "-", color="C0", label=f"rollouts, running mean of {window}")
     if dev:
         ax.plot([s for s, _ in dev], [r["eval/reward"] for _, r in dev], "o--",
@@ -228,7 +227,7 @@ def show_samples(cfg, before: Path, after: Path, data: Path, n: int = 5) -> None
     answer generator, the fusion model and the judge make of them."""
     from clarifyjax import data as data_lib
     from clarifyjax import text
-    from clarifyjax.delphi import Sampling, Seq2SeqModel
+    from clarifyjax.seq2seq import Sampling, Seq2SeqModel
     from clarifyjax.train import build_reward_fn
 
     situations = data_lib.unique_situations(data_lib.read_table(data / "dev.tsv",

@@ -150,7 +150,7 @@ def _abstract_state(kind: str, hf_json: str, param_dtype: str):
     [(path, Variable holding a ShapeDtypeStruct)]; cached per architecture."""
     from clarifyjax.models.encoder import EncoderConfig, SequenceClassifier
     from clarifyjax.models.t5 import T5, T5Config
-    from clarifyjax.policy import ValueModel
+    from clarifyjax.models.value import ValueModel
 
     hf = json.loads(hf_json)
     if kind == "encoder":

@@ -26,6 +26,7 @@ from clarifyjax.buckets import bucket_length, bucket_rows, length_sorted_batches
 from clarifyjax.models.encoder import SequenceClassifier
 from clarifyjax.models.encoder_params import (load_encoder_tokenizer, load_sequence_classifier,
                                               read_encoder_config)
+from clarifyjax.textfiles import check_texts
 
 
 @dataclasses.dataclass
@@ -41,16 +42,6 @@ class NLIResult:
     def predicted(self) -> list[str]:
         """The argmax label of every pair."""
         return [self.labels[i] for i in self.probabilities.argmax(-1)]
-
-
-def _check_strings(values, name: str) -> list[str]:
-    if isinstance(values, (str, bytes)):
-        raise TypeError(f"{name} must be a sequence of strings, got a single string")
-    values = list(values)
-    for i, v in enumerate(values):
-        if not isinstance(v, str):
-            raise TypeError(f"{name}[{i}] is {type(v).__name__}, expected str: {v!r}")
-    return values
 
 
 def _check_labels(labels: Sequence[str], drop_labels: Sequence[str], source) -> None:
@@ -139,8 +130,8 @@ class NLIFilter:
 
     def probabilities(self, premises: Sequence[str], hypotheses: Sequence[str]) -> np.ndarray:
         """[b, num_labels] label probabilities of each (premise, hypothesis) pair."""
-        premises = _check_strings(premises, "premises")
-        hypotheses = _check_strings(hypotheses, "hypotheses")
+        premises = check_texts(premises, "premises")
+        hypotheses = check_texts(hypotheses, "hypotheses")
         if len(premises) != len(hypotheses):
             raise ValueError(f"{len(premises)} premises but {len(hypotheses)} hypotheses: "
                              "pairs must line up")

@@ -185,16 +185,18 @@ def last_token_one_hot(mask: Array) -> Array:
     return (t == last[:, None]).astype(jnp.float32)
 
 
-def shaped_rewards(score: Array, logprobs: Array, ref_logprobs: Array, mask: Array,
+def shaped_rewards(rewards: Array, logprobs: Array, ref_logprobs: Array, mask: Array,
                    kl_coef) -> Array:
-    """Per-token rewards: -kl_coef * (logp - ref_logp), plus the task score on the last valid token.
+    """Per-token rewards: -kl_coef * (logp - ref_logp), plus the task reward on the last valid
+    token.
 
-    `score`: `[batch]`; the others `[batch, time]`. Returns `[batch, time]`, 0 on padding.
+    `rewards`: `[batch]`, one per sequence; the others `[batch, time]`. Returns the per-token
+    rewards `[batch, time]`, 0 on padding.
     """
     mask = jnp.asarray(mask, jnp.float32)
-    score = jnp.asarray(score, jnp.float32)
-    return score[:, None] * last_token_one_hot(mask) - kl_penalty(logprobs, ref_logprobs, mask,
-                                                                  kl_coef)
+    rewards = jnp.asarray(rewards, jnp.float32)
+    return rewards[:, None] * last_token_one_hot(mask) - kl_penalty(logprobs, ref_logprobs, mask,
+                                                                    kl_coef)
 
 
 class FixedKL(NamedTuple):
@@ -249,7 +251,7 @@ class Rollout(NamedTuple):
     logprobs: `[batch, time]` log-probs of the response tokens under the sampling policy.
     ref_logprobs: `[batch, time]` the same under the frozen reference policy.
     values: `[batch, time]` value-model estimates at sampling time.
-    scores: `[batch]` the task reward (normalized), paid at the last valid token.
+    rewards: `[batch]` the task reward (normalized), paid at the last valid token.
     """
 
     query_ids: Array
@@ -259,7 +261,7 @@ class Rollout(NamedTuple):
     logprobs: Array
     ref_logprobs: Array
     values: Array
-    scores: Array
+    rewards: Array
 
 
 class PPOState(NamedTuple):
@@ -292,8 +294,8 @@ def check_rollout(rollout: Rollout) -> tuple[int, int]:
         if shape != (batch, time):
             raise ValueError(f"Rollout.{name} has shape {shape}, expected [batch, time] = "
                              f"{(batch, time)} like response_ids")
-    if rollout.scores.shape != (batch,):
-        raise ValueError(f"Rollout.scores has shape {rollout.scores.shape}, expected ({batch},)")
+    if rollout.rewards.shape != (batch,):
+        raise ValueError(f"Rollout.rewards has shape {rollout.rewards.shape}, expected ({batch},)")
     for name in ("query_ids", "query_mask"):
         shape = getattr(rollout, name).shape
         if len(shape) < 1 or shape[0] != batch:
@@ -310,29 +312,9 @@ def _policy_outputs(out) -> tuple[Array, Array | None]:
     return out, None
 
 
-def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
-                    value_fn: Callable[[Any, Rollout], Array],
-                    policy_tx: optax.GradientTransformation,
-                    value_tx: optax.GradientTransformation,
-                    config: PPOConfig = PPOConfig()
-                    ) -> Callable[[PPOState, Rollout, Array], tuple[PPOState, dict[str, Array]]]:
-    """Build the pure PPO update `ppo_update(state, rollout, rng) -> (state, metrics)`.
-
-    policy_logprobs_fn(policy_params, rollout_minibatch) -> `[b, t]` log-probs of the response
-      tokens (or a tuple (log-probs, per-token entropy) to get an entropy metric).
-    value_fn(value_params, rollout_minibatch) -> `[b, t]` values.
-
-    The update: shaped rewards (score at the last token, per-token KL penalty with the
-    controller's current coefficient) -> optional reward whitening -> GAE -> advantage whitening
-    -> `epochs` passes, each over a fresh permutation split into `minibatches`, of one gradient
-    step on `clipped policy loss + vf_coef * clipped value loss` (two optax transforms, one per
-    parameter set) -> KL controller update from the rollout's mean per-sequence KL.
-    Metrics are scalars: losses averaged over all minibatch steps, and rollout statistics.
-    """
-    if config.epochs < 1 or config.minibatches < 1:
-        raise ValueError(f"PPOConfig: epochs and minibatches must be >= 1, got {config.epochs}, "
-                         f"{config.minibatches}")
-
+def _make_loss_fn(policy_logprobs_fn, value_fn, config: PPOConfig):
+    """`loss(policy_params, value_params, minibatch, advantages, returns) -> (total, metrics)`:
+    the clipped policy loss + vf_coef * the clipped value loss of one minibatch."""
     def loss_fn(policy_params, value_params, mb: Rollout, advantages, returns):
         mask = mb.response_mask.astype(jnp.float32)
         logprobs, entropy = _policy_outputs(policy_logprobs_fn(policy_params, mb))
@@ -352,7 +334,70 @@ def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
             metrics["policy_entropy"] = masked_mean(entropy.astype(jnp.float32), mask)
         return total, jax.tree.map(jax.lax.stop_gradient, metrics)
 
-    grad_fn = jax.grad(loss_fn, argnums=(0, 1), has_aux=True)
+    return loss_fn
+
+
+def _advantages(rollout: Rollout, mask, kl_coef, config: PPOConfig) -> tuple[Array, Array]:
+    """(advantages, returns) `[batch, time]`: GAE over the shaped per-token rewards (the
+    rollout's reward at the last token, the KL penalty at every token), whitened as configured."""
+    token_rewards = shaped_rewards(rollout.rewards, rollout.logprobs, rollout.ref_logprobs, mask,
+                                   kl_coef)
+    if config.whiten_rewards:
+        token_rewards = masked_whiten(token_rewards, mask, shift_mean=False)
+    advantages, returns = gae(token_rewards, rollout.values, mask, gamma=config.gamma,
+                              lam=config.lam)
+    if config.whiten_advantages:
+        advantages = masked_whiten(advantages, mask)
+    return advantages, returns
+
+
+def _rollout_metrics(rollout: Rollout, mask, kl_coef, advantages, returns
+                     ) -> tuple[Array, dict[str, Array]]:
+    """(mean per-sequence KL, the rollout's statistics before the update), in the original's
+    units: per-sequence sums. "mean_score" is the mean (normalized) reward: the key keeps its
+    name so that the metrics of a resumed run continue its earlier ones."""
+    kl_tokens = _apply_mask(rollout.logprobs - rollout.ref_logprobs, mask)
+    seq_kl = jnp.mean(jnp.sum(kl_tokens, axis=1))
+    return seq_kl, {
+        "kl_to_ref": seq_kl,
+        "kl_to_ref_per_token": masked_mean(kl_tokens, mask),
+        "kl_coef": kl_coef,
+        "mean_score": jnp.mean(rollout.rewards),
+        "mean_reward_total": jnp.mean(rollout.rewards) - kl_coef * seq_kl,
+        "entropy": masked_mean(-rollout.logprobs, mask),  # sampled-token estimate, per token
+        "response_length": jnp.mean(jnp.sum(mask, axis=1)),
+        "returns_mean": masked_mean(returns, mask),
+        "returns_var": masked_var(returns, mask),
+        "advantages_mean": masked_mean(advantages, mask),
+    }
+
+
+def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
+                    value_fn: Callable[[Any, Rollout], Array],
+                    policy_tx: optax.GradientTransformation,
+                    value_tx: optax.GradientTransformation,
+                    config: PPOConfig = PPOConfig()
+                    ) -> Callable[[PPOState, Rollout, Array], tuple[PPOState, dict[str, Array]]]:
+    """Build the pure PPO update `ppo_update(state, rollout, rng) -> (state, metrics)`.
+
+    policy_logprobs_fn(policy_params, rollout_minibatch) -> `[b, t]` log-probs of the response
+      tokens (or a tuple (log-probs, per-token entropy) to get an entropy metric).
+    value_fn(value_params, rollout_minibatch) -> `[b, t]` values.
+
+    The update: shaped per-token rewards (the rollout's reward at the last token, per-token KL
+    penalty with the controller's current coefficient) -> optional reward whitening -> GAE ->
+    advantage whitening
+    -> `epochs` passes, each over a fresh permutation split into `minibatches`, of one gradient
+    step on `clipped policy loss + vf_coef * clipped value loss` (two optax transforms, one per
+    parameter set) -> KL controller update from the rollout's mean per-sequence KL.
+    Metrics are scalars: losses averaged over all minibatch steps, and rollout statistics.
+    """
+    if config.epochs < 1 or config.minibatches < 1:
+        raise ValueError(f"PPOConfig: epochs and minibatches must be >= 1, got {config.epochs}, "
+                         f"{config.minibatches}")
+
+    grad_fn = jax.grad(_make_loss_fn(policy_logprobs_fn, value_fn, config), argnums=(0, 1),
+                       has_aux=True)
 
     def minibatch_step(carry, minibatch):
         policy_params, value_params, policy_opt, value_opt = carry
@@ -379,17 +424,10 @@ def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
             logprobs=_apply_mask(rollout.logprobs.astype(jnp.float32), mask),
             ref_logprobs=_apply_mask(rollout.ref_logprobs.astype(jnp.float32), mask),
             values=_apply_mask(rollout.values.astype(jnp.float32), mask),
-            scores=rollout.scores.astype(jnp.float32))
+            rewards=rollout.rewards.astype(jnp.float32))
 
         kl_coef = jnp.asarray(state.kl_ctl.value, jnp.float32)
-        rewards = shaped_rewards(rollout.scores, rollout.logprobs, rollout.ref_logprobs, mask,
-                                 kl_coef)
-        if config.whiten_rewards:
-            rewards = masked_whiten(rewards, mask, shift_mean=False)
-        advantages, returns = gae(rewards, rollout.values, mask, gamma=config.gamma,
-                                  lam=config.lam)
-        if config.whiten_advantages:
-            advantages = masked_whiten(advantages, mask)
+        advantages, returns = _advantages(rollout, mask, kl_coef, config)
 
         def epoch(carry, epoch_rng):
             order = jax.random.permutation(epoch_rng, batch)
@@ -403,21 +441,8 @@ def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
         carry, step_metrics = jax.lax.scan(epoch, carry, jax.random.split(rng, config.epochs))
         metrics = jax.tree.map(jnp.mean, step_metrics)  # over epochs x minibatches
 
-        # Rollout statistics (before the update), in the original's units: per-sequence sums.
-        kl_tokens = _apply_mask(rollout.logprobs - rollout.ref_logprobs, mask)
-        seq_kl = jnp.mean(jnp.sum(kl_tokens, axis=1))
-        metrics.update({
-            "kl_to_ref": seq_kl,
-            "kl_to_ref_per_token": masked_mean(kl_tokens, mask),
-            "kl_coef": kl_coef,
-            "mean_score": jnp.mean(rollout.scores),
-            "mean_reward_total": jnp.mean(rollout.scores) - kl_coef * seq_kl,
-            "entropy": masked_mean(-rollout.logprobs, mask),  # sampled-token estimate, per token
-            "response_length": jnp.mean(jnp.sum(mask, axis=1)),
-            "returns_mean": masked_mean(returns, mask),
-            "returns_var": masked_var(returns, mask),
-            "advantages_mean": masked_mean(advantages, mask),
-        })
+        seq_kl, stats = _rollout_metrics(rollout, mask, kl_coef, advantages, returns)
+        metrics.update(stats)
         policy_params, value_params, policy_opt, value_opt = carry
         new_state = PPOState(policy_params=policy_params, value_params=value_params,
                              policy_opt_state=policy_opt, value_opt_state=value_opt,

@@ -35,7 +35,9 @@ from clarifyjax import sharding as sharding_lib
 from clarifyjax.config import ConfigError
 from clarifyjax.models.hf import load_t5
 from clarifyjax.models.t5 import T5, T5Config
-from clarifyjax.policy import ValueModel, copy_params, make_ppo_fns, split_model
+from clarifyjax.models.params import copy_params, split_model
+from clarifyjax.models.value import ValueModel
+from clarifyjax.policy import make_ppo_fns
 from clarifyjax.tokenizer import Tokenizer
 
 
@@ -324,7 +326,7 @@ class PPOProgram(Program):
             kl_ctl=jax.tree.map(lambda _: rep, shapes.kl_ctl), step=rep)
         b1, b2 = sharding_lib.batch_sharding(mesh, 1), sharding_lib.batch_sharding(mesh, 2)
         rollout_sh = ppo.Rollout(query_ids=b2, query_mask=b2, response_ids=b2, response_mask=b2,
-                                 logprobs=b2, ref_logprobs=b2, values=b2, scores=b1)
+                                 logprobs=b2, ref_logprobs=b2, values=b2, rewards=b1)
         update = ppo.make_ppo_update(*make_ppo_fns(graphdef, value_graphdef), tx, tx, hyper)
         in_sh = (ppo_sh, rollout_sh, rep)
         step = jax.jit(traced("ppo_update", update), in_shardings=in_sh,
@@ -344,7 +346,7 @@ class PPOProgram(Program):
             response_mask=spec(sh.response_mask, i32, response_len),
             logprobs=spec(sh.logprobs, f32, response_len),
             ref_logprobs=spec(sh.ref_logprobs, f32, response_len),
-            values=spec(sh.values, f32, response_len), scores=spec(sh.scores, f32))
+            values=spec(sh.values, f32, response_len), rewards=spec(sh.rewards, f32))
 
     def abstract_key(self) -> jax.ShapeDtypeStruct:
         """The update's RNG key (a typed key, replicated)."""

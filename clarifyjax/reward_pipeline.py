@@ -36,7 +36,7 @@ from clarifyjax import delphi, traces
 from clarifyjax import reward as reward_lib
 from clarifyjax import text as text_lib
 from clarifyjax.config import NLI_THRESHOLD
-from clarifyjax.delphi import Sampling, Seq2SeqModel
+from clarifyjax.seq2seq import Sampling, Seq2SeqModel
 
 DROPPED_POLICIES = ("zero_reward", "resample", "blank")
 COUNT_KEYS = ("questions", "empty_questions", "truncated_questions", "answers", "empty_answers",

@@ -46,10 +46,11 @@ DEFAULT_JUDGMENT_TEXT = {-1: "it's bad", 0: "it's okay", 1: "it's good"}
 WH_WORDS = ("what", "how", "why", "who", "where", "when", "which", "whose", "whom")
 
 _WHITESPACE = re.compile(r"\s+")
-# Delphi decodes "<" as <unk> (T5's vocabulary lacks it): accept both spellings.
+# Delphi decodes "<" as <unk> (T5's vocabulary lacks it), and a tokenizer that drops <unk> on
+# decoding leaves "class>1/class> text>..": accept all three spellings.
 _DELPHI_OUTPUT = re.compile(
-    r"(?:<|<unk>)\s*class>\s*(-?\d+)\s*(?:<|<unk>)\s*/class>\s*(?:(?:<|<unk>)\s*text>\s*(.*?)"
-    r"\s*(?:(?:<|<unk>)\s*/text>|$))?", re.DOTALL)
+    r"(?:<unk>|<)?\s*class>\s*(-?\d+)\s*(?:<unk>|<)?\s*/\s*class>\s*"
+    r"(?:(?:<unk>|<)?\s*text>\s*(.*?)\s*(?:(?:<unk>|<)?\s*/\s*text>|$))?", re.DOTALL)
 
 
 class TextFormatError(ValueError):
@@ -236,9 +237,14 @@ def fusion_sft_from_row(row: Mapping[str, str], *, where: str | None = None) -> 
 # --------------------------------------------------------------------------- judge (Delphi)
 
 
-def judge_input(text: str, *, where: str | None = None) -> str:
-    """The judge's input: "[moral_single]: " + text (the policy prefix stripped, unlike the original)."""
-    return JUDGE_PREFIX + _situation(text, where)
+def judge_input(text: str, *, prefix: str = JUDGE_PREFIX, where: str | None = None) -> str:
+    """The judge's input: "[moral_single]: " + text (the policy prefix stripped, unlike the
+    original). `prefix`: another judge's (a classifier judge reads the text alone, prefix "").
+    A text that is empty without the policy prefix raises `TextFormatError`."""
+    situation = _situation(text, where)
+    if not situation:
+        raise TextFormatError(f"{where + ': ' if where else ''}field 'situation' is empty")
+    return prefix + situation
 
 
 def parse_label(label, *, where: str | None = None) -> int:
@@ -275,19 +281,20 @@ def judge_sft_example(text: str, label, judgment: str | None = None, *,
     return judge_input(text, where=where), delphi_target(label, judgment, where=where)
 
 
-def parse_delphi_output(decoded: str) -> tuple[int | None, str]:
-    """(label, judgment text) from a decoded Delphi output; (None, "") when it has no class.
+def parse_delphi_output(decoded: str, *, keep_unparsed: bool = False) -> tuple[int | None, str]:
+    """(label, judgment text) from a decoded Delphi output.
 
-    Accepts "<class>1</class> <text>it's good</text>" and the `<unk>` spelling that a T5
-    vocabulary without "<" decodes to ("<unk> class>1<unk> /class> <unk> text>...").
+    Accepts "<class>1</class> <text>it's good</text>", the `<unk>` spelling that a T5 vocabulary
+    without "<" decodes to ("<unk> class>1<unk> /class> <unk> text>...") and the one left when
+    <unk> is dropped on decoding ("class>1/class> text>..."). An output without a class gives
+    (None, ""), or with `keep_unparsed` (None, the whole output), as the original's split on its
+    separators did (the judge's judgment text).
     """
-    match = _DELPHI_OUTPUT.search(decoded.replace("</s>", "").replace("<pad>", ""))
-    if not match:
-        return None, ""
-    label = int(match.group(1))
-    if label not in LABEL_TO_CLASS:
-        return None, ""
-    return label, normalize_whitespace(match.group(2) or "")
+    decoded = decoded.replace("</s>", "").replace("<pad>", "")
+    match = _DELPHI_OUTPUT.search(decoded)
+    if not match or int(match.group(1)) not in LABEL_TO_CLASS:
+        return None, normalize_whitespace(decoded) if keep_unparsed else ""
+    return int(match.group(1)), normalize_whitespace(match.group(2) or "")
 
 
 # --------------------------------------------------------------------------- NLI

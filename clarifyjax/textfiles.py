@@ -14,6 +14,9 @@ any model is loaded, and never half-way through the work:
   byte-order mark) is empty: an error naming file and line.
 * An output file is refused when it exists and is not empty (an earlier run's results) unless
   the caller allows overwriting; its folder must be writable (probed with a real file).
+
+`check_texts` is the one check of a list of texts handed to a model (the judge, the seq2seq
+models, the NLI filter, the sentence embedder): a sequence of `str`, each encodable.
 """
 from __future__ import annotations
 
@@ -77,6 +80,19 @@ def decode_utf8(data: bytes, name: str, *, error: type[Exception] = ValueError) 
     return text
 
 
+def split_lines(text: str) -> list[str]:
+    """Lines split on "\\n" (a trailing "\\r" dropped), as editors and `wc -l` count them."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the final newline ends the last line, it does not start a new one
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def is_blank(text: str) -> bool:
+    """Only whitespace and invisible characters (format: zero-width space, BOM; control)."""
+    return all(c.isspace() or unicodedata.category(c) in ("Cf", "Cc") for c in text)
+
+
 def unencodable(text: str) -> int | None:
     """Index of the first character of `text` that has no UTF-8 encoding (a lone surrogate, as
     JSON's "\\ud800" or Python's surrogateescape make), or None when the text is fine."""
@@ -89,17 +105,21 @@ def unencodable(text: str) -> int | None:
     return None
 
 
-def split_lines(text: str) -> list[str]:
-    """Lines split on "\\n" (a trailing "\\r" dropped), as editors and `wc -l` count them."""
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()  # the final newline ends the last line, it does not start a new one
-    return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-
-def is_blank(text: str) -> bool:
-    """Only whitespace and invisible characters (format: zero-width space, BOM; control)."""
-    return all(c.isspace() or unicodedata.category(c) in ("Cf", "Cc") for c in text)
+def check_texts(texts, name: str = "texts") -> list[str]:
+    """`texts` as a list of str. A bare string (TypeError), a non-string item (TypeError naming
+    `name[i]`) or a string that cannot be encoded (ValueError naming `name[i]` and the character:
+    a lone surrogate, on which a tokenizer library would fail) is a clear error."""
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(f"{name} must be a sequence of strings, got a single string")
+    texts = list(texts)
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"{name}[{i}] is {type(t).__name__}, expected str: {t!r}")
+        at = unencodable(t)
+        if at is not None:
+            raise ValueError(f"{name}[{i}] holds {t[at]!r} at character {at} (a lone surrogate), "
+                             f"which is not encodable text: {t[:60]!r}")
+    return texts
 
 
 def check_output(out: str | os.PathLike, *, overwrite: bool, option: str = "--out",

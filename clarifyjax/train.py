@@ -40,8 +40,9 @@ from clarifyjax.config import ConfigError
 from clarifyjax.metrics_log import MetricsLogger, say_through
 from clarifyjax.models.hf import save_t5
 from clarifyjax.models.t5 import T5, T5Config
-from clarifyjax.policy import RolloutSampler, host_rows, merge_model, split_model
+from clarifyjax.models.params import merge_model, split_model
 from clarifyjax.reward import RewardNormalizer, flip_rate
+from clarifyjax.rollout import RolloutSampler, host_rows
 from clarifyjax.tokenizer import Tokenizer
 
 # --------------------------------------------------------------------------- runs
@@ -225,6 +226,7 @@ def build_reward_fn(cfg):
     puts in one process, each device reading only its slices of the checkpoints.
     """
     from clarifyjax import delphi, reward_pipeline
+    from clarifyjax.seq2seq import Seq2SeqModel
 
     r = cfg.rewards
     mesh = sharding_lib.process_mesh(cfg.mesh.axis_sizes())
@@ -234,7 +236,7 @@ def build_reward_fn(cfg):
         if m.init is None:
             raise ConfigError(f"rewards.{name}.init: the reward models must be trained folders "
                               "(a random 'tiny' model is not a reward model)")
-        return delphi.Seq2SeqModel.from_pretrained(
+        return Seq2SeqModel.from_pretrained(
             m.init, tokenizer_path=m.tokenizer, dtype=m.dtype, max_input_length=m.max_input_length,
             mesh=mesh, rules=rules)
 
@@ -271,7 +273,7 @@ def _fit_normalizer(cfg, sampler, params, dataset, say) -> RewardNormalizer:
         _, _, _, questions = sampler.questions(params, batch, k_sample)
         fields = sampler.rewards([dataset.texts["situation"][j] for j in batch["index"]],
                                  questions, k_reward)
-        raw.append(fields["reward"])
+        raw.append(fields["raw_reward"])
         valid.append(fields.get("valid", np.ones(len(questions), bool)))
     normalizer = RewardNormalizer.fit(_all_hosts(np.concatenate(raw)),
                                       _all_hosts(np.concatenate(valid)))
@@ -284,7 +286,7 @@ def evaluate_ppo(sampler: RolloutSampler, params, ref_params, dataset, *, batch_
                  normalizer, key) -> dict[str, float]:
     """Greedy questions for the dev situations: mean raw and normalized reward, JSD, judgment
     flip rate (when the reward function reports judge distributions), reference NLL per token."""
-    rewards, valid, jsds, flips = [], [], [], []
+    raw_rewards, valid, jsds, flips = [], [], [], []
     nll, tokens = 0.0, 0.0
     for i, batch in enumerate(data_lib.eval_batches(dataset, batch_size)):
         keep = batch["example_mask"].astype(bool)
@@ -294,7 +296,7 @@ def evaluate_ppo(sampler: RolloutSampler, params, ref_params, dataset, *, batch_
         rows = sharding_lib.shard_batch(keep.astype(np.int32)[:, None], sampler.mesh)
         s, n = sampler.ref_nll(ref_params, ids, mask, gen.tokens, gen.mask * rows)
         nll, tokens = nll + float(s), tokens + float(n)
-        rewards.append(fields["reward"][keep])
+        raw_rewards.append(fields["raw_reward"][keep])
         valid.append(fields.get("valid", np.ones(len(keep), bool))[keep])
         if "jsd" in fields:
             jsds.append(np.asarray(fields["jsd"])[keep])
@@ -302,7 +304,7 @@ def evaluate_ppo(sampler: RolloutSampler, params, ref_params, dataset, *, batch_
             updated = np.stack([fields["p_weak"], fields["p_strong"]], axis=1)[keep]
             flips.append(float(flip_rate(fields["p_base"][keep], updated,
                                          np.repeat(valid[-1][:, None], 2, axis=1))))
-    raw = _all_hosts(np.concatenate(rewards))
+    raw = _all_hosts(np.concatenate(raw_rewards))
     metrics = {"eval/reward_raw": float(raw.mean()),
                "eval/reward": float(np.mean(normalizer(raw))),
                "eval/valid_rate": float(_all_hosts(np.concatenate(valid)).mean()),
@@ -347,7 +349,7 @@ def _log_ppo_step(logger, bar, step: int, metrics, fields, times: dict, t_update
     row = {f"train/{k}": float(v) for k, v in metrics.items()}
     times["time/update"] = time.perf_counter() - t_update  # float() above synchronized
     row.update(times)
-    row["train/reward_raw"] = float(fields["reward"].mean())
+    row["train/reward_raw"] = float(fields["raw_reward"].mean())
     row["train/tokens_per_s"] = float(host_rows(rollout.response_mask, mesh).sum()
                                       ) / max(sum(times.values()), 1e-9)
     if "valid" in fields:
@@ -416,7 +418,7 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
                 row = _log_ppo_step(logger, bar, step, metrics, fields, times, t0, rollout, mesh)
                 result["history"].append({"step": step, **row})
             if cfg.run.sample_every and step % cfg.run.sample_every == 0:
-                for sit, q, r in list(zip(situations, questions, fields["reward"]))[:3]:
+                for sit, q, r in list(zip(situations, questions, fields["raw_reward"]))[:3]:
                     say(f"  [{step}] {sit!r}\n      -> {q!r} (raw reward {r:.4g})")
             if dev_ds is not None and _due(step, cfg.run.eval_every, cfg.run.steps):
                 result["eval"] = evaluate(step)

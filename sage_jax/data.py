@@ -42,12 +42,11 @@ from typing import Sequence
 import numpy as np
 
 from clarifyjax.tables import NOT_TEXT, DataError, read_rows
-from clarifyjax.textfiles import unencodable
 from sage_jax.metric import SIMILARITY_TOLERANCE
 
 __all__ = ["FIELDS", "Columns", "DataError", "DataWarning", "Question", "TextBatch", "detect_format",
            "gather", "pair_matrix", "read_long", "read_pairs", "read_questions", "read_rows",
-           "shared_texts", "text_batch", "unencodable"]
+           "shared_texts", "text_batch"]
 
 FIELDS = ("paraphrase", "answer", "rot")
 

@@ -32,7 +32,7 @@ from clarifyjax.buckets import (SENTENCE_BUCKETS, bucket_length, bucket_rows, le
 from clarifyjax.models.encoder import EncoderConfig
 from clarifyjax.models.encoder_params import (load_encoder, load_encoder_tokenizer,
                                               read_encoder_config)
-from clarifyjax.textfiles import unencodable
+from clarifyjax.textfiles import check_texts
 
 # In sentence-transformers' concatenation order (and its legacy config keys).
 POOLING_MODES = {
@@ -143,22 +143,6 @@ def read_sentence_transformers_folder(path: Path) -> tuple[Path, tuple[str, ...]
     if modes is None:
         raise CheckpointError(f"{modules_file} lists no Pooling module")
     return transformer, modes, normalize
-
-
-def check_texts(texts, name: str = "texts") -> list[str]:
-    """`texts` as a list of str; a bare string, a non-string item or a string that cannot be
-    encoded (a lone surrogate: the tokenizer library would fail on it) is a clear error."""
-    if isinstance(texts, (str, bytes)):
-        raise TypeError(f"{name} must be a sequence of strings, got a single string")
-    texts = list(texts)
-    for i, t in enumerate(texts):
-        if not isinstance(t, str):
-            raise TypeError(f"{name}[{i}] is {type(t).__name__}, expected str: {t!r}")
-        at = unencodable(t)
-        if at is not None:
-            raise ValueError(f"{name}[{i}] holds {t[at]!r} at character {at} (a lone surrogate), "
-                             f"which is not encodable text: {t[:60]!r}")
-    return texts
 
 
 class SentenceEmbedder:

@@ -17,7 +17,7 @@ import pytest
 
 from clarifyjax.buckets import equal_chunks
 from clarifyjax.cli import SUBCOMMANDS, main
-from clarifyjax.delphi import Sampling
+from clarifyjax.seq2seq import Sampling
 from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline
 from conftest import REPO_ROOT, shared_data
 from helpers.score_cli import N, args_for, folders, rows, write_lines  # noqa: F401 (fixtures)

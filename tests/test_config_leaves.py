@@ -145,7 +145,7 @@ def _pairs(n):
 @pytest.fixture(scope="module")
 def stubs():
     """Loaders that record their arguments instead of reading weights or files."""
-    from clarifyjax import data, delphi, nli, programs, reward_pipeline, sharding, train
+    from clarifyjax import data, delphi, nli, programs, reward_pipeline, seq2seq, sharding, train
 
     rec = _Recorder()
     mp = pytest.MonkeyPatch()
@@ -170,7 +170,7 @@ def stubs():
     mp.setattr(data, "resolve_data_path", lambda path, option=None: Path(path))
     mp.setattr(data, "read_pairs", read_pairs)
     mp.setattr(data, "read_table", read_table)
-    mp.setattr(delphi.Seq2SeqModel, "from_pretrained", rec("seq2seq"))
+    mp.setattr(seq2seq.Seq2SeqModel, "from_pretrained", rec("seq2seq"))
     mp.setattr(delphi, "load_judge", rec("judge"))
     mp.setattr(nli.NLIFilter, "from_pretrained", rec("nli"))
     mp.setattr(reward_pipeline, "RewardPipeline", lambda *a: a)

@@ -25,7 +25,7 @@ distributed.initialize()
 import jax, jax.numpy as jnp, numpy as np, optax
 from flax import nnx
 from jax.experimental import multihost_utils
-from clarifyjax import policy
+from clarifyjax.models.params import split_model
 from clarifyjax import sharding as sh
 from clarifyjax.checkpointing import Checkpointer, to_abstract
 from clarifyjax.models.t5 import T5, T5Config
@@ -41,7 +41,7 @@ config = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_
                   relative_attention_num_buckets=8, relative_attention_max_distance=32,
                   dropout_rate=0.0, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
 seed = 0 if mode == "save" else 7  # a restore must overwrite every value
-_, params = policy.split_model(
+_, params = split_model(
     sh.create_sharded(lambda: T5(config, rngs=nnx.Rngs(seed)), mesh, rules))
 tx = optax.adam(1e-2)
 

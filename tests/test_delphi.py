@@ -24,8 +24,9 @@ import pytest
 from helpers.tiny_models import tiny_classifier_folder, tiny_t5_folder
 from conftest import require, shared_data
 from clarifyjax import traces
-from clarifyjax.delphi import (DELPHI_CLASS_STEP, ClassifierJudge, Judge, Sampling, load_judge,
-                               parse_judgment)
+from clarifyjax.delphi import DELPHI_CLASS_STEP, ClassifierJudge, Judge, load_judge
+from clarifyjax.seq2seq import Sampling
+from clarifyjax.text import parse_delphi_output
 from clarifyjax.models.checkpoint_io import CheckpointError
 
 TOL = 1e-5
@@ -132,7 +133,8 @@ def test_judgment_text_is_greedy_decoding(t5_judge):
         eos = np.flatnonzero(ref_row[:k] == 1)
         k = eos[0] + 1 if eos.size else k
         assert ours_row[:k].tolist() == ref_row[:k].tolist()
-    ref_text = [parse_judgment(" ".join(hf_tok.decode(r, skip_special_tokens=True).split()))[1]
+    ref_text = [parse_delphi_output(" ".join(hf_tok.decode(r, skip_special_tokens=True).split()),
+                                    keep_unparsed=True)[1]
                 for r in seq[:, 1:].numpy()]
     assert ours == ref_text
 
@@ -144,7 +146,7 @@ def test_judgment_text_is_greedy_decoding(t5_judge):
     ("no structure here", (None, "no structure here")),
 ])
 def test_parse_judgment(decoded, expected):
-    assert parse_judgment(decoded) == expected
+    assert parse_delphi_output(decoded, keep_unparsed=True) == expected
 
 
 # ------------------------------------------------------------------------------- bad judges

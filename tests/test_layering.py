@@ -33,14 +33,16 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "models": ("clarifyjax.models.checkpoint_io", "clarifyjax.models.t5_layers",
                "clarifyjax.models.t5", "clarifyjax.models.encoder",
                "clarifyjax.models.encoder_params", "clarifyjax.models.hf",
-               "clarifyjax.models.tiny"),
+               "clarifyjax.models.tiny", "clarifyjax.models.value", "clarifyjax.models.params"),
     # Building blocks over the models: configs, tokenizers, decoding, files, data formats.
     "building blocks": ("clarifyjax.tables", "clarifyjax.configlib", "clarifyjax.config_models", "clarifyjax.config",
                         "clarifyjax.tokenizer", "clarifyjax.decoding",
                         "clarifyjax.child_result", "clarifyjax.chunkstore", "sage_jax.lexical"),
-    # Components: the models' roles (judge, NLI filter, rollouts, SFT step), data, checkpoints.
-    "components": ("clarifyjax.data", "clarifyjax.text_inputs", "clarifyjax.delphi",
-                   "clarifyjax.nli", "clarifyjax.policy", "clarifyjax.sft", "clarifyjax.checkpointing", "clarifyjax.run_record",
+    # Components: the models' roles (seq2seq, judge, NLI filter, rollouts, SFT step), data,
+    # checkpoints.
+    "components": ("clarifyjax.data", "clarifyjax.text_inputs", "clarifyjax.seq2seq",
+                   "clarifyjax.delphi", "clarifyjax.nli", "clarifyjax.policy", "clarifyjax.rollout",
+                   "clarifyjax.sft", "clarifyjax.checkpointing", "clarifyjax.run_record",
                    "sage_jax.data", "sage_jax.embed", "sage_jax.report"),
     # Pipelines: the composed reward, the training programs and loops, the dry run.
     "pipelines": ("clarifyjax.reward_pipeline", "clarifyjax.memory_plan", "clarifyjax.programs",
@@ -61,6 +63,10 @@ SAME_LAYER: set[tuple[str, str]] = {
     ("clarifyjax.config", "clarifyjax.configlib"),
     ("clarifyjax.config", "clarifyjax.config_models"),
     ("clarifyjax.text_inputs", "clarifyjax.data"),
+    ("clarifyjax.delphi", "clarifyjax.seq2seq"),
+    ("clarifyjax.rollout", "clarifyjax.policy"),
+    ("clarifyjax.models.value", "clarifyjax.models.t5"),
+    ("clarifyjax.models.value", "clarifyjax.models.t5_layers"),
     ("clarifyjax.programs", "clarifyjax.memory_plan"),
     ("clarifyjax.train", "clarifyjax.programs"),
     ("clarifyjax.train", "clarifyjax.reward_pipeline"),

@@ -150,15 +150,15 @@ def test_kl_penalty_and_shaped_rewards():
     m, lengths = _right_padded_mask(rng, B, T)
     logp = rng.normal(-2, 1, (B, T)).astype(np.float32)
     ref = rng.normal(-2, 1, (B, T)).astype(np.float32)
-    score = rng.normal(size=B).astype(np.float32)
+    reward = rng.normal(size=B).astype(np.float32)
     logp_pad = np.where(m > 0, logp, -np.inf)  # the original's -inf padding must not leak
     pen = np.asarray(ppo.kl_penalty(logp_pad, ref, m, 0.15))
     np.testing.assert_allclose(pen, 0.15 * (logp - ref) * m, atol=1e-6)
-    rewards = np.asarray(ppo.shaped_rewards(score, logp_pad, ref, m, 0.15))
+    rewards = np.asarray(ppo.shaped_rewards(reward, logp_pad, ref, m, 0.15))
     expected = -0.15 * (logp - ref) * m
     for i, n in enumerate(lengths):
         if n > 0:
-            expected[i, n - 1] += score[i]
+            expected[i, n - 1] += reward[i]
     np.testing.assert_allclose(rewards, expected, atol=1e-6)
 
 
@@ -291,9 +291,9 @@ def test_first_step_matches_numpy_sgd():
     lengths = m.sum(1).astype(int)
     logp, ref_logp = np.asarray(roll.logprobs, np.float64), np.asarray(roll.ref_logprobs, np.float64)
     v = np.asarray(roll.values, np.float64)
-    score = np.asarray(roll.scores, np.float64)
+    reward = np.asarray(roll.rewards, np.float64)
     rewards = -beta * (logp - ref_logp) * m
-    rewards[np.arange(B), lengths - 1] += score
+    rewards[np.arange(B), lengths - 1] += reward
     rewards = _np_whiten(rewards, m, shift_mean=False)
     adv = _np_gae_per_row(rewards, v, lengths, cfg.gamma, cfg.lam)
     returns = (adv + v) * m
@@ -343,8 +343,8 @@ def test_minibatches_epochs_and_adaptive_kl_in_state():
     with pytest.raises(ValueError, match="not divisible by PPOConfig.minibatches=5"):
         jax.jit(ppo.make_ppo_update(policy_logprobs, bandit_values, tx, tx,
                                     ppo.PPOConfig(minibatches=5)))(state, roll, jax.random.key(0))
-    with pytest.raises(ValueError, match="Rollout.scores has shape"):
-        update(state, roll._replace(scores=roll.scores[:3]), jax.random.key(0))
+    with pytest.raises(ValueError, match="Rollout.rewards has shape"):
+        update(state, roll._replace(rewards=roll.rewards[:3]), jax.random.key(0))
 
 
 _SHARDED_CODE = r"""
@@ -365,7 +365,7 @@ roll = tp.make_rollout(ref, ref, values, jax.random.key(1))
 
 replicated = NamedSharding(mesh, P())
 state_sh = jax.tree.map(lambda _: replicated, state)
-roll_sh = ppo.Rollout(*(NamedSharding(mesh, P("data")) for _ in roll))
+roll_sh = ppo.Rollout(**{name: NamedSharding(mesh, P("data")) for name in ppo.Rollout._fields})
 sharded = jax.jit(update, in_shardings=(state_sh, roll_sh, replicated),
                   out_shardings=(state_sh, replicated))
 placed = jax.device_put(roll, roll_sh)

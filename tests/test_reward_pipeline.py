@@ -21,7 +21,8 @@ import pytest
 from helpers.tiny_models import tiny_classifier_folder, tiny_nli_folder, tiny_t5_folder
 from conftest import require, shared_data
 from clarifyjax import text as text_lib
-from clarifyjax.delphi import ClassifierJudge, Judge, Sampling, Seq2SeqModel
+from clarifyjax.delphi import ClassifierJudge, Judge
+from clarifyjax.seq2seq import Sampling, Seq2SeqModel
 from clarifyjax.nli import NLIFilter, NLIResult
 from clarifyjax.reward import RewardNormalizer
 from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline

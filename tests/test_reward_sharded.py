@@ -47,7 +47,8 @@ import numpy as np, jax
 from flax import nnx
 from clarifyjax import sharding
 from clarifyjax.child_result import write_result
-from clarifyjax.delphi import ClassifierJudge, Sampling
+from clarifyjax.delphi import ClassifierJudge
+from clarifyjax.seq2seq import Sampling
 from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline
 
 F = json.loads(FOLDERS)

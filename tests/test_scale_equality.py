@@ -35,6 +35,8 @@ import jax, jax.numpy as jnp, numpy as np, optax
 from flax import nnx
 from jax.experimental import multihost_utils
 from clarifyjax import ppo, sft, policy
+from clarifyjax.models.params import split_model
+from clarifyjax.models.value import ValueModel
 from clarifyjax import sharding as sh
 from clarifyjax.models.t5 import T5, T5Config
 
@@ -50,11 +52,11 @@ config = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_
                   dropout_rate=0.0, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
 
 def build(factory):
-    graphdef, params = policy.split_model(sh.create_sharded(factory, mesh, rules))
+    graphdef, params = split_model(sh.create_sharded(factory, mesh, rules))
     return graphdef, params
 
 pol_def, pol = build(lambda: T5(config, rngs=nnx.Rngs(0)))
-val_def, val = build(lambda: policy.ValueModel(config, rngs=nnx.Rngs(1)))
+val_def, val = build(lambda: ValueModel(config, rngs=nnx.Rngs(1)))
 
 def place(x):
     """The whole numpy batch -> a global array split over data x fsdp (any process count)."""
@@ -101,7 +103,7 @@ logprobs, ref_logprobs, values = scorer(pol, pol, val, qi, qm, ri, rm)
 noise = place(0.05 * rs.randn(B, T).astype(np.float32))
 rollout = ppo.Rollout(query_ids=qi, query_mask=qm, response_ids=ri, response_mask=rm,
                       logprobs=logprobs, ref_logprobs=ref_logprobs + noise, values=values,
-                      scores=place(rs.randn(B).astype(np.float32)))
+                      rewards=place(rs.randn(B).astype(np.float32)))
 ptx, vtx = optax.sgd(0.005), optax.sgd(0.005)
 ppo_state = ppo.init_ppo_state(pol, val, ptx, vtx)
 update = jax.jit(ppo.make_ppo_update(logp_fn, value_fn, ptx, vtx,

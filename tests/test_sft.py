@@ -13,7 +13,7 @@ from flax import nnx
 
 from clarifyjax import optim, sft
 from clarifyjax.models.t5 import T5, T5Config
-from clarifyjax.policy import split_model
+from clarifyjax.models.params import split_model
 from conftest import shared_data
 
 V = 37

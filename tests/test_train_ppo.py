@@ -1,4 +1,5 @@
-"""The PPO adapters (clarifyjax.policy) against independent code paths, and the PPO loop
+"""The PPO adapters (clarifyjax.policy, clarifyjax.models.value, clarifyjax.rollout) against
+independent code paths, and the PPO loop
 (clarifyjax.train.train_ppo) on a toy reward: the mean reward must rise, the KL stay bounded."""
 import json
 
@@ -7,7 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from clarifyjax import decoding, policy, traces, train
+from clarifyjax import decoding, policy, rollout, traces, train
+from clarifyjax.models.params import copy_params, split_model
+from clarifyjax.models.value import ValueModel
 from clarifyjax.models.t5 import T5, T5Config, shift_right
 from conftest import shared_data
 from helpers.ppo_runs import lower_half_share, ppo_config
@@ -30,11 +33,11 @@ def _query(rng, b=4, s=6):
 @pytest.mark.parametrize("tied", [False, True])
 def test_value_model_is_a_scalar_head_on_the_decoder_states(tied):
     model = _tiny_t5(tied=tied)
-    value = policy.ValueModel.from_t5(model, seed=3)
+    value = ValueModel.from_t5(model, seed=3)
     ids, mask = _query(np.random.default_rng(0))
     resp = np.random.default_rng(1).integers(3, 41, (4, 5)).astype(np.int32)
     resp_mask = (np.arange(5)[None] < np.array([5, 4, 2, 1])[:, None]).astype(np.int32)
-    graphdef, params = policy.split_model(value)
+    graphdef, params = split_model(value)
     got = jax.jit(lambda p, *a: policy.response_values(nnx.merge(graphdef, p), *a))(
         params, ids, mask, resp, resp_mask)
     # reference: the policy T5's own decode(return_hidden=True) (the trunk is a copy of it)
@@ -55,7 +58,7 @@ def test_response_logprobs_match_decoding():
     model = _tiny_t5(seed=1)
     ids, mask = _query(np.random.default_rng(2))
     gen = decoding.generate(model, ids, mask, rng=jax.random.key(0), max_new_tokens=6)
-    graphdef, params = policy.split_model(model)
+    graphdef, params = split_model(model)
     fn = jax.jit(lambda p, *a: policy.response_logprobs(nnx.merge(graphdef, p), *a,
                                                         with_entropy=True))
     logp, entropy = fn(params, ids, mask, gen.tokens, gen.mask)
@@ -66,33 +69,33 @@ def test_response_logprobs_match_decoding():
     assert np.all(np.asarray(entropy)[np.asarray(gen.mask) > 0] > 0)
 
     # the rollout scorer: the reference is a copy, so the per-token KL starts at exactly 0
-    value = policy.ValueModel.from_t5(model)
-    vg, vp = policy.split_model(value)
+    value = ValueModel.from_t5(model)
+    vg, vp = split_model(value)
     scorer = jax.jit(policy.make_rollout_scorer(graphdef, vg))
-    lp, ref_lp, values = scorer(params, policy.copy_params(params), vp, ids, mask, gen.tokens,
+    lp, ref_lp, values = scorer(params, copy_params(params), vp, ids, mask, gen.tokens,
                                 gen.mask)
     np.testing.assert_array_equal(np.asarray(lp), np.asarray(ref_lp))
     assert values.shape == gen.tokens.shape
 
 
 def test_reward_fields():
-    out = policy.reward_fields(np.array([0.1, 0.2]), 2)
-    assert out["reward"].dtype == np.float64 and list(out) == ["reward"]
+    out = rollout.reward_fields(np.array([0.1, 0.2]), 2)
+    assert out["raw_reward"].dtype == np.float64 and list(out) == ["raw_reward"]
 
     class Output:  # as reward_pipeline.RewardOutput: raw_reward wins over the normalized reward
         reward = np.array([5.0, 6.0])
         raw_reward = np.array([0.5, 0.6])
         valid = np.array([True, False])
 
-    out = policy.reward_fields(Output(), 2)
-    np.testing.assert_array_equal(out["reward"], [0.5, 0.6])
+    out = rollout.reward_fields(Output(), 2)
+    np.testing.assert_array_equal(out["raw_reward"], [0.5, 0.6])
     np.testing.assert_array_equal(out["valid"], [True, False])
     with pytest.raises(ValueError, match=r"rewards of shape \(3,\) for 2 questions"):
-        policy.reward_fields(np.zeros(3), 2)
+        rollout.reward_fields(np.zeros(3), 2)
     with pytest.raises(ValueError, match="non-finite"):
-        policy.reward_fields(np.array([0.0, np.nan]), 2)
+        rollout.reward_fields(np.array([0.0, np.nan]), 2)
     with pytest.raises(TypeError, match="without a 'reward'"):
-        policy.reward_fields(object(), 2)
+        rollout.reward_fields(object(), 2)
 
 
 # ----------------------------------------------------------------------------- the loop

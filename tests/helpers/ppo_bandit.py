@@ -22,7 +22,7 @@ def bandit_values(params, rollout):
     return jnp.broadcast_to(params["v"], rollout.response_ids.shape)
 
 
-def toy_score(response_ids):
+def toy_reward(response_ids):
     return (response_ids[:, 0] == TARGET).astype(jnp.float32)  # pays for the first token
 
 
@@ -35,7 +35,7 @@ def make_rollout(policy_params, ref_params, value_params, rng):
     tokens = jnp.where(mask > 0, tokens, 0)
     roll = ppo.Rollout(query_ids=jnp.zeros((B, 2), jnp.int32), query_mask=jnp.ones((B, 2)),
                        response_ids=tokens, response_mask=mask, logprobs=None,
-                       ref_logprobs=None, values=None, scores=toy_score(tokens))
+                       ref_logprobs=None, values=None, rewards=toy_reward(tokens))
     return roll._replace(logprobs=policy_logprobs(policy_params, roll),
                          ref_logprobs=policy_logprobs(ref_params, roll),
                          values=bandit_values(value_params, roll) * mask)

@@ -1,0 +1,35 @@
+"""A model as its training state sees it: an NNX module <-> (graphdef, pure dict of arrays).
+
+Pure dicts are what the jitted steps, optax and orbax see; ``graphdef`` is static. `split_model`
+and `merge_model` go between the two; `copy_params` gives the frozen reference its own buffers.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+Params = Any  # a nested dict of arrays (nnx.to_pure_dict of a model's state)
+
+
+def split_model(model: nnx.Module) -> tuple[Any, Params]:
+    """(graphdef, params as a pure nested dict of arrays). Raises if the module holds anything but
+    parameters (an RNG stream or a cache would be silently dropped from training state)."""
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
+    leftover = jax.tree.leaves(rest)
+    if leftover:
+        raise ValueError(f"{type(model).__name__} holds {len(leftover)} non-parameter variables; "
+                         "the training state carries parameters only")
+    return graphdef, nnx.to_pure_dict(params)
+
+
+def merge_model(graphdef, params: Params) -> nnx.Module:
+    """The module back from `split_model`'s pieces (cheap: no copy of the arrays)."""
+    return nnx.merge(graphdef, params)
+
+
+def copy_params(params: Params) -> Params:
+    """A new buffer for every leaf (the frozen reference must not alias donated arrays)."""
+    return jax.tree.map(lambda x: jnp.array(x, copy=True), params)
