@@ -5,9 +5,7 @@ of lower layers, and of its own layer only where SAME_LAYER names the pair; neve
 it. Imports inside functions count too: a lazy import is still a dependency. A new module must be
 placed here, so the rule cannot erode unnoticed.
 
-KNOWN_VIOLATIONS would list imports against the rule that the code still has, each with where it
-should go instead; it is empty, and it can only shrink: an import against the rule that is not
-listed fails, and so does a listed one that is gone.
+There are no exceptions: any import against the rule fails.
 """
 from __future__ import annotations
 
@@ -76,8 +74,6 @@ SAME_LAYER: set[tuple[str, str]] = {
     ("clarifyjax.demo", "sage_jax.cli"),
 }
 
-# Imports against the rule that the code still has, each with where it goes instead.
-KNOWN_VIOLATIONS: dict[tuple[str, str], str] = {}
 
 PURE_MATH_IMPORTS = {"jax", "optax", "numpy", "math", "typing", "dataclasses", "functools",
                      "__future__", "collections", "enum"}
@@ -130,7 +126,7 @@ def test_every_module_is_placed_in_a_layer():
 
 def test_imports_point_down():
     layer_name = {m: n for n, names in LAYERS.items() for m in names}
-    new = sorted(violations() - set(KNOWN_VIOLATIONS))
+    new = sorted(violations())
     assert not new, "imports against the layering:\n  " + "\n  ".join(
         f"{a} ({layer_name[a]}) imports {b} ({layer_name[b]})" for a, b in new)
 
@@ -140,11 +136,6 @@ def test_same_layer_pairs_exist():
     stale = sorted(pair for pair in SAME_LAYER
                    if pair[1] not in imports_of(modules[pair[0]], set(modules)))
     assert not stale, f"SAME_LAYER names imports that are gone: {stale}"
-
-
-def test_known_violations_still_exist():
-    gone = sorted(set(KNOWN_VIOLATIONS) - violations())
-    assert not gone, f"fixed: remove these from KNOWN_VIOLATIONS: {gone}"
 
 
 @pytest.mark.parametrize("name", LAYERS["pure math"])
@@ -159,3 +150,6 @@ def test_the_packages_never_reach_into_launch_or_tests():
         strings = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant)
                    and isinstance(n.value, str)}
         assert not strings & {"launch", "tests"}, f"{name} builds a path into launch/ or tests/"
+        imported = {m.split(".")[0] for m in imports_of(path, set())}
+        assert not imported & {"launch", "tests", "helpers", "conftest", "benchmarks"}, \
+            f"{name} imports test or launch code: {sorted(imported)}"

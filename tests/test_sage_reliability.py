@@ -443,23 +443,6 @@ def test_json_outputs_never_hold_nan(tmp_path, capsys):
     assert report.statistics([np.inf, 0.5, np.nan]) == {"mean": 0.5, "std": 0.0, "count": 1, "skipped": 2}
 
 
-# ----------------------------------------------------------------------------- the count
-
-
-def test_count_of_bad_inputs():
-    """The distinct bad inputs tried above (issue 11 asks for 40+)."""
-    counted = {
-        "numeric / string options": len(BAD_OPTIONS) + 1,
-        "output folders": 5 + 2 + 1,  # refused kinds, unwritable (simulated), failing publish, stale
-        "input lists": 4 + 2,  # + bad second file, second file failing while scored
-        "too many rows": 1,
-        "files": len(BAD_FILES) + 1,
-        "duplicates": 3,
-        "edge weights": len(BAD_WEIGHTS),
-    }
-    assert sum(counted.values()) >= 70, counted
-
-
 @pytest.mark.parametrize("misspelt", ["--overwr", "--alph=10", "--qui"])
 def test_a_prefix_of_an_option_is_not_taken_for_it(tmp_path, capsys, misspelt):
     with pytest.raises(SystemExit) as e:

@@ -134,11 +134,3 @@ def test_similarities_outside_the_cosine_range_skip_the_question():
     sim[2, 1, 2] = 1.0000001  # float32 rounding of a cosine of 1: fine
     got = np.asarray(sage_from_similarity(sim))
     assert np.isnan(got[:2]).all() and -1.0 <= got[2] <= 1.0
-
-
-def test_count_of_bad_inputs():
-    """The distinct bad inputs tried above."""
-    counted = {"alpha": len(BAD_ALPHAS), "blend weight": 3, "chunk_size": 4, "mean_sage": 4,
-               "reader parameters": 7, "unencodable text": 1, "scales": 7, "mixed / zero vectors": 3,
-               "similarities": 2}
-    assert sum(counted.values()) >= 40, counted
