@@ -283,7 +283,9 @@ class Checkpointer:
             return (*self.restore(step, abstract_state), "")
         except CheckpointError:  # the model does not match: not damage, no fallback
             raise
-        except Exception as e:  # noqa: BLE001 - TensorStore, JSON, KeyError...: all damage
+        except Exception as e:  # noqa: BLE001 - TensorStore, JSON, KeyError...: damage
+            if not _is_damage(e):
+                raise
             return None, {}, _reason(e)
 
     def _set_aside(self, damaged: list[tuple[int, str]], restored: int, say) -> None:
@@ -319,6 +321,17 @@ class Checkpointer:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _is_damage(error: Exception) -> bool:
+    """Whether a failed restore means the checkpoint's files are bad. Running out of memory, a
+    permission refused or a network time-out says nothing about them: setting an intact
+    checkpoint aside for it would silently resume from an older step."""
+    if isinstance(error, MemoryError) or "RESOURCE_EXHAUSTED" in str(error):
+        return False
+    if isinstance(error, OSError):  # a missing file or folder is damage; other OS errors are not
+        return isinstance(error, (FileNotFoundError, NotADirectoryError, IsADirectoryError))
+    return True
 
 
 def _reason(error: BaseException) -> str:

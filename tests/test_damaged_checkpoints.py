@@ -6,7 +6,8 @@ damaged folder and where it was moved; the moved folder keeps its (damaged) file
 saves step 2 afresh and step 3, and orbax's retention keeps 2 and 3 (never the damaged folder).
 With every checkpoint damaged the run stops with one line naming each, and nothing is moved.
 
-Bad inputs tried here: 8 kinds of damage, and all checkpoints damaged: 9.
+A restore that fails for a reason outside the files (out of memory, permission refused, a
+network time-out) is not damage: it stops the run with that error and sets nothing aside.
 """
 import shutil
 
@@ -87,3 +88,24 @@ def test_no_intact_checkpoint_is_one_line_and_moves_nothing(base, tmp_path):
     assert message.endswith("nothing was moved or deleted (move the damaged folders aside to "
                             "start afresh)")
     assert R.snapshot(run) == before  # config.yaml not rewritten, nothing moved
+
+
+@pytest.mark.parametrize("error", [MemoryError("host out of memory"),
+                                   RuntimeError("RESOURCE_EXHAUSTED: out of memory allocating"),
+                                   PermissionError(13, "Permission denied"),
+                                   TimeoutError("read timed out")])
+def test_a_failure_outside_the_files_is_not_damage(base, tmp_path, monkeypatch, error):
+    from clarifyjax.checkpointing import Checkpointer
+
+    run = R.copy_run(base[0], tmp_path)
+    before = R.snapshot(run)
+
+    def restore(self, step, abstract_state):
+        raise error
+
+    monkeypatch.setattr(Checkpointer, "restore", restore)
+    with pytest.raises(type(error)):
+        R.train(R.sft_config(run, base[1], "run.steps=3"))
+    assert not [p for p in (run / "checkpoints").iterdir() if ".damaged-" in p.name]
+    assert {p.name for p in (run / "checkpoints").iterdir()} == {"1", "2"}
+    assert R.snapshot(run) == before
