@@ -40,13 +40,13 @@ import math
 from pathlib import Path
 from typing import Any
 
-import jax
 from flax import nnx
 from jax.sharding import AbstractMesh
 
 from clarifyjax import sharding
-from clarifyjax.config import ModelConfig, PPOConfig, load_config
+from clarifyjax.config import ModelConfig, PPOConfig, TinyModelSpec, load_config
 from clarifyjax.models.checkpoint_io import read_config
+from clarifyjax.models.params import shape_only
 
 # Model folders written relative to the repository (as the configs write them) are found from any
 # working directory.
@@ -128,24 +128,8 @@ def _is_encoder(hf: dict) -> bool:
     return hf.get("model_type") in ("bert", "roberta")
 
 
-class ShapeOnlyRngs:
-    """Stands in for `nnx.Rngs` when only shapes matter: every parameter gets the same key.
-
-    With a real `nnx.Rngs`, each key drawn inside the trace updates a counter Variable, and flax
-    0.12.8 then asks the tracer for its sharding, for which jax 0.10 builds an error message by
-    walking the whole trace, which makes tracing T5-large several times slower. The models use their
-    rngs only through ``rngs.params()``; anything else fails loudly here.
-    """
-
-    def __init__(self):
-        self._key = jax.random.key(0)
-
-    def params(self):
-        return self._key
-
-
 @functools.lru_cache(maxsize=None)
-def _abstract_state(kind: str, hf_json: str, param_dtype: str):
+def abstract_state(kind: str, hf_json: str, param_dtype: str):
     """The abstract (shape-only) state of one model ("t5", "value" or "encoder"), flattened:
     [(path, Variable holding a ShapeDtypeStruct)]; cached per architecture."""
     from clarifyjax.models.encoder import EncoderConfig, SequenceClassifier
@@ -155,17 +139,12 @@ def _abstract_state(kind: str, hf_json: str, param_dtype: str):
     hf = json.loads(hf_json)
     if kind == "encoder":
         cfg = EncoderConfig.from_hf(hf, param_dtype=param_dtype)
-        build = lambda: SequenceClassifier(cfg, ShapeOnlyRngs())  # noqa: E731
+        return nnx.to_flat_state(nnx.state(shape_only(SequenceClassifier, cfg)))
+    if "tiny" in hf:
+        cfg = T5Config(**TinyModelSpec(**hf["tiny"]).t5_kwargs(), param_dtype=param_dtype)
     else:
-        if "tiny" in hf:
-            tiny = dict(hf["tiny"])
-            tiny["d_kv"] = tiny["d_kv"] or tiny["d_model"] // tiny["num_heads"]
-            cfg = T5Config(**tiny, param_dtype=param_dtype)
-        else:
-            cfg = T5Config.from_hf(hf, param_dtype=param_dtype)
-        model_cls = ValueModel if kind == "value" else T5
-        build = lambda: model_cls(cfg, rngs=ShapeOnlyRngs())  # noqa: E731
-    return nnx.to_flat_state(nnx.state(nnx.eval_shape(build)))
+        cfg = T5Config.from_hf(hf, param_dtype=param_dtype)
+    return nnx.to_flat_state(nnx.state(shape_only(ValueModel if kind == "value" else T5, cfg)))
 
 
 # --------------------------------------------------------------------------- sizes
@@ -195,7 +174,7 @@ def size_model(role: str, model: ModelConfig, kind: str, mesh: AbstractMesh, rul
     name, hf = resolve_architecture(model, role, configs_dir)
     if kind != "encoder" and _is_encoder(hf):
         kind = "encoder"
-    flat = _abstract_state(kind, json.dumps(hf, sort_keys=True), model.param_dtype)
+    flat = abstract_state(kind, json.dumps(hf, sort_keys=True), model.param_dtype)
     state = nnx.from_flat_state(flat)
     shardings = dict(nnx.to_flat_state(sharding.model_shardings(state, mesh, rules)))
     n = total = per_device = 0

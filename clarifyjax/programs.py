@@ -35,7 +35,7 @@ from clarifyjax import sharding as sharding_lib
 from clarifyjax.config import ConfigError
 from clarifyjax.models.hf import load_t5
 from clarifyjax.models.t5 import T5, T5Config
-from clarifyjax.models.params import copy_params, split_model
+from clarifyjax.models.params import copy_params, shape_only, split_model
 from clarifyjax.models.value import ValueModel
 from clarifyjax.policy import make_ppo_fns
 from clarifyjax.tokenizer import Tokenizer
@@ -69,15 +69,7 @@ def t5_config(model_cfg, hf: dict) -> T5Config:
 def abstract_model(kind: str, config: T5Config, mesh, rules) -> tuple[Any, Any]:
     """(graphdef, params) of a T5 ("t5") or a value model ("value") built with `nnx.eval_shape`:
     params is a pure dict of `jax.ShapeDtypeStruct`s carrying the rules' `NamedSharding`s."""
-    from clarifyjax.memory_plan import ShapeOnlyRngs
-
-    cls = ValueModel if kind == "value" else T5
-
-    def build():
-        with nnx.use_eager_sharding(False):
-            return cls(config, rngs=ShapeOnlyRngs())
-
-    graphdef, state = nnx.split(nnx.eval_shape(build))
+    graphdef, state = nnx.split(shape_only(ValueModel if kind == "value" else T5, config))
     shardings = nnx.to_pure_dict(sharding_lib.model_shardings(state, mesh, rules))
     return graphdef, _abstract(nnx.to_pure_dict(state), shardings)
 

@@ -24,7 +24,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
 # The plan itself is `clarifyjax.memory_plan`; this script prints it for a few scenarios.
 from clarifyjax.config import config_from_dict, config_to_dict, load_config  # noqa: E402
 from clarifyjax.memory_plan import (  # noqa: E402,F401  (the tests read these names here)
-    GiB, KNOWN_ARCHITECTURES, Hardware, PlanError, _abstract_state, plan)
+    GiB, KNOWN_ARCHITECTURES, Hardware, PlanError, plan)
 from clarifyjax.models.checkpoint_io import atomic_write_bytes  # noqa: E402
 
 HARDWARE = {

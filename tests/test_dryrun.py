@@ -45,7 +45,7 @@ def test_every_parameter_listed_with_a_sharding(report):
     names = [p["name"] for p in params]
     assert len(names) == len(set(names))
     assert all(p["spec"].startswith("P(") for p in params)  # str(PartitionSpec)
-    # complete: the counts match memory_plan's independent walk over the same models
+    # complete: the counts match memory_plan's count (its flat state, not the dry run's table)
     models = {m["role"]: m for m in report["plan"]["models"]}
     for role in ("policy", "value"):
         mine = [p for p in params if p["name"].startswith(role + "[")]

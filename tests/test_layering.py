@@ -65,7 +65,6 @@ SAME_LAYER: set[tuple[str, str]] = {
     ("clarifyjax.rollout", "clarifyjax.policy"),
     ("clarifyjax.models.value", "clarifyjax.models.t5"),
     ("clarifyjax.models.value", "clarifyjax.models.t5_layers"),
-    ("clarifyjax.programs", "clarifyjax.memory_plan"),
     ("clarifyjax.train", "clarifyjax.programs"),
     ("clarifyjax.train", "clarifyjax.reward_pipeline"),
     ("clarifyjax.dryrun", "clarifyjax.programs"),

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from clarifyjax.memory_plan import abstract_state
 from conftest import REPO_ROOT
 
 GiB = 2 ** 30
@@ -100,7 +101,7 @@ def test_bytes_per_device_follow_the_fsdp_rule(mp, plans, column, fsdp):
     for role, m in models.items():
         kind = "encoder" if role == "nli" else "value" if role == "value" else "t5"
         hf = mp.KNOWN_ARCHITECTURES[m["architecture"]]
-        flat = mp._abstract_state(kind, json.dumps(hf, sort_keys=True), "float32")
+        flat = abstract_state(kind, json.dumps(hf, sort_keys=True), "float32")
         assert sum(math.prod(v.get_value().shape) for _, v in flat) == m["n_params"]
         assert m["bytes_per_device"] == fsdp_bytes_per_device(flat, fsdp), role
     trainable = models["policy"]["bytes_per_device"] + models["value"]["bytes_per_device"]

@@ -1,7 +1,8 @@
 """A model as its training state sees it: an NNX module <-> (graphdef, pure dict of arrays).
 
 Pure dicts are what the jitted steps, optax and orbax see; ``graphdef`` is static. `split_model`
-and `merge_model` go between the two; `copy_params` gives the frozen reference its own buffers.
+and `merge_model` go between the two; `copy_params` gives the frozen reference its own buffers;
+`shape_only` builds a model's shapes without allocating it.
 """
 from __future__ import annotations
 
@@ -33,3 +34,29 @@ def merge_model(graphdef, params: Params) -> nnx.Module:
 def copy_params(params: Params) -> Params:
     """A new buffer for every leaf (the frozen reference must not alias donated arrays)."""
     return jax.tree.map(lambda x: jnp.array(x, copy=True), params)
+
+
+class ShapeOnlyRngs:
+    """Stands in for `nnx.Rngs` when only shapes matter: every parameter gets the same key.
+
+    With a real `nnx.Rngs`, each key drawn inside the trace updates a counter Variable, and flax
+    0.12.8 then asks the tracer for its sharding, for which jax 0.10 builds an error message by
+    walking the whole trace, which makes tracing T5-large several times slower. The models use their
+    rngs only through ``rngs.params()``; anything else fails loudly here.
+    """
+
+    def __init__(self):
+        self._key = jax.random.key(0)
+
+    def params(self):
+        return self._key
+
+
+def shape_only(cls: type, config) -> nnx.Module:
+    """`cls(config)` with `jax.ShapeDtypeStruct`s for arrays (`nnx.eval_shape`): nothing is
+    allocated, so the dry run and the memory plan can list T5-large on any machine."""
+    def build():
+        with nnx.use_eager_sharding(False):
+            return cls(config, rngs=ShapeOnlyRngs())
+
+    return nnx.eval_shape(build)
