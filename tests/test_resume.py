@@ -17,6 +17,7 @@ import pytest
 from clarifyjax.child_result import RESULT_FILE_ENV
 from conftest import REPO_ROOT
 from helpers.children import child_result, clean_env
+from helpers.resume_runs import committed_steps
 
 STEPS, SAVE_EVERY = 10, 2
 
@@ -73,19 +74,11 @@ def _start(tmp_path, out, spm, cache):
                             env=env, stdout=log, stderr=subprocess.STDOUT), log, result
 
 
-def _committed(run: Path) -> list[int]:
-    folder = run / "checkpoints"
-    if not folder.exists():
-        return []
-    return sorted(int(p.name) for p in folder.iterdir()
-                  if p.name.isdigit() and (p / "commit_success.txt").exists())
-
-
 def _wait_for(proc, run: Path, step: int, timeout: float = 400.0) -> list[int]:
     """Poll until checkpoint `step` (or a later one) is committed; the run must still be going."""
     start = time.time()
     while time.time() - start < timeout:
-        steps = _committed(run)
+        steps = committed_steps(run)
         if any(s >= step for s in steps):
             return steps
         if proc.poll() is not None:
@@ -129,7 +122,7 @@ def test_kill_sigterm_and_resume_equal_an_uninterrupted_run(tmp_path_factory, tm
     os.kill(proc.pid, signal.SIGKILL)
     _finish(proc, log, result, tmp_path, "b", killed=True)
     assert STEPS not in before_kill, before_kill
-    resumed_from = max(_committed(run_b))
+    resumed_from = max(committed_steps(run_b))
     assert 4 <= resumed_from < STEPS
 
     proc, log, result = _start(tmp_path, run_b, spm, cache)
@@ -139,7 +132,7 @@ def test_kill_sigterm_and_resume_equal_an_uninterrupted_run(tmp_path_factory, tm
     assert done["resumed_from"] == resumed_from, done
     if done["stopped"]:  # SIGTERM landed before the last step: it saved where it stopped
         stopped_at = done["step"]
-        assert max(_committed(run_b)) == stopped_at < STEPS
+        assert max(committed_steps(run_b)) == stopped_at < STEPS
         proc, log, result = _start(tmp_path, run_b, spm, cache)
         done = _finish(proc, log, result, tmp_path, "b")
         assert done["resumed_from"] == stopped_at, done

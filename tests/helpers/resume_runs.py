@@ -68,7 +68,10 @@ def snapshot(folder: Path) -> dict[str, bytes | None]:
 
 
 def committed_steps(run_dir: Path) -> list[int]:
+    """The steps whose checkpoint orbax finished writing (none before the first)."""
     folder = run_dir / "checkpoints"
+    if not folder.exists():
+        return []
     return sorted(int(p.name) for p in folder.iterdir()
                   if p.name.isdigit() and (p / "commit_success.txt").exists())
 

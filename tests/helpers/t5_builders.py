@@ -32,7 +32,7 @@ def random_t5(config: T5Config, seed: int = 0) -> T5:
     """A T5 with random parameters drawn on the host (numpy).
 
     `T5(config, rngs=...)` is the real initializer, but compiling its many random draws costs
-    ~20 s of XLA time on a busy 2-core CPU; tests only need some random weights. Norm scales
+    more XLA time than most tests take; they only need some random weights. Norm scales
     are drawn around 1 (not exactly 1) so that a mix-up between them would show. The output
     projection is scaled so that logits are of order 1 in both families (v1.0 rescales by
     d_model**-0.5 before the tied embedding; an untied lm_head gets std d_model**-0.5).
