@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from clarifyjax.config import NLI_THRESHOLD  # one default with the YAML's; imports no JAX
+from clarifyjax.textfiles import describe_os_error
 
 
 class CLIError(ValueError):
@@ -140,13 +141,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def one_line(message: str) -> str:
     """`message` on one line: a multi-line message's lines joined with "; "."""
     return "; ".join(line.strip() for line in str(message).splitlines() if line.strip())
-
-
-def describe_os_error(e: OSError) -> str:
-    """"PATH: reason" for an OSError (its paths first), rather than Python's "[Errno 13] ..."."""
-    paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
-    reason = e.strerror or str(e)
-    return f"{paths}: {reason}" if paths else reason
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -122,6 +122,13 @@ def check_texts(texts, name: str = "texts") -> list[str]:
     return texts
 
 
+def describe_os_error(e: OSError) -> str:
+    """"PATH: reason" for an OSError (its paths first), rather than Python's "[Errno 13] ..."."""
+    paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)
+    reason = e.strerror or str(e)
+    return f"{paths}: {reason}" if paths else reason
+
+
 def check_output(out: str | os.PathLike, *, overwrite: bool, option: str = "--out",
                  inputs: Sequence[tuple[str, str | os.PathLike]] = (),
                  error: type[Exception] = ValueError) -> Path:

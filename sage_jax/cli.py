@@ -29,6 +29,8 @@ from typing import Sequence
 
 import numpy as np
 
+from clarifyjax.textfiles import describe_os_error
+
 TEXT_FIELDS = {"answer": ("answer",), "rot": ("rot",), "blend": ("answer", "rot")}
 # Ranges of the integer options: bigger batches do not make a CPU forward faster and may exhaust
 # memory; a question with more texts than MAX_TEXTS is almost surely a wrong --question-id-column
@@ -327,7 +329,7 @@ def run_score(args) -> int:
             _write(out, results, args)
             out.publish()
         except (OSError, ValueError) as e:  # a full disk, or a value JSON cannot hold (a bug)
-            detail = _describe(e) if isinstance(e, OSError) else str(e)
+            detail = describe_os_error(e) if isinstance(e, OSError) else str(e)
             raise RunFailure(f"--out {args.out}: writing the results failed ({detail}); "
                              "the folder was left as it was") from e
     finally:
@@ -338,13 +340,6 @@ def run_score(args) -> int:
     print(f"\nwrote {args.out / 'summary.json'}, {args.out / 'sage_distribution.png'} and "
           f"{len(names)} per-question CSV file{'s' if len(names) > 1 else ''}")
     return 0
-
-
-def _describe(e: OSError) -> str:
-    if e.filename is None:
-        return str(e)
-    target = f" -> {e.filename2}" if e.filename2 else ""
-    return f"{e.filename}{target}: {e.strerror or e}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -360,7 +355,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"sage-jax: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # e.g. a full disk while writing: after the checks, so a failure
-        print(f"sage-jax: error: {_describe(e)}", file=sys.stderr)
+        print(f"sage-jax: error: {describe_os_error(e)}", file=sys.stderr)
         return 1
     return 1
 
