@@ -26,11 +26,13 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Mapping, Optional, Sequence, Union
 
+from clarifyjax import ppo
 from clarifyjax.config_models import (PPO_UNUSED_MODEL_KEYS, DTypeName, ModelConfig,
                                       TinyModelSpec)
 from clarifyjax.configlib import (ConfigError, build_root, check_increasing, config_to_dict,
                                   dump_config, parse_overrides, read_yaml, refuse_changed,
                                   save_config)
+from clarifyjax.sharding import MeshConfig as MeshLayout  # the ``mesh:`` section
 
 __all__ = [
     "ConfigError", "config_to_dict", "dump_config", "parse_overrides", "save_config",
@@ -83,28 +85,6 @@ class RunConfig:
     @property
     def directory(self) -> str:
         return self.output_dir if self.output_dir else os.path.join("runs", self.name)
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshLayout:
-    """Sizes of the ``(data, fsdp, model)`` mesh axes (one may be -1: all remaining devices) and the
-    logical-axis rules table of `clarifyjax.sharding` ("fsdp" also splits parameters along embed)."""
-
-    data: int = -1
-    fsdp: int = 1
-    model: int = 1
-    rules: Literal["default", "fsdp"] = "default"
-
-    _bounds: ClassVar = {axis: "== -1 or >= 1" for axis in ("data", "fsdp", "model")}
-
-    def axis_sizes(self) -> dict[str, int]:
-        """``{"data": ..., "fsdp": ..., "model": ...}``, what `sharding.make_mesh` takes."""
-        return {"data": self.data, "fsdp": self.fsdp, "model": self.model}
-
-    def check(self, at: str) -> None:
-        sizes = self.axis_sizes()
-        if list(sizes.values()).count(-1) > 1:
-            raise ConfigError(f"{at}: at most one axis may be -1, got {sizes}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,38 +281,29 @@ class NormalizerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class PPOHyperparams:
-    """PPO as in ClarifyDelphi (DESIGN §4). ``batch_size`` situations per step (global);
-    ``epochs`` passes over the batch, each split into ``minibatches``. The learning rate is the
-    run's ``optimizer.lr``. ``top_k`` 0 = off; ``top_p`` 1.0 = off. ``whiten_rewards`` rescales
-    the per-token rewards by their std (`ppo.PPOConfig`; the original's default). There is no
-    entropy bonus (the original had none). ``kl_target`` / ``kl_horizon`` need ``adaptive_kl``."""
+class PPOHyperparams(ppo.PPOConfig):
+    """PPO as in ClarifyDelphi (DESIGN §4): the update's own settings (epochs, minibatches, clip,
+    value_clip, vf_coef, gamma, lam, whiten_*: declared with their defaults and ranges by
+    `ppo.PPOConfig`, which this section is, so the update takes it as it is), plus the loop's.
+    ``batch_size`` situations per step (global); ``epochs`` passes over the batch, each split into
+    ``minibatches``. The learning rate is the run's ``optimizer.lr``. ``top_k`` 0 = off; ``top_p``
+    1.0 = off. ``value_clip: null``: an unclipped value loss. There is no entropy bonus (the
+    original had none). ``kl_target`` / ``kl_horizon`` need ``adaptive_kl``."""
 
     batch_size: int = 64
-    epochs: int = 4
-    minibatches: int = 1
-    clip: float = 0.2
-    value_clip: float = 0.2
-    vf_coef: float = 1.0
-    gamma: float = 1.0
-    lam: float = 0.95
     kl_coef: float = 0.15
     adaptive_kl: bool = False
     kl_target: float = 6.0
     kl_horizon: int = 10000
-    whiten_advantages: bool = True
-    whiten_rewards: bool = True
     temperature: float = 0.7
     top_p: float = 0.6
     top_k: int = 0
     max_question_length: int = 30
 
     _bounds: ClassVar = {
-        # clip 0 pins the ratio to 1: the clipped objective then never lets the policy improve
-        "batch_size": ">= 1", "epochs": ">= 1", "minibatches": ">= 1", "clip": "> 0",
-        "value_clip": ">= 0", "vf_coef": ">= 0", "gamma": "[0, 1]",
-        "lam": "[0, 1]", "kl_coef": ">= 0", "kl_target": "> 0", "kl_horizon": ">= 1",
-        "temperature": "> 0", "top_p": "(0, 1]", "top_k": ">= 0", "max_question_length": ">= 2"}
+        **ppo.PPOConfig._bounds, "batch_size": ">= 1", "kl_coef": ">= 0", "kl_target": "> 0",
+        "kl_horizon": ">= 1", "temperature": "> 0", "top_p": "(0, 1]", "top_k": ">= 0",
+        "max_question_length": ">= 2"}
 
     def check(self, at: str) -> None:
         if self.batch_size % self.minibatches:

@@ -63,7 +63,7 @@ def _start(cfg, kind: str, say) -> tuple[Path, Any, tuple]:
     data_lib.check_data_paths(cfg.data)
     run_record.check_resume(cfg, say)
     run_dir = Path(cfg.run.directory)
-    mesh = sharding_lib.make_mesh(cfg.mesh.axis_sizes())
+    mesh = sharding_lib.make_mesh(cfg.mesh)
     say(f"[{kind}] {cfg.run.name}: {jax.device_count()} {jax.default_backend()} device(s), mesh "
         f"{dict(mesh.shape)}, output {run_dir}")
     rules = sharding_lib.RULES[cfg.mesh.rules]
@@ -228,7 +228,7 @@ def build_reward_fn(cfg):
     from clarifyjax import delphi, reward_pipeline
 
     r = cfg.rewards
-    mesh = sharding_lib.process_mesh(cfg.mesh.axis_sizes())
+    mesh = sharding_lib.process_mesh(cfg.mesh)
     rules = sharding_lib.RULES[cfg.mesh.rules]
 
     def seq2seq(m, name):
