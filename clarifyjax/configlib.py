@@ -360,7 +360,7 @@ def check_tree(cfg, at: str = "", where=None) -> None:
                               + ("" if finite(value) else " and finite"), key=key)
     if hasattr(cfg, "check"):
         try:
-            cfg.check(at or "<top>")
+            cfg.check(at)  # "" at the root
         except ValueError as e:  # ConfigError, or a ValueError of a section a pure module declares
             key = getattr(e, "key", None) or at
             raise ConfigError(f"{where(key)}: {e}", key=key) from None
