@@ -40,7 +40,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
                         "clarifyjax.child_result", "clarifyjax.chunkstore", "sage_jax.textfile",
                         "sage_jax.lexical"),
     # Components: the models' roles (judge, NLI filter, rollouts, SFT step), data, checkpoints.
-    "components": ("clarifyjax.data", "clarifyjax.text_inputs", "clarifyjax.delphi",
+    "components": ("clarifyjax.data", "clarifyjax.text_inputs", "clarifyjax.score_config",
+                   "clarifyjax.delphi",
                    "clarifyjax.nli", "clarifyjax.policy", "clarifyjax.sft", "clarifyjax.checkpointing", "clarifyjax.run_record",
                    "sage_jax.data", "sage_jax.embed", "sage_jax.report"),
     # Pipelines: the composed reward, the training programs and loops, the dry run.
