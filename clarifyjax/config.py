@@ -356,10 +356,12 @@ class PPOHyperparams(ppo.PPOConfig):
     original had none). ``kl_target`` / ``kl_horizon`` need ``adaptive_kl``."""
 
     batch_size: int = 64
+    # the KL penalty's coefficient (`ppo.FixedKL`, or `ppo.AdaptiveKL` from it)
     kl_coef: float = 0.15
     adaptive_kl: bool = False
     kl_target: float = 6.0
     kl_horizon: int = 10000
+    # sampling the questions (the rollout sampler)
     temperature: float = 0.7
     top_p: float = 0.6
     top_k: int = 0
