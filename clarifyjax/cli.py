@@ -434,7 +434,7 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
 
     try:
-        cfg = load_config(args.config, parse_overrides(args.overrides))  # fails fast, no JAX
+        cfg = load_config(args.config, parse_overrides(args.overrides))  # fails fast: no JAX call
         from clarifyjax import distributed  # before any other JAX call
 
         distributed.initialize()

@@ -131,7 +131,8 @@ def bounded(section: str, name: str, kind: type = int, *, high: float | None = N
         from clarifyjax.ranges import finite, within
 
         bound = getattr(config, section)._bounds[name]
-        wanted = (("an integer" if kind is int else "a finite number") + f" {bound}"
+        wanted = (("an integer" if kind is int else "a finite number")
+                  + ("" if bound == "finite" else f" {bound}")
                   + (f" and <= {high}" if high is not None else ""))
         try:
             value = kind(text)
@@ -166,6 +167,8 @@ def reward_config(args: argparse.Namespace) -> RewardConfig:
     overrides = [item for item, _ in flags.values()] + items
     if not _given(raw, overrides, "judge.kind"):
         if args.judge is not None and _judge_kind(args.judge):
+            flags["judge_kind"] = ("judge.kind=encoder",
+                                   f"{Path(args.judge) / 'config.json'} (its model_type)")
             overrides.insert(0, "judge.kind=encoder")
     cfg = _build(raw, overrides, source, flags)
     wide = [(dest, key, getattr(args, dest)) for dest, key in MODEL_WIDE.items()
@@ -183,7 +186,8 @@ def reward_config(args: argparse.Namespace) -> RewardConfig:
 
 def _refuse_clash(dest: str, key: str, items: Sequence[str]) -> None:
     """A flag and a KEY=VALUE item may not both set `key`: one of them would be dropped."""
-    clash = [i for i in items if i.partition("=")[0].strip() == key]
+    clash = [i for i in items if (lambda k: k == key or key.startswith(k + ".")
+                                  or k.startswith(key + "."))(i.partition("=")[0].strip())]
     if clash:
         raise ConfigError(f"{_flag(dest)} and {clash[-1]!r} both set {key}; give one", key=key)
 
