@@ -200,7 +200,7 @@ class PPODataConfig:
 class JudgeConfig:
     """The moral judge: a T5 read through its class tokens (Delphi), or an encoder classifier.
 
-    The input is ``input_prefix + text``. ``kind: t5``: ``class_prefix`` is teacher-forced and the
+    ``kind: t5``: the input is ``input_prefix + text``; ``class_prefix`` is teacher-forced and the
     next token's logits over ``class_tokens`` (in the order bad, ok, good) are normalized.
     ``kind: encoder``: a sequence classifier; ``encoder_labels`` are its label names for bad, ok,
     good (looked up in the checkpoint's id2label).
@@ -208,7 +208,7 @@ class JudgeConfig:
 
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     kind: Literal["t5", "encoder"] = "t5"
-    input_prefix: Optional[str] = None  # null: the kind's ("[moral_single]: " for t5, none else)
+    input_prefix: str = "[moral_single]: "
     class_prefix: str = "<class>"
     class_tokens: tuple[str, ...] = ("-1", "0", "1")
     encoder_labels: tuple[str, ...] = ("bad", "ok", "good")

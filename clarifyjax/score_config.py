@@ -11,8 +11,10 @@ item that set the same key are refused (one of them would be dropped silently). 
 This module imports no JAX (`clarifyjax.config` is imported when a config is built), so that the
 command's ``--help`` stays fast.
 
-A judge whose ``kind`` no source gives is read from its folder's config.json (``model_type``
-bert / roberta: an encoder classifier), as the command always did.
+When neither the file nor an item gives the judge's ``kind``, the flags' way holds, as the
+command always did: ``--judge-kind``, else the ``--judge`` folder's config.json (``model_type``
+bert / roberta: an encoder classifier); such an encoder judge reads its texts without the T5
+judge's ``input_prefix`` unless the file or an item sets one.
 """
 from __future__ import annotations
 
@@ -165,11 +167,13 @@ def reward_config(args: argparse.Namespace) -> RewardConfig:
         flags[dest] = (f"{key}={_value(dest, value)}", f"option {_flag(dest)}"
                        + ("" if value is True else f" {value}"))
     overrides = [item for item, _ in flags.values()] + items
-    if not _given(raw, overrides, "judge.kind"):
-        if args.judge is not None and _judge_kind(args.judge):
+    if not _given(raw, items, "judge.kind"):  # the flags' way to name the judge
+        if "judge_kind" not in flags and args.judge is not None and _judge_kind(args.judge):
             flags["judge_kind"] = ("judge.kind=encoder",
                                    f"{Path(args.judge) / 'config.json'} (its model_type)")
             overrides.insert(0, "judge.kind=encoder")
+        if "judge.kind=encoder" in overrides and not _given(raw, items, "judge.input_prefix"):
+            overrides.insert(0, "judge.input_prefix=")  # a classifier read without a prefix
     cfg = _build(raw, overrides, source, flags)
     wide = [(dest, key, getattr(args, dest)) for dest, key in MODEL_WIDE.items()
             if getattr(args, dest) is not None]

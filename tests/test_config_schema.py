@@ -222,3 +222,20 @@ def test_each_setting_is_declared_once():
             "max_question_words", "use_judgment_text"} <= pipeline_fields
 
 
+
+
+def test_score_questions_judge_kind_as_the_flags_always_gave_it(tmp_path):
+    """With no file or item naming the judge's kind, a --judge classifier folder (config.json
+    model_type roberta) is an encoder judge read without the T5 prefix, as the flags always
+    meant; a kind the config gives wins."""
+    from clarifyjax.score_config import reward_config
+
+    judge = tmp_path / "judge"
+    judge.mkdir()
+    (judge / "config.json").write_text('{"model_type": "roberta"}')
+    models = ["--answerer", "a", "--fusion", "f", "--judge", judge]
+    cfg = reward_config(_score_args(*models, "--encoder-labels", "neg,neu,pos"))
+    assert (cfg.judge.kind, cfg.judge.input_prefix, cfg.judge.encoder_labels) == (
+        "encoder", "", ("neg", "neu", "pos"))
+    cfg = reward_config(_score_args(*models, "judge.kind=t5"))
+    assert (cfg.judge.kind, cfg.judge.input_prefix) == ("t5", config_lib.JudgeConfig().input_prefix)
