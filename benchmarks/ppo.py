@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import copy
 import csv
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -326,7 +327,7 @@ def build(args, root: Path):
         raise SystemExit(f"the PyTorch peer is Adam at a constant rate without clipping; "
                          f"{args.config} asks for {o} (use --no-torch)")
     h = cfg.ppo
-    mesh = sharding_lib.make_mesh(cfg.mesh.axis_sizes())
+    mesh = sharding_lib.make_mesh(cfg.mesh)
     tokenizer = Tokenizer.from_pretrained(spm)
     p_config, policy = programs.build_t5(cfg.policy, seed=0, mesh=mesh,
                                          rules=sharding_lib.DEFAULT_RULES, tokenizer=tokenizer,
@@ -351,7 +352,7 @@ def build(args, root: Path):
     return SimpleNamespace(
         cfg=cfg, mesh=mesh, tokenizer=tokenizer, p_config=p_config, torch_policy=torch_policy,
         state0=program.init_state()["ppo"], ref_params=copy_params(params),
-        ppo_config=programs.ppo_hyperparams(h),  # the loop's own mapping of the config
+        ppo_config=h,  # the config's ppo section is the update's ppo.PPOConfig
         jit_update=jit_update, reward_fn=reward_fn, sampler=sampler,
         normalizer=RewardNormalizer(gain=cfg.normalizer.gain, bias=cfg.normalizer.bias))
 
@@ -411,7 +412,7 @@ def main() -> None:
     update_compile_s = time.perf_counter() - t0
     raw_update_flops = flops_of(update)
     t0 = time.perf_counter()
-    one = bench.jit_update(ppo_config._replace(epochs=1, minibatches=1)).lower(
+    one = bench.jit_update(dataclasses.replace(ppo_config, epochs=1, minibatches=1)).lower(
         state0, jax.tree.map(lambda x: x[:b // ppo_config.minibatches], rollout0),
         k_update0).compile()
     one_step_compile_s = time.perf_counter() - t0
@@ -456,7 +457,7 @@ def main() -> None:
                                  "family": "v1.0 (relu, tied)", "dtype": "float32",
                                  "weights": "random"},
             "batch": b, "query_len": args.query_len, "max_question_length": h.max_question_length,
-            "ppo": ppo_config._asdict(), "kl_coef": h.kl_coef, "adaptive_kl": h.adaptive_kl,
+            "ppo": dataclasses.asdict(ppo_config), "kl_coef": h.kl_coef, "adaptive_kl": h.adaptive_kl,
             "optimizer": {"name": cfg.optimizer.name, "lr": cfg.optimizer.lr},
             "sampling": {"temperature": h.temperature, "top_p": h.top_p, "top_k": h.top_k},
             "config": str(args.config), "reward": args.reward,

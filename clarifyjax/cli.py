@@ -2,6 +2,7 @@
 
     clarifyjax score-questions --situations FILE --questions FILE --answerer DIR --fusion DIR
                                --judge DIR [--nli DIR] --out FILE.jsonl [--overwrite]
+                               [--config REWARDS.yaml] [KEY=VALUE ...]
     clarifyjax train CONFIG [--dry-run] [--no-progress] [KEY=VALUE ...]
 
 A subcommand is a function that adds its options to a parser and a function that runs it:
@@ -36,7 +37,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from clarifyjax.config import NLI_THRESHOLD  # one default with the YAML's; imports no JAX
+from clarifyjax.score_config import MAX_TOKENS, add_reward_options  # imports no JAX
 from clarifyjax.textfiles import describe_os_error
 
 
@@ -167,9 +168,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # --------------------------------------------------------------------------- score-questions
 
-# Token lengths beyond this do not fit attention memory on one device anyway; capping them turns a
-# typo (--answer-max-length 320000) into an error instead of an out-of-memory crash.
-MAX_TOKENS = 8192
 LENGTH = number(int, low=1, high=MAX_TOKENS)
 
 
@@ -191,47 +189,47 @@ def _score_options(p: argparse.ArgumentParser) -> None:
     io.add_argument("--overwrite", action="store_true",
                     help="replace an existing non-empty --out (refused otherwise: it holds an "
                          "earlier run's results)")
+    config = p.add_argument_group(
+        "reward config", "The models and reward settings are a PPO run's rewards: section "
+        "(RewardConfig), with its defaults. Each option below that sets one of its keys (named "
+        "in its help) is another spelling of KEY=VALUE; an option and a KEY=VALUE that set the "
+        "same key are refused.")
+    config.add_argument("--config", type=Path, default=None, metavar="FILE.yaml",
+                        help="the RewardConfig mapping (what sits under rewards:), or a whole "
+                             "PPO run config (kind: ppo), whose rewards: section is read")
+    config.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
+                        help="RewardConfig overrides, e.g. answer_temperature=0.5 "
+                             "answerer.init=DIR judge.kind=t5 (an unknown key is an error)")
     models = p.add_argument_group("models (Hugging Face folders, safetensors)")
-    models.add_argument("--answerer", type=Path, required=True, help="answer generator T5")
-    models.add_argument("--fusion", type=Path, required=True, help="sentence fusion T5")
-    models.add_argument("--judge", type=Path, required=True,
-                        help="Delphi-like T5 read through class tokens, or a 3-label classifier")
-    models.add_argument("--nli", type=Path, default=None,
-                        help="NLI ...ForSequenceClassification folder (omit: no filter)")
-    models.add_argument("--backend", choices=("hf", "tf_text"), default="hf",
-                        help="T5 tokenizer backend")
-    models.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    models.add_argument("--answerer", type=Path, help="answer generator T5 (answerer.init)")
+    models.add_argument("--fusion", type=Path, help="sentence fusion T5 (fusion.init)")
+    models.add_argument("--judge", type=Path,
+                        help="Delphi-like T5 read through class tokens, or a 3-label classifier "
+                             "(judge.model.init)")
+    models.add_argument("--nli", type=Path,
+                        help="NLI ...ForSequenceClassification folder (nli.init; omit: no filter)")
+    models.add_argument("--backend", choices=("hf", "tf_text"), help="T5 tokenizer backend (hf)")
+    models.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
+                        help="every model's dtype key")
     models.add_argument("--max-input-length", type=number(int, low=3, high=MAX_TOKENS),
-                        default=128, help="longer inputs keep their first tokens (counted)")
+                        help="every model's max_input_length key; longer inputs keep their "
+                             "first tokens (counted)")
     judge = p.add_argument_group("judge")
-    judge.add_argument("--judge-kind", choices=("auto", "t5", "encoder"), default="auto")
-    judge.add_argument("--class-prefix", default="<class>",
-                       help="target prefix teacher-forced before the class token")
-    judge.add_argument("--class-tokens", default="-1,0,1",
-                       help="class tokens for bad,ok,good (T5 judge)")
+    judge.add_argument("--judge-kind", choices=("auto", "t5", "encoder"),
+                       help="judge.kind; auto (when no source sets it): from the folder's "
+                            "config.json")
+    judge.add_argument("--class-prefix",
+                       help="judge.class_prefix: target prefix teacher-forced before the class "
+                            "token")
+    judge.add_argument("--class-tokens", help="judge.class_tokens for bad,ok,good (T5 judge)")
     judge.add_argument("--class-step", type=LENGTH, default=None,
                        help="check that the prefix is this many tokens (Delphi: 4)")
-    judge.add_argument("--encoder-labels", default="bad,ok,good",
-                       help="classifier judge: its label names for bad,ok,good")
-    judge.add_argument("--judgment-max-length", type=LENGTH, default=32)
-    reward = p.add_argument_group("reward")
-    reward.add_argument("--dropped-answer", choices=("zero_reward", "resample", "blank"),
-                        default="zero_reward")
-    reward.add_argument("--resample-k", type=number(int, low=1), default=2)
-    reward.add_argument("--nli-threshold", type=number(float, above=0.0, high=1.0),
-                        default=NLI_THRESHOLD,
-                        help="drop when P(entailment) + P(contradiction) >= this (default: argmax)")
-    reward.add_argument("--answer-max-length", type=LENGTH, default=32)
-    reward.add_argument("--answer-temperature", type=number(float, low=0.0), default=0.0,
-                        help="0: greedy")
-    reward.add_argument("--fusion-max-length", type=LENGTH, default=64)
-    reward.add_argument("--max-question-words", type=number(int, low=1), default=64,
-                        help="longer questions are cut (and counted)")
-    reward.add_argument("--no-judgment-text", action="store_true",
-                        help="leave the judge's judgment out of the answer generator's input")
-    reward.add_argument("--gain", type=number(float, above=0.0), default=None,
-                        help="reward = gain * JSD + bias (gain > 0: a larger JSD stays better)")
-    reward.add_argument("--bias", type=number(float), default=None)
+    judge.add_argument("--encoder-labels",
+                       help="judge.encoder_labels: a classifier judge's label names for "
+                            "bad,ok,good")
+    judge.add_argument("--judgment-max-length", type=LENGTH, default=None,
+                       help="tokens of the judgment text (32)")
+    add_reward_options(p)
     run = p.add_argument_group("run")
     run.add_argument("--batch-size", type=number(int, low=1), default=64,
                      help="questions per pipeline call")
@@ -239,41 +237,22 @@ def _score_options(p: argparse.ArgumentParser) -> None:
     run.add_argument("--seed", type=number(int, low=0, high=2**32 - 1), default=0)
 
 
-def pipeline_config(args: argparse.Namespace):
-    """The score-questions options as a `PipelineConfig`, through the mapping that a PPO run's
-    `rewards:` section goes through (`PipelineConfig.from_options`)."""
-    from clarifyjax.reward import RewardNormalizer
-    from clarifyjax.reward_pipeline import PipelineConfig
+def _check_score_options(args: argparse.Namespace):
+    """What one option alone cannot say, and the `RewardConfig`; all before any file is read or
+    model loaded."""
+    from clarifyjax import score_config
 
-    return PipelineConfig.from_options(
-        dropped_answer=args.dropped_answer, resample_k=args.resample_k,
-        answer_max_length=args.answer_max_length, answer_temperature=args.answer_temperature,
-        fusion_max_length=args.fusion_max_length, max_question_words=args.max_question_words,
-        use_judgment_text=not args.no_judgment_text, nli_threshold=args.nli_threshold,
-        normalizer=None if args.gain is None else RewardNormalizer(args.gain, args.bias))
-
-
-def _split(value: str, option: str) -> tuple[str, ...]:
-    parts = tuple(v.strip() for v in value.split(","))
-    if len(parts) != 3 or not all(parts):
-        raise CLIError(f"{option}: expected 3 comma-separated values (bad,ok,good), got {value!r}")
-    return parts
-
-
-def _check_score_options(args: argparse.Namespace) -> None:
-    """What one option alone cannot say; all before any file is read or model loaded."""
     if (args.gain is None) != (args.bias is None):
         raise CLIError("--gain and --bias go together")
-    if args.nli_threshold is not None and args.nli is None:
-        raise CLIError("--nli-threshold needs --nli (there is no filter without it)")
     for option in ("--situation-column", "--question-column"):
         if not getattr(args, option[2:].replace("-", "_")).strip():
             raise CLIError(f"{option}: empty")
-    for option in ("--answerer", "--fusion", "--judge", "--nli"):
-        folder = getattr(args, option[2:])
-        if folder is not None and not folder.is_dir():
-            raise CLIError(f"{option} {folder}: " + ("not a folder" if folder.exists()
-                                                      else "no such folder"))
+    rewards = score_config.reward_config(args)
+    for key, folder in score_config.model_folders(rewards).items():
+        if folder is not None and not Path(folder).is_dir():
+            raise CLIError(f"{score_config.flag_of(key)} {folder}: " + (
+                "not a folder" if Path(folder).exists() else "no such folder"))
+    return rewards
 
 
 def _read_inputs(args) -> tuple[list[str], list[str], list[str], list[str]]:
@@ -287,23 +266,21 @@ def _read_inputs(args) -> tuple[list[str], list[str], list[str], list[str]]:
     return situations, s_where, questions, q_where
 
 
-def _load_pipeline(args):
+def _load_pipeline(args, rewards):
+    from clarifyjax import reward_pipeline
     from clarifyjax.seq2seq import Sampling
     from clarifyjax.models.checkpoint_io import CheckpointError
-    from clarifyjax.reward_pipeline import RewardPipeline
+    from clarifyjax.reward import RewardNormalizer
 
-    config = pipeline_config(args)
-    judge_options = dict(
-        kind=None if args.judge_kind == "auto" else args.judge_kind,
-        class_prefix=args.class_prefix, class_tokens=_split(args.class_tokens, "--class-tokens"),
-        class_step=args.class_step, judgment=Sampling(max_new_tokens=args.judgment_max_length),
-        encoder_labels=_split(args.encoder_labels, "--encoder-labels"))
+    judge_options = {"class_step": args.class_step}
+    if args.judgment_max_length is not None:
+        judge_options["judgment"] = Sampling(max_new_tokens=args.judgment_max_length)
     try:
-        return RewardPipeline.from_folders(
-            answerer=args.answerer, fusion=args.fusion, judge=args.judge, nli=args.nli,
-            config=config, backend=args.backend, dtype=args.dtype,
-            max_input_length=args.max_input_length, nli_batch_size=2 * args.batch_size,
-            judge_options=judge_options)
+        return reward_pipeline.load_pipeline(
+            rewards, normalizer=None if args.gain is None else RewardNormalizer(args.gain,
+                                                                                args.bias),
+            nli_batch_size=2 * args.batch_size, judge_options=judge_options,
+            **({} if args.backend is None else {"backend": args.backend}))
     except CheckpointError:
         raise
     except ValueError as e:  # e.g. --max-input-length beyond the NLI model's positions
@@ -331,18 +308,21 @@ def _json_line(record: dict, where: str) -> str:
 _NOT_IN_FINGERPRINT = ("out", "overwrite", "run", "command")
 
 
-def _score_chunks(args, situations: list[str], questions: list[str]):
+def _score_chunks(args, rewards, situations: list[str], questions: list[str]):
     """Every chunk's `RewardOutput`, resuming an interrupted run of the same command (see
     clarifyjax.chunkstore); models are loaded only when a chunk is left to score."""
     import jax
 
+    from clarifyjax import score_config
     from clarifyjax.buckets import equal_chunks
     from clarifyjax.chunkstore import ChunkStore, fingerprint
+    from clarifyjax.configlib import config_to_dict
     from clarifyjax.reward_pipeline import RewardOutput
 
     options = {k: v for k, v in vars(args).items() if k not in _NOT_IN_FINGERPRINT}
+    options["rewards"] = config_to_dict(rewards)  # what --config and KEY=VALUE gave, too
     store = ChunkStore(args.out, fingerprint(options, (situations, questions),
-                                             (args.answerer, args.fusion, args.judge, args.nli)),
+                                             tuple(score_config.model_folders(rewards).values())),
                        RewardOutput, error=CLIError)
     found = store.start()
     key, pipeline, outputs, reused = jax.random.key(args.seed), None, [], 0
@@ -350,7 +330,7 @@ def _score_chunks(args, situations: list[str], questions: list[str]):
     for i, chunk in enumerate(chunks):
         output = store.load(i) if found else None
         if output is None or len(output.reward) != chunk.stop - chunk.start:
-            pipeline = pipeline or _load_pipeline(args)
+            pipeline = pipeline or _load_pipeline(args, rewards)
             # fold_in(key, i) whether resumed or not: a resumed run scores as an uninterrupted one
             output = pipeline(situations[chunk], questions[chunk], rng=jax.random.fold_in(key, i))
             store.save(i, output)
@@ -370,11 +350,11 @@ def run_score_questions(args: argparse.Namespace) -> int:
     from clarifyjax.reward_pipeline import concat_outputs
     from clarifyjax.textfiles import check_output
 
-    _check_score_options(args)
+    rewards = _check_score_options(args)
     check_output(args.out, overwrite=args.overwrite, error=CLIError,
                  inputs=(("--situations", args.situations), ("--questions", args.questions)))
     situations, s_where, questions, q_where = _read_inputs(args)
-    store, outputs = _score_chunks(args, situations, questions)
+    store, outputs = _score_chunks(args, rewards, situations, questions)
     out = concat_outputs(outputs)
     lines = []
     for i, row in enumerate(out.rows()):
@@ -393,7 +373,7 @@ def run_score_questions(args: argparse.Namespace) -> int:
     if out.valid.any() and args.gain is not None:
         print(f"mean reward {float(out.reward[out.valid].mean()):.4f} (normalized)")
     print("counts: " + ", ".join(f"{k} {v}" for k, v in out.counts.items()))
-    if args.nli is None:
+    if rewards.nli is None:
         print("note: no --nli given, answers were not filtered")
     return 0
 
@@ -441,7 +421,7 @@ def run_train(args: argparse.Namespace) -> int:
         return 0
 
     try:
-        cfg = load_config(args.config, parse_overrides(args.overrides))  # fails fast, no JAX
+        cfg = load_config(args.config, parse_overrides(args.overrides))  # fails fast: no JAX call
         from clarifyjax import distributed  # before any other JAX call
 
         distributed.initialize()

@@ -16,8 +16,11 @@ wrong type raises `ConfigError` naming the key, the file (or the override) and w
 A `ModelConfig` may be written as a bare string, shorthand for ``{init: <string>}``.
 
 The generic machinery (YAML ``base:`` chains, overrides, coercion, bound checks, dumping) lives
-in `clarifyjax.configlib`; its public names are re-exported here. This module and configlib import
-only the standard library and PyYAML, so anything may import them.
+in `clarifyjax.configlib`; its public names are re-exported here. Each setting is declared once,
+with its default and its range: a section that a lower module consumes is that module's own frozen
+dataclass (``mesh:`` is `sharding.MeshConfig`; ``ppo:`` extends `ppo.PPOConfig`), and the reward
+pipeline's settings (`PipelineConfig`) are declared here, below `clarifyjax.reward_pipeline`.
+Importing this module therefore imports JAX (through those two modules); configlib does not.
 """
 from __future__ import annotations
 
@@ -26,26 +29,28 @@ import os
 from pathlib import Path
 from typing import Any, ClassVar, Literal, Mapping, Optional, Sequence, Union
 
+from clarifyjax import ppo
 from clarifyjax.config_models import (PPO_UNUSED_MODEL_KEYS, DTypeName, ModelConfig,
                                       TinyModelSpec)
 from clarifyjax.configlib import (ConfigError, build_root, check_increasing, config_to_dict,
                                   dump_config, parse_overrides, read_yaml, refuse_changed,
                                   save_config)
+from clarifyjax.sharding import MeshConfig as MeshLayout  # the ``mesh:`` section
 
 __all__ = [
     "ConfigError", "config_to_dict", "dump_config", "parse_overrides", "save_config",
     "load_config", "config_from_dict", "Config", "KINDS", "DTypeName", "SHARED_DELTA_CLARIFY",
     "RunConfig", "MeshLayout", "TinyModelSpec", "ModelConfig", "OptimizerConfig", "SFTDataConfig",
-    "PPODataConfig", "JudgeConfig", "RewardConfig", "NormalizerConfig", "PPOHyperparams",
-    "ValueConfig", "SFTConfig", "PPOConfig", "NLI_THRESHOLD",
+    "PPODataConfig", "JudgeConfig", "PipelineConfig", "RewardConfig", "NormalizerConfig",
+    "PPOHyperparams", "ValueConfig", "SFTConfig", "PPOConfig", "NLI_THRESHOLD",
 ]
 
 SHARED_DELTA_CLARIFY = "../shared/data/delta-clarify"
-# The NLI filter's default decision, for every entry point (`nli.NLIFilter`, `RewardConfig`,
-# `reward_pipeline.PipelineConfig`, `clarifyjax score-questions --nli-threshold`): None = drop an
-# answer when the classifier's argmax label is entailment or contradiction (the paper's "answers
-# the situation entails or contradicts"); a number t = drop when P(ent) + P(contra) >= t. It lives
-# here, not in nli.py, because this module must stay importable without JAX.
+# The NLI filter's default decision, for every entry point (`nli.NLIFilter`, `PipelineConfig` and
+# so `RewardConfig` and `clarifyjax score-questions`): None = drop an answer when the classifier's
+# argmax label is entailment or contradiction (the paper's "answers the situation entails or
+# contradicts"); a number t = drop when P(ent) + P(contra) >= t. It lives here, below nli.py,
+# which imports it.
 NLI_THRESHOLD: Optional[float] = None
 
 
@@ -83,28 +88,6 @@ class RunConfig:
     @property
     def directory(self) -> str:
         return self.output_dir if self.output_dir else os.path.join("runs", self.name)
-
-
-@dataclasses.dataclass(frozen=True)
-class MeshLayout:
-    """Sizes of the ``(data, fsdp, model)`` mesh axes (one may be -1: all remaining devices) and the
-    logical-axis rules table of `clarifyjax.sharding` ("fsdp" also splits parameters along embed)."""
-
-    data: int = -1
-    fsdp: int = 1
-    model: int = 1
-    rules: Literal["default", "fsdp"] = "default"
-
-    _bounds: ClassVar = {axis: "== -1 or >= 1" for axis in ("data", "fsdp", "model")}
-
-    def axis_sizes(self) -> dict[str, int]:
-        """``{"data": ..., "fsdp": ..., "model": ...}``, what `sharding.make_mesh` takes."""
-        return {"data": self.data, "fsdp": self.fsdp, "model": self.model}
-
-    def check(self, at: str) -> None:
-        sizes = self.axis_sizes()
-        if list(sizes.values()).count(-1) > 1:
-            raise ConfigError(f"{at}: at most one axis may be -1, got {sizes}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -244,37 +227,99 @@ class JudgeConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class RewardConfig:
-    """The reward models and the policy for answers that the NLI filter drops.
+class PipelineConfig:
+    """The settings of `clarifyjax.reward_pipeline.RewardPipeline`, declared once: a PPO run's
+    ``rewards:`` section and `clarifyjax score-questions` are both a `RewardConfig`, which is these
+    plus the models.
 
-    ``nli: null`` turns the filter off; ``nli_threshold`` as `NLI_THRESHOLD` (null: argmax).
-    ``dropped_answer``: ``zero_reward`` gives the question a
-    reward of 0 (before normalization: no defeasibility shown), ``resample`` draws up to
-    ``resample_k`` new answers (sampled at ``answer_temperature`` or 1.0 when that is 0) before
-    falling back to zero_reward, ``blank`` fuses an empty answer as the original did.
-    Answers are decoded greedily when ``answer_temperature`` is 0.
+    ``nli_threshold``: as `NLI_THRESHOLD` (null: argmax). ``dropped_answer`` (an answer the NLI
+    filter dropped, or an empty one): ``zero_reward`` gives the question a reward of
+    ``dropped_reward`` (0: no defeasibility shown; before normalization), ``resample`` draws up
+    to ``resample_k`` new answers (at ``resample_temperature``, null: `resampling_temperature`;
+    top-p ``resample_top_p``) before falling back to zero_reward, ``blank`` fuses an empty answer
+    as the original did. Temperatures of 0 decode greedily; lengths are in tokens. A question is
+    cut to ``max_question_words`` words; ``use_judgment_text: false`` leaves the judge's judgment
+    out of the answer generator's input.
+    """
+
+    nli_threshold: Optional[float] = NLI_THRESHOLD
+    dropped_answer: Literal["zero_reward", "resample", "blank"] = "zero_reward"
+    resample_k: int = 2
+    answer_max_length: int = 32
+    answer_temperature: float = 0.0
+    answer_top_p: float = 1.0
+    resample_temperature: Optional[float] = None
+    resample_top_p: float = 1.0
+    fusion_max_length: int = 64
+    fusion_temperature: float = 0.0
+    use_judgment_text: bool = True
+    max_question_words: int = 64
+    dropped_reward: float = 0.0
+
+    _bounds: ClassVar = {
+        "nli_threshold": "(0, 1]", "resample_k": ">= 1", "answer_max_length": ">= 2",
+        "answer_temperature": ">= 0", "answer_top_p": "(0, 1]", "resample_temperature": "> 0",
+        "resample_top_p": "(0, 1]", "fusion_max_length": ">= 2", "fusion_temperature": ">= 0",
+        "max_question_words": ">= 1", "dropped_reward": "finite"}
+
+    @property
+    def resampling_temperature(self) -> float:
+        """What resampling draws at: ``resample_temperature``, else the answer temperature, or
+        1.0 when answers are greedy (resampling a greedy answer would give it again)."""
+        if self.resample_temperature is not None:
+            return self.resample_temperature
+        return self.answer_temperature or 1.0
+
+    def check(self, at: str) -> None:
+        under = f"{at}." if at else ""  # at "": the root (score-questions' RewardConfig)
+        if self.dropped_answer != "resample":
+            refuse_changed(self, at, dict.fromkeys(
+                ("resample_k", "resample_temperature", "resample_top_p"),
+                f"{under}dropped_answer is not resample"))
+        if self.answer_temperature == 0:
+            refuse_changed(self, at, {"answer_top_p": f"{under}answer_temperature is 0 (greedy)"})
+
+
+def _refuse_unused_model_keys(root, roles: Mapping[str, Mapping[str, str]], at: str = "") -> None:
+    """For each role (a dotted path below `root`, which is at `at`), refuse the `ModelConfig`
+    keys it never reads (`refuse_changed`)."""
+    for role, unused in roles.items():
+        section = root
+        for part in role.split("."):
+            section = getattr(section, part) if section is not None else None
+        if section is not None:
+            refuse_changed(section, f"{at}.{role}" if at else role, unused)
+
+
+# Per reward model, the `ModelConfig` keys that the reward pipeline never reads.
+_REWARD_ROLES = {role.split(".", 1)[1]: unused for role, unused in PPO_UNUSED_MODEL_KEYS.items()
+                 if role.startswith("rewards.")}
+
+
+@dataclasses.dataclass(frozen=True)
+class RewardConfig(PipelineConfig):
+    """The reward models and the pipeline's settings (`PipelineConfig`, in the same mapping).
+
+    ``nli: null`` turns the NLI filter off.
     """
 
     answerer: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     fusion: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     judge: JudgeConfig = dataclasses.field(default_factory=JudgeConfig)
     nli: Optional[ModelConfig] = None
-    nli_threshold: Optional[float] = NLI_THRESHOLD
-    dropped_answer: Literal["zero_reward", "resample", "blank"] = "zero_reward"
-    resample_k: int = 2
-    answer_max_length: int = 32
-    answer_temperature: float = 0.0
-    fusion_max_length: int = 64
 
-    _bounds: ClassVar = {"nli_threshold": "(0, 1]", "resample_k": ">= 1",
-                         "answer_max_length": ">= 2", "answer_temperature": ">= 0",
-                         "fusion_max_length": ">= 2"}
+    @property
+    def pipeline(self) -> PipelineConfig:
+        """The pipeline's settings alone."""
+        return PipelineConfig(**{f.name: getattr(self, f.name)
+                                 for f in dataclasses.fields(PipelineConfig)})
 
     def check(self, at: str) -> None:
+        super().check(at)
         if self.nli is None:
-            refuse_changed(self, at, {"nli_threshold": f"{at}.nli is null (no filter)"})
-        if self.dropped_answer != "resample":
-            refuse_changed(self, at, {"resample_k": f"{at}.dropped_answer is not resample"})
+            refuse_changed(self, at, {"nli_threshold": f"{at}.nli is null (no filter)" if at
+                                      else "nli is null (no filter)"})
+        _refuse_unused_model_keys(self, _REWARD_ROLES, at)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,38 +346,31 @@ class NormalizerConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class PPOHyperparams:
-    """PPO as in ClarifyDelphi (DESIGN §4). ``batch_size`` situations per step (global);
-    ``epochs`` passes over the batch, each split into ``minibatches``. The learning rate is the
-    run's ``optimizer.lr``. ``top_k`` 0 = off; ``top_p`` 1.0 = off. ``whiten_rewards`` rescales
-    the per-token rewards by their std (`ppo.PPOConfig`; the original's default). There is no
-    entropy bonus (the original had none). ``kl_target`` / ``kl_horizon`` need ``adaptive_kl``."""
+class PPOHyperparams(ppo.PPOConfig):
+    """PPO as in ClarifyDelphi (DESIGN §4): the update's own settings (epochs, minibatches, clip,
+    value_clip, vf_coef, gamma, lam, whiten_*: declared with their defaults and ranges by
+    `ppo.PPOConfig`, which this section is, so the update takes it as it is), plus the loop's.
+    ``batch_size`` situations per step (global); ``epochs`` passes over the batch, each split into
+    ``minibatches``. The learning rate is the run's ``optimizer.lr``. ``top_k`` 0 = off; ``top_p``
+    1.0 = off. ``value_clip: null``: an unclipped value loss. There is no entropy bonus (the
+    original had none). ``kl_target`` / ``kl_horizon`` need ``adaptive_kl``."""
 
     batch_size: int = 64
-    epochs: int = 4
-    minibatches: int = 1
-    clip: float = 0.2
-    value_clip: float = 0.2
-    vf_coef: float = 1.0
-    gamma: float = 1.0
-    lam: float = 0.95
+    # the KL penalty's coefficient (`ppo.FixedKL`, or `ppo.AdaptiveKL` from it)
     kl_coef: float = 0.15
     adaptive_kl: bool = False
     kl_target: float = 6.0
     kl_horizon: int = 10000
-    whiten_advantages: bool = True
-    whiten_rewards: bool = True
+    # sampling the questions (the rollout sampler)
     temperature: float = 0.7
     top_p: float = 0.6
     top_k: int = 0
     max_question_length: int = 30
 
     _bounds: ClassVar = {
-        # clip 0 pins the ratio to 1: the clipped objective then never lets the policy improve
-        "batch_size": ">= 1", "epochs": ">= 1", "minibatches": ">= 1", "clip": "> 0",
-        "value_clip": ">= 0", "vf_coef": ">= 0", "gamma": "[0, 1]",
-        "lam": "[0, 1]", "kl_coef": ">= 0", "kl_target": "> 0", "kl_horizon": ">= 1",
-        "temperature": "> 0", "top_p": "(0, 1]", "top_k": ">= 0", "max_question_length": ">= 2"}
+        **ppo.PPOConfig._bounds, "batch_size": ">= 1", "kl_coef": ">= 0", "kl_target": "> 0",
+        "kl_horizon": ">= 1", "temperature": "> 0", "top_p": "(0, 1]", "top_k": ">= 0",
+        "max_question_length": ">= 2"}
 
     def check(self, at: str) -> None:
         if self.batch_size % self.minibatches:
@@ -395,12 +433,10 @@ class PPOConfig:
 
     def check(self, at: str) -> None:
         self.policy.check_tokenizer("policy")
-        for role, unused in PPO_UNUSED_MODEL_KEYS.items():
-            section = self
-            for part in role.split("."):
-                section = getattr(section, part) if section is not None else None
-            if section is not None:
-                refuse_changed(section, role, unused)
+        # (the reward models' keys: RewardConfig.check, as score-questions reads that section too)
+        _refuse_unused_model_keys(self, {role: unused for role, unused in
+                                         PPO_UNUSED_MODEL_KEYS.items()
+                                         if not role.startswith("rewards.")})
         refuse_changed(self.optimizer, "optimizer", dict.fromkeys(
             ("grad_accum", "label_smoothing"), "the PPO loop has one batch per update and no "
             "label loss"))

@@ -8,7 +8,9 @@ A schema dataclass may declare:
   (None values pass). EVERY int / float field must have one (`check_tree` refuses a schema
   without), and a float must also be finite: NaN and infinity pass ``> 0`` otherwise;
 * ``_shorthand: ClassVar`` - the field a bare string in YAML stands for (``{init: <string>}``);
-* ``check(self, at)`` - cross-field rules, raising `ConfigError` naming ``at``.
+* ``check(self, at)`` - cross-field rules, raising `ConfigError` naming ``at`` (a section declared
+  by a module that does not import this one, such as `clarifyjax.sharding.MeshConfig`, raises
+  ValueError; it is reported the same way).
 
 Supported field types: bool, int, float, str, ``Literal[...]``, ``tuple[X, ...]``, nested
 dataclasses, and ``Optional`` / unions of those.
@@ -358,9 +360,10 @@ def check_tree(cfg, at: str = "", where=None) -> None:
                               + ("" if finite(value) else " and finite"), key=key)
     if hasattr(cfg, "check"):
         try:
-            cfg.check(at or "<top>")
-        except ConfigError as e:
-            raise ConfigError(f"{where(e.key or at)}: {e}", key=e.key or at) from None
+            cfg.check(at)  # "" at the root
+        except ValueError as e:  # ConfigError, or a ValueError of a section a pure module declares
+            key = getattr(e, "key", None) or at
+            raise ConfigError(f"{where(key)}: {e}", key=key) from None
 
 
 def _text(value) -> str:

@@ -164,7 +164,7 @@ class ModelPlan:
 def mesh_sizes(layout, n_devices: int) -> dict[str, int]:
     """The config's (data, fsdp, model) sizes for `n_devices`, the -1 axis filled."""
     try:
-        return sharding.resolve_sizes(layout.axis_sizes(), n_devices)
+        return sharding.resolve_sizes(layout, n_devices)
     except ValueError as e:
         raise PlanError(f"{e} (of the hardware)") from e
 

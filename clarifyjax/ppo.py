@@ -15,7 +15,8 @@ right-padded (a hole in a mask ends the episode there for GAE).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+import dataclasses
+from typing import Any, Callable, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -229,8 +230,11 @@ class AdaptiveKL(NamedTuple):
 # --------------------------------------------------------------------------- the update
 
 
-class PPOConfig(NamedTuple):
-    """Defaults: the original's PPO hyperparameters (DESIGN §4), minus its bugs."""
+@dataclasses.dataclass(frozen=True)
+class PPOConfig:
+    """The update's settings. Defaults: the original's PPO hyperparameters (DESIGN §4), minus its
+    bugs. `_bounds` (field -> range) is each number's valid range; a run config's ``ppo:`` section
+    (`clarifyjax.config.PPOHyperparams`, a subclass) is checked against it when it is loaded."""
 
     epochs: int = 4  # passes over the rollout batch
     minibatches: int = 1  # minibatches per epoch; the batch must divide evenly
@@ -241,6 +245,11 @@ class PPOConfig(NamedTuple):
     lam: float = 0.95
     whiten_advantages: bool = True
     whiten_rewards: bool = True  # rescale per-token rewards by their std (the original's default)
+
+    # clip 0 pins the ratio to 1: the clipped objective then never lets the policy improve
+    _bounds: ClassVar = {"epochs": ">= 1", "minibatches": ">= 1", "clip": "> 0",
+                         "value_clip": ">= 0", "vf_coef": ">= 0", "gamma": "[0, 1]",
+                         "lam": "[0, 1]"}
 
 
 class Rollout(NamedTuple):

@@ -277,13 +277,6 @@ class SFTProgram(Program):
                 for k, n in lengths.items()}
 
 
-def ppo_hyperparams(h) -> ppo.PPOConfig:
-    """`ppo.PPOConfig` of a config's ``ppo`` section."""
-    return ppo.PPOConfig(epochs=h.epochs, minibatches=h.minibatches, clip=h.clip,
-                         value_clip=h.value_clip, vf_coef=h.vf_coef, gamma=h.gamma, lam=h.lam,
-                         whiten_advantages=h.whiten_advantages, whiten_rewards=h.whiten_rewards)
-
-
 def kl_controller(h):
     return (ppo.AdaptiveKL(h.kl_coef, h.kl_target, float(h.kl_horizon)) if h.adaptive_kl
             else ppo.FixedKL(h.kl_coef))
@@ -298,9 +291,9 @@ class PPOProgram(Program):
     @classmethod
     def build(cls, cfg, mesh, graphdef, params, value_graphdef, value_params,
               hyper: ppo.PPOConfig | None = None) -> "PPOProgram":
-        """`hyper`: the update's hyperparameters (default: `ppo_hyperparams` of ``cfg.ppo``)."""
+        """`hyper`: the update's hyperparameters (default: ``cfg.ppo``, a `ppo.PPOConfig`)."""
         tx = optim.make_optimizer(cfg.optimizer, cfg.run.steps)  # policy and value alike
-        hyper = ppo_hyperparams(cfg.ppo) if hyper is None else hyper
+        hyper = cfg.ppo if hyper is None else hyper
         kl_ctl = kl_controller(cfg.ppo)
 
         def initial(p, v):

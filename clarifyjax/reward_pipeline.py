@@ -13,6 +13,10 @@ Every model stage is one jitted call (`decoding.generate`, the judge's forward, 
 on inputs padded to length buckets and to a row multiple, so that a repeated batch size compiles
 each stage once (`RewardPipeline.traces` counts the traces per stage).
 
+The settings are `clarifyjax.config.PipelineConfig` (re-exported here), the part of a run's
+``rewards:`` section (`RewardConfig`) that is not the models; `load_pipeline` builds the pipeline
+of a whole `RewardConfig`, for training and `clarifyjax score-questions` alike.
+
 A dropped answer (filtered by NLI, or empty) is handled by `PipelineConfig.dropped_answer`:
   zero_reward  the pair's raw reward is `dropped_reward` (0: no defeasibility shown), before
                normalization; its fused situations are still computed (blank answer) and reported;
@@ -27,7 +31,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import Any, Literal, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -35,7 +39,8 @@ import numpy as np
 from clarifyjax import delphi, traces
 from clarifyjax import reward as reward_lib
 from clarifyjax import text as text_lib
-from clarifyjax.config import NLI_THRESHOLD
+from clarifyjax.config import PipelineConfig  # noqa: F401  (the settings; re-exported here)
+from clarifyjax.configlib import check_tree
 from clarifyjax.seq2seq import Sampling, Seq2SeqModel
 
 DROPPED_POLICIES = ("zero_reward", "resample", "blank")
@@ -44,71 +49,27 @@ COUNT_KEYS = ("questions", "empty_questions", "truncated_questions", "answers", 
               "truncated_judge_inputs", "truncated_answer_inputs", "truncated_fusion_inputs")
 
 
-@dataclasses.dataclass(frozen=True)
-class PipelineConfig:
-    """Settings of `RewardPipeline` (names as `clarifyjax.config.RewardConfig` where shared).
+def check_config(config: PipelineConfig) -> PipelineConfig:
+    """`config`, checked as the config loader checks a ``rewards:`` section (for a config built in
+    code): the policy name, each number's range and the cross-field rules."""
+    if config.dropped_answer not in DROPPED_POLICIES:
+        raise ValueError(f"PipelineConfig.dropped_answer must be one of {DROPPED_POLICIES}, "
+                         f"got {config.dropped_answer!r}")
+    check_tree(config, "PipelineConfig")
+    return config
 
-    Temperatures of 0 decode greedily. `normalizer`: None gives the raw JSD as the reward.
-    `nli_threshold`: the NLI filter's (`from_folders` builds it so); None = argmax.
-    """
 
-    dropped_answer: Literal["zero_reward", "resample", "blank"] = "zero_reward"
-    resample_k: int = 2
-    answer_max_length: int = 32
-    answer_temperature: float = 0.0
-    answer_top_p: float = 1.0
-    resample_temperature: float = 1.0
-    resample_top_p: float = 1.0
-    fusion_max_length: int = 64
-    fusion_temperature: float = 0.0
-    use_judgment_text: bool = True
-    max_question_words: int = 64
-    dropped_reward: float = 0.0
-    normalizer: reward_lib.RewardNormalizer | None = None
-    nli_threshold: float | None = NLI_THRESHOLD
-
-    def __post_init__(self):
-        if self.dropped_answer not in DROPPED_POLICIES:
-            raise ValueError(f"PipelineConfig.dropped_answer must be one of {DROPPED_POLICIES}, "
-                             f"got {self.dropped_answer!r}")
-        for name in ("resample_k", "answer_max_length", "fusion_max_length", "max_question_words"):
-            if int(getattr(self, name)) < 1:
-                raise ValueError(f"PipelineConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.dropped_answer == "resample" and self.resample_temperature <= 0:
-            raise ValueError("PipelineConfig.resample_temperature must be > 0: resampling a "
-                             "greedy answer gives the same answer again")
-
-    @property
-    def answer_sampling(self) -> Sampling:
-        return Sampling(self.answer_max_length, self.answer_temperature, top_p=self.answer_top_p)
-
-    @property
-    def resample_sampling(self) -> Sampling:
-        return Sampling(self.answer_max_length, self.resample_temperature,
-                        top_p=self.resample_top_p)
-
-    @property
-    def fusion_sampling(self) -> Sampling:
-        return Sampling(self.fusion_max_length, self.fusion_temperature)
-
-    @classmethod
-    def from_options(cls, *, answer_temperature: float = 0.0, **options) -> "PipelineConfig":
-        """The one mapping from user options (a run's `rewards:` section, or `clarifyjax
-        score-questions` flags) to a config: resampling draws at the answer temperature, or 1.0
-        when answers are greedy (resampling a greedy answer would give it again)."""
-        options.setdefault("resample_temperature", answer_temperature or 1.0)
-        return cls(answer_temperature=answer_temperature, **options)
-
-    @classmethod
-    def from_reward_config(cls, rewards, normalizer=None, **overrides) -> "PipelineConfig":
-        """From `clarifyjax.config.RewardConfig` (the `rewards:` section of a PPO run)."""
-        values = dict(dropped_answer=rewards.dropped_answer, resample_k=rewards.resample_k,
-                      answer_max_length=rewards.answer_max_length,
-                      answer_temperature=rewards.answer_temperature,
-                      fusion_max_length=rewards.fusion_max_length, normalizer=normalizer,
-                      nli_threshold=rewards.nli_threshold)
-        values.update(overrides)
-        return cls.from_options(**values)
+def stage_sampling(config: PipelineConfig, stage: str) -> Sampling:
+    """How the "answers", "resample" or "fusion" stage decodes (temperature 0: greedy)."""
+    if stage == "answers":
+        return Sampling(config.answer_max_length, config.answer_temperature,
+                        top_p=config.answer_top_p)
+    if stage == "resample":
+        return Sampling(config.answer_max_length, config.resampling_temperature,
+                        top_p=config.resample_top_p)
+    if stage == "fusion":
+        return Sampling(config.fusion_max_length, config.fusion_temperature)
+    raise ValueError(f"no sampling stage {stage!r}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,15 +164,19 @@ class RewardPipeline:
     """
 
     def __init__(self, answerer: Seq2SeqModel, fusion: Seq2SeqModel, judge, nli=None,
-                 config: PipelineConfig = PipelineConfig()):
+                 config: PipelineConfig = PipelineConfig(),
+                 normalizer: reward_lib.RewardNormalizer | None = None):
+        """config: the settings (a `RewardConfig` gives its `.pipeline`); normalizer: None gives
+        the raw JSD as the reward."""
         self.answerer, self.fusion, self.judge, self.nli = answerer, fusion, judge, nli
-        self.config = config
+        self.config, self.normalizer = check_config(config), normalizer
         self.traces: collections.Counter = collections.Counter()
         self.timings: dict[str, float] = {}
 
     @classmethod
     def from_folders(cls, *, answerer, fusion, judge, nli=None,
-                     config: PipelineConfig = PipelineConfig(), backend: str = "hf",
+                     config: PipelineConfig = PipelineConfig(), normalizer=None,
+                     backend: str = "hf",
                      dtype: str = "float32", max_input_length: int = 128, batch_multiple: int = 8,
                      nli_batch_size: int = 128,
                      judge_options: dict | None = None, mesh=None,
@@ -236,7 +201,7 @@ class RewardPipeline:
                        nli, threshold=config.nli_threshold, dtype=dtype,
                        max_length=max_input_length,
                        batch_size=nli_batch_size, mesh=mesh, rules=rules),
-                   config)
+                   config, normalizer)
 
     def _stage(self, name: str, fn, *args, **kwargs):
         before, t0 = _trace_total(self.nli), time.perf_counter()
@@ -344,7 +309,7 @@ class RewardPipeline:
         answer_inputs = [text_lib.answer_input(sits[i], qs[i], kind, judgments[i], where=f"row {i}")
                          for kind in text_lib.UPDATE_TYPES for i in active]
         answers = self._stage("answers", self.answerer.generate, answer_inputs,
-                              cfg.answer_sampling, rng=keys[0])
+                              stage_sampling(cfg, "answers"), rng=keys[0])
         counts["truncated_answer_inputs"] += answers.truncated_inputs
         answers = list(answers.texts)
         counts["answers"] = len(answers)
@@ -356,7 +321,8 @@ class RewardPipeline:
                 if not todo.size:
                     break
                 redo = self._stage("resample", self.answerer.generate,
-                                   [answer_inputs[i] for i in todo], cfg.resample_sampling,
+                                   [answer_inputs[i] for i in todo],
+                                   stage_sampling(cfg, "resample"),
                                    rng=keys[2 + round_], power_of_two_rows=True)
                 counts["resampled"] += todo.size
                 for i, a in zip(todo, redo.texts):
@@ -376,7 +342,7 @@ class RewardPipeline:
                                                where=f"row {active[r % n]}")
                          for r in range(2 * n)]
         fused = self._stage("fusion", self.fusion.generate, fusion_inputs,
-                            self.config.fusion_sampling, rng=key)
+                            stage_sampling(self.config, "fusion"), rng=key)
         counts["truncated_fusion_inputs"] += fused.truncated_inputs
         fused_ok = np.array([bool(t) for t in fused.texts], bool)
         counts["empty_fusions"] = int((~fused_ok).sum())
@@ -402,7 +368,7 @@ class RewardPipeline:
         jsd = np.asarray(reward_lib.jsd(p_weak, p_strong, axis=-1), np.float32)
         raw = np.asarray(reward_lib.defeasibility_reward(p_weak, p_strong, valid,
                                                          cfg.dropped_reward), np.float32)
-        reward = raw if cfg.normalizer is None else np.asarray(cfg.normalizer(raw), np.float32)
+        reward = raw if self.normalizer is None else np.asarray(self.normalizer(raw), np.float32)
 
         def spread(values: list[str], part: int) -> list[str]:
             out = [""] * b
@@ -418,6 +384,45 @@ class RewardPipeline:
             strong_answers=spread(answers, 1), weak_situations=spread(situations, 0),
             strong_situations=spread(situations, 1),
             counts={k: int(v) for k, v in sorted(counts.items())})
+
+
+def load_pipeline(rewards, *, normalizer: reward_lib.RewardNormalizer | None = None,
+                  mesh=None, rules=None, backend: str = "hf", nli_batch_size: int = 64,
+                  judge_options: dict | None = None) -> RewardPipeline:
+    """The pipeline of a `clarifyjax.config.RewardConfig` (a PPO run's ``rewards:`` section, or
+    what `clarifyjax score-questions` builds): its four models, read from their folders, and its
+    `PipelineConfig`. mesh, rules: as `RewardPipeline.from_folders`. judge_options: more keyword
+    arguments of `delphi.load_judge` (class_step, judgment).
+
+    Raises:
+      ConfigError: a model that is not a trained folder (``init``; a loaded config has one).
+    """
+    from clarifyjax.configlib import ConfigError
+    from clarifyjax.nli import NLIFilter
+
+    def folder(m, key):
+        if m.init is None:
+            raise ConfigError(f"{key}.init: the reward models must be trained folders (a random "
+                              "'tiny' model is not a reward model)")
+        return m.init
+
+    def seq2seq(m, key):
+        return Seq2SeqModel.from_pretrained(
+            folder(m, key), tokenizer_path=m.tokenizer, dtype=m.dtype, backend=backend,
+            max_input_length=m.max_input_length, mesh=mesh, rules=rules)
+
+    j = rewards.judge
+    judge = delphi.load_judge(folder(j.model, "judge.model"), kind=j.kind, dtype=j.model.dtype,
+                              backend=backend, max_input_length=j.model.max_input_length,
+                              input_prefix=j.input_prefix, class_prefix=j.class_prefix,
+                              class_tokens=j.class_tokens, encoder_labels=j.encoder_labels,
+                              mesh=mesh, rules=rules, **(judge_options or {}))
+    nli = None if rewards.nli is None else NLIFilter.from_pretrained(
+        folder(rewards.nli, "nli"), threshold=rewards.nli_threshold, dtype=rewards.nli.dtype,
+        max_length=rewards.nli.max_input_length, batch_size=nli_batch_size, mesh=mesh,
+        rules=rules)
+    return RewardPipeline(seq2seq(rewards.answerer, "answerer"), seq2seq(rewards.fusion, "fusion"),
+                          judge, nli, rewards.pipeline, normalizer)
 
 
 def concat_outputs(outputs: Sequence[RewardOutput]) -> RewardOutput:

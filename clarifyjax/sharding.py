@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Literal, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -62,11 +62,28 @@ RULES = {"default": DEFAULT_RULES, "fsdp": FSDP_RULES}
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """Sizes of the mesh axes; exactly one may be -1, meaning "all remaining devices"."""
+    """Sizes of the ``(data, fsdp, model)`` mesh axes (one may be -1: all remaining devices) and the
+    name of the logical-axis rules table (`RULES`: "fsdp" also splits parameters along embed).
+
+    This is also a run config's ``mesh:`` section (`clarifyjax.config.MeshLayout` is this class):
+    `_bounds` and `check` are what the config loader checks there.
+    """
 
     data: int = -1
     fsdp: int = 1
     model: int = 1
+    rules: Literal["default", "fsdp"] = "default"
+
+    _bounds: ClassVar = {axis: "== -1 or >= 1" for axis in MESH_AXES}
+
+    def axis_sizes(self) -> dict[str, int]:
+        """``{"data": ..., "fsdp": ..., "model": ...}``."""
+        return {axis: getattr(self, axis) for axis in MESH_AXES}
+
+    def check(self, at: str) -> None:
+        sizes = self.axis_sizes()
+        if list(sizes.values()).count(-1) > 1:
+            raise ValueError(f"{at}: at most one axis may be -1, got {sizes}")
 
 
 def _mesh_config(config: MeshConfig | Mapping | None) -> MeshConfig:
@@ -100,8 +117,7 @@ def resolve_sizes(config: MeshConfig | Mapping | None, n_devices: int) -> dict[s
       ValueError: a size below 1 (other than -1), several -1 axes, or sizes that do not match
         the devices.
     """
-    cfg = _mesh_config(config)
-    sizes = {axis: getattr(cfg, axis) for axis in MESH_AXES}
+    sizes = _mesh_config(config).axis_sizes()
     for axis, size in sizes.items():
         if size != -1 and size < 1:
             raise ValueError(f"mesh axis {axis!r} has size {size}; sizes must be >= 1 (or -1 to fill)")

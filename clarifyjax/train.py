@@ -63,7 +63,7 @@ def _start(cfg, kind: str, say) -> tuple[Path, Any, tuple]:
     data_lib.check_data_paths(cfg.data)
     run_record.check_resume(cfg, say)
     run_dir = Path(cfg.run.directory)
-    mesh = sharding_lib.make_mesh(cfg.mesh.axis_sizes())
+    mesh = sharding_lib.make_mesh(cfg.mesh)
     say(f"[{kind}] {cfg.run.name}: {jax.device_count()} {jax.default_backend()} device(s), mesh "
         f"{dict(mesh.shape)}, output {run_dir}")
     rules = sharding_lib.RULES[cfg.mesh.rules]
@@ -218,45 +218,18 @@ def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: b
 
 
 def build_reward_fn(cfg):
-    """ClarifyDelphi's reward for a `PPOConfig`: a `RewardPipeline` over the configured answerer,
-    fusion model, judge and NLI filter, returning raw JSDs (the loop normalizes).
+    """ClarifyDelphi's reward for a `PPOConfig`: the `RewardPipeline` of its ``rewards:`` section
+    (`reward_pipeline.load_pipeline`, as `clarifyjax score-questions` builds it), returning raw
+    JSDs (the loop normalizes).
 
     Each process scores its own rows, so the reward models live on its `sharding.process_mesh`:
     split by the run's rules (``mesh.rules``) over the fsdp x model devices that the training mesh
     puts in one process, each device reading only its slices of the checkpoints.
     """
-    from clarifyjax import delphi, reward_pipeline
-    from clarifyjax.seq2seq import Seq2SeqModel
+    from clarifyjax import reward_pipeline
 
-    r = cfg.rewards
-    mesh = sharding_lib.process_mesh(cfg.mesh.axis_sizes())
-    rules = sharding_lib.RULES[cfg.mesh.rules]
-
-    def seq2seq(m, name):
-        if m.init is None:
-            raise ConfigError(f"rewards.{name}.init: the reward models must be trained folders "
-                              "(a random 'tiny' model is not a reward model)")
-        return Seq2SeqModel.from_pretrained(
-            m.init, tokenizer_path=m.tokenizer, dtype=m.dtype, max_input_length=m.max_input_length,
-            mesh=mesh, rules=rules)
-
-    j = r.judge
-    if j.model.init is None:
-        raise ConfigError("rewards.judge.model.init: the judge must be a trained folder")
-    judge = delphi.load_judge(j.model.init, kind=j.kind, dtype=j.model.dtype,
-                              max_input_length=j.model.max_input_length,
-                              input_prefix=j.input_prefix, class_prefix=j.class_prefix,
-                              class_tokens=j.class_tokens, encoder_labels=j.encoder_labels,
-                              mesh=mesh, rules=rules)
-    nli = None
-    if r.nli is not None:
-        from clarifyjax.nli import NLIFilter
-
-        nli = NLIFilter.from_pretrained(r.nli.init, threshold=r.nli_threshold, dtype=r.nli.dtype,
-                                        max_length=r.nli.max_input_length, mesh=mesh, rules=rules)
-    return reward_pipeline.RewardPipeline(
-        seq2seq(r.answerer, "answerer"), seq2seq(r.fusion, "fusion"), judge, nli,
-        reward_pipeline.PipelineConfig.from_reward_config(r))
+    return reward_pipeline.load_pipeline(cfg.rewards, mesh=sharding_lib.process_mesh(cfg.mesh),
+                                         rules=sharding_lib.RULES[cfg.mesh.rules])
 
 
 def _fit_normalizer(cfg, sampler, params, dataset, say) -> RewardNormalizer:

@@ -1,7 +1,7 @@
 """`clarifyjax` command-line reliability (issue 11): every class of bad input, not only examples.
 
 Each bad invocation runs through `clarifyjax.cli.main([...])` and must return 2 with exactly one
-stderr line that names the option or file, before any model is loaded (`from_folders` is replaced
+stderr line that names the option or file, before any model is loaded (`load_pipeline` is replaced
 by a function that fails the test) and without writing `--out`. The classes:
 
 * numbers that make no sense (NaN, infinity, zero, negative, out of range, not a number);
@@ -73,7 +73,7 @@ BAD_NUMBERS = [
 BAD_OPTIONS = [
     (["--gain", "2"], "--gain and --bias"),
     (["--bias", "0.5"], "--gain and --bias"),
-    (["--nli-threshold", "0.5"], "--nli-threshold needs --nli"),
+    (["--nli-threshold", "0.5"], "--nli-threshold 0.5 (config <command line>): nli_threshold"),
     (["--class-tokens", "1,0"], "--class-tokens"),
     (["--encoder-labels", "bad,,good"], "--encoder-labels"),
     (["--situation-column", " "], "--situation-column"),
@@ -118,7 +118,7 @@ def setup(tmp_path, monkeypatch):
     def no_models(*args, **kwargs):
         raise AssertionError("models were loaded before the bad input was reported")
 
-    monkeypatch.setattr(reward_pipeline.RewardPipeline, "from_folders", no_models)
+    monkeypatch.setattr(reward_pipeline, "load_pipeline", no_models)
     models = {name: tmp_path / name for name in ("answerer", "fusion", "judge")}
     for folder in models.values():
         folder.mkdir()

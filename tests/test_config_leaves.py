@@ -9,7 +9,7 @@ the code the loops use where there is such code (no weights read, no forward pas
   its arguments), the tokenizer folder, and the padded lengths of its dataset columns;
 * reward models: every loader call and the `PipelineConfig` of `train.build_reward_fn` (the
   model loaders stubbed to record their arguments);
-* ppo: `programs.ppo_hyperparams` (the update's `ppo.PPOConfig`), the KL controller and the
+* ppo: the fields of the update's `ppo.PPOConfig` (the section is one), the KL controller and the
   rollout sampler's arguments as `train.train_ppo` builds them;
 * optimizer: three updates of `optim.make_optimizer` on a small parameter tree (lr, schedule,
   moments, decay, clipping all show in them);
@@ -230,7 +230,9 @@ def _runtime(cfg, rec) -> dict:
     rt["policy"] = (_t5(rec, p), p.tokenizer_path,
                     column_buckets(cfg.data.length_buckets, p.max_input_length))
     rt["reference"], rt["value"] = _t5(rec, cfg.reference), _t5(rec, cfg.value.model)
-    rt["ppo"] = programs.ppo_hyperparams(h)
+    from clarifyjax import ppo  # what make_ppo_update reads of the section: its PPOConfig fields
+
+    rt["ppo"] = tuple(getattr(h, f.name) for f in dataclasses.fields(ppo.PPOConfig))
     rt["kl"] = programs.kl_controller(h)  # as train_ppo builds it
     rt["sampler"] = (h.max_question_length, h.temperature, h.top_k, h.top_p)  # RolloutSampler's
     rt["rewards"] = _recorded(rec, train.build_reward_fn, cfg)

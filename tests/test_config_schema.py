@@ -9,16 +9,13 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-import json
 import re
 import typing
 
-import numpy as np
 import pytest
 
 from clarifyjax import config as config_lib
-from clarifyjax.config import ConfigError, PPOConfig, SFTConfig, load_config
+from clarifyjax.config import ConfigError, load_config
 from clarifyjax.configlib import numeric_fields, read_yaml, within
 from conftest import REPO_ROOT
 
@@ -99,40 +96,143 @@ def test_meaningless_numbers_in_a_file_name_the_file_and_key(tmp_path, key, text
 def test_nli_threshold_has_one_default():
     import inspect
 
-    from clarifyjax import cli, nli, reward_pipeline
+    from clarifyjax import cli, nli, reward_pipeline, score_config
 
-    parser = cli.build_parser()
-    args = parser.parse_args(["score-questions", "--situations", "s", "--questions", "q",
-                              "--answerer", "a", "--fusion", "f", "--judge", "j", "--out", "o"])
+    args = cli.parse_args(["score-questions", "--situations", "s", "--questions", "q",
+                           "--answerer", "a", "--fusion", "f", "--judge", "j", "--nli", "n",
+                           "--out", "o"])
     defaults = {"config.RewardConfig": config_lib.RewardConfig().nli_threshold,
                 "PipelineConfig": reward_pipeline.PipelineConfig().nli_threshold,
                 "NLIFilter": inspect.signature(nli.NLIFilter).parameters["threshold"].default,
                 "NLIFilter.from_pretrained": inspect.signature(
                     nli.NLIFilter.from_pretrained).parameters["threshold"].default,
-                "cli --nli-threshold": args.nli_threshold}
+                "cli --nli-threshold": score_config.reward_config(args).nli_threshold}
     assert set(defaults.values()) == {config_lib.NLI_THRESHOLD}, defaults
 
 
-def test_yaml_rewards_and_cli_flags_build_the_same_pipeline_config(tmp_path):
-    """A `rewards:` section left at its defaults and `score-questions` without reward flags: one
-    PipelineConfig (and so one NLI decision), through `PipelineConfig.from_options` both."""
+def _score_args(*extra):
     from clarifyjax import cli
-    from clarifyjax.reward_pipeline import PipelineConfig
+
+    return cli.parse_args(["score-questions", "--situations", "s", "--questions", "q",
+                           "--out", "o", *map(str, extra)])
+
+
+def test_yaml_rewards_and_cli_flags_build_the_same_reward_config(tmp_path):
+    """A `rewards:` section left at its defaults and `score-questions` without reward flags: one
+    RewardConfig (so one pipeline and one NLI decision); and the flags, a --config file (the
+    section alone or a whole PPO config) and KEY=VALUE items mean the same keys."""
+    from clarifyjax.score_config import reward_config
 
     yaml_file = tmp_path / "run.yaml"
     yaml_file.write_text("kind: ppo\npolicy: p\nrewards:\n  answerer: a\n  fusion: f\n"
                          "  judge:\n    model: j\n  nli: n\n")
-    from_yaml = PipelineConfig.from_reward_config(load_config(yaml_file).rewards)
-    args = cli.build_parser().parse_args([
-        "score-questions", "--situations", "s", "--questions", "q", "--answerer", "a",
-        "--fusion", "f", "--judge", "j", "--nli", "n", "--out", "o"])
-    assert cli.pipeline_config(args) == from_yaml
-    # and the options that both have keep meaning the same when set
+    from_yaml = load_config(yaml_file).rewards
+    models = ["--answerer", "a", "--fusion", "f", "--judge", "j", "--nli", "n"]
+    assert reward_config(_score_args(*models)) == from_yaml
+    assert reward_config(_score_args(*models)).pipeline == from_yaml.pipeline == config_lib.PipelineConfig()
+    assert reward_config(_score_args("--config", yaml_file)) == from_yaml
+    section = tmp_path / "rewards.yaml"
+    section.write_text("answerer: a\nfusion: f\njudge: {model: j}\nnli: n\n")
+    assert reward_config(_score_args("--config", section)) == from_yaml
+    # the options that set keys keep meaning the same when set
     yaml_file.write_text(yaml_file.read_text() + "  nli_threshold: 0.7\n"
-                         "  answer_temperature: 0.5\n  dropped_answer: resample\n")
-    args = cli.build_parser().parse_args([
-        "score-questions", "--situations", "s", "--questions", "q", "--answerer", "a",
-        "--fusion", "f", "--judge", "j", "--nli", "n", "--out", "o", "--nli-threshold", "0.7",
-        "--answer-temperature", "0.5", "--dropped-answer", "resample"])
-    assert cli.pipeline_config(args) == PipelineConfig.from_reward_config(
-        load_config(yaml_file).rewards)
+                         "  answer_temperature: 0.5\n  dropped_answer: resample\n"
+                         "  max_question_words: 9\n  use_judgment_text: false\n  answerer:\n"
+                         "    init: a\n    dtype: bfloat16\n")
+    from_yaml = load_config(yaml_file).rewards
+    flags = reward_config(_score_args(
+        *models, "--nli-threshold", "0.7", "--answer-temperature", "0.5", "--dropped-answer",
+        "resample", "--max-question-words", "9", "--no-judgment-text", "answerer.dtype=bfloat16"))
+    assert flags == from_yaml
+    items = reward_config(_score_args(
+        "answerer=a", "fusion=f", "judge.model=j", "nli=n", "nli_threshold=0.7",
+        "answer_temperature=0.5", "dropped_answer=resample", "max_question_words=9",
+        "use_judgment_text=false", "answerer.dtype=bfloat16"))
+    assert items == from_yaml
+
+
+def test_score_questions_config_and_overrides_reach_the_pipeline(tmp_path, monkeypatch, capsys):
+    """``score-questions --config x.yaml KEY=VALUE``: the pipeline is built from that RewardConfig;
+    a bad key, or a flag and an item on one key, is one line naming it, before any model loads."""
+    from clarifyjax import cli, reward_pipeline
+
+    built = []
+
+    def load_pipeline(rewards, **kwargs):
+        built.append(rewards)
+        raise cli.CLIError("stop before the models")
+
+    monkeypatch.setattr(reward_pipeline, "load_pipeline", load_pipeline)
+    for name in ("a", "f", "j"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "s.txt").write_text("lying to a friend\n")
+    (tmp_path / "q.txt").write_text("why?\n")
+    config = tmp_path / "rewards.yaml"
+    config.write_text(f"answerer: {tmp_path / 'a'}\nfusion: {tmp_path / 'f'}\n"
+                      f"judge: {{model: {tmp_path / 'j'}}}\nfusion_max_length: 20\n")
+    argv = ["score-questions", "--situations", tmp_path / "s.txt", "--questions",
+            tmp_path / "q.txt", "--out", tmp_path / "o.jsonl", "--config", config]
+
+    def run(*extra):
+        status = cli.main([str(a) for a in argv + list(extra)])
+        return status, capsys.readouterr().err.strip()
+
+    status, err = run("answer_temperature=0.5", "answer_top_p=0.9", "--resample-k", "3",
+                      "--dropped-answer", "resample")
+    assert status == 2 and "stop before the models" in err
+    settings = built[-1].pipeline
+    assert (settings.answer_temperature, settings.answer_top_p, settings.fusion_max_length,
+            settings.resample_k, settings.resampling_temperature) == (0.5, 0.9, 20, 3, 0.5)
+    assert built[-1].answerer.init == str(tmp_path / "a")
+    n = len(built)
+    for extra, names in [
+            (["answer_temprature=0.5"], ["unknown key 'answer_temprature'", str(config)]),
+            (["answer_top_p=0.9"], ["answer_top_p", "answer_temperature is 0"]),
+            (["--answer-temperature", "0.5", "answer_temperature=0.7"],
+             ["--answer-temperature", "answer_temperature=0.7", "give one"]),
+            (["--resample-k", "3"], ["--resample-k 3", "dropped_answer is not resample"])]:
+        status, err = run(*extra)
+        assert status == 2 and len(err.splitlines()) == 1, err
+        assert all(name in err for name in names), (names, err)
+    assert len(built) == n  # refused before any model was asked for
+
+
+def test_each_setting_is_declared_once():
+    """The YAML sections that lower modules consume are those modules' own dataclasses (or extend
+    them): one default and one range per setting, no copy to keep in step."""
+    from clarifyjax import ppo, programs, reward_pipeline, sharding
+
+    assert issubclass(config_lib.PPOHyperparams, ppo.PPOConfig)
+    h = config_lib.PPOHyperparams()
+    for f in dataclasses.fields(ppo.PPOConfig):
+        assert getattr(h, f.name) == f.default, f.name
+    assert set(ppo.PPOConfig._bounds.items()) <= set(config_lib.PPOHyperparams._bounds.items())
+    assert not hasattr(programs, "ppo_hyperparams")  # the update takes the section itself
+    assert config_lib.MeshLayout is sharding.MeshConfig
+    assert reward_pipeline.PipelineConfig is config_lib.PipelineConfig
+    assert issubclass(config_lib.RewardConfig, config_lib.PipelineConfig)
+    assert not hasattr(config_lib.PipelineConfig, "from_reward_config")
+    # every pipeline setting is a rewards: key, with its range
+    pipeline_fields = {f.name for f in dataclasses.fields(config_lib.PipelineConfig)}
+    assert pipeline_fields <= {f.name for f in dataclasses.fields(config_lib.RewardConfig)}
+    assert {"answer_top_p", "fusion_temperature", "resample_temperature", "dropped_reward",
+            "max_question_words", "use_judgment_text"} <= pipeline_fields
+
+
+
+
+def test_score_questions_judge_kind_as_the_flags_always_gave_it(tmp_path):
+    """With no file or item naming the judge's kind, a --judge classifier folder (config.json
+    model_type roberta) is an encoder judge read without the T5 prefix, as the flags always
+    meant; a kind the config gives wins."""
+    from clarifyjax.score_config import reward_config
+
+    judge = tmp_path / "judge"
+    judge.mkdir()
+    (judge / "config.json").write_text('{"model_type": "roberta"}')
+    models = ["--answerer", "a", "--fusion", "f", "--judge", judge]
+    cfg = reward_config(_score_args(*models, "--encoder-labels", "neg,neu,pos"))
+    assert (cfg.judge.kind, cfg.judge.input_prefix, cfg.judge.encoder_labels) == (
+        "encoder", "", ("neg", "neu", "pos"))
+    cfg = reward_config(_score_args(*models, "judge.kind=t5"))
+    assert (cfg.judge.kind, cfg.judge.input_prefix) == ("t5", config_lib.JudgeConfig().input_prefix)

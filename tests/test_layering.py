@@ -37,10 +37,11 @@ LAYERS: dict[str, tuple[str, ...]] = {
                         "clarifyjax.tokenizer", "clarifyjax.decoding",
                         "clarifyjax.child_result", "clarifyjax.chunkstore", "sage_jax.lexical"),
     # Components: the models' roles (seq2seq, judge, NLI filter, rollouts, SFT step), data,
-    # checkpoints.
-    "components": ("clarifyjax.data", "clarifyjax.text_inputs", "clarifyjax.seq2seq",
-                   "clarifyjax.delphi", "clarifyjax.nli", "clarifyjax.policy", "clarifyjax.rollout",
-                   "clarifyjax.sft", "clarifyjax.checkpointing", "clarifyjax.run_record",
+    # checkpoints, the reward settings of score-questions.
+    "components": ("clarifyjax.data", "clarifyjax.text_inputs", "clarifyjax.score_config",
+                   "clarifyjax.seq2seq", "clarifyjax.delphi", "clarifyjax.nli", "clarifyjax.policy",
+                   "clarifyjax.rollout", "clarifyjax.sft", "clarifyjax.checkpointing",
+                   "clarifyjax.run_record",
                    "sage_jax.data", "sage_jax.embed", "sage_jax.report"),
     # Pipelines: the composed reward, the training programs and loops, the dry run.
     "pipelines": ("clarifyjax.reward_pipeline", "clarifyjax.memory_plan", "clarifyjax.programs",

@@ -25,7 +25,7 @@ from clarifyjax.delphi import ClassifierJudge, Judge
 from clarifyjax.seq2seq import Sampling, Seq2SeqModel
 from clarifyjax.nli import NLIFilter, NLIResult
 from clarifyjax.reward import RewardNormalizer
-from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline
+from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline, stage_sampling
 
 B = 64
 CONFIG = PipelineConfig(answer_max_length=10, fusion_max_length=14)
@@ -94,7 +94,7 @@ def test_stages_equal_the_models_called_alone(run, models):
     assert out.judgments == judgments
     inputs = [text_lib.answer_input(s, q, kind, j) for kind in ("weakener", "strengthener")
               for s, q, j in zip(situations, questions, judgments)]
-    answers = answerer.generate(inputs, CONFIG.answer_sampling).texts
+    answers = answerer.generate(inputs, stage_sampling(CONFIG, "answers")).texts
     assert out.weak_answers + out.strong_answers == answers
     premises = situations + situations
     nonempty = [i for i, a in enumerate(answers) if a]
@@ -104,7 +104,7 @@ def test_stages_equal_the_models_called_alone(run, models):
     blanked = [a if k else "" for a, k in zip(answers, keep)]
     fused = fusion.generate([text_lib.fusion_input(s, q, a) for s, q, a in
                              zip(premises, questions + questions, blanked)],
-                            CONFIG.fusion_sampling).texts
+                            stage_sampling(CONFIG, "fusion")).texts
     assert out.weak_situations + out.strong_situations == fused
     assert all(fused)  # so the judge saw exactly these texts
     probs = judge.class_probabilities(situations + fused)
@@ -159,9 +159,9 @@ def policy_runs(models):
     situations, questions = dev_rows(B)
     out = {}
     for policy in ("zero_reward", "blank", "resample"):
-        config = dataclasses.replace(CONFIG, dropped_answer=policy, resample_k=2,
-                                     normalizer=RewardNormalizer(gain=2.0, bias=-0.5))
-        pipeline = RewardPipeline(answerer, fusion, judge, StubNLI(), config)
+        config = dataclasses.replace(CONFIG, dropped_answer=policy, resample_k=2)
+        pipeline = RewardPipeline(answerer, fusion, judge, StubNLI(), config,
+                                  normalizer=RewardNormalizer(gain=2.0, bias=-0.5))
         out[policy] = pipeline(situations, questions, rng=7)
     return out
 
@@ -223,7 +223,9 @@ def test_bad_input_raises(models):
     with pytest.raises(ValueError, match="2 situations but 1 questions"):
         pipeline(["a", "b"], ["why?"], rng=0)
     with pytest.raises(ValueError, match="dropped_answer must be one of"):
-        PipelineConfig(dropped_answer="ignore")
+        RewardPipeline(*models, config=PipelineConfig(dropped_answer="ignore"))
+    with pytest.raises(ValueError, match="answer_max_length = 1: must be >= 2"):
+        RewardPipeline(*models, config=PipelineConfig(answer_max_length=1))
     sampling = RewardPipeline(*models, config=dataclasses.replace(CONFIG, answer_temperature=0.7))
     with pytest.raises(ValueError, match="samples; pass rng"):
         sampling(["a"], ["why?"])
@@ -239,10 +241,15 @@ def test_classifier_judge_behind_the_same_interface(models, tmp_path_factory):
     assert np.isfinite(out.reward).all() and out.valid.any()
 
 
-def test_from_reward_config():
+def test_reward_config_is_the_pipeline_config():
+    """A `rewards:` section is a PipelineConfig plus the models; resampling a greedy answer draws
+    at temperature 1 (the one place that says so: `PipelineConfig.resampling_temperature`)."""
     from clarifyjax.config import RewardConfig
 
-    cfg = PipelineConfig.from_reward_config(RewardConfig(dropped_answer="resample",
-                                                         answer_temperature=0.0, resample_k=3))
+    cfg = RewardConfig(dropped_answer="resample", answer_temperature=0.0, resample_k=3).pipeline
+    assert type(cfg) is PipelineConfig
     assert cfg.dropped_answer == "resample" and cfg.resample_k == 3
-    assert cfg.resample_temperature == 1.0 and cfg.answer_sampling.greedy
+    assert cfg.resampling_temperature == 1.0 and stage_sampling(cfg, "answers").greedy
+    assert dataclasses.replace(cfg, answer_temperature=0.5).resampling_temperature == 0.5
+    assert stage_sampling(dataclasses.replace(cfg, resample_temperature=0.3),
+                          "resample").temperature == 0.3

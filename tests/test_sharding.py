@@ -54,6 +54,21 @@ def test_unknown_logical_name_is_an_error():
         sh.logical_to_mesh_spec(("embed",), shape=(2, 3), mesh=MESH_222)
 
 
+def test_make_mesh_takes_the_config_mesh_section(tmp_path):
+    """A run config's ``mesh:`` section is a `sharding.MeshConfig` (one declaration of the axes,
+    their ranges and the rules name): `make_mesh` takes it as it is."""
+    from clarifyjax.config import MeshLayout, config_from_dict
+
+    assert MeshLayout is sh.MeshConfig
+    cfg = config_from_dict({"kind": "sft", "model": "m", "mesh": {"data": -1, "rules": "fsdp"}})
+    assert isinstance(cfg.mesh, sh.MeshConfig) and sh.RULES[cfg.mesh.rules] is sh.FSDP_RULES
+    mesh = sh.make_mesh(cfg.mesh, jax.devices()[:1])
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "model": 1}
+    assert sh.resolve_sizes(cfg.mesh, 8) == {"data": 8, "fsdp": 1, "model": 1}
+    with pytest.raises(Exception, match="mesh: at most one axis may be -1"):
+        config_from_dict({"kind": "sft", "model": "m", "mesh": {"data": -1, "fsdp": -1}})
+
+
 def test_make_mesh_rejects_impossible_sizes():
     devices = [object()] * 8  # checked before any device is touched
     with pytest.raises(ValueError, match="needs 12 devices, but there are 8"):
