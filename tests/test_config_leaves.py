@@ -174,6 +174,7 @@ def stubs():
     mp.setattr(delphi, "load_judge", rec("judge"))
     mp.setattr(nli.NLIFilter, "from_pretrained", rec("nli"))
     mp.setattr(reward_pipeline, "RewardPipeline", lambda *a: a)
+    mp.setattr(train, "RolloutSampler", rec("sampler"))
     yield rec
     mp.undo()
 
@@ -234,7 +235,8 @@ def _runtime(cfg, rec) -> dict:
 
     rt["ppo"] = tuple(getattr(h, f.name) for f in dataclasses.fields(ppo.PPOConfig))
     rt["kl"] = programs.kl_controller(h)  # as train_ppo builds it
-    rt["sampler"] = (h.max_question_length, h.temperature, h.top_k, h.top_p)  # RolloutSampler's
+    models = programs.PPOModels(*[None] * len(programs.PPOModels._fields))
+    rt["sampler"] = _recorded(rec, train._sampler, cfg, None, models, "reward_fn", None)
     rt["rewards"] = _recorded(rec, train.build_reward_fn, cfg)
     n = cfg.normalizer
     rt["normalizer"] = ("fit", n.fit_batches) if n.fit else train._fit_normalizer(
