@@ -123,31 +123,56 @@ def _gram(x: jax.Array) -> jax.Array:
     return jnp.sum(jnp.sum(y[:, :, None] * y[:, None, :], axis=3), axis=-1)
 
 
-def pairwise_cosine(embeddings: jax.Array) -> tuple[jax.Array, jax.Array]:
+# Squared norms inside this range give float32 products that neither overflow nor lose precision.
+_SAFE_SQ_NORM = (2.0 ** -60, 2.0 ** 60)
+
+
+def _cosines(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(cosines [b, n, n] in [-1, 1], squared norms [b, n]) from one Gram matrix; a vector whose
+    squared norm is 0 (or not finite) gets 0 similarity."""
+    gram = _gram(x)
+    sq_norm = jnp.diagonal(gram, axis1=-2, axis2=-1)
+    good = jnp.isfinite(sq_norm) & (sq_norm > 0)
+    inv = jnp.where(good, jax.lax.rsqrt(jnp.where(good, sq_norm, 1.0)), 0.0)
+    sim = jnp.clip(gram * inv[:, :, None] * inv[:, None, :], -1.0, 1.0)
+    return jnp.where(good[:, :, None] & good[:, None, :], sim, 0.0), sq_norm
+
+
+def _rescaled_cosines(x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The cosines of vectors first divided by their largest |entry| (every entry in [-1, 1],
+    every nonzero squared norm in [1, d]), and `ok`: the vector is finite."""
+    ok = jnp.all(jnp.isfinite(x), axis=-1)
+    scale = jnp.max(jnp.abs(x), axis=-1, keepdims=True)
+    usable = ok[..., None] & (scale > 0)
+    return _cosines(jnp.where(usable, x / jnp.where(usable, scale, 1.0), 0.0))[0], ok
+
+
+def pairwise_cosine(embeddings: jax.Array, mask: jax.Array | None = None
+                    ) -> tuple[jax.Array, jax.Array]:
     """Cosine similarity of every pair of texts of each question.
 
     Args:
       embeddings: [batch, n, d] float.
+      mask: [batch, n] bool, the positions whose cosines are used (None: all).
 
     Returns:
       (similarity [batch, n, n] float32 in [-1, 1], ok [batch, n] bool): `ok` is False for vectors
       holding a NaN/inf; their rows and columns of `similarity` are 0, as are an all-zero vector's.
+      At masked positions `ok` may also be False for a finite vector.
     """
     x = jnp.asarray(embeddings)
     if x.ndim != 3:
         raise ValueError(f"embeddings must be [batch, n, d], got shape {x.shape}")
     x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-    ok = jnp.all(jnp.isfinite(x), axis=-1)  # [batch, n]
-    # The cosine is scale-invariant, the float32 products are not: 1e20^2 overflows to inf and
-    # 1e-30^2 underflows to 0. Dividing each vector by its largest |entry| first puts every entry
-    # in [-1, 1] and every nonzero squared norm in [1, d], whatever the input's scale.
-    scale = jnp.max(jnp.abs(x), axis=-1, keepdims=True)
-    usable = ok[..., None] & (scale > 0)
-    x = jnp.where(usable, x / jnp.where(usable, scale, 1.0), 0.0)
-    gram = _gram(x)
-    sq_norm = jnp.diagonal(gram, axis1=-2, axis2=-1)  # [batch, n]; 0 only for zero vectors
-    inv = jnp.where(sq_norm > 0, jax.lax.rsqrt(jnp.where(sq_norm > 0, sq_norm, 1.0)), 0.0)
-    sim = jnp.clip(gram * inv[:, :, None] * inv[:, None, :], -1.0, 1.0)
+    mask = _default_mask(x.shape[:2], mask)
+    # The cosine is scale-invariant, float32 products are not: 1e20^2 overflows to inf and
+    # 1e-30^2 underflows to 0. One Gram matrix of the vectors as they are serves when every used
+    # squared norm is in the safe range; otherwise (a zero, tiny, huge or non-finite vector) the
+    # cosines are computed again on rescaled vectors, a pass that ordinary embeddings never pay.
+    sim, sq_norm = _cosines(x)
+    safe = (sq_norm >= _SAFE_SQ_NORM[0]) & (sq_norm <= _SAFE_SQ_NORM[1])
+    sim, ok = jax.lax.cond(jnp.all(safe | ~mask), lambda: (sim, jnp.isfinite(sq_norm)),
+                           lambda: _rescaled_cosines(x))
     return sim.astype(jnp.float32), ok
 
 
@@ -267,15 +292,15 @@ def _from_similarity(similarity, mask, groups, alpha):
 
 
 def _from_embeddings(embeddings, mask, groups, alpha):
-    sim, ok = pairwise_cosine(embeddings)
+    sim, ok = pairwise_cosine(embeddings, mask)
     # A bad vector at a valid position poisons the question: NaN, counted as skipped.
     bad = jnp.any(mask & ~ok, axis=-1)
     return jnp.where(bad, jnp.nan, _sage_core(sim, mask, groups, alpha))
 
 
 def _from_blend(answers, rots, mask, groups, alpha, weight):
-    sim_a, ok_a = pairwise_cosine(answers)
-    sim_r, ok_r = pairwise_cosine(rots)
+    sim_a, ok_a = pairwise_cosine(answers, mask)
+    sim_r, ok_r = pairwise_cosine(rots, mask)
     bad = jnp.any(mask & ~(ok_a & ok_r), axis=-1)
     score = _sage_core(blend_similarity(sim_a, sim_r, weight), mask, groups, alpha)
     return jnp.where(bad, jnp.nan, score)

@@ -127,6 +127,25 @@ def test_tiny_and_huge_vectors_mixed_and_zero_vectors():
     assert np.asarray(sage(zero * np.float32(1e30)))[0] == pytest.approx(got[0], abs=2e-5)
 
 
+def test_masked_positions_do_not_change_the_valid_cosines():
+    """Whatever sits at a masked position (zero padding, NaN, huge or tiny), the valid positions'
+    cosines and scores are those of the clean vectors (whichever way they were computed)."""
+    rng = np.random.default_rng(9)
+    clean = (rng.normal(size=(4, 5, 16)) + 0.3).astype(np.float32)
+    mask = np.ones((4, 5), bool)
+    mask[:, -1] = False
+    dirty = clean.copy()
+    dirty[:, -1] = np.array([0.0, np.nan, 1e30, 1e-30], np.float32)[:, None]
+    want_sim = np.asarray(pairwise_cosine(clean)[0])[:, :4, :4]
+    got_sim = np.asarray(pairwise_cosine(dirty, mask)[0])[:, :4, :4]
+    np.testing.assert_allclose(got_sim, want_sim, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(sage(dirty, mask)), np.asarray(sage(clean, mask)),
+                               atol=1e-6)
+    # a scaled copy goes through the rescaled cosines and agrees with the direct ones
+    np.testing.assert_allclose(np.asarray(pairwise_cosine(clean * np.float32(1e25))[0]),
+                               np.asarray(pairwise_cosine(clean)[0]), atol=1e-6)
+
+
 def test_similarities_outside_the_cosine_range_skip_the_question():
     sim = np.full((3, 3, 3), 0.5, np.float32)
     sim[0, 0, 1] = sim[0, 1, 0] = 1.5
