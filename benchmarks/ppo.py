@@ -62,7 +62,7 @@ from clarifyjax import optim, ppo, programs, traces, train  # noqa: E402
 from clarifyjax import sharding as sharding_lib  # noqa: E402
 from clarifyjax import text as text_lib  # noqa: E402
 from clarifyjax.config import load_config  # noqa: E402
-from clarifyjax.models.hf import tensor_maps  # noqa: E402
+from clarifyjax.models.t5_params import tensor_maps  # noqa: E402
 from clarifyjax.models.tiny import save_t5_folder, tiny_spm_folder, tiny_t5_config  # noqa: E402
 from clarifyjax.models.params import copy_params, split_model  # noqa: E402
 from clarifyjax.models.value import ValueModel  # noqa: E402

@@ -238,8 +238,7 @@ class ClassifierJudge(_BatchedJudge):
                         **kwargs) -> "ClassifierJudge":
         """A BERT / RoBERTa `...ForSequenceClassification` folder; `mesh`, `rules` as
         `Seq2SeqModel.from_pretrained`."""
-        from clarifyjax.models.encoder_params import (load_encoder_tokenizer,
-                                                      load_sequence_classifier)
+        from clarifyjax.models.hf import load_encoder_tokenizer, load_sequence_classifier
 
         folder = check_folder(path)
         model = load_sequence_classifier(folder, dtype=dtype, mesh=mesh, rules=rules)

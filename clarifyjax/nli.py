@@ -24,8 +24,8 @@ from clarifyjax.config import NLI_THRESHOLD
 from clarifyjax.models.checkpoint_io import CheckpointError, check_folder
 from clarifyjax.buckets import bucket_length, bucket_rows, length_sorted_batches, pad_sequences
 from clarifyjax.models.encoder import SequenceClassifier
-from clarifyjax.models.encoder_params import (load_encoder_tokenizer, load_sequence_classifier,
-                                              read_encoder_config)
+from clarifyjax.models.encoder_params import read_encoder_config
+from clarifyjax.models.hf import load_encoder_tokenizer, load_sequence_classifier
 from clarifyjax.textfiles import check_texts
 
 

@@ -78,23 +78,24 @@ def build_t5(model_cfg, *, seed: int, mesh, rules, tokenizer: Tokenizer | None =
              where: str = "model") -> tuple[T5Config, T5]:
     """A T5 from a `ModelConfig`: a Hugging Face folder (``init``) or a tiny random one (``tiny``),
     placed on `mesh`; ``dropout_rate`` (when set) overrides the checkpoint's."""
-    if tokenizer is not None and model_cfg.tiny is not None \
-            and tokenizer.vocab_size > model_cfg.tiny.vocab_size:  # before building anything
-        raise ConfigError(f"{where}: the tokenizer {tokenizer.folder} has {tokenizer.vocab_size} "
-                          f"tokens but the model's vocab_size is {model_cfg.tiny.vocab_size}")
-    if model_cfg.init is not None:
-        loaded, model = load_t5(model_cfg.init, dtype=model_cfg.dtype, mesh=mesh, rules=rules,
-                                param_dtype=model_cfg.param_dtype)
-        config = with_dropout(loaded, model_cfg)
-        if config != loaded:
-            graphdef, _ = nnx.split(nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0))))
-            model = nnx.merge(graphdef, nnx.state(model))
-    else:
+    def check_vocab(config: T5Config) -> None:  # before anything is built on the config
+        if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+            raise ConfigError(f"{where}: the tokenizer {tokenizer.folder} has "
+                              f"{tokenizer.vocab_size} tokens but the model's vocab_size is "
+                              f"{config.vocab_size}")
+
+    if model_cfg.init is None:
         config = tiny_t5_config(model_cfg)
-        model = sharding_lib.create_sharded(lambda: T5(config, rngs=nnx.Rngs(seed)), mesh, rules)
-    if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
-        raise ConfigError(f"{where}: the tokenizer {tokenizer.folder} has {tokenizer.vocab_size} "
-                          f"tokens but the model's vocab_size is {config.vocab_size}")
+        check_vocab(config)
+        return config, sharding_lib.create_sharded(lambda: T5(config, rngs=nnx.Rngs(seed)),
+                                                   mesh, rules)
+    loaded, model = load_t5(model_cfg.init, dtype=model_cfg.dtype, mesh=mesh, rules=rules,
+                            param_dtype=model_cfg.param_dtype)
+    check_vocab(loaded)
+    config = with_dropout(loaded, model_cfg)
+    if config != loaded:
+        graphdef, _ = nnx.split(nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0))))
+        model = nnx.merge(graphdef, nnx.state(model))
     return config, model
 
 

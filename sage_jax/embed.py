@@ -30,8 +30,8 @@ from clarifyjax.models.checkpoint_io import CheckpointError, check_folder
 from clarifyjax.buckets import (SENTENCE_BUCKETS, bucket_length, bucket_rows, length_sorted_batches,
                                 pad_sequences)
 from clarifyjax.models.encoder import EncoderConfig
-from clarifyjax.models.encoder_params import (load_encoder, load_encoder_tokenizer,
-                                              read_encoder_config)
+from clarifyjax.models.encoder_params import read_encoder_config
+from clarifyjax.models.hf import load_encoder, load_encoder_tokenizer
 from clarifyjax.textfiles import check_texts
 
 # In sentence-transformers' concatenation order (and its legacy config keys).

@@ -20,7 +20,7 @@ from clarifyjax.buckets import bucket_length, bucket_rows, length_sorted_batches
 from clarifyjax.models.checkpoint_io import CheckpointError
 from clarifyjax.models.encoder import (EncoderConfig, SequenceClassifier,
                                        roberta_position_ids)
-from clarifyjax.models.encoder_params import load_encoder, load_sequence_classifier
+from clarifyjax.models.hf import load_encoder, load_sequence_classifier
 from conftest import require
 
 TOL = 1e-4

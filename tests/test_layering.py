@@ -30,7 +30,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # Models: jax, flax, numpy, their own files and the foundation.
     "models": ("clarifyjax.models.checkpoint_io", "clarifyjax.models.t5_layers",
                "clarifyjax.models.t5", "clarifyjax.models.encoder",
-               "clarifyjax.models.encoder_params", "clarifyjax.models.hf",
+               "clarifyjax.models.encoder_params", "clarifyjax.models.t5_params",
+               "clarifyjax.models.hf",
                "clarifyjax.models.tiny", "clarifyjax.models.value", "clarifyjax.models.params"),
     # Building blocks over the models: configs, tokenizers, decoding, files, data formats.
     "building blocks": ("clarifyjax.tables", "clarifyjax.configlib", "clarifyjax.config_models", "clarifyjax.config",
@@ -55,6 +56,11 @@ SAME_LAYER: set[tuple[str, str]] = {
     ("clarifyjax.models.t5", "clarifyjax.models.t5_layers"),
     ("clarifyjax.models.hf", "clarifyjax.models.t5"),
     ("clarifyjax.models.hf", "clarifyjax.models.checkpoint_io"),
+    ("clarifyjax.models.hf", "clarifyjax.models.encoder"),
+    ("clarifyjax.models.hf", "clarifyjax.models.encoder_params"),
+    ("clarifyjax.models.hf", "clarifyjax.models.t5_params"),
+    ("clarifyjax.models.t5_params", "clarifyjax.models.t5"),
+    ("clarifyjax.models.t5_params", "clarifyjax.models.checkpoint_io"),
     ("clarifyjax.models.encoder", "clarifyjax.models.checkpoint_io"),
     ("clarifyjax.models.encoder_params", "clarifyjax.models.checkpoint_io"),
     ("clarifyjax.models.encoder_params", "clarifyjax.models.encoder"),

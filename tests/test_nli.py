@@ -19,7 +19,7 @@ import pytest
 
 from conftest import require, shared_data
 from clarifyjax.models.checkpoint_io import CheckpointError
-from clarifyjax.models.encoder_params import load_sequence_classifier
+from clarifyjax.models.hf import load_sequence_classifier
 from clarifyjax.models.tiny import random_classifier
 from clarifyjax.nli import NLIFilter
 

@@ -1,5 +1,6 @@
-"""Hugging Face BERT / RoBERTa checkpoint names -> `clarifyjax.models.encoder` parameters, and the
-loaders (`load_encoder`, `load_sequence_classifier`) built on `checkpoint_io.TensorSource`.
+"""Hugging Face BERT / RoBERTa checkpoint names -> `clarifyjax.models.encoder` parameters: the
+encoder family's tensor map (`checkpoint_rules`, `read_params`), config ranges and config reader,
+which `clarifyjax.models.hf` loads through.
 
 Hugging Face `nn.Linear` stores [out, in]; we store [in, out], with attention projections split
 into [embed, heads, kv] (and [heads, kv, embed] for the output projection).
@@ -17,7 +18,7 @@ from flax import nnx
 from clarifyjax import sharding as sharding_lib
 from clarifyjax.models.checkpoint_io import (CheckpointError, TensorSource, check_config_numbers,
                                              check_shape, read_config)
-from clarifyjax.models.encoder import Encoder, EncoderConfig, SequenceClassifier
+from clarifyjax.models.encoder import EncoderConfig, SequenceClassifier
 
 
 # (our path, HF name, kind); kind "table": same layout; "linear:N": HF [out, in] transposed to
@@ -107,7 +108,9 @@ def _detect_prefix(source: TensorSource, config: EncoderConfig) -> str:
     return prefix if any(k.startswith(prefix) for k in source.keys()) else ""
 
 
-def _load(cls, path, config: EncoderConfig, allow_pickle: bool, mesh=None, axis_rules=None):
+def read_params(cls, path, config: EncoderConfig, allow_pickle: bool, mesh=None, axis_rules=None):
+    """A `cls` (`Encoder` or `SequenceClassifier`) with the folder's tensors; with `mesh`, each
+    device receives only its slice."""
     source = TensorSource(path, allow_pickle=allow_pickle)
     abstract = nnx.eval_shape(lambda: cls(config, nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
@@ -154,58 +157,3 @@ def read_encoder_config(path, **overrides) -> EncoderConfig:
         if "config.json" in str(e) and str(path) not in str(e):
             raise CheckpointError(f"{Path(path) / 'config.json'}: {e}") from e
         raise
-
-
-def load_encoder(path, *, dtype: str = "float32", param_dtype: str = "float32",
-                 allow_pickle: bool = False, mesh=None, rules=None) -> Encoder:
-    """An `Encoder` from a Hugging Face BERT / RoBERTa folder (config.json + safetensors).
-
-    Works on bare model folders and on `...ForSequenceClassification` / `...ForMaskedLM` folders
-    (names prefixed "bert." / "roberta."); head tensors are ignored. With `mesh`, each parameter
-    is placed in its shards by the logical axis `rules` (default `sharding.DEFAULT_RULES`): no
-    device receives more than its slice.
-    Raises:
-      CheckpointError: unsupported model_type, a missing tensor, or a tensor whose shape differs
-        (the message names the tensor and both shapes).
-    """
-    config = read_encoder_config(path, dtype=dtype, param_dtype=param_dtype)
-    return _load(Encoder, path, config, allow_pickle, mesh, rules)
-
-
-def load_sequence_classifier(path, *, dtype: str = "float32", param_dtype: str = "float32",
-                             allow_pickle: bool = False, mesh=None,
-                             rules=None) -> SequenceClassifier:
-    """A `SequenceClassifier` from a Hugging Face `BertForSequenceClassification` or
-    `RobertaForSequenceClassification` folder; labels come from config.json `id2label`;
-    `mesh`, `rules` as `load_encoder`."""
-    config = read_encoder_config(path, dtype=dtype, param_dtype=param_dtype)
-    if config.num_labels < 1:
-        raise CheckpointError(f"{path}/config.json has no 'id2label' or 'num_labels': not a "
-                              "sequence-classification checkpoint")
-    return _load(SequenceClassifier, path, config, allow_pickle, mesh, rules)
-
-
-def load_encoder_tokenizer(folder, max_length: int, vocab_size: int | None = None):
-    """The folder's `tokenizer.json` (`tokenizers` library) with its own padding turned off (we
-    pad to buckets) and longest-first truncation at max_length (pairs included).
-
-    With vocab_size, a tokenizer that can emit ids outside the embedding table is refused (a jax
-    gather would silently clamp them).
-    """
-    from tokenizers import Tokenizer
-
-    file = Path(folder) / "tokenizer.json"
-    if not file.exists():
-        raise CheckpointError(f"no tokenizer.json in {folder}: save the model's fast tokenizer "
-                              "there (tokenizer.save_pretrained)")
-    try:
-        tokenizer = Tokenizer.from_file(str(file))
-    except Exception as e:  # the Rust error says what is wrong in the file
-        raise CheckpointError(f"{file}: not a tokenizers file ({e})") from e
-    n = tokenizer.get_vocab_size(with_added_tokens=True)
-    if vocab_size is not None and n > vocab_size:
-        raise CheckpointError(f"{file} has {n} tokens but the model's embedding table "
-                              f"(config.json vocab_size) has only {vocab_size} rows")
-    tokenizer.no_padding()
-    tokenizer.enable_truncation(max_length, strategy="longest_first")
-    return tokenizer
