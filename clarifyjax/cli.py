@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
+from clarifyjax.ranges import number_type
 from clarifyjax.score_config import MAX_TOKENS, add_reward_options  # imports no JAX
 from clarifyjax.textfiles import describe_os_error
 
@@ -60,28 +61,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         raise UsageError(f"{self.prog}: error: {message} (see {self.prog} --help)")
-
-
-def number(kind: type = int, *, low: float | None = None, high: float | None = None,
-           above: float | None = None) -> Callable[[str], int | float]:
-    """An argparse `type` for an int or a finite float with `low <= x <= high` and `x > above`;
-    argparse puts the option's own name before the message."""
-    bounds = [f">= {low}" if low is not None else "", f"> {above}" if above is not None else "",
-              f"<= {high}" if high is not None else ""]
-    wanted = " and ".join(b for b in bounds if b)
-    wanted = ("an integer" if kind is int else "a finite number") + (f" {wanted}" if wanted else "")
-
-    def parse(text: str):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
-        if not ((kind is int or math.isfinite(value)) and (low is None or value >= low)
-                and (above is None or value > above) and (high is None or value <= high)):
-            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
-        return value
-
-    return parse
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 # --------------------------------------------------------------------------- score-questions
 
-LENGTH = number(int, low=1, high=MAX_TOKENS)
+LENGTH = number_type(int, f"[1, {MAX_TOKENS}]")
 
 
 def _score_options(p: argparse.ArgumentParser) -> None:
@@ -180,7 +159,7 @@ def _score_options(p: argparse.ArgumentParser) -> None:
                     help="one question per line, or a table (may be the same file)")
     io.add_argument("--situation-column", default="situation")
     io.add_argument("--question-column", default="question")
-    io.add_argument("--limit", type=number(int, low=1), default=None,
+    io.add_argument("--limit", type=number_type(int, ">= 1"), default=None,
                     help="score only the first N rows")
     io.add_argument("--out", type=Path, required=True,
                     help="JSONL: one line per question, written at the end in one rename; "
@@ -211,7 +190,7 @@ def _score_options(p: argparse.ArgumentParser) -> None:
     models.add_argument("--backend", choices=("hf", "tf_text"), help="T5 tokenizer backend (hf)")
     models.add_argument("--dtype", choices=("float32", "bfloat16", "float16"),
                         help="every model's dtype key")
-    models.add_argument("--max-input-length", type=number(int, low=3, high=MAX_TOKENS),
+    models.add_argument("--max-input-length", type=number_type(int, f"[3, {MAX_TOKENS}]"),
                         help="every model's max_input_length key; longer inputs keep their "
                              "first tokens (counted)")
     judge = p.add_argument_group("judge")
@@ -231,10 +210,10 @@ def _score_options(p: argparse.ArgumentParser) -> None:
                        help="tokens of the judgment text (32)")
     add_reward_options(p)
     run = p.add_argument_group("run")
-    run.add_argument("--batch-size", type=number(int, low=1), default=64,
+    run.add_argument("--batch-size", type=number_type(int, ">= 1"), default=64,
                      help="questions per pipeline call")
     # jax.random.key keeps 32 bits: 2**32 would silently be seed 0 again.
-    run.add_argument("--seed", type=number(int, low=0, high=2**32 - 1), default=0)
+    run.add_argument("--seed", type=number_type(int, f"[0, {2**32 - 1}]"), default=0)
 
 
 def _check_score_options(args: argparse.Namespace):

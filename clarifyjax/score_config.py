@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from clarifyjax.configlib import ConfigError, build_root, read_yaml
+from clarifyjax.ranges import number_type
 
 # Token lengths beyond this do not fit attention memory on one device anyway; capping them turns a
 # typo (--answer-max-length 320000) into an error instead of an out-of-memory crash.
@@ -128,23 +129,12 @@ def bounded(section: str, name: str, kind: type = int, *, high: float | None = N
     """An argparse `type` for the option that sets field `name` of `clarifyjax.config.<section>`:
     the field's own range (its `_bounds`, declared once there; read when a value is parsed, so
     that `--help` imports no JAX), and at most `high`."""
-    def parse(text: str):
+    def bound() -> str:
         from clarifyjax import config
-        from clarifyjax.ranges import finite, within
 
-        bound = getattr(config, section)._bounds[name]
-        wanted = (("an integer" if kind is int else "a finite number")
-                  + ("" if bound == "finite" else f" {bound}")
-                  + (f" and <= {high}" if high is not None else ""))
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
-        if not (finite(value) and within(value, bound) and (high is None or value <= high)):
-            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}")
-        return value
+        return getattr(config, section)._bounds[name]
 
-    return parse
+    return number_type(kind, bound, high=high)
 
 
 def reward_config(args: argparse.Namespace) -> RewardConfig:
