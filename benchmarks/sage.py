@@ -362,7 +362,7 @@ def main(argv=None) -> dict:
     if args.out is None:
         write_results("sage", results)
     else:
-        from clarifyjax.models.checkpoint_io import atomic_write_bytes
+        from clarifyjax.textfiles import atomic_write_bytes
 
         results = {"benchmark": "sage", "machine": machine_info(), **results}
         atomic_write_bytes(args.out, (json.dumps(results, indent=2) + "\n").encode())

@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterable, Mapping
 import jax
 import numpy as np
 
-from clarifyjax.models.checkpoint_io import CheckpointError
+from clarifyjax.models.safetensors_io import CheckpointError
 
 STATE, EXTRA = "state", "extra"
 

@@ -35,7 +35,7 @@ def result_path(base: str | os.PathLike, process_id: int | None = None) -> Path:
 def write_result(data: dict, *, process_id: int | None = None) -> Path:
     """Write `data` as JSON to the file named by ``$CLARIFYJAX_RESULT_FILE`` (per process when
     `process_id` is given or ``$CLARIFYJAX_PROCESS_ID`` is set); returns the path."""
-    from clarifyjax.models.checkpoint_io import atomic_write_bytes
+    from clarifyjax.textfiles import atomic_write_bytes
 
     base = os.environ.get(RESULT_FILE_ENV)
     if not base:

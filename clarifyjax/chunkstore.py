@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from clarifyjax.models.checkpoint_io import atomic_write_bytes
+from clarifyjax.textfiles import atomic_write_bytes
 
 MARKER = "run.json"
 # What this module writes there (atomic_write_bytes' temporary files start with "."), so that a

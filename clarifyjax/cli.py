@@ -39,7 +39,7 @@ from typing import Callable, Sequence
 
 from clarifyjax.ranges import number_type
 from clarifyjax.score_config import MAX_TOKENS, add_reward_options  # imports no JAX
-from clarifyjax.textfiles import describe_os_error
+from clarifyjax.textfiles import atomic_write_bytes, describe_os_error
 
 
 class CLIError(ValueError):
@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from clarifyjax.configlib import ConfigError
     from clarifyjax.data import DataError
-    from clarifyjax.models.checkpoint_io import CheckpointError
+    from clarifyjax.models.safetensors_io import CheckpointError
     from clarifyjax.text import TextFormatError
 
     try:
@@ -248,7 +248,7 @@ def _read_inputs(args) -> tuple[list[str], list[str], list[str], list[str]]:
 def _load_pipeline(args, rewards):
     from clarifyjax import reward_pipeline
     from clarifyjax.seq2seq import Sampling
-    from clarifyjax.models.checkpoint_io import CheckpointError
+    from clarifyjax.models.safetensors_io import CheckpointError
     from clarifyjax.reward import RewardNormalizer
 
     judge_options = {"class_step": args.class_step}
@@ -325,7 +325,6 @@ def _score_chunks(args, rewards, situations: list[str], questions: list[str]):
 @subcommand("score-questions", "reward of each (situation, question): answers, fused situations, "
             "judge distributions, JSD; prints the paper's Table 4", _score_options)
 def run_score_questions(args: argparse.Namespace) -> int:
-    from clarifyjax.models.checkpoint_io import atomic_write_bytes
     from clarifyjax.reward_pipeline import concat_outputs
     from clarifyjax.textfiles import check_output
 

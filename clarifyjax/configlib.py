@@ -32,7 +32,7 @@ from typing import Any, Literal, Mapping, Sequence, Union
 import yaml
 
 from clarifyjax.ranges import finite, within  # noqa: F401  (within: part of this module's API)
-from clarifyjax.textfiles import read_text_file
+from clarifyjax.textfiles import atomic_write_bytes, read_text_file
 
 
 class ConfigError(ValueError):
@@ -115,8 +115,6 @@ def dump_config(cfg) -> str:
 
 def save_config(cfg, path: str | os.PathLike) -> Path:
     """Write `dump_config(cfg)` to `path` atomically (temporary file + rename)."""
-    from clarifyjax.models.checkpoint_io import atomic_write_bytes
-
     atomic_write_bytes(Path(path), dump_config(cfg).encode())
     return Path(path)
 

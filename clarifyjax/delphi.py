@@ -38,7 +38,7 @@ from clarifyjax import sharding as sharding_lib
 from clarifyjax import text as text_lib
 from clarifyjax import traces
 from clarifyjax.buckets import bucket_length, pad_rows, pad_sequences, padded_rows
-from clarifyjax.models.checkpoint_io import CheckpointError, check_folder, read_config
+from clarifyjax.models.safetensors_io import CheckpointError, check_folder, read_config
 from clarifyjax.models.t5 import T5
 from clarifyjax.seq2seq import Sampling, Seq2SeqModel
 from clarifyjax.textfiles import check_texts

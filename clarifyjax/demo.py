@@ -87,7 +87,7 @@ def train_tokenizer(texts: Sequence[str], folder: Path, vocab_size: int = VOCAB)
     """A SentencePiece unigram model trained on `texts` -> `folder` (spiece.model, plus the Hugging
     Face tokenizer.json made from it so that later loads are fast), checked for the judge."""
     from clarifyjax import delphi
-    from clarifyjax.models.checkpoint_io import atomic_write_bytes
+    from clarifyjax.textfiles import atomic_write_bytes
     from clarifyjax.models.tiny import train_spm_model
     from clarifyjax.tokenizer import Tokenizer
 
@@ -109,7 +109,7 @@ def train_tokenizer(texts: Sequence[str], folder: Path, vocab_size: int = VOCAB)
 def derive_judge_file(silver: Path, path: Path) -> Path:
     """(text, class) TSV from the silver answers: the judge's training file."""
     from clarifyjax import data as data_lib
-    from clarifyjax.models.checkpoint_io import atomic_write_bytes
+    from clarifyjax.textfiles import atomic_write_bytes
 
     table = data_lib.silver_judge_rows(data_lib.read_table(silver, data_lib.SILVER_COLUMNS))
     out = io.StringIO()

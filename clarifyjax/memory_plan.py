@@ -45,7 +45,7 @@ from jax.sharding import AbstractMesh
 
 from clarifyjax import sharding
 from clarifyjax.config import ModelConfig, PPOConfig, TinyModelSpec, load_config
-from clarifyjax.models.checkpoint_io import read_config
+from clarifyjax.models.safetensors_io import read_config
 from clarifyjax.models.params import shape_only
 
 # Model folders written relative to the repository (as the configs write them) are found from any

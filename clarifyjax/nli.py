@@ -21,7 +21,7 @@ from flax import nnx
 
 from clarifyjax import sharding as sharding_lib
 from clarifyjax.config import NLI_THRESHOLD
-from clarifyjax.models.checkpoint_io import CheckpointError, check_folder
+from clarifyjax.models.safetensors_io import CheckpointError, check_folder
 from clarifyjax.buckets import bucket_length, bucket_rows, length_sorted_batches, pad_sequences
 from clarifyjax.models.encoder import SequenceClassifier
 from clarifyjax.models.encoder_params import read_encoder_config

@@ -2,7 +2,7 @@
 "[0, 1)" or "(0, 1]", and alternatives joined by " or " ("== -1 or >= 1").
 
 The run configs declare one per numeric field (`clarifyjax.configlib`), the model loaders check
-a checkpoint's config.json with the same rule (`clarifyjax.models.checkpoint_io`), and the
+a checkpoint's config.json with the same rule (`clarifyjax.models.safetensors_io`), and the
 commands' numeric options parse with it (`number_type`); it imports nothing of the package, so
 all of them may use it.
 """

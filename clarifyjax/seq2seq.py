@@ -19,7 +19,7 @@ from clarifyjax import sharding as sharding_lib
 from clarifyjax import text as text_lib
 from clarifyjax.buckets import FINE_BUCKETS, pad_rows, padded_rows
 from clarifyjax.decoding import generate
-from clarifyjax.models.checkpoint_io import CheckpointError, check_folder
+from clarifyjax.models.safetensors_io import CheckpointError, check_folder
 from clarifyjax.models.t5 import T5
 from clarifyjax.textfiles import check_texts
 from clarifyjax.tokenizer import Tokenizer

@@ -122,6 +122,24 @@ def check_texts(texts, name: str = "texts") -> list[str]:
     return texts
 
 
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        # mkstemp makes the file 0600; give it the permissions of an ordinary new file.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
 def describe_os_error(e: OSError) -> str:
     """"PATH: reason" for an OSError (its paths first), rather than Python's "[Errno 13] ..."."""
     paths = " -> ".join(str(p) for p in (e.filename, e.filename2) if p is not None)

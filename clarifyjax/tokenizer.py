@@ -29,7 +29,8 @@ from typing import Literal, Sequence
 import numpy as np
 
 from clarifyjax.buckets import DEFAULT_BUCKETS, bucket_length
-from clarifyjax.models.checkpoint_io import CheckpointError, atomic_write_bytes, check_folder
+from clarifyjax.models.safetensors_io import CheckpointError, check_folder
+from clarifyjax.textfiles import atomic_write_bytes
 
 SPM_FILE = "spiece.model"
 HF_FILE = "tokenizer.json"

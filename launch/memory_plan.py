@@ -25,7 +25,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
 from clarifyjax.config import config_from_dict, config_to_dict, load_config  # noqa: E402
 from clarifyjax.memory_plan import (  # noqa: E402,F401  (the tests read these names here)
     GiB, KNOWN_ARCHITECTURES, Hardware, PlanError, plan)
-from clarifyjax.models.checkpoint_io import atomic_write_bytes  # noqa: E402
+from clarifyjax.textfiles import atomic_write_bytes  # noqa: E402
 
 HARDWARE = {
     "v4-32": Hardware("TPU v4-32 (16 chips x 32 GiB)", 16, 32 * GiB, 4),  # 4 hosts of 4 chips

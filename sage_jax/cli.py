@@ -275,7 +275,7 @@ def _load_all(args, names: Sequence[str]) -> list[Loaded]:
 
 def _check_embedder(args) -> None:
     """The embedder folder exists (cheap), when one will be loaded: before reading any input."""
-    from clarifyjax.models.checkpoint_io import check_folder
+    from clarifyjax.models.safetensors_io import check_folder
     from sage_jax.embed import default_embedder_path
 
     if args.edge_weights and args.no_bertscore:

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from clarifyjax.models.checkpoint_io import CheckpointError, check_folder
+from clarifyjax.models.safetensors_io import CheckpointError, check_folder
 from clarifyjax.buckets import (SENTENCE_BUCKETS, bucket_length, bucket_rows, length_sorted_batches,
                                 pad_sequences)
 from clarifyjax.models.encoder import EncoderConfig

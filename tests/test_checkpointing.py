@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from clarifyjax.checkpointing import Checkpointer, PreemptionGuard, jsonable
-from clarifyjax.models.checkpoint_io import CheckpointError
+from clarifyjax.models.safetensors_io import CheckpointError
 from clarifyjax.child_result import RESULT_FILE_ENV, read_result
 from conftest import REPO_ROOT
 from helpers.children import child_failure, child_result, clean_env, run_with_fake_devices

@@ -14,7 +14,7 @@ import shutil
 import pytest
 
 import helpers.resume_runs as R
-from clarifyjax.models.checkpoint_io import CheckpointError
+from clarifyjax.models.safetensors_io import CheckpointError
 
 
 @pytest.fixture(scope="module")

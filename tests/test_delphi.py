@@ -27,7 +27,7 @@ from clarifyjax import traces
 from clarifyjax.delphi import DELPHI_CLASS_STEP, ClassifierJudge, Judge, load_judge
 from clarifyjax.seq2seq import Sampling
 from clarifyjax.text import parse_delphi_output
-from clarifyjax.models.checkpoint_io import CheckpointError
+from clarifyjax.models.safetensors_io import CheckpointError
 
 TOL = 1e-5
 CLASS_TOKENS = ("-1", "0", "1")  # bad, ok, good

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from conftest import require, shared_data
-from clarifyjax.models.checkpoint_io import CheckpointError
+from clarifyjax.models.safetensors_io import CheckpointError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 from clarifyjax.buckets import bucket_length, bucket_rows, length_sorted_batches, pad_sequences
-from clarifyjax.models.checkpoint_io import CheckpointError
+from clarifyjax.models.safetensors_io import CheckpointError
 from clarifyjax.models.encoder import (EncoderConfig, SequenceClassifier,
                                        roberta_position_ids)
 from clarifyjax.models.hf import load_encoder, load_sequence_classifier

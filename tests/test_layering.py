@@ -28,7 +28,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # Arrays in, arrays out: jax, optax and numpy only (research code pastes these).
     "pure math": ("clarifyjax.ppo", "clarifyjax.reward", "sage_jax.metric"),
     # Models: jax, flax, numpy, their own files and the foundation.
-    "models": ("clarifyjax.models.checkpoint_io", "clarifyjax.models.t5_layers",
+    "models": ("clarifyjax.models.safetensors_io", "clarifyjax.models.t5_layers",
                "clarifyjax.models.t5", "clarifyjax.models.encoder",
                "clarifyjax.models.encoder_params", "clarifyjax.models.t5_params",
                "clarifyjax.models.hf",
@@ -55,14 +55,14 @@ LAYERS: dict[str, tuple[str, ...]] = {
 SAME_LAYER: set[tuple[str, str]] = {
     ("clarifyjax.models.t5", "clarifyjax.models.t5_layers"),
     ("clarifyjax.models.hf", "clarifyjax.models.t5"),
-    ("clarifyjax.models.hf", "clarifyjax.models.checkpoint_io"),
+    ("clarifyjax.models.hf", "clarifyjax.models.safetensors_io"),
     ("clarifyjax.models.hf", "clarifyjax.models.encoder"),
     ("clarifyjax.models.hf", "clarifyjax.models.encoder_params"),
     ("clarifyjax.models.hf", "clarifyjax.models.t5_params"),
     ("clarifyjax.models.t5_params", "clarifyjax.models.t5"),
-    ("clarifyjax.models.t5_params", "clarifyjax.models.checkpoint_io"),
-    ("clarifyjax.models.encoder", "clarifyjax.models.checkpoint_io"),
-    ("clarifyjax.models.encoder_params", "clarifyjax.models.checkpoint_io"),
+    ("clarifyjax.models.t5_params", "clarifyjax.models.safetensors_io"),
+    ("clarifyjax.models.encoder", "clarifyjax.models.safetensors_io"),
+    ("clarifyjax.models.encoder_params", "clarifyjax.models.safetensors_io"),
     ("clarifyjax.models.encoder_params", "clarifyjax.models.encoder"),
     ("clarifyjax.config_models", "clarifyjax.configlib"),
     ("clarifyjax.config", "clarifyjax.configlib"),

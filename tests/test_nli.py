@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from conftest import require, shared_data
-from clarifyjax.models.checkpoint_io import CheckpointError
+from clarifyjax.models.safetensors_io import CheckpointError
 from clarifyjax.models.hf import load_sequence_classifier
 from clarifyjax.models.tiny import random_classifier
 from clarifyjax.nli import NLIFilter

@@ -158,7 +158,7 @@ def test_kill_sigterm_and_resume_equal_an_uninterrupted_run(tmp_path_factory, tm
 
     # the same folder with a wider policy: the checkpoint is refused, naming a tensor and shapes
     from clarifyjax import train
-    from clarifyjax.models.checkpoint_io import CheckpointError
+    from clarifyjax.models.safetensors_io import CheckpointError
     from helpers.ppo_runs import ppo_config
 
     # (without the run's record of its settings, which would refuse the change by its key first)

@@ -9,7 +9,7 @@ import struct
 import numpy as np
 import pytest
 
-from clarifyjax.models.checkpoint_io import (CheckpointError, SafetensorsFile, TensorSource,
+from clarifyjax.models.safetensors_io import (CheckpointError, SafetensorsFile, TensorSource,
                                              safetensors_bytes, write_checkpoint)
 
 

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from clarifyjax.models.checkpoint_io import CheckpointError
+from clarifyjax.models.safetensors_io import CheckpointError
 from clarifyjax.buckets import bucket_length
 from clarifyjax.tokenizer import Tokenizer
 from conftest import require, shared_data

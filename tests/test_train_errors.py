@@ -22,7 +22,7 @@ import pytest
 from clarifyjax import cli, train
 from clarifyjax.config import ConfigError, load_config
 from clarifyjax.data import DataError
-from clarifyjax.models.checkpoint_io import CheckpointError
+from clarifyjax.models.safetensors_io import CheckpointError
 from conftest import REPO_ROOT, shared_data
 from helpers.resume_runs import forget_record
 

@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from clarifyjax import sharding as sharding_lib
-from clarifyjax.models.checkpoint_io import (CheckpointError, TensorSource, check_config_numbers,
+from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, check_config_numbers,
                                              check_shape, read_config)
 from clarifyjax.models.encoder import EncoderConfig, SequenceClassifier
 

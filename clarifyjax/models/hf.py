@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 
 from clarifyjax import sharding as sharding_lib
-from clarifyjax.models.checkpoint_io import (CheckpointError, TensorSource, read_config,
+from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, read_config,
                                              write_checkpoint)
 from clarifyjax.models.encoder import Encoder, SequenceClassifier
 from clarifyjax.models.encoder_params import read_encoder_config, read_params

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clarifyjax.models.checkpoint_io import (CheckpointError, TensorSource, check_config_numbers,
+from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, check_config_numbers,
                                              check_shape)
 from clarifyjax.models.t5 import T5Config
 

@@ -1,4 +1,5 @@
-"""Reading and writing Hugging Face checkpoint folders (safetensors), shared by every model.
+"""Reading and writing Hugging Face checkpoint folders: the safetensors reader (our own mmap
+reader, checked against the file size) and writer, the config.json reader, shared by every model.
 
 Only safetensors are read by default: `pytorch_model.bin` is a pickle and is refused unless the
 caller passes `allow_pickle=True`. Tensors are opened lazily, so a sharded load can read just the
@@ -9,13 +10,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 from typing import Iterator, Mapping
 
 import numpy as np
 
 from clarifyjax.ranges import within
+from clarifyjax.textfiles import atomic_write_bytes
 
 
 class CheckpointError(ValueError):
@@ -274,24 +275,6 @@ def check_shape(name: str, actual: tuple, expected: tuple) -> None:
         raise CheckpointError(
             f"tensor {name!r} has shape {tuple(actual)} in the checkpoint but the model expects "
             f"{tuple(expected)}")
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        # mkstemp makes the file 0600; give it the permissions of an ordinary new file.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def write_checkpoint(folder: str | os.PathLike, tensors: Mapping[str, np.ndarray],

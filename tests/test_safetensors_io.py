@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from conftest import require
 
-from clarifyjax.models.checkpoint_io import (CheckpointError, SafetensorsFile, TensorSource,
+from clarifyjax.models.safetensors_io import (CheckpointError, SafetensorsFile, TensorSource,
                                              safetensors_bytes, write_checkpoint)
 
 
