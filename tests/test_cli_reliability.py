@@ -361,7 +361,7 @@ def test_overwrite_replaces_an_earlier_longer_run_whole(tiny, tmp_path, capsys):
 
 def test_a_failed_write_is_one_line_and_leaves_the_earlier_file(tiny, tmp_path, capsys,
                                                                 monkeypatch):
-    from clarifyjax.models import safetensors_io
+    from clarifyjax import cli
 
     models, situations, questions = tiny
     sit = write_lines(tmp_path / "s.txt", situations)
@@ -372,7 +372,7 @@ def test_a_failed_write_is_one_line_and_leaves_the_earlier_file(tiny, tmp_path, 
     def disk_full(path, data):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(safetensors_io, "atomic_write_bytes", disk_full)
+    monkeypatch.setattr(cli, "atomic_write_bytes", disk_full)  # the writer of --out
     fails_with_one_line(args_for(models, sit, qs, out, "--overwrite"), capsys, out,
                         "No space left on device")
     assert out.read_text() == "earlier\n"
