@@ -15,8 +15,8 @@ A schema dataclass may declare:
 Supported field types: bool, int, float, str, ``Literal[...]``, ``tuple[X, ...]``, nested
 dataclasses, and ``Optional`` / unions of those.
 
-This module imports only the standard library, PyYAML and clarifyjax.textfiles (standard library
-only), so anything may import it.
+This module imports only the standard library, PyYAML and two foundation modules that import
+nothing of the package (clarifyjax.ranges, clarifyjax.textfiles), so anything may import it.
 """
 from __future__ import annotations
 

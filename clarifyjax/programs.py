@@ -169,12 +169,6 @@ def _abstract(tree, shardings=None):
     return jax.tree.map(spec, tree) if shardings is None else jax.tree.map(spec, tree, shardings)
 
 
-def traced(name: str, fn):
-    """`fn`, counting its traces as `name` in `clarifyjax.traces` (a jitted step traces once per
-    shape)."""
-    return traces.counted(name)(fn)
-
-
 # --------------------------------------------------------------------------- programs
 
 
@@ -259,7 +253,7 @@ class SFTProgram(Program):
         batch_sh = sft_batch_shardings(mesh)
         step_fn = sft.make_train_step(graphdef, tx, label_smoothing=opt.label_smoothing,
                                       dropout=dropout)
-        step = jax.jit(traced("sft_step", _batch_major_step(step_fn)),
+        step = jax.jit(traces.counted("sft_step")(_batch_major_step(step_fn)),
                        in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, rep))
         return cls(mesh, (params,), initial, state_sh, (state_sh, batch_sh), step,
                    grad_accum=opt.grad_accum)
@@ -315,7 +309,7 @@ class PPOProgram(Program):
                                  logprobs=b2, ref_logprobs=b2, values=b2, rewards=b1)
         update = ppo.make_ppo_update(*make_ppo_fns(graphdef, value_graphdef), tx, tx, hyper)
         in_sh = (ppo_sh, rollout_sh, rep)
-        step = jax.jit(traced("ppo_update", update), in_shardings=in_sh,
+        step = jax.jit(traces.counted("ppo_update")(update), in_shardings=in_sh,
                        out_shardings=(ppo_sh, rep),
                        donate_argnums=(0,) if jax.default_backend() != "cpu" else ())
         return cls(mesh, (params, value_params), initial, {"ppo": ppo_sh, "rng": rep}, in_sh,
