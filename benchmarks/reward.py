@@ -365,7 +365,8 @@ def main() -> None:
         build_s = time.perf_counter() - t0
 
         config = PipelineConfig(answer_max_length=args.answer_max_length,
-                                fusion_max_length=args.fusion_max_length)
+                                fusion_max_length=args.fusion_max_length,
+                                judgment_max_length=args.judgment_max_length)
         multiple = 8
         ours = RewardPipeline(
             Seq2SeqModel.from_pretrained(folders["answerer"], batch_multiple=multiple),

@@ -207,7 +207,7 @@ def _score_options(p: argparse.ArgumentParser) -> None:
                        help="judge.encoder_labels: a classifier judge's label names for "
                             "bad,ok,good")
     judge.add_argument("--judgment-max-length", type=LENGTH, default=None,
-                       help="tokens of the judgment text (32)")
+                       help="judgment_max_length: tokens of the judgment text")
     add_reward_options(p)
     run = p.add_argument_group("run")
     run.add_argument("--batch-size", type=number_type(int, ">= 1"), default=64,
@@ -247,13 +247,10 @@ def _read_inputs(args) -> tuple[list[str], list[str], list[str], list[str]]:
 
 def _load_pipeline(args, rewards):
     from clarifyjax import reward_pipeline
-    from clarifyjax.seq2seq import Sampling
     from clarifyjax.models.safetensors_io import CheckpointError
     from clarifyjax.reward import RewardNormalizer
 
     judge_options = {"class_step": args.class_step}
-    if args.judgment_max_length is not None:
-        judge_options["judgment"] = Sampling(max_new_tokens=args.judgment_max_length)
     try:
         return reward_pipeline.load_pipeline(
             rewards, normalizer=None if args.gain is None else RewardNormalizer(args.gain,

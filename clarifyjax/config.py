@@ -232,35 +232,48 @@ class PipelineConfig:
     ``rewards:`` section and `clarifyjax score-questions` are both a `RewardConfig`, which is these
     plus the models.
 
-    ``nli_threshold``: as `NLI_THRESHOLD` (null: argmax). ``dropped_answer`` (an answer the NLI
-    filter dropped, or an empty one): ``zero_reward`` gives the question a reward of
-    ``dropped_reward`` (0: no defeasibility shown; before normalization), ``resample`` draws up
-    to ``resample_k`` new answers (at ``resample_temperature``, null: `resampling_temperature`;
-    top-p ``resample_top_p``) before falling back to zero_reward, ``blank`` fuses an empty answer
-    as the original did. Temperatures of 0 decode greedily; lengths are in tokens. A question is
-    cut to ``max_question_words`` words; ``use_judgment_text: false`` leaves the judge's judgment
-    out of the answer generator's input.
+    ``nli_threshold``: as `NLI_THRESHOLD` (null: argmax). ``nli_premise_period``: the NLI
+    premise is the situation ending in "." (`text.ensure_period`), as the original's was.
+    ``dropped_answer`` (an answer the NLI filter dropped, or an empty one): ``zero_reward`` gives
+    the question a reward of ``dropped_reward`` (0: no defeasibility shown; before
+    normalization), ``resample`` draws up to ``resample_k`` new answers (at
+    ``resample_temperature``, null: `resampling_temperature`; top-p ``resample_top_p``) before
+    falling back to zero_reward, ``blank`` fuses an empty answer as the original did.
+    Temperatures of 0 decode greedily; ``answer_top_k`` 0 and ``*_top_p`` 1 are off; lengths
+    are new tokens (``judgment_max_length``: the judge's judgment text). The fusion model reads
+    the situation ending in "." when ``fusion_situation_period`` (as in its training data; the
+    original passed it as it was). ``empty_fusion``: a pair with an empty fused situation is
+    ``invalid`` (reward ``dropped_reward``), or the judge reads the empty text (``judge``, the
+    original). A question is cut to ``max_question_words`` words; ``use_judgment_text: false``
+    leaves the judge's judgment out of the answer generator's input. docs/fidelity.md compares
+    each setting with the original code.
     """
 
     nli_threshold: Optional[float] = NLI_THRESHOLD
+    nli_premise_period: bool = True
     dropped_answer: Literal["zero_reward", "resample", "blank"] = "zero_reward"
     resample_k: int = 2
     answer_max_length: int = 32
     answer_temperature: float = 0.0
+    answer_top_k: int = 0
     answer_top_p: float = 1.0
     resample_temperature: Optional[float] = None
     resample_top_p: float = 1.0
     fusion_max_length: int = 64
     fusion_temperature: float = 0.0
+    fusion_situation_period: bool = True
+    empty_fusion: Literal["invalid", "judge"] = "invalid"
+    judgment_max_length: int = 32
     use_judgment_text: bool = True
     max_question_words: int = 64
     dropped_reward: float = 0.0
 
     _bounds: ClassVar = {
         "nli_threshold": "(0, 1]", "resample_k": ">= 1", "answer_max_length": ">= 2",
-        "answer_temperature": ">= 0", "answer_top_p": "(0, 1]", "resample_temperature": "> 0",
-        "resample_top_p": "(0, 1]", "fusion_max_length": ">= 2", "fusion_temperature": ">= 0",
-        "max_question_words": ">= 1", "dropped_reward": "finite"}
+        "answer_temperature": ">= 0", "answer_top_k": ">= 0", "answer_top_p": "(0, 1]",
+        "resample_temperature": "> 0", "resample_top_p": "(0, 1]", "fusion_max_length": ">= 2",
+        "fusion_temperature": ">= 0", "judgment_max_length": ">= 2", "max_question_words": ">= 1",
+        "dropped_reward": "finite"}
 
     @property
     def resampling_temperature(self) -> float:
@@ -277,7 +290,8 @@ class PipelineConfig:
                 ("resample_k", "resample_temperature", "resample_top_p"),
                 f"{under}dropped_answer is not resample"))
         if self.answer_temperature == 0:
-            refuse_changed(self, at, {"answer_top_p": f"{under}answer_temperature is 0 (greedy)"})
+            refuse_changed(self, at, dict.fromkeys(
+                ("answer_top_k", "answer_top_p"), f"{under}answer_temperature is 0 (greedy)"))
 
 
 def _refuse_unused_model_keys(root, roles: Mapping[str, Mapping[str, str]], at: str = "") -> None:
@@ -316,9 +330,15 @@ class RewardConfig(PipelineConfig):
 
     def check(self, at: str) -> None:
         super().check(at)
+        under = f"{at}." if at else ""
         if self.nli is None:
-            refuse_changed(self, at, {"nli_threshold": f"{at}.nli is null (no filter)" if at
-                                      else "nli is null (no filter)"})
+            refuse_changed(self, at, dict.fromkeys(("nli_threshold", "nli_premise_period"),
+                                                   f"{under}nli is null (no filter)"))
+        if (self.empty_fusion == "judge" and self.judge.kind == "encoder"
+                and not self.judge.input_prefix):
+            raise ConfigError(f"{under}empty_fusion: 'judge' gives the judge an empty text, and "
+                              f"a classifier judge without {under}judge.input_prefix has nothing "
+                              "to read; use 'invalid'", key=f"{under}empty_fusion")
         _refuse_unused_model_keys(self, _REWARD_ROLES, at)
 
 
@@ -427,8 +447,10 @@ class PPOConfig:
     rewards: RewardConfig = dataclasses.field(default_factory=RewardConfig)
     normalizer: NormalizerConfig = dataclasses.field(default_factory=NormalizerConfig)
     ppo: PPOHyperparams = dataclasses.field(default_factory=PPOHyperparams)
+    # the original's Adam (main.py: lr 1e-5, eps 1e-5, no clipping); docs/fidelity.md
     optimizer: OptimizerConfig = dataclasses.field(
-        default_factory=lambda: OptimizerConfig(name="adam", lr=1e-5, max_grad_norm=0.0))
+        default_factory=lambda: OptimizerConfig(name="adam", lr=1e-5, eps=1e-5,
+                                                max_grad_norm=0.0))
     data: PPODataConfig = dataclasses.field(default_factory=PPODataConfig)
 
     def check(self, at: str) -> None:

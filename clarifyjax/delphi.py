@@ -117,15 +117,19 @@ class _BatchedJudge:
     mesh = None
     truncated_inputs: int
 
-    def inputs(self, texts: Sequence[str]) -> list[str]:
+    def inputs(self, texts: Sequence[str], *, allow_empty: bool = False) -> list[str]:
         """The judge's input for each text: input_prefix + text without the policy prefix; an
-        empty text raises `text.TextFormatError` naming its index."""
-        return [text_lib.judge_input(t, prefix=self.input_prefix, where=f"judge text {i}")
+        empty text raises `text.TextFormatError` naming its index, unless `allow_empty`."""
+        return [text_lib.judge_input(t, prefix=self.input_prefix, allow_empty=allow_empty,
+                                     where=f"judge text {i}")
                 for i, t in enumerate(check_texts(texts, "judge texts"))]
 
-    def class_probabilities(self, texts: Sequence[str]) -> np.ndarray:
-        """[n, 3] float32 P(bad, ok, good) of each text, in one jitted call."""
-        inputs = self.inputs(texts)
+    def class_probabilities(self, texts: Sequence[str], *, allow_empty: bool = False
+                            ) -> np.ndarray:
+        """[n, 3] float32 P(bad, ok, good) of each text, in one jitted call (`allow_empty`: an
+        empty text is judged as the input prefix alone, as the original judged an empty fusion
+        output)."""
+        inputs = self.inputs(texts, allow_empty=allow_empty)
         if not inputs:
             return np.zeros((0, 3), np.float32)
         ids, mask, truncated = self._encode(inputs)
@@ -182,13 +186,15 @@ class Judge(_BatchedJudge):
         return _class_probabilities(graphdef, state, ids, mask, jnp.asarray(self._decoder_ids),
                                     jnp.asarray(self.class_ids, jnp.int32))
 
-    def judgment_text(self, texts: Sequence[str]) -> list[str]:
-        """Delphi's judgment text of each text by greedy decoding (the answer generator's input).
+    def judgment_text(self, texts: Sequence[str], sampling: Sampling | None = None) -> list[str]:
+        """Delphi's judgment text of each text by greedy decoding (the answer generator's input),
+        as `sampling` says (None: the judge's own `judgment`; the reward pipeline passes its
+        ``judgment_max_length``).
 
         The text inside `<text>...</text>`; an output without that structure is returned whole.
         """
         inputs = self.inputs(texts)
-        out = self.seq2seq.generate(inputs, self.judgment_sampling)
+        out = self.seq2seq.generate(inputs, sampling or self.judgment_sampling)
         self.truncated_inputs += out.truncated_inputs
         return [text_lib.parse_delphi_output(t, keep_unparsed=True)[1] for t in out.texts]
 
@@ -259,8 +265,9 @@ class ClassifierJudge(_BatchedJudge):
         graphdef, state = nnx.split(self.model)
         return _classifier_probabilities(graphdef, state, ids, mask, self.columns)
 
-    def judgment_text(self, texts: Sequence[str]) -> list[str]:
-        """A generic judgment for the argmax class ("it's bad", "it's okay", "it's good")."""
+    def judgment_text(self, texts: Sequence[str], sampling: Sampling | None = None) -> list[str]:
+        """A generic judgment for the argmax class ("it's bad", "it's okay", "it's good");
+        `sampling` is unused (nothing is decoded)."""
         labels = np.argmax(self.class_probabilities(texts), axis=-1)
         return [text_lib.DEFAULT_JUDGMENT_TEXT[text_lib.CLASS_TO_LABEL[text_lib.JUDGE_CLASSES[k]]]
                 for k in labels]

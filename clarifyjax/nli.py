@@ -58,6 +58,23 @@ def _check_labels(labels: Sequence[str], drop_labels: Sequence[str], source) -> 
             "drop_labels naming this model's labels")
 
 
+def keep_answers(probabilities: np.ndarray, drop_columns: np.ndarray,
+                 threshold: float | None) -> np.ndarray:
+    """The filter's rule: [b, num_labels] probabilities, drop_columns [num_labels] bool (the
+    labels that drop an answer) -> keep [b] bool.
+
+    threshold None: drop when the argmax label is a drop label (the original's rule,
+    allenai/clarifydelphi Code/reward.py); a number t: drop when the drop labels' summed
+    probability is >= t. The two differ, e.g. on (contradiction .3, entailment .25, neutral .45):
+    argmax keeps the answer, t = 0.5 drops it.
+    """
+    if threshold is None:
+        drop = drop_columns[probabilities.argmax(-1)]
+    else:
+        drop = probabilities[:, drop_columns].sum(-1) >= threshold
+    return ~np.asarray(drop, bool)
+
+
 class NLIFilter:
     """Keep or drop (premise, hypothesis) pairs by an NLI classifier.
 
@@ -164,11 +181,7 @@ class NLIFilter:
         if probabilities.ndim != 2 or probabilities.shape[1] != len(self.labels):
             raise ValueError(f"probabilities must be [batch, {len(self.labels)}], got shape "
                              f"{probabilities.shape}")
-        if self.threshold is None:
-            drop = self.drop_columns[probabilities.argmax(-1)]
-        else:
-            drop = probabilities[:, self.drop_columns].sum(-1) >= self.threshold
-        return ~np.asarray(drop, bool)
+        return keep_answers(probabilities, self.drop_columns, self.threshold)
 
     def __call__(self, premises: Sequence[str], hypotheses: Sequence[str]) -> NLIResult:
         """premises = situations, hypotheses = answers -> which answers to keep."""

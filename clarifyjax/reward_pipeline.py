@@ -23,8 +23,11 @@ A dropped answer (filtered by NLI, or empty) is handled by `PipelineConfig.dropp
   resample     up to `resample_k` rounds of sampling new answers for the dropped ones only, then
                as zero_reward for those still dropped;
   blank        the original: the answer is blanked and still fused; the reward is the JSD.
-An empty question (e.g. the policy wrote only EOS) gives its row `dropped_reward`, without model
-calls; a question longer than `max_question_words` words is cut there. Both are counted.
+An empty fused situation makes its pair invalid (`dropped_reward`), or with `empty_fusion:
+judge` the judge reads the empty text, as the original did. An empty question (e.g. the policy
+wrote only EOS) gives its row `dropped_reward`, without model calls; a question longer than
+`max_question_words` words is cut there. All are counted. docs/fidelity.md compares every
+setting with the original code.
 """
 from __future__ import annotations
 
@@ -60,15 +63,18 @@ def check_config(config: PipelineConfig) -> PipelineConfig:
 
 
 def stage_sampling(config: PipelineConfig, stage: str) -> Sampling:
-    """How the "answers", "resample" or "fusion" stage decodes (temperature 0: greedy)."""
+    """How the "answers", "resample", "fusion" or "judgment" stage decodes (temperature 0:
+    greedy; the judge's judgment text is always greedy)."""
     if stage == "answers":
         return Sampling(config.answer_max_length, config.answer_temperature,
-                        top_p=config.answer_top_p)
+                        top_k=config.answer_top_k, top_p=config.answer_top_p)
     if stage == "resample":
         return Sampling(config.answer_max_length, config.resampling_temperature,
-                        top_p=config.resample_top_p)
+                        top_k=config.answer_top_k, top_p=config.resample_top_p)
     if stage == "fusion":
         return Sampling(config.fusion_max_length, config.fusion_temperature)
+    if stage == "judgment":
+        return Sampling(config.judgment_max_length)
     raise ValueError(f"no sampling stage {stage!r}")
 
 
@@ -192,6 +198,7 @@ class RewardPipeline:
         """
         from clarifyjax.nli import NLIFilter
 
+        _check_judge_options(judge_options)
         common = dict(backend=backend, dtype=dtype, max_input_length=max_input_length,
                       batch_multiple=batch_multiple, mesh=mesh, rules=rules)
         return cls(Seq2SeqModel.from_pretrained(answerer, **common),
@@ -217,8 +224,9 @@ class RewardPipeline:
             counts["empty_answers"] += int((~keep).sum())
         nonempty = np.flatnonzero(keep)
         if self.nli is not None and nonempty.size:
-            pairs = [text_lib.nli_pair(premises[i], answers[i], where=f"answer {i}")
-                     for i in nonempty]
+            period = self.config.nli_premise_period
+            pairs = [text_lib.nli_pair(premises[i], answers[i], period=period,
+                                       where=f"answer {i}") for i in nonempty]
             result = self._stage("nli", self.nli, [p for p, _ in pairs], [h for _, h in pairs])
             kept = np.asarray(result.keep, bool)
             keep[nonempty] = kept
@@ -248,9 +256,13 @@ class RewardPipeline:
         # 4. fusion of every answer into its situation
         fused, fused_ok = self._fuse(premises, qs, answers, keep, active, keys[1], counts)
         # 5. the judge on base + weak + strong situations in one batch
-        judged = [t if ok else p for t, ok, p in zip(fused, fused_ok, premises)]
         before = self.judge.truncated_inputs
-        probs = self._stage("judge", self.judge.class_probabilities, sits + judged)
+        if self.config.empty_fusion == "judge":  # the original: judge "" too
+            probs = self._stage("judge", self.judge.class_probabilities, sits + fused,
+                                allow_empty=True)
+        else:  # an empty fusion's pair is invalid: judge its situation in its place
+            judged = [t if ok else p for t, ok, p in zip(fused, fused_ok, premises)]
+            probs = self._stage("judge", self.judge.class_probabilities, sits + judged)
         counts["truncated_judge_inputs"] += self.judge.truncated_inputs - before
         # 6. the reward
         return self._output(probs, qs, judgments, answers, keep, fused, fused_ok, active, counts)
@@ -297,7 +309,8 @@ class RewardPipeline:
         if self.config.use_judgment_text and active.size:
             before = self.judge.truncated_inputs
             act_sits = [sits[i] for i in active]
-            for i, j in zip(active, self._stage("judgment", self.judge.judgment_text, act_sits)):
+            for i, j in zip(active, self._stage("judgment", self.judge.judgment_text, act_sits,
+                                                stage_sampling(self.config, "judgment"))):
                 judgments[i] = j
             counts["truncated_judge_inputs"] += self.judge.truncated_inputs - before
         return judgments
@@ -338,8 +351,9 @@ class RewardPipeline:
         are non-empty."""
         n = active.size
         fused_answers = [a if k else "" for a, k in zip(answers, keep)]
+        period = self.config.fusion_situation_period
         fusion_inputs = [text_lib.fusion_input(premises[r], qs[active[r % n]], fused_answers[r],
-                                               where=f"row {active[r % n]}")
+                                               period=period, where=f"row {active[r % n]}")
                          for r in range(2 * n)]
         fused = self._stage("fusion", self.fusion.generate, fusion_inputs,
                             stage_sampling(self.config, "fusion"), rng=key)
@@ -360,7 +374,9 @@ class RewardPipeline:
         answered = np.zeros((b, 2), bool)
         answered[active] = (keep & fused_ok).reshape(2, n).T
         valid = np.zeros(b, bool)
-        pair_ok = fused_ok.reshape(2, n).all(0)
+        pair_ok = np.ones(n, bool)
+        if cfg.empty_fusion != "judge":
+            pair_ok &= fused_ok.reshape(2, n).all(0)
         if cfg.dropped_answer != "blank":
             pair_ok &= keep.reshape(2, n).all(0)
         valid[active] = pair_ok
@@ -386,6 +402,14 @@ class RewardPipeline:
             counts={k: int(v) for k, v in sorted(counts.items())})
 
 
+def _check_judge_options(judge_options) -> None:
+    """The judgment text's length is the pipeline's setting (it passes it on every call): a
+    `judgment` judge option would be ignored."""
+    if judge_options and "judgment" in judge_options:
+        raise ValueError("judge_options: 'judgment' is the pipeline's judgment_max_length "
+                         "(PipelineConfig), not a judge option")
+
+
 def load_pipeline(rewards, *, normalizer: reward_lib.RewardNormalizer | None = None,
                   mesh=None, rules=None, backend: str = "hf", nli_batch_size: int = 64,
                   judge_options: dict | None = None) -> RewardPipeline:
@@ -399,6 +423,8 @@ def load_pipeline(rewards, *, normalizer: reward_lib.RewardNormalizer | None = N
     """
     from clarifyjax.configlib import ConfigError
     from clarifyjax.nli import NLIFilter
+
+    _check_judge_options(judge_options)
 
     def folder(m, key):
         if m.init is None:

@@ -40,6 +40,7 @@ FLAG_KEYS: dict[str, str] = {
     "nli_threshold": "nli_threshold", "answer_max_length": "answer_max_length",
     "answer_temperature": "answer_temperature", "fusion_max_length": "fusion_max_length",
     "max_question_words": "max_question_words", "no_judgment_text": "use_judgment_text",
+    "judgment_max_length": "judgment_max_length",
     "judge_kind": "judge.kind", "class_prefix": "judge.class_prefix",
     "class_tokens": "judge.class_tokens", "encoder_labels": "judge.encoder_labels"}
 # flag -> the key it sets in every model section
@@ -56,7 +57,27 @@ def _flag(dest: str) -> str:
 def _value(dest: str, value) -> str:
     if dest == "no_judgment_text":
         return "false"
+    if value is ARGMAX:
+        return "null"
     return str(value)
+
+
+class _Argmax:
+    """The value of ``--nli-threshold argmax``: the ``nli_threshold: null`` rule."""
+
+    def __repr__(self) -> str:
+        return "argmax"
+
+
+ARGMAX = _Argmax()
+
+
+def nli_threshold_type(text: str):
+    """``--nli-threshold``: "argmax" (drop when the argmax label is entailment or
+    contradiction: ``nli_threshold: null``) or a number in the field's range."""
+    if text.strip().lower() in ("argmax", "null"):
+        return ARGMAX
+    return bounded("PipelineConfig", "nli_threshold", float)(text)
 
 
 def read_rewards(path: Path | None) -> tuple[dict, str]:
@@ -105,9 +126,10 @@ def add_reward_options(p: argparse.ArgumentParser) -> None:
                         help="dropped_answer")
     reward.add_argument("--resample-k", type=bounded("PipelineConfig", "resample_k"),
                         help="resample_k")
-    reward.add_argument("--nli-threshold", type=bounded("PipelineConfig", "nli_threshold", float),
-                        help="nli_threshold: drop when P(entailment) + P(contradiction) >= this "
-                             "(default: argmax)")
+    reward.add_argument("--nli-threshold", type=nli_threshold_type,
+                        help="nli_threshold: drop when P(entailment) + P(contradiction) >= this, "
+                             "or 'argmax' (null: drop when the argmax label is one of them; the "
+                             "default)")
     reward.add_argument("--answer-max-length", help="answer_max_length",
                         type=bounded("PipelineConfig", "answer_max_length", high=MAX_TOKENS))
     reward.add_argument("--answer-temperature", help="answer_temperature (0: greedy)",

@@ -11,8 +11,11 @@ fusion model, the judge and the NLI filter see at inference exactly what they sa
     fusion            "merge: SITUATION: " + situation. + " QUESTION: " + q + " ANSWER: " + a
                                                                                     -> updated situation
     judge (Delphi)    "[moral_single]: " + text  -> "<class>{1|0|-1}</class> <text>{judgment}</text>"
-    NLI               premise = situation, hypothesis = answer
+    NLI               premise = situation (+ "." with period=True), hypothesis = answer
 
+Where the original's inference differed from its training data (no "." added to the fusion
+model's situation, a "." added to the NLI premise), a `period` argument picks the rule
+(`config.PipelineConfig` ``fusion_situation_period``, ``nli_premise_period``; docs/fidelity.md).
 The original passed the policy's query ("question: " + situation) straight into the judge and the
 fusion model; here every consumer of a situation strips that prefix (`strip_policy_prefix`).
 Functions take and return `str` (or tuples of them); a missing or empty field raises
@@ -198,22 +201,27 @@ def answer_sft_from_row(row: Mapping[str, str], *, where: str | None = None) -> 
 # --------------------------------------------------------------------------- fusion
 
 
-def fusion_fields(situation: str, question: str, answer: str, *, where: str | None = None) -> str:
+def fusion_fields(situation: str, question: str, answer: str, *, period: bool = True,
+                  where: str | None = None) -> str:
     """"SITUATION: s. QUESTION: q ANSWER: a": the fields of fusion_dev.csv's `input` column.
 
-    The situation loses the policy prefix and ends in "." (every fusion_dev.csv situation does).
+    The situation loses the policy prefix and, with `period`, ends in "." (every fusion_dev.csv
+    situation does; the original's PPO reward passed the situation as it was, `period=False`).
     The answer may be empty (a filtered answer fused anyway, the original's `blank` policy).
     """
-    situation = ensure_period(_situation(situation, where))
+    situation = _situation(situation, where)
+    situation = ensure_period(situation) if period else situation
     if not situation:
         raise TextFormatError(f"{where + ': ' if where else ''}field 'situation' is empty")
     return (f"SITUATION: {situation} QUESTION: {_field(question, 'question', where)} "
             f"ANSWER: {_field(answer, 'answer', where, allow_empty=True)}").rstrip()
 
 
-def fusion_input(situation: str, question: str, answer: str, *, where: str | None = None) -> str:
-    """The fusion model's input: "merge: SITUATION: s. QUESTION: q ANSWER: a"."""
-    return FUSION_PREFIX + fusion_fields(situation, question, answer, where=where)
+def fusion_input(situation: str, question: str, answer: str, *, period: bool = True,
+                 where: str | None = None) -> str:
+    """The fusion model's input: "merge: SITUATION: s. QUESTION: q ANSWER: a" (`period`: as
+    `fusion_fields`)."""
+    return FUSION_PREFIX + fusion_fields(situation, question, answer, period=period, where=where)
 
 
 _FUSION_ROW = re.compile(r"^SITUATION: .+ QUESTION: .* ANSWER:")
@@ -237,12 +245,14 @@ def fusion_sft_from_row(row: Mapping[str, str], *, where: str | None = None) -> 
 # --------------------------------------------------------------------------- judge (Delphi)
 
 
-def judge_input(text: str, *, prefix: str = JUDGE_PREFIX, where: str | None = None) -> str:
+def judge_input(text: str, *, prefix: str = JUDGE_PREFIX, allow_empty: bool = False,
+                where: str | None = None) -> str:
     """The judge's input: "[moral_single]: " + text (the policy prefix stripped, unlike the
     original). `prefix`: another judge's (a classifier judge reads the text alone, prefix "").
-    A text that is empty without the policy prefix raises `TextFormatError`."""
-    situation = _situation(text, where)
-    if not situation:
+    A text that is empty without the policy prefix raises `TextFormatError`, unless
+    `allow_empty` (the original judged an empty fusion output as "[moral_single]: ")."""
+    situation = strip_policy_prefix(_field(text, "situation", where, allow_empty=allow_empty))
+    if not situation and not allow_empty:
         raise TextFormatError(f"{where + ': ' if where else ''}field 'situation' is empty")
     return prefix + situation
 
@@ -300,9 +310,12 @@ def parse_delphi_output(decoded: str, *, keep_unparsed: bool = False) -> tuple[i
 # --------------------------------------------------------------------------- NLI
 
 
-def nli_pair(situation: str, answer: str, *, where: str | None = None) -> tuple[str, str]:
-    """(premise, hypothesis) for the NLI filter: premise = situation (no prefix), hypothesis = answer."""
-    return _situation(situation, where), _field(answer, "answer", where)
+def nli_pair(situation: str, answer: str, *, period: bool = False, where: str | None = None
+             ) -> tuple[str, str]:
+    """(premise, hypothesis) for the NLI filter: premise = situation (no prefix; with `period`,
+    ending in "." as the original's premise did, `ensure_period`), hypothesis = answer."""
+    premise = _situation(situation, where)
+    return ensure_period(premise) if period else premise, _field(answer, "answer", where)
 
 
 # --------------------------------------------------------------------------- helpers

@@ -17,7 +17,6 @@ import pytest
 
 from clarifyjax.buckets import equal_chunks
 from clarifyjax.cli import SUBCOMMANDS, main
-from clarifyjax.seq2seq import Sampling
 from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline
 from conftest import REPO_ROOT, shared_data
 from helpers.score_cli import N, args_for, folders, rows, write_lines  # noqa: F401 (fixtures)
@@ -65,8 +64,8 @@ def test_scores_equal_the_pipeline_called_directly(scored, folders, rows):
     records = [json.loads(line) for line in out.read_text().splitlines()]
     pipeline = RewardPipeline.from_folders(
         **folders, nli_batch_size=16,
-        config=PipelineConfig(answer_max_length=10, fusion_max_length=14),
-        judge_options=dict(judgment=Sampling(6)))
+        config=PipelineConfig(answer_max_length=10, fusion_max_length=14,
+                              judgment_max_length=6))
     first = equal_chunks(N, 8)[0]
     direct = pipeline(rows[0][first], rows[1][first], rng=0)  # greedy: the seed does not matter
     assert [r["weak_answer"] for r in records[first]] == direct.weak_answers

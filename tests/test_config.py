@@ -45,7 +45,8 @@ def test_paper_hyperparameters_in_t5_large_config():
     p = cfg.ppo
     assert cfg.run.steps == 6000
     assert (p.batch_size, p.epochs, p.clip, p.value_clip, p.vf_coef) == (64, 4, 0.2, 0.2, 1.0)
-    assert (p.gamma, p.lam, p.kl_coef, p.max_question_length) == (1.0, 0.95, 0.15, 30)
+    # 29 new tokens: the original's max_length=30 counted the start token (docs/fidelity.md)
+    assert (p.gamma, p.lam, p.kl_coef, p.max_question_length) == (1.0, 0.95, 0.15, 29)
     assert (p.temperature, p.top_p, p.top_k, p.whiten_rewards) == (0.7, 0.6, 0, True)
     assert (cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.schedule) == ("adam", 1e-5,
                                                                                "constant")
@@ -62,9 +63,9 @@ def test_base_files_merge_and_tiny_ppo_inherits_the_paper_settings():
     assert tiny.ppo.batch_size == 16 and tiny.ppo.minibatches == 2
     assert dataclasses.replace(tiny.ppo, batch_size=64, minibatches=1) == large.ppo
     assert tiny.rewards.nli is None and large.rewards.nli is not None
-    # a nested mapping is merged key by key: the tiny run keeps the base's lengths
-    assert tiny.rewards.answer_max_length == large.rewards.answer_max_length == 32
-    assert tiny.rewards.answerer.max_input_length == 64 and tiny.ppo.max_question_length == 30
+    # a nested mapping is merged key by key: the tiny run keeps the base's other settings
+    assert tiny.rewards.answer_top_p == large.rewards.answer_top_p == 0.6
+    assert tiny.rewards.answerer.max_input_length == 64 and tiny.ppo.max_question_length == 29
 
 
 def test_overrides_coerce_to_field_types():

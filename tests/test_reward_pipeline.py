@@ -28,7 +28,7 @@ from clarifyjax.reward import RewardNormalizer
 from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline, stage_sampling
 
 B = 64
-CONFIG = PipelineConfig(answer_max_length=10, fusion_max_length=14)
+CONFIG = PipelineConfig(answer_max_length=10, fusion_max_length=14, judgment_max_length=6)
 STAGES = ("judgment", "answers", "nli", "fusion", "judge")
 
 
@@ -99,7 +99,9 @@ def test_stages_equal_the_models_called_alone(run, models):
     premises = situations + situations
     nonempty = [i for i, a in enumerate(answers) if a]
     keep = np.zeros(2 * B, bool)
-    keep[nonempty] = nli([premises[i] for i in nonempty], [answers[i] for i in nonempty]).keep
+    pairs = [text_lib.nli_pair(premises[i], answers[i], period=CONFIG.nli_premise_period)
+             for i in nonempty]
+    keep[nonempty] = nli([p for p, _ in pairs], [h for _, h in pairs]).keep
     np.testing.assert_array_equal(out.dropped, ~keep.reshape(2, B).T)
     blanked = [a if k else "" for a, k in zip(answers, keep)]
     fused = fusion.generate([text_lib.fusion_input(s, q, a) for s, q, a in

@@ -48,7 +48,6 @@ from flax import nnx
 from clarifyjax import sharding
 from clarifyjax.child_result import write_result
 from clarifyjax.delphi import ClassifierJudge
-from clarifyjax.seq2seq import Sampling
 from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline
 
 F = json.loads(FOLDERS)
@@ -58,10 +57,9 @@ situations, questions = [r["situation"] for r in rows], [r["question"] for r in 
 
 mesh = sharding.process_mesh({"data": 2, "fsdp": 2, "model": 2})
 rules = sharding.FSDP_RULES
-config = PipelineConfig(answer_max_length=10, fusion_max_length=14)
+config = PipelineConfig(answer_max_length=10, fusion_max_length=14, judgment_max_length=6)
 kwargs = dict(answerer=F["answerer"], fusion=F["fusion"], judge=F["judge"], nli=F["nli"],
-              config=config, nli_batch_size=128,
-              judge_options={"judgment": Sampling(max_new_tokens=6)})
+              config=config, nli_batch_size=128)
 plain = RewardPipeline.from_folders(**kwargs)
 sharded = RewardPipeline.from_folders(**kwargs, mesh=mesh, rules=rules)
 
