@@ -64,7 +64,7 @@ def test_base_files_merge_and_tiny_ppo_inherits_the_paper_settings():
     assert dataclasses.replace(tiny.ppo, batch_size=64, minibatches=1) == large.ppo
     assert tiny.rewards.nli is None and large.rewards.nli is not None
     # a nested mapping is merged key by key: the tiny run keeps the base's other settings
-    assert tiny.rewards.answer_top_p == large.rewards.answer_top_p == 0.6
+    assert tiny.rewards.judge.input_prefix == large.rewards.judge.input_prefix == "[moral_single]: "
     assert tiny.rewards.answerer.max_input_length == 64 and tiny.ppo.max_question_length == 29
 
 

@@ -116,11 +116,21 @@ def _class_token_not_one_piece(root):
     return "accepted"
 
 
+def _logprob_distribution():
+    from clarifyjax import policy
+
+    source = inspect.getsource(policy.response_logprobs)
+    params = inspect.signature(policy.response_logprobs).parameters
+    plain = "log_softmax(logits.astype(jnp.float32)" in source
+    return "untempered" if plain and not {"temperature", "top_k", "top_p"} & set(params) else "other"
+
+
 FIXED = {"whitening divisor": lambda root: _whitening_divisor(),
          "whitening and GAE scope": lambda root: _whitening_scope(),
          "min question tokens": lambda root: rollout.MIN_QUESTION_TOKENS,
          "policy prefix in judge and fusion inputs": lambda root: _prefix_in_judge_and_fusion(),
-         "class token not one piece": _class_token_not_one_piece}
+         "class token not one piece": _class_token_not_one_piece,
+         "log-probs of the ratio and KL": lambda root: _logprob_distribution()}
 
 
 def test_every_row_of_the_table_matches_both_presets(presets, tmp_path_factory):

@@ -119,6 +119,24 @@ def test_nli_pair():
         T.nli_pair(SITUATION, "")
 
 
+def test_period_rules_of_the_nli_premise_and_the_fusion_situation():
+    """The original added "." to the NLI premise but not to the fusion model's situation
+    (docs/fidelity.md); each rule is an argument."""
+    assert T.nli_pair("question: lying to a friend", "x", period=True)[0] == "lying to a friend."
+    assert T.nli_pair("lying to a friend.", "x", period=True)[0] == "lying to a friend."
+    assert T.fusion_input("question: lying to a friend", "Why?", "a", period=False) == \
+        "merge: SITUATION: lying to a friend QUESTION: Why? ANSWER: a"
+    assert T.fusion_input("lying to a friend", "Why?", "a") == \
+        "merge: SITUATION: lying to a friend. QUESTION: Why? ANSWER: a"
+
+
+def test_judge_input_of_an_empty_text_only_when_allowed():
+    assert T.judge_input("", allow_empty=True) == "[moral_single]: "  # the original's input
+    assert T.judge_input("question: ", allow_empty=True) == "[moral_single]: "
+    with pytest.raises(T.TextFormatError, match="'situation' is empty"):
+        T.judge_input("")
+
+
 def test_wh_conditioned_input():
     assert T.wh_question_input(SITUATION, "why") == "lying to a friend Q.: why"
     assert T.wh_word("Why would you lie?") == "why"
