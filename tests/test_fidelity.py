@@ -44,9 +44,9 @@ def presets():
     return {name: load_config(path) for name, path in PRESETS.items()}
 
 
-def table_rows(path: Path = DOC) -> list[dict[str, str]]:
-    """The rows of the one table in `path`, as {column: cell}."""
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines()
+def table_rows(path: Path | None = None) -> list[dict[str, str]]:
+    """The rows of the one table in `path` (default: docs/fidelity.md), as {column: cell}."""
+    lines = [line for line in (path or DOC).read_text(encoding="utf-8").splitlines()
              if line.startswith("|")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     assert tuple(header) == COLUMNS, header
@@ -66,6 +66,7 @@ def _literals(cell: str) -> list:
 def _resolved(cfg, key: str):
     value = cfg
     for part in key.split("."):
+        assert hasattr(value, part), f"docs/fidelity.md names {key!r}, which is not a config key"
         value = getattr(value, part)
     return list(value) if isinstance(value, tuple) else value
 
