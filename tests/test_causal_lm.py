@@ -67,6 +67,7 @@ def edited_copy(folder, tmp_path, *, config=None, tensors=None):
     (dict(rope_parameters=dict(rope_type="yarn", factor=2.0)), "rope_type' is 'yarn'"),
     (dict(rope_parameters=dict(rope_type="llama3", factor=8.0)), "'low_freq_factor'"),
     (dict(num_key_value_heads=3), "num_kv_heads 3"),
+    (dict(partial_rotary_factor=0.5), "'partial_rotary_factor'"),
     (dict(rms_norm_eps=0), "'rms_norm_eps'"),
     (dict(hidden_act="swish2"), "activation 'swish2'"),
 ])
