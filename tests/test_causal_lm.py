@@ -252,3 +252,11 @@ def test_bfloat16_logits_close_to_float32(folder, model):
     broken.layers[1].attention.key[...] = broken.layers[1].attention.key[...][:, ::-1]
     r = jax.nn.log_softmax(forward(broken, ids, mask).astype(jnp.float32), -1)
     assert np.asarray(jnp.sum(jnp.exp(p) * (p - r), -1))[mask == 1].mean() > 2e-2
+
+
+def test_learned_positions_refuse_to_run_past_their_table(tmp_path):
+    make_hf_causal_lm(tmp_path, "opt-pre-ln")  # max_position_embeddings 64
+    _, opt = load_causal_lm(tmp_path)
+    ids = np.full((2, 60), 5, np.int32)
+    with pytest.raises(ValueError, match="68 tokens.*max_position_embeddings 64"):
+        generate(opt, ids, np.ones_like(ids), rng=None, max_new_tokens=8, greedy=True)
