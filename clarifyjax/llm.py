@@ -81,8 +81,6 @@ class LocalLM:
     def __init__(self, folder: str | os.PathLike, *, dtype: str = "float32", mesh=None,
                  chat_template: str = "model", batch_size: int = 32,
                  buckets: Sequence[int] = DEFAULT_BUCKETS, name: str | None = None):
-        from clarifyjax.models.hf import load_causal_lm
-
         if chat_template not in CHAT_TEMPLATES:
             raise ValueError(f"chat_template must be one of {list(CHAT_TEMPLATES)}, got "
                              f"{chat_template!r}")
@@ -94,7 +92,21 @@ class LocalLM:
         self.eos_ids = tuple(sorted(set(eos) | ({self.tokenizer.eos_id}
                                                 if self.tokenizer.eos_id is not None else set())))
         self.context_length = context_length(folder)
-        self.config, self.model = load_causal_lm(folder, dtype=dtype, mesh=mesh)
+        self.dtype, self.mesh = dtype, mesh
+        self._model = None
+
+    def load(self) -> "LocalLM":
+        """Read the weights (done by the first `complete`; the tokenizer alone checks prompts)."""
+        if self._model is None:
+            from clarifyjax.models.hf import load_causal_lm
+
+            self.config, self._model = load_causal_lm(self.folder, dtype=self.dtype,
+                                                      mesh=self.mesh)
+        return self
+
+    @property
+    def model(self):
+        return self.load()._model
 
     # -- prompts ------------------------------------------------------------------------------
 

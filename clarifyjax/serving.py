@@ -110,8 +110,8 @@ class MicroBatcher:
     `max_batch_rows` rows) and runs `run_batch(items) -> results` (one result, or an exception
     to raise, per item) in one worker thread; the next batch gathers while one runs.
 
-    `submit` raises ApiError 503 when the queue already holds `max_queued_rows` rows, and 413
-    for an item larger than a batch. Counters: `batches` (rows of each batch run, newest last).
+    An item larger than `max_batch_rows` runs alone. `submit` raises ApiError 503 when the queue
+    would hold more than `max_queued_rows` rows, and 413 for an item larger than that. Counters: `batches` (rows of each batch run, newest last).
     """
 
     def __init__(self, run_batch: Callable[[list], list], *, window_s: float = 0.01,
@@ -126,9 +126,9 @@ class MicroBatcher:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="batch")
 
     async def submit(self, item, rows: int = 1):
-        if rows > self.max_batch_rows:
-            raise ApiError(413, f"the request needs {rows} rows (prompts x n); this server runs "
-                                f"at most {self.max_batch_rows} per batch", code="too_many_rows")
+        if rows > self.max_queued_rows:
+            raise ApiError(413, f"the request needs {rows} rows (prompts x n); this server "
+                                f"queues at most {self.max_queued_rows}", code="too_many_rows")
         if self._queued_rows + rows > self.max_queued_rows:
             raise ApiError(503, f"the server is busy ({self._queued_rows} rows queued); retry "
                                 "later", code="overloaded")

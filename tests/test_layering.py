@@ -47,7 +47,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
                    "sage_jax.data", "sage_jax.embed", "sage_jax.report"),
     # Pipelines: the composed reward, the training programs and loops, the dry run.
     "pipelines": ("clarifyjax.reward_pipeline", "clarifyjax.memory_plan", "clarifyjax.programs",
-                  "clarifyjax.train", "clarifyjax.dryrun", "sage_jax"),
+                  "clarifyjax.train", "clarifyjax.dryrun", "sage_jax", "clarifyjax.generation_job"),
     # Commands: nothing imports them (but the demo, which runs the others).
     "commands": ("clarifyjax.cli", "clarifyjax.__main__", "clarifyjax.demo", "sage_jax.cli"),
 }
