@@ -12,6 +12,11 @@ alternatives in ``top_logprobs``) are accepted only at their neutral values; any
 a 400 naming it, as are out-of-range values, ``n`` over the limit and a prompt that does not fit
 the context with its ``max_tokens`` (``context_length_exceeded``).
 
+A sampling field left out is the model's default (for a local model its generation_config.json,
+as `transformers` reads it: greedy unless it samples), not OpenAI's temperature 1; ``max_tokens``
+left out is 16 for completions (as OpenAI) and, for chats, what the context leaves, up to the
+server's limit.
+
 Concurrent requests are gathered by `serving.MicroBatcher` and run as one `complete` call, so
 their prompts share jitted batches. A sampled request that gives a ``seed`` runs in a call of its
 own (its completions depend on its seed only, not on who else was waiting); greedy and unseeded
