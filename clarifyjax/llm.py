@@ -94,6 +94,7 @@ class LocalLM:
         self.context_length = context_length(folder)
         self.dtype, self.mesh = dtype, mesh
         self._model = None
+        self._stop_cache: dict[tuple[str, ...], tuple[int, ...]] = {}
 
     def load(self) -> "LocalLM":
         """Read the weights (done by the first `complete`; the tokenizer alone checks prompts)."""
@@ -118,6 +119,11 @@ class LocalLM:
 
     def _stop_ids(self, stop: tuple[str, ...]) -> tuple[int, ...]:
         """EOS and the stop strings that are one token (they end the loop early)."""
+        if stop not in self._stop_cache:
+            self._stop_cache[stop] = self._find_stop_ids(stop)
+        return self._stop_cache[stop]
+
+    def _find_stop_ids(self, stop: tuple[str, ...]) -> tuple[int, ...]:
         single = set()
         for s in stop:
             ids = self.tokenizer.encode(s)
