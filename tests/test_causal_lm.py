@@ -67,6 +67,7 @@ def edited_copy(folder, tmp_path, *, config=None, tensors=None):
     (dict(rope_parameters=dict(rope_type="yarn", factor=2.0)), "rope_type' is 'yarn'"),
     (dict(rope_parameters=dict(rope_type="llama3", factor=8.0)), "'low_freq_factor'"),
     (dict(num_key_value_heads=3), "num_kv_heads 3"),
+    (dict(partial_rotary_factor=0.5), "'partial_rotary_factor'"),
     (dict(rms_norm_eps=0), "'rms_norm_eps'"),
     (dict(hidden_act="swish2"), "activation 'swish2'"),
 ])
@@ -251,3 +252,11 @@ def test_bfloat16_logits_close_to_float32(folder, model):
     broken.layers[1].attention.key[...] = broken.layers[1].attention.key[...][:, ::-1]
     r = jax.nn.log_softmax(forward(broken, ids, mask).astype(jnp.float32), -1)
     assert np.asarray(jnp.sum(jnp.exp(p) * (p - r), -1))[mask == 1].mean() > 2e-2
+
+
+def test_learned_positions_refuse_to_run_past_their_table(tmp_path):
+    make_hf_causal_lm(tmp_path, "opt-pre-ln")  # max_position_embeddings 64
+    _, opt = load_causal_lm(tmp_path)
+    ids = np.full((2, 60), 5, np.int32)
+    with pytest.raises(ValueError, match="68 tokens.*max_position_embeddings 64"):
+        generate(opt, ids, np.ones_like(ids), rng=None, max_new_tokens=8, greedy=True)

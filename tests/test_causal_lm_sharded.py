@@ -24,19 +24,13 @@ SHARDED = textwrap.dedent("""
     from helpers.causal_lm_builders import make_hf_causal_lm, prompts, right_padded
     from clarifyjax.child_result import write_result
     from clarifyjax.decoding import generate, score
-    from clarifyjax.models import safetensors_io
+    from helpers.read_spy import record_reads
     from clarifyjax.models.hf import load_causal_lm
     from clarifyjax.sharding import FSDP_RULES, MeshConfig, make_mesh, shard_batch
 
     assert jax.device_count() == 8
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, model=2))
-    reads = []
-    get_slice = safetensors_io.TensorSource.get_slice
-    def spy(self, name, index):
-        out = get_slice(self, name, index)
-        reads.append((name, tuple(out.shape), tuple(self.shape(name))))
-        return out
-    safetensors_io.TensorSource.get_slice = spy
+    reads = record_reads()
     forward = nnx.jit(lambda m, *a: m(*a))
 
     rng = np.random.RandomState(0)
