@@ -185,7 +185,12 @@ class LocalLM:
 
         s = batch[0].sampling
         greedy, _, min_new, max_new, stop_ids = self._group_key(s)
-        width = bucket_length(max(len(r.ids) for r in batch), self.buckets)
+        longest = max(len(r.ids) for r in batch)
+        # The bucket may run past the context (a learned position table has no row there, and
+        # generate refuses it): then as far as the context goes, or at least what a row asked.
+        max_new = max(min(max_new, self.context_length - longest),
+                      max(r.sampling.max_new_tokens for r in batch))
+        width = bucket_length(longest, self.buckets)
         ids = np.full((len(batch), width), self.tokenizer.pad_id, np.int32)
         mask = np.zeros((len(batch), width), np.int32)
         for i, row in enumerate(batch):  # left padding: every row's prompt ends at the edge
