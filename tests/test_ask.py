@@ -21,7 +21,7 @@ ROW_KEYS = ("situation_at", "situation", "question", "reward", "raw_reward", "js
             "weak_answer", "strong_answer", "weak_dropped", "strong_dropped", "weak_situation",
             "strong_situation", "p_base", "p_weak", "p_strong", "judgment_text", "judgment")
 
-# The child SIGKILLs itself when the third chunk starts: two chunks are saved, the file is not.
+# The child SIGKILLs itself when the second chunk starts: one chunk is saved, the file is not.
 KILLED_CHILD = """
 import os, signal, sys
 from clarifyjax import clarify
@@ -29,7 +29,7 @@ from clarifyjax.cli import main
 original, calls = clarify.Clarifier.ask, []
 def ask(self, *args, **kwargs):
     calls.append(1)
-    if len(calls) == 3:
+    if len(calls) == 2:
         os.kill(os.getpid(), signal.SIGKILL)
     return original(self, *args, **kwargs)
 clarify.Clarifier.ask = ask
@@ -39,10 +39,11 @@ sys.exit(main(sys.argv[1:]))
 
 def ask_argv(models, out, *extra, limit=N):
     return ["ask", models, "--situations", str(shared_data("delta-clarify/dev.tsv")),
-            "--limit", str(limit), "--output", str(out), "--batch-size", "8", "--seed", "7",
+            "--limit", str(limit), "--output", str(out), "--batch-size", "16", "--seed", "7",
             "--no-progress", *QUESTION_OPTIONS, *extra]
 
 
+@pytest.mark.slow  # a child interpreter loads and compiles the five models
 def test_ask_writes_a_row_per_situation_and_a_killed_run_resumes_to_the_same_file(
         models_yaml, tmp_path, capsys):
     reference = tmp_path / "reference.jsonl"
@@ -65,21 +66,21 @@ def test_ask_writes_a_row_per_situation_and_a_killed_run_resumes_to_the_same_fil
                           text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     partial = tmp_path / ".killed.jsonl.partial"
-    assert not out.exists() and len(list(partial.glob("chunk-*.npz"))) == 2
+    assert not out.exists() and len(list(partial.glob("chunk-*.npz"))) == 1
     capsys.readouterr()
     assert main(ask_argv(models_yaml, out)) == 0
-    assert "resumed: 2 of 4 chunks" in capsys.readouterr().out
+    assert "resumed: 1 of 2 chunks" in capsys.readouterr().out
     assert out.read_bytes() == reference.read_bytes()  # as if it had never been killed
     assert not partial.exists()
 
 
 def test_candidates_are_ranked_by_the_reward_and_csv_is_written(models_yaml, tmp_path):
     out = tmp_path / "ranked.csv"
-    # 4 situations x 2 candidates: the 8 rows of the other test's chunks (no new compilation)
-    assert main(ask_argv(models_yaml, out, "--candidates", "2", "--no-answers", limit=4)) == 0
+    # 8 situations x 2 candidates: the 16 rows of the other test's chunks
+    assert main(ask_argv(models_yaml, out, "--candidates", "2", "--no-answers", limit=8)) == 0
     with open(out, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 4
+    assert len(rows) == 8
     assert set(rows[0]) == {"situation_at", "situation", "question", "p_base_bad", "p_base_ok",
                             "p_base_good", "judgment", "candidates"}
     for row in rows:

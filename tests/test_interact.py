@@ -18,6 +18,7 @@ SITUATION = "ignoring a phone call from my mother"
 ANSWERS = ["she was in the hospital", "I was driving on the highway", "I called her back later"]
 
 
+@pytest.mark.slow  # a child interpreter loads and compiles the five models
 def test_three_turns_through_a_pipe_judged_as_the_judge_judges_directly(models_yaml, tmp_path):
     import yaml
 
