@@ -114,6 +114,21 @@ def test_bad_answers_and_unknown_sessions(server):
     assert status == 200 and len(other["turns"][0]["questions_asked"]) == 2
 
 
+def test_the_page_needs_nothing_from_outside(server):
+    """Everything the page loads is served by the project (no CDN, no outside font or script)."""
+    import re
+
+    url, _ = server
+    with urllib.request.urlopen(url + "/", timeout=30) as response:
+        html = response.read().decode()
+    links = re.findall(r'(?:src|href)="([^"]+)"', html)
+    assert links and all(link.startswith("/static/") for link in links), links
+    for link in links:
+        with urllib.request.urlopen(url + link, timeout=30) as response:
+            text = response.read().decode()
+        assert response.status == 200 and not re.search(r"https?://|url\(\s*['\"]?//", text)
+
+
 def test_a_failing_model_is_a_500_without_a_trace():
     from clarifyjax import web
 
