@@ -13,24 +13,21 @@ runs the flow of `clarifyjax.clarify` through a JSON API, one endpoint per step:
 A session is {"id", "situation", "max_turns", "done", "turns": [{"situation", "probabilities"
 [bad, ok, good], "judgment", "question", "answer", "fused", "skipped", "questions_asked"}]}.
 Sessions live in the server's memory by a random id (`clarify.Session`); the steps of the
-sessions whose requests arrive together run as one batch (`StepBatcher`: one `Clarifier.step`
-per model call, in a worker thread, so the server keeps answering). Bad input is a JSON
-``{"error": "..."}`` with a 4xx status, never a stack trace: malformed JSON or a non-object
+sessions whose requests arrive together run as one batch (`serving.MicroBatcher`: one
+`Clarifier.step`, so one call per model, in a worker thread, so the server keeps answering).
+Bad input is `serving`'s error body, ``{"error": {"message", "type", "param", "code"}}``, with
+a 4xx status, never a stack trace: malformed JSON, a non-object, an unknown or missing field
 (400), an unknown session (404), a session that is busy or over (409), a body over
-`MAX_BODY_BYTES` (413), an empty, too long or unencodable text (422). The server binds
-127.0.0.1 unless told otherwise.
+`MAX_BODY_BYTES` (413), an empty, too long or unencodable text (422). The plumbing (body limits,
+batching, uvicorn bound to 127.0.0.1 unless told otherwise) is `clarifyjax.serving`'s.
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import collections
-import concurrent.futures
-import json
 import sys
-import threading
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from clarifyjax.cli import add_models_options, load_clarifier, load_models, subcommand
 from clarifyjax.ranges import number_type
@@ -42,96 +39,49 @@ MAX_ANSWER_CHARS = 1000
 MAX_SESSIONS = 10000  # the oldest are forgotten beyond this
 
 
-class WebError(Exception):
-    """An HTTP error answered as {"error": message} with `status`."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
-class StepBatcher:
-    """Gathers the pending steps of sessions that arrive within `window_s` of each other (up to
-    `max_batch`) and runs them as one `run_batch(sessions)` call in a worker thread.
-
-    `sizes` records each batch's size (tests and the /api/stats endpoint read it)."""
-
-    def __init__(self, run_batch: Callable[[list], None], *, window_s: float = 0.01,
-                 max_batch: int = 32):
-        self.run_batch, self.window_s, self.max_batch = run_batch, window_s, max_batch
-        self.sizes: list[int] = []
-        self._queue: asyncio.Queue | None = None
-        self._worker: asyncio.Task | None = None
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="clarify-step")
-
-    async def submit(self, session) -> None:
-        """Run `session`'s pending step (with others that arrive together); raises what the
-        batch raised."""
-        loop = asyncio.get_running_loop()
-        if self._queue is None:
-            self._queue = asyncio.Queue()
-        if self._worker is None or self._worker.done():
-            self._worker = loop.create_task(self._work())
-        done = loop.create_future()
-        await self._queue.put((session, done))
-        await done
-
-    async def _work(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            batch = [await self._queue.get()]
-            await asyncio.sleep(self.window_s)  # let the requests that arrive together join
-            while len(batch) < self.max_batch and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            self.sizes.append(len(batch))
-            try:
-                await loop.run_in_executor(self._pool, self.run_batch, [s for s, _ in batch])
-            except Exception as e:  # each waiting request answers it
-                for _, done in batch:
-                    if not done.done():
-                        done.set_exception(e)
-            else:
-                for _, done in batch:
-                    if not done.done():
-                        done.set_result(None)
-
-    def close(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
-        self._pool.shutdown(wait=False, cancel_futures=True)
-
-
 class ClarifyApp:
-    """The sessions and the steps of the page's API, around one `clarify.Clarifier`."""
+    """The sessions and the steps of the page's API, around one `clarify.Clarifier`: the steps
+    of sessions that arrive together run as one `Clarifier.step` (`serving.MicroBatcher`, one
+    row per session)."""
 
     def __init__(self, clarifier, *, seed: int = 0, window_s: float = 0.01, max_batch: int = 32,
-                 max_sessions: int = MAX_SESSIONS):
+                 max_queued: int = 1024, max_sessions: int = MAX_SESSIONS):
         import jax
+
+        from clarifyjax.serving import MicroBatcher
 
         self.clarifier, self.max_sessions = clarifier, max_sessions
         self.sessions: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._key, self._batches = jax.random.key(seed), 0
-        self._lock = threading.Lock()
-        self.batcher = StepBatcher(self._run_batch, window_s=window_s, max_batch=max_batch)
+        self.batcher = MicroBatcher(self._run_batch, window_s=window_s, max_batch_rows=max_batch,
+                                    max_queued_rows=max_queued)
 
-    def _run_batch(self, sessions: list) -> None:
+    def _run_batch(self, sessions: list) -> list:
+        """In the batcher's one worker thread: one `Clarifier.step` for all `sessions`."""
         import jax
 
         from clarifyjax.clarify import run_steps
+        from clarifyjax.serving import ApiError
+        from clarifyjax.text import TextFormatError
 
-        with self._lock:
-            key, self._batches = jax.random.fold_in(self._key, self._batches), self._batches + 1
+        key, self._batches = jax.random.fold_in(self._key, self._batches), self._batches + 1
         try:
             run_steps(self.clarifier, sessions, key)
-        except Exception:
+        except Exception as e:
             for s in sessions:
                 s.fail()
+            if isinstance(e, TextFormatError):
+                raise ApiError(422, str(e)) from None
             raise
+        return [None] * len(sessions)
 
     def session(self, session_id: str):
+        from clarifyjax.serving import ApiError
+
         session = self.sessions.get(session_id)
         if session is None:
-            raise WebError(404, f"no session {session_id!r} (unknown, or forgotten: start again)")
+            raise ApiError(404, f"no session {session_id!r} (unknown, or forgotten: start again)",
+                           code="unknown_session")
         return session
 
     async def start(self, situation: str):
@@ -141,11 +91,12 @@ class ClarifyApp:
         self.sessions[session.id] = session
         while len(self.sessions) > self.max_sessions:
             self.sessions.popitem(last=False)
-        await self._step(session)
+        await self.batcher.submit(session)
         return session
 
     async def act(self, session_id: str, action: str, answer: str | None = None):
         from clarifyjax.clarify import SessionError
+        from clarifyjax.serving import ApiError
 
         session = self.session(session_id)
         try:
@@ -156,68 +107,38 @@ class ClarifyApp:
             else:
                 session.another_question()
         except SessionError as e:
-            raise WebError(409, str(e)) from None
-        await self._step(session)
+            raise ApiError(409, str(e), code="session_state") from None
+        await self.batcher.submit(session)
         return session
-
-    async def _step(self, session) -> None:
-        from clarifyjax.text import TextFormatError
-
-        try:
-            await self.batcher.submit(session)
-        except TextFormatError as e:
-            raise WebError(422, str(e)) from None
 
 
 def _text_field(body: dict, name: str, limit: int) -> str:
+    """`body[name]`: a non-empty, encodable string of at most `limit` characters (ApiError 422
+    otherwise, naming the field)."""
+    from clarifyjax.serving import ApiError, check_keys
     from clarifyjax.tokenizer import TextEncodingError, check_encodable
 
-    if name not in body:
-        raise WebError(422, f"field {name!r} is missing")
+    check_keys(body, (name,), (name,))
     value = body[name]
     if not isinstance(value, str):
-        raise WebError(422, f"field {name!r} must be a string, got {type(value).__name__}")
+        raise ApiError(422, f"field {name!r} must be a string, got {type(value).__name__}",
+                       param=name)
     text = " ".join(value.split())
     if not text:
-        raise WebError(422, f"field {name!r} is empty")
+        raise ApiError(422, f"field {name!r} is empty", param=name)
     if len(text) > limit:
-        raise WebError(422, f"field {name!r} has {len(text)} characters; at most {limit}")
+        raise ApiError(422, f"field {name!r} has {len(text)} characters; at most {limit}",
+                       param=name)
     try:
         check_encodable([text])
     except TextEncodingError as e:
-        raise WebError(422, f"field {name!r}: {e.reason}") from None
+        raise ApiError(422, f"field {name!r}: {e.reason}", param=name) from None
     return text
 
 
-async def _json_body(request, *, required: bool = True) -> dict:
-    """The request's JSON object, read up to MAX_BODY_BYTES."""
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-        raise WebError(413, f"the request body has {length} bytes; at most {MAX_BODY_BYTES}")
-    data = b""
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > MAX_BODY_BYTES:
-            raise WebError(413, f"the request body is over {MAX_BODY_BYTES} bytes")
-    if not data.strip():
-        if required:
-            raise WebError(400, "the request body is empty; send a JSON object")
-        return {}
-    try:
-        body = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise WebError(400, "the request body is not UTF-8") from None
-    except json.JSONDecodeError as e:
-        raise WebError(400, f"malformed JSON: {e.msg} at line {e.lineno} column {e.colno}"
-                       ) from None
-    if not isinstance(body, dict):
-        raise WebError(400, f"the request body must be a JSON object, got "
-                       f"{type(body).__name__}")
-    return body
-
-
 def build_app(clarifier, *, seed: int = 0, window_s: float = 0.01, max_batch: int = 32):
-    """The Starlette application of the page and its API (`app.state.clarify`: the `ClarifyApp`)."""
+    """The Starlette application of the page and its API (`app.state.clarify`: the
+    `ClarifyApp`)."""
     import contextlib
 
     from starlette.applications import Starlette
@@ -226,45 +147,52 @@ def build_app(clarifier, *, seed: int = 0, window_s: float = 0.01, max_batch: in
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 
+    from clarifyjax.serving import ApiError, error_response, read_json_object
+
     state = ClarifyApp(clarifier, seed=seed, window_s=window_s, max_batch=max_batch)
+
+    def guarded(handler, status: int = 200):
+        async def endpoint(request):
+            try:
+                return JSONResponse((await handler(request)).to_dict(), status_code=status)
+            except ApiError as e:
+                return error_response(e)
+            except Exception as e:  # logged here; the client gets no trace
+                print(f"clarifyjax web: {request.method} {request.url.path}: "
+                      f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                return error_response(ApiError(500, "the server failed on this request (see "
+                                                    "its log)"))
+        return endpoint
 
     async def index(request):
         return FileResponse(STATIC / "index.html", media_type="text/html")
 
     async def create(request):
-        body = await _json_body(request)
-        situation = _text_field(body, "situation", MAX_SITUATION_CHARS)
-        session = await state.start(situation)
-        return JSONResponse(session.to_dict(), status_code=201)
+        body = await read_json_object(request, max_bytes=MAX_BODY_BYTES)
+        return await state.start(_text_field(body, "situation", MAX_SITUATION_CHARS))
 
     async def show(request):
-        return JSONResponse(state.session(request.path_params["id"]).to_dict())
+        return state.session(request.path_params["id"])
 
-    def action(name: str):
-        async def endpoint(request):
-            state.session(request.path_params["id"])  # 404 before reading the body
-            body = await _json_body(request, required=name == "answer")
-            answer = _text_field(body, "answer", MAX_ANSWER_CHARS) if name == "answer" else None
-            session = await state.act(request.path_params["id"], name, answer)
-            return JSONResponse(session.to_dict())
-        return endpoint
+    async def answer(request):
+        state.session(request.path_params["id"])  # 404 before reading the body
+        body = await read_json_object(request, max_bytes=MAX_BODY_BYTES)
+        text = _text_field(body, "answer", MAX_ANSWER_CHARS)
+        return await state.act(request.path_params["id"], "answer", text)
+
+    def bodiless(action: str):
+        async def handler(request):
+            return await state.act(request.path_params["id"], action)
+        return handler
 
     async def stats(request):
-        sizes = state.batcher.sizes
-        return JSONResponse({"sessions": len(state.sessions), "batches": len(sizes),
-                             "largest_batch": max(sizes, default=0)})
-
-    async def web_error(request, exc: WebError):
-        return JSONResponse({"error": exc.message}, status_code=exc.status)
+        return JSONResponse({"sessions": len(state.sessions),
+                             "batches": len(state.batcher.batches),
+                             "largest_batch": max(state.batcher.batches, default=0)})
 
     async def http_error(request, exc: HTTPException):
-        return JSONResponse({"error": exc.detail}, status_code=exc.status_code)
-
-    async def server_error(request, exc: Exception):
-        print(f"clarifyjax web: {request.method} {request.url.path}: "
-              f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-        return JSONResponse({"error": "the server failed on this request (see its log)"},
-                            status_code=500)
+        return error_response(ApiError(exc.status_code, f"{request.method} {request.url.path}: "
+                                                        f"{exc.detail}"))
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -273,47 +201,18 @@ def build_app(clarifier, *, seed: int = 0, window_s: float = 0.01, max_batch: in
 
     routes = [
         Route("/", index),
-        Route("/api/sessions", create, methods=["POST"]),
-        Route("/api/sessions/{id}", show, methods=["GET"]),
-        Route("/api/sessions/{id}/answer", action("answer"), methods=["POST"]),
-        Route("/api/sessions/{id}/skip", action("skip"), methods=["POST"]),
-        Route("/api/sessions/{id}/another", action("another"), methods=["POST"]),
+        Route("/api/sessions", guarded(create, 201), methods=["POST"]),
+        Route("/api/sessions/{id}", guarded(show), methods=["GET"]),
+        Route("/api/sessions/{id}/answer", guarded(answer), methods=["POST"]),
+        Route("/api/sessions/{id}/skip", guarded(bodiless("skip")), methods=["POST"]),
+        Route("/api/sessions/{id}/another", guarded(bodiless("another")), methods=["POST"]),
         Route("/api/stats", stats, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
-        WebError: web_error, HTTPException: http_error, Exception: server_error})
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error})
     app.state.clarify = state
     return app
-
-
-class ServerThread:
-    """uvicorn serving `app` in a thread (tests, the README's screenshot): port 0 picks a free
-    port; `url` once started; `stop()` shuts it down."""
-
-    def __init__(self, app, host: str = "127.0.0.1", port: int = 0):
-        import uvicorn
-
-        self.server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                                    lifespan="on"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-
-    def start(self, timeout_s: float = 30.0) -> str:
-        import time
-
-        self.thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the web server did not start")
-            time.sleep(0.02)
-        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
-        self.url = f"http://{host}:{port}"
-        return self.url
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout_s)
 
 
 def _web_options(p: argparse.ArgumentParser) -> None:
@@ -329,14 +228,13 @@ def _web_options(p: argparse.ArgumentParser) -> None:
 @subcommand("web", "ClarifyDelphi as a web page: a situation, its judgment as P(bad, ok, good) "
             "bars, the questions and your answers, three turns", _web_options)
 def run_web(args: argparse.Namespace) -> int:
-    import uvicorn
+    from clarifyjax.serving import serve_forever
 
     cfg = load_models(args)
     clarifier = load_clarifier(args, cfg)
     app = build_app(clarifier, seed=args.seed, window_s=args.batch_window_ms / 1000)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
-    server = uvicorn.Server(config)
-    print(f"ClarifyDelphi: http://{args.host}:{args.port}/ (Ctrl-C stops)", flush=True)
-    server.run()
+    serve_forever(app, args.host, args.port,
+                  announce=lambda url: print(f"ClarifyDelphi at {url}/ (Ctrl-C stops)",
+                                             flush=True))
     return 0
 

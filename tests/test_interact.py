@@ -9,10 +9,10 @@ import sys
 import numpy as np
 import pytest
 
-from clarifyjax.clarify import MAX_TURNS, Session, SessionError, StepResult, run_steps
+from clarifyjax.clarify import MAX_TURNS, Session, SessionError, run_steps
 from conftest import REPO_ROOT
 from helpers.children import clean_env
-from helpers.clarify_models import QUESTION_OPTIONS, models_yaml  # noqa: F401 (fixture)
+from helpers.clarify_models import QUESTION_OPTIONS, FakeClarifier, models_yaml  # noqa: F401
 
 SITUATION = "ignoring a phone call from my mother"
 ANSWERS = ["she was in the hospital", "I was driving on the highway", "I called her back later"]
@@ -47,25 +47,6 @@ def test_three_turns_through_a_pipe_judged_as_the_judge_judges_directly(models_y
         np.testing.assert_allclose(turn["probabilities"], direct, rtol=0, atol=1e-6)
         assert turn["judgment"] == ("bad", "ok", "good")[int(np.argmax(direct))]
     assert len({t["situation"] for t in turns}) > 1  # the answers changed the situation
-
-
-class FakeClarifier:
-    """`step` echoes its rows: the situation gains the answer; questions are numbered."""
-
-    def __init__(self):
-        self.batches = []
-
-    def step(self, requests, rng):
-        self.batches.append(list(requests))
-        out = []
-        for r in requests:
-            fused = bool(r.question and r.answer)
-            situation = f"{r.situation} + {r.answer}" if fused else r.situation
-            p = [len(situation) % 7 / 10, 0.2, 0.0]
-            p[2] = 1 - p[0] - p[1]
-            out.append(StepResult(situation, fused, p,
-                                  f"q{sum(len(b) for b in self.batches)}" if r.ask else ""))
-        return out
 
 
 def test_session_turns_skips_other_questions_and_the_end():

@@ -1,7 +1,7 @@
 """`clarifyjax web` (issue 15): the JSON API's bad input, batching across sessions, and the page
 in a real headless Chromium (Selenium): three turns, a screenshot, two users at once.
 
-The server runs in this process on 127.0.0.1 with a free port (`web.ServerThread`), on the tiny
+The server runs in this process on 127.0.0.1 with a free port (`serving.BackgroundServer`), on the tiny
 random models of MODELS.yaml, or on the models of $CLARIFYJAX_WEB_MODELS (the README's
 screenshot is this test's, run on the demo's models)."""
 from __future__ import annotations
@@ -16,9 +16,9 @@ import urllib.request
 
 import pytest
 
-from clarifyjax.clarify import Session
+from clarifyjax.serving import BackgroundServer
 from helpers.browser import artifacts_dir, chromium_driver
-from helpers.clarify_models import models_yaml  # noqa: F401 (fixture)
+from helpers.clarify_models import FakeClarifier, models_yaml  # noqa: F401 (fixture)
 
 SITUATIONS = ("ignoring a phone call from my mother", "borrowing my roommate's car")
 ANSWERS = (("she was in the hospital", "I was driving", "I called her back later"),
@@ -49,10 +49,8 @@ def server(models_yaml):
     from clarifyjax.cli import load_models
 
     app = web.build_app(load_clarifier(args, load_models(args)), window_s=0.05)
-    thread = web.ServerThread(app)
-    url = thread.start()
-    yield url, app.state.clarify
-    thread.stop()
+    with BackgroundServer(app) as running:
+        yield running.url, app.state.clarify
 
 
 def test_three_turns_through_the_api_and_sessions_do_not_cross(server):
@@ -78,26 +76,27 @@ def test_three_turns_through_the_api_and_sessions_do_not_cross(server):
     # a finished session takes no more answers
     status, body = request(f"{url}/api/sessions/{sessions[0]['id']}/answer", "POST",
                            {"answer": "more"})
-    assert status == 409 and "over" in body["error"]
+    assert status == 409 and "over" in body["error"]["message"]
 
 
 @pytest.mark.parametrize("path, raw, status, message", [
     ("/api/sessions", b'{"situation": ""}', 422, "'situation' is empty"),
     ("/api/sessions", json.dumps({"situation": "x" * 50000}).encode(), 422,
      "'situation' has 50000 characters; at most 2000"),
-    ("/api/sessions", b'{"situation": "unclosed', 400, "malformed JSON"),
+    ("/api/sessions", b'{"situation": "unclosed', 400, "not valid JSON"),
     ("/api/sessions", b'["a list"]', 400, "must be a JSON object"),
-    ("/api/sessions", b"", 400, "body is empty"),
+    ("/api/sessions", b"", 400, "not valid JSON"),
     ("/api/sessions", b'{"situation": 3}', 422, "must be a string"),
-    ("/api/sessions", b'{"text": "x"}', 422, "'situation' is missing"),
-    ("/api/sessions", b'{"situation": "' + b"y" * 70000 + b'"}', 413, "at most 65536"),
+    ("/api/sessions", b'{"text": "x"}', 400, "unknown field 'text'"),
+    ("/api/sessions", b'{}', 400, "missing required field 'situation'"),
+    ("/api/sessions", b'{"situation": "' + b"y" * 70000 + b'"}', 413, "limit of 65536 bytes"),
     ("/api/sessions/no-such-id/answer", b'{"answer": "yes"}', 404, "no session 'no-such-id'"),
     ("/api/sessions/no-such-id/skip", b"", 404, "no session"),
 ])
 def test_bad_input_is_a_clear_4xx(server, path, raw, status, message):
     url, _ = server
     got, body = request(url + path, "POST", raw=raw)
-    assert got == status and message in body["error"] and list(body) == ["error"], body
+    assert got == status and message in body["error"]["message"] and list(body) == ["error"], body
 
 
 def test_bad_answers_and_unknown_sessions(server):
@@ -105,9 +104,9 @@ def test_bad_answers_and_unknown_sessions(server):
     status, s = request(f"{url}/api/sessions", "POST", {"situation": SITUATIONS[0]})
     assert status == 201
     for raw, code, message in ((b'{"answer": "  "}', 422, "'answer' is empty"),
-                               (b"{oops", 400, "malformed JSON")):
+                               (b"{oops", 400, "not valid JSON")):
         got, body = request(f"{url}/api/sessions/{s['id']}/answer", "POST", raw=raw)
-        assert (got, message in body["error"]) == (code, True), body
+        assert (got, message in body["error"]["message"]) == (code, True), body
     assert request(f"{url}/api/sessions/unknown")[0] == 404
     assert request(f"{url}/no/such/page")[0] == 404
     status, other = request(f"{url}/api/sessions/{s['id']}/another", "POST")
@@ -136,33 +135,30 @@ def test_a_failing_model_is_a_500_without_a_trace():
         def step(self, requests, rng):
             raise RuntimeError("secret internals")
 
-    thread = web.ServerThread(web.build_app(Broken()))
-    url = thread.start()
-    try:
-        status, body = request(f"{url}/api/sessions", "POST", {"situation": "a situation"})
-    finally:
-        thread.stop()
-    assert status == 500 and "secret" not in body["error"] and list(body) == ["error"]
+    with BackgroundServer(web.build_app(Broken())) as running:
+        status, body = request(f"{running.url}/api/sessions", "POST", {"situation": "a situation"})
+    assert status == 500 and "secret" not in body["error"]["message"] and list(body) == ["error"]
 
 
-def test_steps_that_arrive_together_run_as_one_batch():
-    from clarifyjax.web import StepBatcher
+def test_steps_of_sessions_that_arrive_together_run_as_one_batch():
+    from clarifyjax.web import ClarifyApp
 
-    batches = []
-
-    def run_batch(sessions):
-        batches.append([s.situation for s in sessions])
-        for s in sessions:
-            s.pending = None
+    fake = FakeClarifier()
 
     async def together():
-        batcher = StepBatcher(run_batch, window_s=0.05)
-        await asyncio.gather(*(batcher.submit(Session.start(f"situation {i}")) for i in range(3)))
-        await batcher.submit(Session.start("later"))
-        batcher.close()
+        app = ClarifyApp(fake, window_s=0.05)
+        sessions = await asyncio.gather(*(app.start(f"situation {i}") for i in range(3)))
+        await asyncio.gather(app.act(sessions[0].id, "answer", "yes"),
+                             app.act(sessions[1].id, "skip"))
+        app.batcher.close()
+        return sessions
 
-    asyncio.run(together())
-    assert batches == [["situation 0", "situation 1", "situation 2"], ["later"]]
+    sessions = asyncio.run(together())
+    assert [[r.situation for r in batch] for batch in fake.batches] == [
+        ["situation 0", "situation 1", "situation 2"], ["situation 0", "situation 1"]]
+    assert [len(s.turns) for s in sessions] == [2, 2, 1]
+    assert sessions[0].turns[1].situation == "situation 0 + yes"  # each its own result
+    assert sessions[1].turns[1].situation == "situation 1" and sessions[1].turns[0].skipped
 
 
 # --------------------------------------------------------------------------- the page

@@ -31,7 +31,7 @@
     let data = null;
     try { data = await response.json(); } catch (e) { data = null; }
     if (!response.ok) {
-      const why = data && data.error ? data.error : response.statusText;
+      const why = data && data.error && data.error.message ? data.error.message : response.statusText;
       throw new Error("Error " + response.status + ": " + why);
     }
     return data;

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from clarifyjax.clarify import StepResult
 from helpers.tiny_models import tiny_nli_folder, tiny_t5_folder
 
 QUESTION_OPTIONS = ["--max-question-length", "8"]
@@ -37,3 +38,22 @@ def tiny_folders(root) -> dict:
 def models_yaml(tmp_path_factory):
     folders = tiny_folders(tmp_path_factory)
     return write_models_yaml(tmp_path_factory.mktemp("models") / "models.yaml", folders)
+
+
+class FakeClarifier:
+    """`step` echoes its rows: the situation gains the answer; questions are numbered."""
+
+    def __init__(self):
+        self.batches = []
+
+    def step(self, requests, rng):
+        self.batches.append(list(requests))
+        out = []
+        for r in requests:
+            fused = bool(r.question and r.answer)
+            situation = f"{r.situation} + {r.answer}" if fused else r.situation
+            p = [len(situation) % 7 / 10, 0.2, 0.0]
+            p[2] = 1 - p[0] - p[1]
+            out.append(StepResult(situation, fused, p,
+                                  f"q{sum(len(b) for b in self.batches)}" if r.ask else ""))
+        return out
