@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from clarifyjax.cli import add_models_options, load_clarifier, load_models, subcommand
-from clarifyjax.ranges import number_type
+from clarifyjax.cli import (add_models_options, add_server_options, load_clarifier, load_models,
+                            subcommand)
 
 STATIC = Path(__file__).resolve().parent / "web_static"
 MAX_BODY_BYTES = 64 * 1024
@@ -217,12 +217,7 @@ def build_app(clarifier, *, seed: int = 0, window_s: float = 0.01, max_batch: in
 
 def _web_options(p: argparse.ArgumentParser) -> None:
     add_models_options(p)
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to bind (127.0.0.1: this machine only)")
-    p.add_argument("--port", type=number_type(int, "[0, 65535]"), default=8000,
-                   help="0: any free port")
-    p.add_argument("--batch-window-ms", type=number_type(float, "[0, 1000]"), default=10.0,
-                   help="how long a step waits for others to join its batch")
+    add_server_options(p)
 
 
 @subcommand("web", "ClarifyDelphi as a web page: a situation, its judgment as P(bad, ok, good) "
@@ -232,7 +227,7 @@ def run_web(args: argparse.Namespace) -> int:
 
     cfg = load_models(args)
     clarifier = load_clarifier(args, cfg)
-    app = build_app(clarifier, seed=args.seed, window_s=args.batch_window_ms / 1000)
+    app = build_app(clarifier, seed=args.seed, window_s=args.window_ms / 1000)
     serve_forever(app, args.host, args.port,
                   announce=lambda url: print(f"ClarifyDelphi at {url}/ (Ctrl-C stops)",
                                              flush=True))
