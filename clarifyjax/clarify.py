@@ -27,7 +27,7 @@ import numpy as np
 
 from clarifyjax import text as text_lib
 from clarifyjax.config import ModelsConfig, PPOHyperparams
-from clarifyjax.reward_pipeline import RewardPipeline, load_pipeline
+from clarifyjax.reward_pipeline import RewardPipeline, load_pipeline, stage_sampling
 from clarifyjax.seq2seq import Sampling, Seq2SeqModel
 
 MAX_TURNS = 3  # paper §7: fusion degrades after the third turn
@@ -125,25 +125,27 @@ class Clarifier:
                             self.question_sampling.sampling(), rng=rng).texts
         return [texts[i * n:(i + 1) * n] for i in range(len(situations))]
 
-    def fuse(self, situations: Sequence[str], questions: Sequence[str], answers: Sequence[str]
-             ) -> list[str]:
-        """Each answer fused into its situation (greedy, as the reward's fusion stage decodes by
-        default; "" where the fusion model wrote nothing)."""
+    def fuse(self, situations: Sequence[str], questions: Sequence[str], answers: Sequence[str],
+             rng: jax.Array | None = None) -> list[str]:
+        """Each answer fused into its situation, decoded as the reward's fusion stage decodes
+        (greedy by default); "" where the fusion model wrote nothing."""
         inputs = [text_lib.fusion_input(s, q, a, where=f"row {i}")
                   for i, (s, q, a) in enumerate(zip(situations, questions, answers))]
         if not inputs:
             return []
-        sampling = Sampling(self.pipeline.config.fusion_max_length)
-        return self._timed("fusion", self.pipeline.fusion.generate, inputs, sampling).texts
+        sampling = stage_sampling(self.pipeline.config, "fusion")
+        return self._timed("fusion", self.pipeline.fusion.generate, inputs, sampling,
+                           rng=rng).texts
 
     def step(self, requests: Sequence[StepRequest], rng: jax.Array) -> list[StepResult]:
         """One turn for each request, batched: fuse the given answers (one fusion call), judge
         every situation (one judge call), ask the next questions (one generator call)."""
         self.timings = {}
+        fuse_key, question_key = jax.random.split(rng)
         fuse_rows = [i for i, r in enumerate(requests) if r.question and r.answer]
         fused = self.fuse([requests[i].situation for i in fuse_rows],
                           [requests[i].question for i in fuse_rows],
-                          [requests[i].answer for i in fuse_rows])
+                          [requests[i].answer for i in fuse_rows], fuse_key)
         situations = [r.situation for r in requests]
         was_fused = [False] * len(requests)
         for i, text in zip(fuse_rows, fused):
@@ -151,7 +153,8 @@ class Clarifier:
                 situations[i], was_fused[i] = text, True
         probs = self.judge_probabilities(situations)
         ask_rows = [i for i, r in enumerate(requests) if r.ask]
-        asked = dict(zip(ask_rows, self.questions([situations[i] for i in ask_rows], rng)))
+        asked = dict(zip(ask_rows, self.questions([situations[i] for i in ask_rows],
+                                                  question_key)))
         return [StepResult(situations[i], was_fused[i], [float(x) for x in probs[i]],
                            asked[i][0] if i in asked else "") for i in range(len(requests))]
 

@@ -3,6 +3,7 @@ by Selenium. When they are missing, `chromium_driver` installs them with apt-get
 otherwise the test skips, or fails under CI=true (a green CI must mean the browser ran)."""
 from __future__ import annotations
 
+import copy
 import os
 import shutil
 import subprocess
@@ -65,5 +66,14 @@ def chromium_driver(profile: Path):
     options.binary_location = CHROMIUM
     for flag in FLAGS:
         options.add_argument(flag)
-    options.add_argument(f"--user-data-dir={profile}")
-    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    # A loaded machine can take minutes to start Chromium; one more try with a new profile (the
+    # first may be half-written) before the test fails.
+    for attempt in range(2):
+        attempt_options = copy.deepcopy(options)
+        attempt_options.add_argument(f"--user-data-dir={profile}-{attempt}")
+        try:
+            return webdriver.Chrome(service=Service(CHROMEDRIVER), options=attempt_options)
+        except Exception as e:  # selenium's WebDriverException, urllib3's ReadTimeoutError
+            if attempt:
+                raise
+            print(f"Chromium did not start ({type(e).__name__}: {str(e)[:200]}); trying again")
