@@ -1,8 +1,8 @@
 """`clarifyjax web` (issue 15): the JSON API's bad input, batching across sessions, and the page
 in a real headless Chromium (Selenium): three turns, a screenshot, two users at once.
 
-The server runs in this process on 127.0.0.1 with a free port (`serving.BackgroundServer`), on the tiny
-random models of MODELS.yaml, or on the models of $CLARIFYJAX_WEB_MODELS (the README's
+The server runs in this process on 127.0.0.1 with a free port (`serving.BackgroundServer`), on
+the tiny random models of MODELS.yaml, or on the models of $CLARIFYJAX_WEB_MODELS (the README's
 screenshot is this test's, run on the demo's models)."""
 from __future__ import annotations
 
