@@ -67,13 +67,22 @@ class ClarifyApp:
         key, self._batches = jax.random.fold_in(self._key, self._batches), self._batches + 1
         try:
             run_steps(self.clarifier, sessions, key)
-        except Exception as e:
+            return [None] * len(sessions)
+        except TextFormatError:  # one session's text: the others must not fail with it
+            pass
+        except Exception:
             for s in sessions:
                 s.fail()
-            if isinstance(e, TextFormatError):
-                raise ApiError(422, str(e)) from None
             raise
-        return [None] * len(sessions)
+        results = []
+        for i, session in enumerate(sessions):
+            try:
+                run_steps(self.clarifier, [session], jax.random.fold_in(key, i))
+                results.append(None)
+            except TextFormatError as e:
+                session.fail()
+                results.append(ApiError(422, str(e)))
+        return results
 
     def session(self, session_id: str):
         from clarifyjax.serving import ApiError
@@ -91,7 +100,11 @@ class ClarifyApp:
         self.sessions[session.id] = session
         while len(self.sessions) > self.max_sessions:
             self.sessions.popitem(last=False)
-        await self.batcher.submit(session)
+        try:
+            await self.batcher.submit(session)
+        except BaseException:  # a session that never started is not kept
+            self.sessions.pop(session.id, None)
+            raise
         return session
 
     async def act(self, session_id: str, action: str, answer: str | None = None):

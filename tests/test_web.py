@@ -161,6 +161,32 @@ def test_steps_of_sessions_that_arrive_together_run_as_one_batch():
     assert sessions[1].turns[1].situation == "situation 1" and sessions[1].turns[0].skipped
 
 
+def test_a_text_the_models_refuse_fails_its_own_session_only():
+    """"question:" alone is empty once the policy prefix is stripped: that session gets a 422,
+    the one batched with it its turn."""
+    from clarifyjax.serving import ApiError
+    from clarifyjax.text import TextFormatError
+    from clarifyjax.web import ClarifyApp
+
+    class Picky(FakeClarifier):
+        def step(self, requests, rng):
+            if any(r.situation == "question:" for r in requests):
+                raise TextFormatError("situation 0: field 'situation' is empty")
+            return super().step(requests, rng)
+
+    async def together():
+        app = ClarifyApp(Picky(), window_s=0.05)
+        results = await asyncio.gather(app.start("question:"), app.start("a fine one"),
+                                       return_exceptions=True)
+        app.batcher.close()
+        return results, app
+
+    (bad, good), app = asyncio.run(together())
+    assert list(app.sessions) == [good.id]
+    assert isinstance(bad, ApiError) and bad.status == 422 and "empty" in bad.message
+    assert len(good.turns) == 1 and good.turns[0].situation == "a fine one"
+
+
 # --------------------------------------------------------------------------- the page
 
 
