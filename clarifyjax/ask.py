@@ -15,8 +15,8 @@ import io
 import json
 from pathlib import Path
 
-from clarifyjax.cli import (CLIError, _json_line, add_models_options, load_clarifier, load_models,
-                            subcommand)
+from clarifyjax.clarify_options import add_models_options, load_clarifier, load_models
+from clarifyjax.cli import CLIError, _json_line, subcommand
 from clarifyjax.ranges import number_type
 
 FORMATS = {".jsonl": "jsonl", ".csv": "csv"}

@@ -4,6 +4,8 @@
                                --judge DIR [--nli DIR] --out FILE.jsonl [--overwrite]
                                [--config REWARDS.yaml] [KEY=VALUE ...]
     clarifyjax train CONFIG [--dry-run] [--no-progress] [KEY=VALUE ...]
+    clarifyjax generate MODEL_DIR --input PROMPTS.jsonl --output OUT.jsonl [--n N] [sampling]
+    clarifyjax serve MODEL_DIR [--host 127.0.0.1] [--port N]
 
 A subcommand is a function that adds its options to a parser and a function that runs it:
 
@@ -419,68 +421,10 @@ def run_train(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- generate, serve
 
-SEED = number_type(int, f"[0, {2**32 - 1}]")
-
-
-def _llm_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", type=Path, metavar="MODEL_DIR",
-                   help="Hugging Face decoder-only folder (config.json, safetensors, tokenizer, "
-                        "generation_config.json)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
-    p.add_argument("--chat-template", choices=("model", "vicuna_v1.1"), default="model",
-                   help="how chats (messages) are rendered: the folder's own template, or "
-                        "FastChat's vicuna_v1.1 (lmsys' Vicuna folders ship none); text "
-                        "prompts are sent raw")
-    p.add_argument("--batch-size", type=number_type(int, "[1, 4096]"), default=32,
-                   help="most rows (prompts x n) per jitted batch")
-
-
-def _sampling_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("sampling (default: the model's generation_config.json; a row's "
-                             "own fields win)")
-    g.add_argument("--max-new-tokens", type=number_type(int, ">= 1"), default=None)
-    g.add_argument("--min-new-tokens", type=number_type(int, ">= 0"), default=None)
-    g.add_argument("--temperature", type=number_type(float, ">= 0"), default=None,
-                   help="0 = greedy")
-    g.add_argument("--top-k", type=number_type(int, ">= 0"), default=None, help="0 = off")
-    g.add_argument("--top-p", type=number_type(float, "(0, 1]"), default=None)
-    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="a stop string (repeat for more, at most 4)")
-
-
 def _generate_options(p: argparse.ArgumentParser) -> None:
-    _llm_options(p)
-    p.add_argument("--input", type=Path, required=True, metavar="PROMPTS.jsonl",
-                   help='one object per line: "id" and "prompt" (text) or "messages" (a chat), '
-                        "optionally max_new_tokens, min_new_tokens, temperature, top_k, top_p, "
-                        "stop")
-    p.add_argument("--output", type=Path, required=True, metavar="OUT.jsonl",
-                   help="one line per input row, in order, written at the end in one rename; "
-                        "finished chunks wait in .OUT.partial/ beside it, so that the same "
-                        "command resumes a killed run")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing --output, and discard the finished chunks of an "
-                        "interrupted run with other settings")
-    p.add_argument("--n", type=number_type(int, "[1, 1024]"), default=1,
-                   help="completions per prompt")
-    p.add_argument("--seed", type=SEED, default=0)
-    p.add_argument("--chunk-rows", type=number_type(int, ">= 1"), default=256,
-                   help="prompts per saved chunk (what a resumed run may redo)")
-    p.add_argument("--logprobs", action="store_true",
-                   help="also write each completion's token ids and their log-probs")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    _sampling_options(p)
+    from clarifyjax.generation_job import add_generate_options
 
-
-def _sampling_of(args):
-    from clarifyjax.textgen import Sampling
-
-    try:
-        return Sampling(max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
-                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                        stop=tuple(args.stop))
-    except ValueError as e:
-        raise CLIError("--" + str(e).removeprefix("sampling: ").replace("_", "-", 2)) from None
+    add_generate_options(p)
 
 
 def _local_lm(args):
@@ -499,7 +443,7 @@ def run_generate(args: argparse.Namespace) -> int:
     from clarifyjax import generation_job
     from clarifyjax.textfiles import check_output
 
-    sampling = _sampling_of(args)
+    sampling = generation_job.sampling_of(args, error=CLIError)
     check_output(args.output, overwrite=args.overwrite, option="--output", error=CLIError,
                  inputs=(("--input", args.input),))
     rows = generation_job.read_prompts(args.input)
@@ -522,24 +466,11 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def _serve_options(p: argparse.ArgumentParser) -> None:
-    _llm_options(p)
+    from clarifyjax.generation_job import add_model_options
+    from clarifyjax.openai_server import add_server_options
+
+    add_model_options(p)
     add_server_options(p)
-    p.add_argument("--name", default=None, help="the model's name in the API (the folder name)")
-    p.add_argument("--max-n", type=number_type(int, "[1, 1024]"), default=16)
-    p.add_argument("--max-tokens", type=number_type(int, ">= 1"), default=512,
-                   help="most new tokens a request may ask for (and a chat's default)")
-    p.add_argument("--max-queued-rows", type=number_type(int, ">= 1"), default=1024,
-                   help="rows (prompts x n) waiting beyond which requests get 503")
-
-
-def add_server_options(p: argparse.ArgumentParser) -> None:
-    """--host, --port and --window-ms of the project's servers (`serve`, `web`)."""
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (127.0.0.1: this machine only)")
-    p.add_argument("--port", type=number_type(int, "[0, 65535]"), default=8000,
-                   help="0 = a free port (printed)")
-    p.add_argument("--window-ms", type=number_type(float, "[0, 10000]"), default=10.0,
-                   help="how long a request waits for others to share its batch")
 
 
 @subcommand("serve", "an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, "
@@ -559,65 +490,8 @@ def run_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- ask / interact / web
-# What the three commands of ClarifyDelphi in use share: MODELS.yaml and how questions are drawn.
-# Each command lives in its own module (clarifyjax/ask.py, interact.py, web.py), registered below.
-
-
-def add_models_options(p: argparse.ArgumentParser, *, candidates: bool = False) -> None:
-    """MODELS.yaml, its KEY=VALUE overrides, the question sampling and the seed."""
-    p.add_argument("models", type=Path, metavar="MODELS.yaml",
-                   help="policy: (the question generator) and rewards: (answerer, fusion, nli, "
-                        "judge) in a PPO run config's format; a whole PPO run config works too")
-    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
-                   help="MODELS.yaml overrides, e.g. rewards.fusion_max_length=48")
-    q = p.add_argument_group("questions")
-    q.add_argument("--top-p", type=number_type(float, "(0, 1]"), default=0.6,
-                   help="nucleus sampling of the questions (0.6, as in PPO)")
-    q.add_argument("--temperature", type=number_type(float, "> 0"), default=0.7)
-    q.add_argument("--max-question-length", type=number_type(int, "[2, 512]"), default=30,
-                   help="tokens")
-    if candidates:
-        q.add_argument("--candidates", type=number_type(int, "[1, 64]"), default=1,
-                       help="sample N questions per situation and keep the one with the highest "
-                            "reward (JSD of the imagined answers' judgments)")
-    p.add_argument("--seed", type=number_type(int, f"[0, {2**32 - 1}]"), default=0)
-
-
-def load_models(args: argparse.Namespace):
-    """The `ModelsConfig` of MODELS.yaml, its folders checked; before any model is loaded."""
-    from clarifyjax.config import load_models_config
-    from clarifyjax.configlib import parse_overrides
-
-    cfg = load_models_config(args.models, parse_overrides(args.overrides))
-    r = cfg.rewards
-    folders = {"policy.init": cfg.policy.init, "rewards.answerer.init": r.answerer.init,
-               "rewards.fusion.init": r.fusion.init, "rewards.judge.model.init": r.judge.model.init,
-               "rewards.nli.init": None if r.nli is None else r.nli.init}
-    for key, folder in folders.items():
-        if key != "rewards.nli.init" and folder is None:
-            raise CLIError(f"{args.models}: {key} is not set; every model must be a trained folder")
-        if folder is not None and not Path(folder).is_dir():
-            raise CLIError(f"{args.models}: {key} {folder}: " + (
-                "not a folder" if Path(folder).exists() else "no such folder"))
-    return cfg
-
-
-def load_clarifier(args: argparse.Namespace, cfg):
-    from clarifyjax.clarify import Clarifier, QuestionSampling
-
-    sampling = QuestionSampling(args.temperature, args.top_p, args.max_question_length,
-                                candidates=getattr(args, "candidates", 1))
-    from clarifyjax.configlib import ConfigError
-    from clarifyjax.models.safetensors_io import CheckpointError
-    from clarifyjax.text import TextFormatError
-
-    try:
-        return Clarifier.from_config(cfg, sampling)
-    except (CheckpointError, ConfigError, TextFormatError):
-        raise
-    except ValueError as e:  # e.g. a max_input_length beyond a model's positions
-        raise CLIError(f"the models of {args.models} do not fit: {e}") from e
-
+# --------------------------------------------------------------------------- ask, interact, web
+# Each lives in its own module (clarifyjax/ask.py, interact.py, web.py; their shared options in
+# clarify_options.py) and registers itself here.
 
 from clarifyjax import ask, interact, web  # noqa: E402,F401  (each registers its subcommand)

@@ -265,6 +265,13 @@ def generate(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Arr
                          f"{attention_mask.shape} must be the same [batch, length] shape")
     graphdef, state = nnx.split(model)
     if isinstance(model, CausalLM):
+        c = model.config
+        if c.positions == "learned":  # a learned table has no row past its end (take clamps)
+            longest = int(jnp.max(jnp.sum(attention_mask, axis=1))) + int(max_new_tokens)
+            if longest > c.max_position_embeddings:
+                raise ValueError(f"generate: prompt + max_new_tokens reach {longest} tokens, "
+                                 f"past the model's max_position_embeddings "
+                                 f"{c.max_position_embeddings}")
         input_ids, attention_mask = _pad_left_to_bucket(input_ids, attention_mask)
         cache_length = buckets.bucket_length(input_ids.shape[1] + int(max_new_tokens))
         return _generate_causal(graphdef, state, input_ids, attention_mask, rng,

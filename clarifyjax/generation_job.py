@@ -18,6 +18,7 @@ model is refused while such chunks wait (`--overwrite` discards them).
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 from pathlib import Path
@@ -27,6 +28,7 @@ import numpy as np
 
 from clarifyjax.buckets import equal_chunks
 from clarifyjax.chunkstore import ChunkStore, fingerprint
+from clarifyjax.ranges import number_type
 from clarifyjax.tables import DataError, jsonl_objects
 from clarifyjax.textgen import (Prompt, Sampling, TextGenerator, TokenCounter, check_messages)
 
@@ -168,3 +170,68 @@ def generate_records(generator: TextGenerator, rows: Sequence[PromptRow], *, out
     finally:
         bar.close()
     return [record for d in done for record in d.records], reused, store
+
+
+# --------------------------------------------------------------------------- options
+
+SEED = number_type(int, f"[0, {2**32 - 1}]")
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", type=Path, metavar="MODEL_DIR",
+                   help="Hugging Face decoder-only folder (config.json, safetensors, tokenizer, "
+                        "generation_config.json)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--chat-template", choices=("model", "vicuna_v1.1"), default="model",
+                   help="how chats (messages) are rendered: the folder's own template, or "
+                        "FastChat's vicuna_v1.1 (lmsys' Vicuna folders ship none); text "
+                        "prompts are sent raw")
+    p.add_argument("--batch-size", type=number_type(int, "[1, 4096]"), default=32,
+                   help="most rows (prompts x n) per jitted batch")
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling (default: the model's generation_config.json; a row's "
+                             "own fields win)")
+    g.add_argument("--max-new-tokens", type=number_type(int, ">= 1"), default=None)
+    g.add_argument("--min-new-tokens", type=number_type(int, ">= 0"), default=None)
+    g.add_argument("--temperature", type=number_type(float, ">= 0"), default=None,
+                   help="0 = greedy")
+    g.add_argument("--top-k", type=number_type(int, ">= 0"), default=None, help="0 = off")
+    g.add_argument("--top-p", type=number_type(float, "(0, 1]"), default=None)
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="a stop string (repeat for more, at most 4)")
+
+
+def add_generate_options(p: argparse.ArgumentParser) -> None:
+    add_model_options(p)
+    p.add_argument("--input", type=Path, required=True, metavar="PROMPTS.jsonl",
+                   help='one object per line: "id" and "prompt" (text) or "messages" (a chat), '
+                        "optionally max_new_tokens, min_new_tokens, temperature, top_k, top_p, "
+                        "stop")
+    p.add_argument("--output", type=Path, required=True, metavar="OUT.jsonl",
+                   help="one line per input row, in order, written at the end in one rename; "
+                        "finished chunks wait in .OUT.partial/ beside it, so that the same "
+                        "command resumes a killed run")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --output, and discard the finished chunks of an "
+                        "interrupted run with other settings")
+    p.add_argument("--n", type=number_type(int, "[1, 1024]"), default=1,
+                   help="completions per prompt")
+    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--chunk-rows", type=number_type(int, ">= 1"), default=256,
+                   help="prompts per saved chunk (what a resumed run may redo)")
+    p.add_argument("--logprobs", action="store_true",
+                   help="also write each completion's token ids and their log-probs")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_sampling_options(p)
+
+
+def sampling_of(args, *, error=ValueError) -> Sampling:
+    """The command's sampling options as a `Sampling`; `error` names the option."""
+    try:
+        return Sampling(max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        stop=tuple(args.stop))
+    except ValueError as e:
+        raise error("--" + str(e).removeprefix("sampling: ").replace("_", "-", 2)) from None

@@ -15,7 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from clarifyjax.cli import add_models_options, load_clarifier, load_models, subcommand
+from clarifyjax.clarify_options import add_models_options, load_clarifier, load_models
+from clarifyjax.cli import subcommand
 
 COMMANDS = {"/skip": "skip", "": "skip", "/another": "another", "/quit": "quit"}
 

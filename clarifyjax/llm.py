@@ -94,6 +94,7 @@ class LocalLM:
         self.context_length = context_length(folder)
         self.dtype, self.mesh = dtype, mesh
         self._model = None
+        self._stop_cache: dict[tuple[str, ...], tuple[int, ...]] = {}
 
     def load(self) -> "LocalLM":
         """Read the weights (done by the first `complete`; the tokenizer alone checks prompts)."""
@@ -118,6 +119,11 @@ class LocalLM:
 
     def _stop_ids(self, stop: tuple[str, ...]) -> tuple[int, ...]:
         """EOS and the stop strings that are one token (they end the loop early)."""
+        if stop not in self._stop_cache:
+            self._stop_cache[stop] = self._find_stop_ids(stop)
+        return self._stop_cache[stop]
+
+    def _find_stop_ids(self, stop: tuple[str, ...]) -> tuple[int, ...]:
         single = set()
         for s in stop:
             ids = self.tokenizer.encode(s)
@@ -179,7 +185,12 @@ class LocalLM:
 
         s = batch[0].sampling
         greedy, _, min_new, max_new, stop_ids = self._group_key(s)
-        width = bucket_length(max(len(r.ids) for r in batch), self.buckets)
+        longest = max(len(r.ids) for r in batch)
+        # The bucket may run past the context (a learned position table has no row there, and
+        # generate refuses it): then as far as the context goes, or at least what a row asked.
+        max_new = max(min(max_new, self.context_length - longest),
+                      max(r.sampling.max_new_tokens for r in batch))
+        width = bucket_length(longest, self.buckets)
         ids = np.full((len(batch), width), self.tokenizer.pad_id, np.int32)
         mask = np.zeros((len(batch), width), np.int32)
         for i, row in enumerate(batch):  # left padding: every row's prompt ends at the edge

@@ -12,6 +12,11 @@ alternatives in ``top_logprobs``) are accepted only at their neutral values; any
 a 400 naming it, as are out-of-range values, ``n`` over the limit and a prompt that does not fit
 the context with its ``max_tokens`` (``context_length_exceeded``).
 
+A sampling field left out is the model's default (for a local model its generation_config.json,
+as `transformers` reads it: greedy unless it samples), not OpenAI's temperature 1; ``max_tokens``
+left out is 16 for completions (as OpenAI) and, for chats, what the context leaves, up to the
+server's limit.
+
 Concurrent requests are gathered by `serving.MicroBatcher` and run as one `complete` call, so
 their prompts share jitted batches. A sampled request that gives a ``seed`` runs in a call of its
 own (its completions depend on its seed only, not on who else was waiting); greedy and unseeded
@@ -324,3 +329,21 @@ def _completion_logprobs(c: Completion) -> dict:
 def _chat_logprobs(c: Completion) -> list[dict]:
     return [{"token": t, "logprob": float(x), "bytes": list(t.encode("utf-8")),
              "top_logprobs": []} for t, x in zip(_token_texts(c), c.logprobs)]
+
+
+def add_server_options(p) -> None:
+    """`clarifyjax serve`'s address and `ServerLimits` options (an argparse parser)."""
+    from clarifyjax.ranges import number_type
+
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (127.0.0.1: this machine only)")
+    p.add_argument("--port", type=number_type(int, "[0, 65535]"), default=8000,
+                   help="0 = a free port (printed)")
+    p.add_argument("--name", default=None, help="the model's name in the API (the folder name)")
+    p.add_argument("--max-n", type=number_type(int, "[1, 1024]"), default=16)
+    p.add_argument("--max-tokens", type=number_type(int, ">= 1"), default=512,
+                   help="most new tokens a request may ask for (and a chat's default)")
+    p.add_argument("--max-queued-rows", type=number_type(int, ">= 1"), default=1024,
+                   help="rows (prompts x n) waiting beyond which requests get 503")
+    p.add_argument("--window-ms", type=number_type(float, "[0, 10000]"), default=10.0,
+                   help="how long a request waits for others to share its batch")

@@ -29,8 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from clarifyjax.cli import (add_models_options, add_server_options, load_clarifier, load_models,
-                            subcommand)
+from clarifyjax.clarify_options import add_models_options, load_clarifier, load_models
+from clarifyjax.cli import subcommand
 
 STATIC = Path(__file__).resolve().parent / "web_static"
 MAX_BODY_BYTES = 64 * 1024
@@ -229,8 +229,10 @@ def build_app(clarifier, *, seed: int = 0, window_s: float = 0.01, max_batch: in
 
 
 def _web_options(p: argparse.ArgumentParser) -> None:
+    from clarifyjax.serving import add_listen_options
+
     add_models_options(p)
-    add_server_options(p)
+    add_listen_options(p)
 
 
 @subcommand("web", "ClarifyDelphi as a web page: a situation, its judgment as P(bad, ok, good) "

@@ -55,6 +55,36 @@ def test_the_command_prints_one_line_before_loading_any_model(tmp_path, capsys):
     assert status == 2 and "--top-p" in capsys.readouterr().err
 
 
+class CountingTokens:
+    """A generator that counts one token per character, in a context of 20, and has no chat
+    template."""
+
+    name, context_length, defaults = "tokens", 20, Sampling(max_new_tokens=8)
+
+    def count_tokens(self, prompt) -> int:
+        if not isinstance(prompt, str):
+            raise ValueError("the tokenizer has no chat template")
+        return len(prompt)
+
+    def complete(self, prompts, sampling, n=1, seed=None):
+        raise AssertionError("nothing is generated when a row cannot run")
+
+
+def test_rows_that_do_not_fit_are_named_before_anything_is_generated(tmp_path):
+    from clarifyjax.generation_job import check_fit
+
+    rows = read_prompts(_write(tmp_path / "p.jsonl", [
+        {"id": 0, "prompt": "x" * 12}, {"id": 1, "prompt": "x" * 12, "max_new_tokens": 9},
+        {"id": 2, "messages": [{"role": "user", "content": "hi"}]}]))
+    check_fit(CountingTokens(), rows[:1], Sampling())
+    with pytest.raises(DataError, match=r"p.jsonl:2: 12 prompt tokens \+ max_new_tokens 9 .*20"):
+        check_fit(CountingTokens(), rows[:2], Sampling())
+    with pytest.raises(DataError, match=r"p.jsonl:1: 12 prompt tokens \+ max_new_tokens 10"):
+        check_fit(CountingTokens(), rows[:1], Sampling(max_new_tokens=10))  # the command's
+    with pytest.raises(DataError, match=r"p.jsonl:3: the tokenizer has no chat template"):
+        check_fit(CountingTokens(), rows[2:], Sampling())
+
+
 class CountingGenerator:
     """Completions that depend on (prompt, seed, sample); fails on call `fail_at` (a kill)."""
 

@@ -49,7 +49,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # Pipelines: the composed reward, the training programs and loops, the dry run.
     "pipelines": ("clarifyjax.reward_pipeline", "clarifyjax.memory_plan", "clarifyjax.programs",
                   "clarifyjax.train", "clarifyjax.dryrun", "sage_jax", "clarifyjax.generation_job",
-                  "clarifyjax.clarify"),
+                  "clarifyjax.clarify", "clarifyjax.clarify_options"),
     # Commands: nothing imports them (but the demo, which runs the others).
     "commands": ("clarifyjax.cli", "clarifyjax.__main__", "clarifyjax.demo", "sage_jax.cli",
                  "clarifyjax.ask", "clarifyjax.interact", "clarifyjax.web"),
@@ -89,6 +89,7 @@ SAME_LAYER: set[tuple[str, str]] = {
     ("clarifyjax.__main__", "clarifyjax.cli"),
     ("clarifyjax.demo", "sage_jax.cli"),
     ("clarifyjax.clarify", "clarifyjax.reward_pipeline"),
+    ("clarifyjax.clarify_options", "clarifyjax.clarify"),
     # cli registers the commands that live in their own modules; they use its registry and helpers
     ("clarifyjax.cli", "clarifyjax.ask"),
     ("clarifyjax.cli", "clarifyjax.interact"),

@@ -53,8 +53,9 @@ def setup(tmp_path_factory):
     require("openai")
     folder = tiny_llama_folder(tmp_path_factory, seed=3)
     work = tmp_path_factory.mktemp("llm_cli")
+    # 21 chunks of one row: the kill lands after the first, with 20 left to go
     rows = [{"id": f"r{i}", "prompt": p, **({"temperature": 0} if i % 2 == 0 else {})}
-            for i, p in enumerate(PROMPTS)]
+            for i, p in enumerate(PROMPTS + PROMPTS[::-1])]
     rows.append({"id": "chat", "messages": CHAT, "temperature": 0})
     prompts = work / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -148,17 +148,32 @@ def test_unknown_paths_and_methods_answer_in_the_same_format(served):
     assert e.value.code == 405 and "error" in json.loads(e.value.read())
 
 
+def _until(condition, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
 def test_concurrent_requests_share_batches_and_each_gets_its_own_answer(served):
+    """The first batch holds the worker until the other requests wait, so that they must be
+    gathered (8 requests: the queue holds 8 rows, more would be refused with 503)."""
     generator, server, url = served
-    client = _client(url)
-    prompts = [f"p{i}" for i in range(12)]
-    with concurrent.futures.ThreadPoolExecutor(12) as pool:
-        texts = list(pool.map(lambda p: client.completions.create(
-            model="fake", prompt=p, max_tokens=8, temperature=0).choices[0].text, prompts))
+    prompts = [f"p{i}" for i in range(8)]
+    generator.gate.clear()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        # a client each: one client's connection pool could hold requests back
+        answers = [pool.submit(lambda p: _client(url).completions.create(
+            model="fake", prompt=p, max_tokens=8, temperature=0).choices[0].text, p)
+            for p in prompts]
+        _until(lambda: generator.entered.is_set() and (
+            len(generator.calls[0][0]) + server.batcher._queued_rows == 8))
+        generator.gate.set()
+        texts = [a.result(timeout=20) for a in answers]
     assert texts == [f"{p}#0" for p in prompts]
     assert max(server.batcher.batches) > 1          # requests were gathered
     assert max(server.batcher.batches) <= 8         # never above max_batch_rows
-    assert sum(server.batcher.batches) == 12 and len(generator.calls) < 12
+    assert sum(server.batcher.batches) == 8 and len(generator.calls) <= 2
 
 
 def test_seeded_sampled_requests_run_alone(served):
@@ -171,13 +186,13 @@ def test_seeded_sampled_requests_run_alone(served):
     assert all(len(call[0]) == 1 for call in generator.calls)
 
 
-def _send_and_close(url: str, body: bytes) -> None:
+def _send_and_close(url: str, body: bytes, queued) -> None:
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
                      b"application/json\r\nContent-Length: " + str(len(body)).encode()
                      + b"\r\n\r\n" + body)
-        time.sleep(0.2)  # the request is read and queued, then the client goes away
+        _until(queued)  # the request is read and queued, then the client goes away
 
 
 def test_a_disconnected_client_neither_stalls_nor_runs(served):
@@ -189,14 +204,18 @@ def test_a_disconnected_client_neither_stalls_nor_runs(served):
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         first = pool.submit(_post, url, "/v1/completions", b'{"prompt": "A", "max_tokens": 4}')
         assert generator.entered.wait(10)
-        _send_and_close(url, b'{"prompt": "B", "max_tokens": 4}')
+        _send_and_close(url, b'{"prompt": "B", "max_tokens": 4}',
+                        lambda: server.batcher._queued_rows == 1)
         crowd = pool.submit(_post, url, "/v1/completions",
                             b'{"prompt": "C", "max_tokens": 4, "n": 4}')
-        time.sleep(0.3)
-        # 4 rows are queued (C); 8 more do not fit max_queued_rows = 8
+        # C waits too (B's row stays counted until the worker skips it)
+        _until(lambda: server.batcher._queued_rows == 5)
+        # 5 rows are queued (B's and C's); 8 more do not fit max_queued_rows = 8
         code, answer = _post(url, "/v1/completions",
                              b'{"prompt": ["D", "E"], "max_tokens": 4, "n": 4}')
         assert code == 503 and answer["error"]["code"] == "overloaded"
+        # the server notices B's client left (it polls every 50 ms) before A's batch ends
+        _until(lambda: any(p.cancelled for p in server.batcher._queue))
         generator.gate.set()
         assert first.result(timeout=20)[1]["choices"][0]["text"] == "A#0"
         code, answer = crowd.result(timeout=20)

@@ -42,12 +42,11 @@ def request(url, method="GET", body=None, *, raw: bytes | None = None):
 @pytest.fixture(scope="module")
 def server(models_yaml):
     from clarifyjax import web
-    from clarifyjax.cli import load_clarifier, parse_args
+    from clarifyjax.clarify_options import load_clarifier, load_models
+    from clarifyjax.cli import parse_args
 
     models = os.environ.get("CLARIFYJAX_WEB_MODELS", models_yaml)
     args = parse_args(["web", models, "--max-question-length", "8"])
-    from clarifyjax.cli import load_models
-
     app = web.build_app(load_clarifier(args, load_models(args)), window_s=0.05)
     with BackgroundServer(app) as running:
         yield running.url, app.state.clarify

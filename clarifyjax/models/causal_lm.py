@@ -244,15 +244,16 @@ class Attention(nnx.Module):
         return q * jnp.asarray(self.config.head_dim ** -0.5, q.dtype), k, v
 
     def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-        """q [b, t, n, d], k/v [b, s, k, d], mask [b, t, s] bool (True = may attend) -> [b, t, H]."""
+        """q [b, t, n, d], k/v [b, k, s, d] (the cache's layout), mask [b, t, s] bool (True = may
+        attend) -> [b, t, H]."""
         c = self.config
         b, t, n, d = q.shape
         groups = n // c.num_kv_heads
         q = q.reshape(b, t, c.num_kv_heads, groups, d)
-        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+        scores = jnp.einsum("btkgd,bksd->bkgts", q, k, preferred_element_type=jnp.float32)
         scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
         weights = jax.nn.softmax(scores, axis=-1).astype(c.dtype)
-        context = jnp.einsum("bkgts,bskd->btkgd", weights, v).reshape(b * t, n * d)
+        context = jnp.einsum("bkgts,bksd->btkgd", weights, v).reshape(b * t, n * d)
         out = (context @ self.out[...].astype(c.dtype).reshape(n * d, -1)).reshape(b, t, -1)
         if c.out_bias:
             out = out + self.out_bias[...].astype(c.dtype)
@@ -306,16 +307,19 @@ class Block(nnx.Module):
     def __call__(self, x: jax.Array, cos, sin, mask: jax.Array, cache_kv=None, slot=None):
         """x [b, t, H], cos/sin [b, t, 1, d] or None, mask [b, t, s] bool.
 
-        Without `cache_kv`, attends over its own t positions (s = t) and returns (x, (k, v));
-        with `cache_kv` = (keys, values) [b, L, k, d] (s = L), writes its k/v at `slot` first and
-        returns (x, (keys, values)) updated.
+        Without `cache_kv`, attends over its own t positions (s = t) and returns (x, (k, v)),
+        k/v [b, k, t, d]; with `cache_kv` = (keys, values) [b, k, L, d] (s = L), writes its k/v
+        at `slot` first and returns (x, (keys, values)) updated.
         """
         c = self.config
 
         def attention(h):
             q, k, v = self.attention.project(h, cos, sin)
+            # [b, k, s, d]: per (row, head) a contiguous [s, d] block, so that the attention
+            # products read the cache in place (no per-step transpose of the whole cache)
+            k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
             if cache_kv is not None:
-                at = (0, slot, 0, 0)
+                at = (0, 0, slot, 0)
                 k = jax.lax.dynamic_update_slice(cache_kv[0], k.astype(cache_kv[0].dtype), at)
                 v = jax.lax.dynamic_update_slice(cache_kv[1], v.astype(cache_kv[1].dtype), at)
             return self.attention.attend(q, k, v, mask), (k, v)
@@ -338,7 +342,7 @@ class Block(nnx.Module):
 class KVCache(NamedTuple):
     """Decoding state, plain arrays (threads through `lax.while_loop`).
 
-    keys, values: per layer, [b, L, k, d], preallocated; written with dynamic_update_slice.
+    keys, values: per layer, [b, k, L, d], preallocated; written with dynamic_update_slice.
       One array per layer: XLA:CPU copies a layer's slice out of a stacked cache every step.
     start: [b] int32, the first valid slot of each row (prompts are stored left-aligned to the
       prompt length P, so the pad slots of a row come first).
@@ -444,7 +448,7 @@ class CausalLM(nnx.Module):
     def init_cache(self, batch: int, max_length: int) -> KVCache:
         """An empty cache of `max_length` slots for `batch` rows."""
         c = self.config
-        shape = (int(batch), int(max_length), c.num_kv_heads, c.head_dim)
+        shape = (int(batch), c.num_kv_heads, int(max_length), c.head_dim)
         zeros = tuple(jnp.zeros(shape, c.dtype) for _ in range(c.num_layers))
         return KVCache(zeros, tuple(jnp.zeros(shape, c.dtype) for _ in range(c.num_layers)),
                        jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), jnp.int32),
@@ -467,7 +471,7 @@ class CausalLM(nnx.Module):
 
     def decode_step(self, token_ids: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """Feed token_ids [b] at slot `cache.index` -> (logits [b, V] float32, cache advanced)."""
-        L = cache.keys[0].shape[1]
+        L = cache.keys[0].shape[2]
         slots = jnp.arange(L)
         positions = cache.positions[:, None]                                   # [b, 1]
         key_pos = slots[None, :] - cache.start[:, None]                        # [b, L]

@@ -63,6 +63,10 @@ def _rope(hf: dict, where: str) -> dict:
     if kind not in ("default", "linear", "llama3"):
         raise CheckpointError(f"{where}: field 'rope_parameters.rope_type' is {kind!r}; "
                               "supported: default, linear, llama3")
+    partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+    if partial not in (None, 1, 1.0):
+        raise CheckpointError(f"{where}: field 'partial_rotary_factor' is {partial!r}; only "
+                              "rotary embeddings over the whole head (1.0) are supported")
     out = dict(rope_theta=float(theta), rope_type=kind)
     if kind in ("linear", "llama3"):
         if "factor" not in params:
