@@ -6,9 +6,19 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test test-fast bench clean
+.PHONY: setup browser demo test test-fast bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) browser
+
+# tests/test_web.py drives Debian's headless Chromium; install it when missing and we are root
+# (CI). Elsewhere the test installs it itself if it may, else skips (fails under CI=true).
+browser:
+	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver; \
+	  else echo "note: chromium/chromium-driver missing and not root: tests/test_web.py's browser test will skip (fail under CI=true)"; fi; \
+	fi
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -485,3 +485,10 @@ def run_serve(args: argparse.Namespace) -> int:
     serve_forever(server.app, args.host, args.port,
                   announce=lambda url: print(f"serving {server.name} at {url}/v1", flush=True))
     return 0
+
+
+# --------------------------------------------------------------------------- ask, interact, web
+# Each lives in its own module (clarifyjax/ask.py, interact.py, web.py; their shared options in
+# clarify_options.py) and registers itself here.
+
+from clarifyjax import ask, interact, web  # noqa: E402,F401  (each registers its subcommand)

@@ -43,6 +43,7 @@ __all__ = [
     "RunConfig", "MeshLayout", "TinyModelSpec", "ModelConfig", "OptimizerConfig", "SFTDataConfig",
     "PPODataConfig", "JudgeConfig", "PipelineConfig", "RewardConfig", "NormalizerConfig",
     "PPOHyperparams", "ValueConfig", "SFTConfig", "PPOConfig", "NLI_THRESHOLD",
+    "ModelsConfig", "load_models_config",
 ]
 
 SHARED_DELTA_CLARIFY = "../shared/data/delta-clarify"
@@ -462,6 +463,39 @@ class PPOConfig:
         refuse_changed(self.optimizer, "optimizer", dict.fromkeys(
             ("grad_accum", "label_smoothing"), "the PPO loop has one batch per update and no "
             "label loss"))
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelsConfig:
+    """The models of `clarifyjax ask`, `interact` and `web` (MODELS.yaml): a PPO run config's
+    ``policy:`` (the question generator, a trained folder) and ``rewards:`` sections, in the same
+    format, so that a PPO run config (``kind: ppo``) serves as MODELS.yaml too
+    (`load_models_config`)."""
+
+    policy: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    rewards: RewardConfig = dataclasses.field(default_factory=RewardConfig)
+
+    def check(self, at: str) -> None:
+        if self.policy.init is None:
+            raise ConfigError("policy.init: the question generator must be a trained folder (a "
+                              "random 'tiny' model asks nothing)", key="policy.init")
+        _refuse_unused_model_keys(self, {"policy": PPO_UNUSED_MODEL_KEYS["policy"]})
+
+
+def load_models_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> ModelsConfig:
+    """MODELS.yaml: a mapping of ``policy:`` and ``rewards:``, or a whole PPO run config (checked
+    as one; its ``policy:`` and ``rewards:`` are read). Raises ConfigError as `load_config`."""
+    raw = read_yaml(path)
+    source = str(Path(path))
+    if isinstance(raw, Mapping) and "kind" in raw:
+        cfg = config_from_dict(raw, overrides, source=source)
+        if not isinstance(cfg, PPOConfig):
+            raise ConfigError(f"{source}: a kind {cfg.kind!r} config names no question generator "
+                              "and reward models; give a PPO run config or a mapping of policy: "
+                              "and rewards:")
+        raw, overrides = {"policy": config_to_dict(cfg.policy),
+                          "rewards": config_to_dict(cfg.rewards)}, ()
+    return build_root(ModelsConfig, raw, overrides, source=source)
 
 
 Config = Union[SFTConfig, PPOConfig]

@@ -9,7 +9,9 @@
    generator and the fusion model, and of a judge on a (text, class) file derived here from the
    silver answers (``judge.tsv``, see `clarifyjax.data.silver_judge_rows`).
 4. PPO (configs/ppo_tiny.yaml) of the question generator against those reward models.
-5. Questions before and after PPO with their imagined answers, and ``reward_curve.png``.
+5. Questions before and after PPO with their imagined answers, and ``reward_curve.png``;
+   ``models.yaml`` (the PPO policy and the reward models) and the command that serves the web
+   page on them (`clarifyjax web`).
 6. SaGE: ``sage-jax score examples/sage_demo.jsonl`` with the real all-MiniLM-L6-v2 embedder.
 
 The runs are the tiny configs' own, with a few overrides (steps, one length bucket per model so
@@ -245,6 +247,20 @@ def show_samples(cfg, before: Path, after: Path, data: Path, n: int = 5) -> None
             print(f"    strengthener: {out.strong_answers[i]!r} -> {out.strong_situations[i]!r}")
 
 
+def write_models_file(cfg, out: Path) -> Path:
+    """OUT/models.yaml: the PPO policy (the question generator) and the run's reward models, the
+    MODELS.yaml of `clarifyjax ask`, `interact` and `web`."""
+    import dataclasses
+
+    from clarifyjax.config import ModelsConfig, load_models_config
+    from clarifyjax.configlib import save_config
+
+    policy = dataclasses.replace(cfg.policy, init=str(out / "ppo_tiny" / "final"))
+    path = save_config(ModelsConfig(policy=policy, rewards=cfg.rewards), out / "models.yaml")
+    load_models_config(path)  # what the commands will read
+    return path
+
+
 def run_sage(out: Path) -> int:
     from sage_jax import cli as sage_cli
 
@@ -324,6 +340,12 @@ def main(argv: Sequence[str] | None = None) -> int:
           "machinery, which is the same for T5-large on a pod)")
     show_samples(cfg, out / "sft_question_tiny" / "final", out / "ppo_tiny" / "final", data)
     print(f"\n[demo] reward curve: {png}", flush=True)
+    models = write_models_file(cfg, out)
+    print(f"[demo] ClarifyDelphi on these models, as a web page at http://127.0.0.1:8000/:\n"
+          f"    clarifyjax web {models} --port 8000\n"
+          f"  in the terminal: clarifyjax interact {models}\n"
+          f"  for a file: clarifyjax ask {models} --situations FILE --output OUT.jsonl",
+          flush=True)
 
     status = 0 if args.no_sage else run_sage(out)
     print(f"[demo] done in {time.time() - start:.0f} s", flush=True)

@@ -282,3 +282,16 @@ class BackgroundServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def add_listen_options(p) -> None:
+    """--host, --port and --window-ms of a server (an argparse parser): where it listens and how
+    long a request waits for others to share its batch (`MicroBatcher`'s window)."""
+    from clarifyjax.ranges import number_type
+
+    p.add_argument("--host", default=DEFAULT_HOST,
+                   help="address to listen on (127.0.0.1: this machine only)")
+    p.add_argument("--port", type=number_type(int, "[0, 65535]"), default=8000,
+                   help="0 = a free port (printed)")
+    p.add_argument("--window-ms", type=number_type(float, "[0, 10000]"), default=10.0,
+                   help="how long a request waits for others to share its batch")

@@ -78,3 +78,10 @@ def test_demo_runs_end_to_end(tmp_path):
     assert "=== PPO policy" in log and "Q:" in log
     assert "SaGE" in log and (out / "sage_demo" / "summary.json").exists()
     assert "[demo] done in" in log
+    # the page's command, on models.yaml (the PPO policy and the reward models)
+    from clarifyjax.config import load_models_config
+
+    assert f"clarifyjax web {out / 'models.yaml'} --port 8000" in log
+    models = load_models_config(out / "models.yaml")
+    assert models.policy.init == str(out / "ppo_tiny" / "final")
+    assert models.rewards.judge.model.init == str(out / "sft_judge_tiny" / "final")

@@ -48,9 +48,11 @@ LAYERS: dict[str, tuple[str, ...]] = {
                    "sage_jax.data", "sage_jax.embed", "sage_jax.report"),
     # Pipelines: the composed reward, the training programs and loops, the dry run.
     "pipelines": ("clarifyjax.reward_pipeline", "clarifyjax.memory_plan", "clarifyjax.programs",
-                  "clarifyjax.train", "clarifyjax.dryrun", "sage_jax", "clarifyjax.generation_job"),
+                  "clarifyjax.train", "clarifyjax.dryrun", "sage_jax", "clarifyjax.generation_job",
+                  "clarifyjax.clarify", "clarifyjax.clarify_options"),
     # Commands: nothing imports them (but the demo, which runs the others).
-    "commands": ("clarifyjax.cli", "clarifyjax.__main__", "clarifyjax.demo", "sage_jax.cli"),
+    "commands": ("clarifyjax.cli", "clarifyjax.__main__", "clarifyjax.demo", "sage_jax.cli",
+                 "clarifyjax.ask", "clarifyjax.interact", "clarifyjax.web"),
 }
 
 # Same-layer imports that are part of the design (importer, imported).
@@ -86,6 +88,15 @@ SAME_LAYER: set[tuple[str, str]] = {
     ("clarifyjax.dryrun", "clarifyjax.memory_plan"),
     ("clarifyjax.__main__", "clarifyjax.cli"),
     ("clarifyjax.demo", "sage_jax.cli"),
+    ("clarifyjax.clarify", "clarifyjax.reward_pipeline"),
+    ("clarifyjax.clarify_options", "clarifyjax.clarify"),
+    # cli registers the commands that live in their own modules; they use its registry and helpers
+    ("clarifyjax.cli", "clarifyjax.ask"),
+    ("clarifyjax.cli", "clarifyjax.interact"),
+    ("clarifyjax.cli", "clarifyjax.web"),
+    ("clarifyjax.ask", "clarifyjax.cli"),
+    ("clarifyjax.interact", "clarifyjax.cli"),
+    ("clarifyjax.web", "clarifyjax.cli"),
 }
 
 

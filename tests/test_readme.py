@@ -45,6 +45,8 @@ EXPECT = [
      ["runs/ppo_tiny/metrics.jsonl", "runs/ppo_tiny/final/model.safetensors"], "done: 2 steps"),
     ("--out runs/scores/dev_questions.jsonl", ["runs/scores/dev_questions.jsonl"], "Table 4"),
     ("--config configs/ppo_tiny.yaml", ["runs/scores/dev_sampled.jsonl"], "Table 4"),
+    ("clarifyjax ask configs/ppo_tiny.yaml", ["runs/asked/dev.jsonl"], "asked 8 questions"),
+    ("clarifyjax interact configs/ppo_tiny.yaml", ["runs/asked/transcript.jsonl"], "summary:"),
     ("sage-jax score", ["runs/sage_demo/summary.json", "runs/sage_demo/sage_distribution.png",
                         "runs/sage_demo/sage_demo.per_question.csv"], "SaGE"),
     ("launch/local_multiprocess.sh 2",
