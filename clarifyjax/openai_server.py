@@ -30,8 +30,8 @@ import time
 import uuid
 from typing import Sequence
 
-from clarifyjax.serving import (ApiError, MicroBatcher, check_keys, error_response,
-                                read_json_object, wait_unless_disconnected)
+from clarifyjax.serving import (ApiError, MicroBatcher, add_listen_options, check_keys,
+                                error_response, read_json_object, wait_unless_disconnected)
 from clarifyjax.textgen import (MAX_STOP_STRINGS, Completion, Sampling, TextGenerator,
                                 TokenCounter, check_messages)
 
@@ -335,15 +335,10 @@ def add_server_options(p) -> None:
     """`clarifyjax serve`'s address and `ServerLimits` options (an argparse parser)."""
     from clarifyjax.ranges import number_type
 
-    p.add_argument("--host", default="127.0.0.1",
-                   help="address to listen on (127.0.0.1: this machine only)")
-    p.add_argument("--port", type=number_type(int, "[0, 65535]"), default=8000,
-                   help="0 = a free port (printed)")
+    add_listen_options(p)
     p.add_argument("--name", default=None, help="the model's name in the API (the folder name)")
     p.add_argument("--max-n", type=number_type(int, "[1, 1024]"), default=16)
     p.add_argument("--max-tokens", type=number_type(int, ">= 1"), default=512,
                    help="most new tokens a request may ask for (and a chat's default)")
     p.add_argument("--max-queued-rows", type=number_type(int, ">= 1"), default=1024,
                    help="rows (prompts x n) waiting beyond which requests get 503")
-    p.add_argument("--window-ms", type=number_type(float, "[0, 10000]"), default=10.0,
-                   help="how long a request waits for others to share its batch")
