@@ -60,6 +60,7 @@ def minilm():
     return default_embedder_path()
 
 
+@pytest.mark.slow  # two calls of the package on the real MiniLM
 def test_parascore_equals_the_formula_with_the_package(minilm):
     """32 (source, candidate) pairs: SaGE's direction (question as candidate, paraphrase as source
     and reference), the reverse, identical strings, empty candidates and sources, long texts, and
