@@ -105,14 +105,15 @@ def rouge_l_consistency(texts_per_question: Sequence[Sequence[str]]) -> np.ndarr
 
 
 def bertscore_consistency(texts_per_question: Sequence[Sequence[str]], *, model, layer: int | None = None,
-                          batch_size: int = 64, pairs_per_call: int = 4096,
+                          batch_size: int = 1, pairs_per_call: int = 4096,
                           on_chunk: Callable[[int, int], None] | None = None) -> np.ndarray:
     """[batch] mean pairwise BERTScore F1 per question, as the reference scores its pairs.
 
     Every pair i < j of a question's (non-empty) texts is scored by `clarifyjax.bertscore` with
     text j the candidate and text i the reference, no idf and no rescaling: the `bert-score`
-    package's F1 on the pairs listed question by question (its padding floor included, in
-    batches of `batch_size` pairs).
+    package's F1 on the pairs listed question by question, in batches of `batch_size` pairs
+    (whose padding the package lets into the scores; the reference calls it one pair at a time,
+    batch_size 1, the default).
 
     Args:
       model: a BERT / RoBERTa (or sentence-transformers) folder or a `BertScoreModel`.

@@ -111,7 +111,8 @@ def test_sage_matches_sentence_transformers_and_numpy(two_models):
         assert float(r["rouge_l"]) == pytest.approx(rouge, abs=1e-12)
         # BERTScore: the package's F1 (clarifyjax.bertscore, checked against it in test_bertscore) on
         # MiniLM's last layer, text j the candidate of text i.
-        f1 = bertscore([b for _, b in pairs], [a for a, _ in pairs], model=get_model_path(), layer=6)[2]
+        f1 = bertscore([b for _, b in pairs], [a for a, _ in pairs], model=get_model_path(), layer=6,
+                       batch_size=1)[2]
         assert float(r["bertscore"]) == pytest.approx(float(np.mean(f1)), abs=1e-6)
     settings = json.loads((out / "summary.json").read_text())["models"][0]["settings"]["bertscore"]
     assert settings["layer"] == 6 and settings["idf"] is False and settings["rescaled"] is False
