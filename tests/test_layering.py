@@ -40,14 +40,15 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "building blocks": ("clarifyjax.tables", "clarifyjax.configlib", "clarifyjax.config_models", "clarifyjax.config",
                         "clarifyjax.tokenizer", "clarifyjax.decoding",
                         "clarifyjax.child_result", "clarifyjax.chunkstore", "sage_jax.lexical",
-                        "clarifyjax.textgen", "clarifyjax.serving", "clarifyjax.discriminator"),
+                        "clarifyjax.textgen", "clarifyjax.serving", "clarifyjax.discriminator",
+                        "clarifyjax.bertscore"),
     # Components: the models' roles (seq2seq, judge, NLI filter, rollouts, SFT step), data,
     # checkpoints, the reward settings of score-questions.
     "components": ("clarifyjax.data", "clarifyjax.text_inputs", "clarifyjax.score_config",
                    "clarifyjax.seq2seq", "clarifyjax.delphi", "clarifyjax.nli", "clarifyjax.policy",
                    "clarifyjax.rollout", "clarifyjax.sft", "clarifyjax.checkpointing",
                    "clarifyjax.run_record", "clarifyjax.llm", "clarifyjax.openai_server",
-                   "sage_jax.data", "sage_jax.embed", "sage_jax.report"),
+                   "sage_jax.data", "sage_jax.embed", "sage_jax.report", "sage_jax.parascore"),
     # Pipelines: the composed reward, the training programs and loops, the dry run.
     "pipelines": ("clarifyjax.reward_pipeline", "clarifyjax.memory_plan", "clarifyjax.programs",
                   "clarifyjax.train", "clarifyjax.dryrun", "sage_jax", "clarifyjax.generation_job",
@@ -107,6 +108,7 @@ SAME_LAYER: set[tuple[str, str]] = {
     ("clarifyjax.ask", "clarifyjax.cli"),
     ("clarifyjax.interact", "clarifyjax.cli"),
     ("clarifyjax.web", "clarifyjax.cli"),
+    ("sage_jax.lexical", "clarifyjax.bertscore"),
 }
 
 
