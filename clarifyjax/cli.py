@@ -4,6 +4,7 @@
                                --judge DIR [--nli DIR] --out FILE.jsonl [--overwrite]
                                [--config REWARDS.yaml] [KEY=VALUE ...]
     clarifyjax train CONFIG [--dry-run] [--no-progress] [KEY=VALUE ...]
+    clarifyjax evaluate CONFIG [KEY=VALUE ...]
 
 A subcommand is a function that adds its options to a parser and a function that runs it:
 
@@ -414,4 +415,31 @@ def run_train(args: argparse.Namespace) -> int:
               f"{result['output_dir']}/checkpoints (run the same command to resume)")
     else:
         print(f"done: {result['step']} steps; model exported to {result['final']}")
+    return 0
+
+
+# --------------------------------------------------------------------------- evaluate
+
+
+def _evaluate_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", type=Path,
+                   help="YAML evaluation config (kind: evaluate; see configs/evaluate_*.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
+                   help="config overrides, e.g. data.situations=100 table4.flip=pair")
+
+
+@subcommand("evaluate", "the systems' questions for δ-CLARIFY situations and the paper's "
+            "automatic tables (Table 4, informativeness, BERTScore, Table 3); resumes from OUT/cache",
+            _evaluate_options)
+def run_evaluate(args: argparse.Namespace) -> int:
+    from clarifyjax.configlib import parse_overrides
+    from clarifyjax.eval_config import load_eval_config
+
+    cfg = load_eval_config(args.config, parse_overrides(args.overrides))  # before JAX starts
+    from clarifyjax.evaluation import evaluate
+
+    summary = evaluate(cfg)
+    print((Path(cfg.out) / "results.md").read_text(encoding="utf-8"))
+    print(f"wrote {cfg.out}/results.md, systems.csv, results.json, "
+          f"{', '.join(Path(f).name for f in summary['figures'].values())}")
     return 0

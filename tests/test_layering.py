@@ -42,11 +42,13 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "components": ("clarifyjax.data", "clarifyjax.text_inputs", "clarifyjax.score_config",
                    "clarifyjax.seq2seq", "clarifyjax.delphi", "clarifyjax.nli", "clarifyjax.policy",
                    "clarifyjax.rollout", "clarifyjax.sft", "clarifyjax.checkpointing",
-                   "clarifyjax.run_record",
+                   "clarifyjax.run_record", "clarifyjax.eval_config", "clarifyjax.eval_metrics",
+                   "clarifyjax.stage_cache", "clarifyjax.eval_report", "clarifyjax.qa_metric",
                    "sage_jax.data", "sage_jax.embed", "sage_jax.report"),
     # Pipelines: the composed reward, the training programs and loops, the dry run.
     "pipelines": ("clarifyjax.reward_pipeline", "clarifyjax.memory_plan", "clarifyjax.programs",
-                  "clarifyjax.train", "clarifyjax.dryrun", "sage_jax"),
+                  "clarifyjax.train", "clarifyjax.dryrun", "sage_jax", "clarifyjax.baselines",
+                  "clarifyjax.evaluation"),
     # Commands: nothing imports them (but the demo, which runs the others).
     "commands": ("clarifyjax.cli", "clarifyjax.__main__", "clarifyjax.demo", "sage_jax.cli"),
 }
@@ -77,6 +79,10 @@ SAME_LAYER: set[tuple[str, str]] = {
     ("clarifyjax.dryrun", "clarifyjax.programs"),
     ("clarifyjax.dryrun", "clarifyjax.memory_plan"),
     ("clarifyjax.__main__", "clarifyjax.cli"),
+    ("clarifyjax.baselines", "clarifyjax.reward_pipeline"),
+    ("clarifyjax.eval_report", "clarifyjax.eval_metrics"),
+    ("clarifyjax.evaluation", "clarifyjax.reward_pipeline"),
+    ("clarifyjax.evaluation", "clarifyjax.baselines"),
     ("clarifyjax.demo", "sage_jax.cli"),
 }
 
