@@ -1,0 +1,221 @@
+"""`clarifyjax evaluate` on tiny random models made here: all six systems on 20 situations, the
+tables checked against independent computations from the saved files, and a run killed (-9)
+during question generation resumed to the same tables."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import REPO_ROOT
+from helpers.env import shared_data
+from helpers.tiny_models import tiny_classifier_folder, tiny_nli_folder, tiny_t5_folder
+
+N_SITUATIONS = 20
+
+
+def _write_table(path, header, rows):
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, delimiter="\t", quoting=csv.QUOTE_NONE, escapechar="\\",
+                            lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+@pytest.fixture(scope="module")
+def config_text(tmp_path_factory):
+    """The YAML of an evaluation over tiny models, with an ``OUT`` placeholder."""
+    root = tmp_path_factory.mktemp("evaluate")
+    with open(shared_data("delta-clarify/dev.tsv"), newline="", encoding="utf-8") as f:
+        dev = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    seen, rows = [], []
+    for r in dev:
+        if r["situation"] not in seen and len(seen) == N_SITUATIONS:
+            continue
+        if r["situation"] not in seen:
+            seen.append(r["situation"])
+        rows.append([r["id"], r["source"], r["situation"], r["question"]])
+    situations = _write_table(root / "situations.tsv", ["id", "source", "situation", "question"],
+                              rows)
+    with open(shared_data("delta-clarify/sc_dev_questions_gpt.tsv"), newline="",
+              encoding="utf-8") as f:
+        silver = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[:60]
+    social = root / "social.jsonl"
+    social.write_text("".join(json.dumps({k: r[k] for k in ("Hypothesis", "Update", "UpdateType",
+                                                             "question_davinci")}) + "\n"
+                              for r in silver), encoding="utf-8")
+    m = dict(
+        policy=tiny_t5_folder(tmp_path_factory, seed=41, initializer_factor=3.0),
+        question=tiny_t5_folder(tmp_path_factory, seed=42, initializer_factor=3.0),
+        wh=tiny_t5_folder(tmp_path_factory, seed=43, initializer_factor=3.0),
+        answerer=tiny_t5_folder(tmp_path_factory, seed=21, initializer_factor=3.0),
+        fusion=tiny_t5_folder(tmp_path_factory, family="v1.1", seed=12, initializer_factor=3.0),
+        judge=tiny_t5_folder(tmp_path_factory, seed=44, initializer_factor=3.0),
+        nli=tiny_nli_folder(tmp_path_factory, seed=14),
+        disc=tiny_classifier_folder(tmp_path_factory, ("irrelevant", "relevant"), seed=15))
+    return f"""kind: evaluate
+out: OUT
+data: {{situations_path: {situations}, batch_size: 10}}
+generation: {{max_question_length: 8, wh_starts: [what, why, how]}}
+systems:
+  - {{name: ClarifyDelphi, kind: ppo, model: {m['policy']}}}
+  - {{name: t5, kind: t5, model: {m['question']}, data_fraction: 1.0}}
+  - {{name: pipeline, kind: pipeline, model: {m['wh']}}}
+  - {{name: pipeline-nli, kind: pipeline-nli, model: {m['wh']}}}
+  - {{name: why, kind: why, model: {m['wh']}}}
+  - {{name: discriminator, kind: discriminator, model: {m['wh']}, classifier: {m['disc']}}}
+rewards:
+  answerer: {m['answerer']}
+  fusion: {m['fusion']}
+  judge: {{model: {m['judge']}}}
+  nli: {m['nli']}
+  answer_max_length: 8
+  fusion_max_length: 12
+table3: {{path: {social}, answerer: {m['answerer']}, max_length: 8}}
+"""
+
+
+def _config(tmp_path, config_text, name):
+    out = tmp_path / name
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(config_text.replace("OUT", str(out)), encoding="utf-8")
+    return path, out
+
+
+def _evaluate(path, *extra) -> int:
+    from clarifyjax import cli
+
+    return cli.main(["evaluate", str(path), *extra])
+
+
+def _jsd2(p, q):
+    p, q = p / p.sum(-1, keepdims=True), q / q.sum(-1, keepdims=True)
+    m = (p + q) / 2
+    kl = lambda a: np.where(a > 0, a * np.log2(np.where(a > 0, a, 1) / m), 0).sum(-1)  # noqa
+    return (kl(p) + kl(q)) / 2
+
+
+def _numbers(out):
+    results = json.loads((out / "results.json").read_text())
+    return ({r["system"]: r for r in results["systems"]},
+            {r["setting"]: r for r in results["table3"]})
+
+
+@pytest.mark.slow
+def test_evaluate_six_systems_tables_match_independent_computations(tmp_path, config_text):
+    path, out = _config(tmp_path, config_text, "run")
+    assert _evaluate(path) == 0
+    for name in ("results.md", "systems.csv", "results.json", "systems.png", "ablation.png",
+                 "table3.csv", "questions.jsonl", "updates.jsonl"):
+        assert (out / name).stat().st_size > 0, name
+    systems, table3 = _numbers(out)
+    assert list(systems) == ["ClarifyDelphi", "t5", "pipeline", "pipeline-nli", "why",
+                             "discriminator"]
+    records = [json.loads(line) for line in (out / "questions.jsonl").read_text().splitlines()]
+    flips_seen = 0
+    for name, row in systems.items():
+        mine = [r for r in records if r["system"] == name]
+        assert len(mine) == N_SITUATIONS == row["situations"]
+        p_base, p_weak, p_strong = (np.array([r[k] for r in mine], np.float64)
+                                    for k in ("p_base", "p_weak", "p_strong"))
+        valid = np.array([r["valid"] for r in mine])
+        answered = np.array([r["answered"] for r in mine]) & valid[:, None]
+        assert row["avg_jsd"] == pytest.approx(_jsd2(p_weak, p_strong)[valid].mean(), abs=1e-6)
+        base_flips = np.stack([p_weak.argmax(1), p_strong.argmax(1)], 1) != p_base.argmax(1)[:,
+                                                                                             None]
+        assert row["flips_base"] == pytest.approx(100 * base_flips[answered].mean(), abs=1e-4)
+        pair = (p_weak.argmax(1) != p_strong.argmax(1))[valid]
+        assert row["flips_pair"] == pytest.approx(100 * pair.mean(), abs=1e-6)
+        assert row["flips"] == row["flips_base"]  # the default reading
+        flips_seen += int(base_flips[answered].sum() + pair.sum())
+        if name in ("pipeline", "pipeline-nli", "discriminator"):
+            for r in mine:  # the chosen question is the best-scoring candidate (first on ties)
+                assert r["question"] == r["candidates"][int(np.argmax(r["candidate_scores"]))]
+        if name == "why":
+            assert all(r["question"].lower().startswith("why") for r in mine if r["question"])
+    assert flips_seen > 0  # the comparison is not between zeros only
+    assert "reading `base`" in (out / "results.md").read_text()
+
+    # Table 3 against nltk and rouge-score called here on the saved texts
+    from nltk.translate.bleu_score import corpus_bleu
+    from rouge_score import rouge_scorer
+
+    updates = [json.loads(line) for line in (out / "updates.jsonl").read_text().splitlines()]
+    assert len(updates) == len({(u["hypothesis"], u["update_type"]) for u in updates})
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    for setting in ("with_question", "without_question"):
+        refs = [[r.split() for r in u["references"]] for u in updates]
+        hyps = [u[setting].split() for u in updates]
+        bleu = 100 * corpus_bleu(refs, hyps)
+        rouge = 100 * np.mean([max(scorer.score(r, u[setting])["rougeL"].fmeasure
+                                   for r in u["references"]) for u in updates])
+        row = table3[setting.replace("_", " ")]
+        assert row["bleu4"] == pytest.approx(bleu, abs=1e-9)
+        assert row["rouge_l"] == pytest.approx(rouge, abs=1e-9)
+
+    # killed (-9) during question generation, then run again: the same tables
+    path2, out2 = _config(tmp_path, config_text, "killed")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "JAX_PLATFORMS": "cpu"}
+    child = subprocess.Popen([sys.executable, "-m", "clarifyjax", "evaluate", str(path2)],
+                             cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    questions = out2 / "cache" / "questions" / "ClarifyDelphi"
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and child.poll() is None:
+            if questions.is_dir() and any(questions.glob("*.json")):
+                break
+            time.sleep(0.05)
+        assert child.poll() is None, "the child finished before it could be killed"
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    done = list(questions.glob("*.json"))
+    assert 1 <= len(done) < 2 and not (out2 / "results.json").exists()
+    assert _evaluate(path2) == 0
+    assert _numbers(out2) == _numbers(out)
+    assert (out2 / "questions.jsonl").read_text() == (out / "questions.jsonl").read_text()
+
+
+
+def test_config_errors_name_the_key_and_file(tmp_path):
+    from clarifyjax.configlib import ConfigError
+    from clarifyjax.eval_config import WH_STARTS, load_eval_config
+
+    base = ("kind: evaluate\nsystems:\n  - {name: a, kind: t5, model: m}\n"
+            "rewards: {answerer: x, fusion: y, judge: {model: z}}\n")
+    path = tmp_path / "e.yaml"
+    path.write_text(base)
+    cfg = load_eval_config(path)
+    assert cfg.generation.top_p == 0.6 and cfg.generation.top_k == 50
+    assert len(WH_STARTS) == 14 and cfg.generation.wh_starts == WH_STARTS
+    assert cfg.table4.flip == "base"
+    cases = {
+        "generation.top_p=1.5": r"e\.yaml.*generation\.top_p = 1\.5: must be \(0, 1\]",
+        "data.batch_size=0": r"data\.batch_size = 0: must be >= 1",
+        "table4.flip=both": r"bad value for 'table4\.flip'",
+        "generation.greedy=true generation.top_k=5": r"generation\.top_k = 5 is not used",
+        "systems=[]": r"systems: name at least one system",
+    }
+    for overrides, message in cases.items():
+        with pytest.raises(ConfigError, match=message):
+            load_eval_config(path, overrides.split())
+    path.write_text(base.replace("kind: t5, model: m", "kind: pipeline-nli, model: m"))
+    with pytest.raises(ConfigError, match="pipeline-nli system needs rewards.nli"):
+        load_eval_config(path)
+    path.write_text(base.replace("kind: t5, model: m", "kind: discriminator, model: m"))
+    with pytest.raises(ConfigError, match=r"systems\[0\]\.classifier"):
+        load_eval_config(path)
+    from clarifyjax import cli
+
+    path.write_text(base + "data: {situations: -3}\n")
+    assert cli.main(["evaluate", str(path)]) == 2
