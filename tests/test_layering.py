@@ -26,11 +26,13 @@ LAYERS: dict[str, tuple[str, ...]] = {
                    "clarifyjax.optim", "clarifyjax.buckets", "clarifyjax.ranges", "clarifyjax.traces",
                    "clarifyjax.textfiles"),
     # Arrays in, arrays out: jax, optax and numpy only (research code pastes these).
-    "pure math": ("clarifyjax.ppo", "clarifyjax.reward", "sage_jax.metric"),
+    "pure math": ("clarifyjax.ppo", "clarifyjax.reward", "clarifyjax.answer_spans",
+                  "sage_jax.metric"),
     # Models: jax, flax, numpy, their own files and the foundation.
     "models": ("clarifyjax.models.safetensors_io", "clarifyjax.models.t5_layers",
                "clarifyjax.models.t5", "clarifyjax.models.encoder",
                "clarifyjax.models.encoder_params", "clarifyjax.models.t5_params",
+               "clarifyjax.models.deberta", "clarifyjax.models.deberta_params",
                "clarifyjax.models.hf",
                "clarifyjax.models.tiny", "clarifyjax.models.value", "clarifyjax.models.params"),
     # Building blocks over the models: configs, tokenizers, decoding, files, data formats.
@@ -66,6 +68,13 @@ SAME_LAYER: set[tuple[str, str]] = {
     ("clarifyjax.models.encoder", "clarifyjax.models.safetensors_io"),
     ("clarifyjax.models.encoder_params", "clarifyjax.models.safetensors_io"),
     ("clarifyjax.models.encoder_params", "clarifyjax.models.encoder"),
+    ("clarifyjax.models.deberta", "clarifyjax.models.encoder"),
+    ("clarifyjax.models.deberta_params", "clarifyjax.models.deberta"),
+    ("clarifyjax.models.deberta_params", "clarifyjax.models.encoder"),
+    ("clarifyjax.models.deberta_params", "clarifyjax.models.safetensors_io"),
+    ("clarifyjax.models.deberta_params", "clarifyjax.models.t5_params"),
+    ("clarifyjax.models.hf", "clarifyjax.models.deberta"),
+    ("clarifyjax.models.hf", "clarifyjax.models.deberta_params"),
     ("clarifyjax.config_models", "clarifyjax.configlib"),
     ("clarifyjax.config", "clarifyjax.configlib"),
     ("clarifyjax.config", "clarifyjax.config_models"),

@@ -115,15 +115,6 @@ class EncoderConfig:
                 raise CheckpointError(f"config.json lacks the field {name!r} ({model_type})")
             return hf[name]
 
-        labels: tuple[str, ...] = ()
-        if hf.get("id2label"):
-            id2label = {int(k): str(v) for k, v in hf["id2label"].items()}
-            if sorted(id2label) != list(range(len(id2label))):
-                raise CheckpointError(
-                    f"config.json field 'id2label' must have ids 0..n-1, got {sorted(id2label)}")
-            labels = tuple(id2label[i] for i in range(len(id2label)))
-        elif hf.get("num_labels"):
-            labels = tuple(f"LABEL_{i}" for i in range(int(hf["num_labels"])))
         values = dict(
             model_type=model_type,
             vocab_size=int(field("vocab_size")),
@@ -138,10 +129,24 @@ class EncoderConfig:
             pad_token_id=int(hf.get("pad_token_id") if hf.get("pad_token_id") is not None
                              else (1 if model_type == "roberta" else 0)),
             initializer_range=float(hf.get("initializer_range", 0.02)),
-            labels=labels,
+            labels=labels_from_hf(hf),
         )
         values.update(overrides)
         return cls(**values)
+
+
+def labels_from_hf(hf: Mapping[str, Any]) -> tuple[str, ...]:
+    """A classification head's labels in id order, from config.json `id2label` (ids 0..n-1) or
+    `num_labels` (LABEL_i); () when neither is there."""
+    if hf.get("id2label"):
+        id2label = {int(k): str(v) for k, v in hf["id2label"].items()}
+        if sorted(id2label) != list(range(len(id2label))):
+            raise CheckpointError(
+                f"config.json field 'id2label' must have ids 0..n-1, got {sorted(id2label)}")
+        return tuple(id2label[i] for i in range(len(id2label)))
+    if hf.get("num_labels"):
+        return tuple(f"LABEL_{i}" for i in range(int(hf["num_labels"])))
+    return ()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,12 +207,14 @@ class LayerNorm(nnx.Module):
 
 
 class Embedding(nnx.Module):
-    """A lookup table [num, d] with logical axes (`row_name`, "embed")."""
+    """A lookup table [num, width] (width: the hidden size unless given) with logical axes
+    (`row_name`, "embed")."""
 
-    def __init__(self, num: int, row_name: str | None, config: EncoderConfig, *, rngs: nnx.Rngs):
+    def __init__(self, num: int, row_name: str | None, config: EncoderConfig, *, rngs: nnx.Rngs,
+                 width: int | None = None):
         init = nnx.initializers.truncated_normal(config.initializer_range)
-        self.embedding = _param(rngs, init, (num, config.hidden_size), (row_name, "embed"),
-                                jnp.dtype(config.param_dtype))
+        self.embedding = _param(rngs, init, (num, width or config.hidden_size),
+                                (row_name, "embed"), jnp.dtype(config.param_dtype))
         self.dtype = jnp.dtype(config.dtype)
 
     def __call__(self, ids: jax.Array) -> jax.Array:
@@ -312,25 +319,57 @@ class Encoder(nnx.Module):
 
 
 class SequenceClassifier(nnx.Module):
-    """Encoder + head on the first token: logits = out_proj(tanh(dense(hidden[:, 0]))).
+    """Encoder + head on the first token: logits = out_proj(act(dense(hidden[:, 0]))).
 
-    This is both Hugging Face's RoBERTa head (`classifier.dense`, `classifier.out_proj`) and BERT's
-    pooler + classifier (`bert.pooler.dense`, `classifier`): the same computation without dropout.
+    With act = tanh this is both Hugging Face's RoBERTa head (`classifier.dense`,
+    `classifier.out_proj`) and BERT's pooler + classifier (`bert.pooler.dense`, `classifier`): the
+    same computation without dropout. A subclass swaps the trunk (`trunk`) and the activation
+    (`pooler_activation`): DeBERTa's ContextPooler is the same head with `pooler_hidden_act`.
     """
+
+    trunk = Encoder
 
     def __init__(self, config: EncoderConfig, rngs: nnx.Rngs):
         if config.num_labels < 1:
             raise CheckpointError("a sequence classifier needs labels (config.json 'id2label')")
         self.config = config
-        self.encoder = Encoder(config, rngs)
+        self.encoder = type(self).trunk(config, rngs)
         d = config.hidden_size
         self.dense = Dense((d,), (d,), ("embed",), (None,), config=config, rngs=rngs)
         self.out_proj = Dense((d,), (config.num_labels,), (None,), ("classes",), config=config,
                               rngs=rngs)
 
+    @staticmethod
+    def pooler_activation(config) -> Callable[[jax.Array], jax.Array]:
+        return jnp.tanh
+
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array,
                  token_type_ids: jax.Array | None = None) -> jax.Array:
         """[b, s] ids and mask -> logits [b, num_labels] in float32."""
         hidden = self.encoder(input_ids, attention_mask, token_type_ids)
-        pooled = jnp.tanh(self.dense(hidden[:, 0]))
+        pooled = self.pooler_activation(self.config)(self.dense(hidden[:, 0]))
         return self.out_proj(pooled).astype(jnp.float32)
+
+
+class QuestionAnswering(nnx.Module):
+    """Encoder + extractive span head, Hugging Face's `...ForQuestionAnswering` layout:
+    `qa_outputs` (a [d, 2] Dense) on every position gives start and end logits.
+    A subclass swaps the trunk (`trunk`), as `SequenceClassifier`."""
+
+    trunk = Encoder
+
+    def __init__(self, config: EncoderConfig, rngs: nnx.Rngs):
+        self.config = config
+        self.encoder = type(self).trunk(config, rngs)
+        self.qa_outputs = Dense((config.hidden_size,), (2,), ("embed",), (None,), config=config,
+                                rngs=rngs)
+
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array,
+                 token_type_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+        """[b, s] ids and mask -> (start_logits [b, s], end_logits [b, s]) in float32.
+
+        Padding positions get logits like any other (as Hugging Face): `best_spans` masks them."""
+        hidden = self.encoder(input_ids, attention_mask, token_type_ids)
+        logits = self.qa_outputs(hidden).astype(jnp.float32)
+        return logits[..., 0], logits[..., 1]
+

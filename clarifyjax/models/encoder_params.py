@@ -18,7 +18,7 @@ from flax import nnx
 from clarifyjax import sharding as sharding_lib
 from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, check_config_numbers,
                                              check_shape, read_config)
-from clarifyjax.models.encoder import EncoderConfig, SequenceClassifier
+from clarifyjax.models.encoder import EncoderConfig, QuestionAnswering, SequenceClassifier
 
 
 # (our path, HF name, kind); kind "table": same layout; "linear:N": HF [out, in] transposed to
@@ -45,12 +45,14 @@ def _layer_rules(i: int, prefix: str) -> list[_Rule]:
     return rules
 
 
-def checkpoint_rules(config: EncoderConfig, *, prefix: str = "",
-                     classifier: bool = False) -> list[_Rule]:
-    """Every parameter of `Encoder` (or `SequenceClassifier`) with its Hugging Face tensor name.
+def checkpoint_rules(config: EncoderConfig, *, prefix: str = "", classifier: bool = False,
+                     question_answering: bool = False) -> list[_Rule]:
+    """Every parameter of `Encoder` (or `SequenceClassifier`, or `QuestionAnswering`) with its
+    Hugging Face tensor name.
 
     `prefix` is "" for a bare `BertModel` / `RobertaModel` folder and "bert." / "roberta." for a
-    `...ForSequenceClassification` folder. Classifier paths are under "encoder" for the trunk.
+    `...ForSequenceClassification` / `...ForQuestionAnswering` folder. A head's paths are under
+    "encoder" for the trunk.
     """
     emb = f"{prefix}embeddings."
     rules: list[_Rule] = [
@@ -64,9 +66,12 @@ def checkpoint_rules(config: EncoderConfig, *, prefix: str = "",
     ]
     for i in range(config.num_layers):
         rules += _layer_rules(i, prefix)
-    if not classifier:
+    if not (classifier or question_answering):
         return rules
     rules = [(("encoder", *path), name, kind) for path, name, kind in rules]
+    if question_answering:  # the same name in BERT and RoBERTa
+        return rules + [(("qa_outputs", "kernel"), "qa_outputs.weight", "linear:1"),
+                        (("qa_outputs", "bias"), "qa_outputs.bias", "vector")]
     if config.model_type == "roberta":
         dense, out = "classifier.dense", "classifier.out_proj"
     else:
@@ -116,7 +121,8 @@ def read_params(cls, path, config: EncoderConfig, allow_pickle: bool, mesh=None,
     graphdef, state = nnx.split(abstract)
     flat = dict(nnx.to_flat_state(state))
     rules = checkpoint_rules(config, prefix=_detect_prefix(source, config),
-                             classifier=cls is SequenceClassifier)
+                             classifier=cls is SequenceClassifier,
+                             question_answering=cls is QuestionAnswering)
     unmapped = set(flat) - {r[0] for r in rules}
     if unmapped:  # a bug in checkpoint_rules, not in the checkpoint
         raise RuntimeError(f"parameters without a checkpoint name: {sorted(unmapped)}")

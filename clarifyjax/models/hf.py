@@ -1,7 +1,9 @@
 """The one way in and out of Hugging Face checkpoint folders (safetensors), for every model
 family: `load_t5` / `save_t5` for the T5, `load_encoder` / `load_sequence_classifier` /
-`load_encoder_tokenizer` for BERT and RoBERTa. Each family's tensor map lives in its own
-`*_params` module (`t5_params`, `encoder_params`).
+`load_encoder_tokenizer` for BERT and RoBERTa, `load_deberta` /
+`load_deberta_sequence_classifier` for DeBERTa-v2/v3, and `load_question_answering` for the
+extractive QA head on any of the encoders. Each family's tensor map lives in its own `*_params`
+module (`t5_params`, `encoder_params`, `deberta_params`).
 
 With a mesh, every parameter is built with `jax.make_array_from_callback`: each device's
 callback reads only its own slice of the tensor from the safetensors file, so no device (and,
@@ -21,7 +23,10 @@ from flax import nnx
 from clarifyjax import sharding as sharding_lib
 from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, read_config,
                                              write_checkpoint)
-from clarifyjax.models.encoder import Encoder, SequenceClassifier
+from clarifyjax.models.deberta import (DebertaEncoder, DebertaQuestionAnswering,
+                                       DebertaSequenceClassifier)
+from clarifyjax.models.deberta_params import read_deberta, read_deberta_config
+from clarifyjax.models.encoder import Encoder, QuestionAnswering, SequenceClassifier
 from clarifyjax.models.encoder_params import read_encoder_config, read_params
 from clarifyjax.models.t5 import T5, T5Config
 from clarifyjax.models.t5_params import check_tensors, resolve_config, tensor_maps
@@ -166,3 +171,49 @@ def load_encoder_tokenizer(folder, max_length: int, vocab_size: int | None = Non
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length, strategy="longest_first")
     return tokenizer
+
+
+# --------------------------------------------------------------------------- DeBERTa-v2/v3, QA heads
+# (one section, so that merges with the other families' additions stay simple)
+
+
+def load_deberta(path, *, dtype: str = "float32", param_dtype: str = "float32",
+                 allow_pickle: bool = False, mesh=None, rules=None):
+    """A `deberta.DebertaEncoder` from a Hugging Face DeBERTa-v2/v3 folder (a bare
+    `DebertaV2Model` or any `DebertaV2For...` folder, whose head tensors are ignored).
+
+    dtype: compute; param_dtype: storage. With `mesh`, each device reads only its slice of each
+    tensor, placed by the logical axis `rules` (default `sharding.DEFAULT_RULES`).
+    Raises:
+      CheckpointError: a missing tensor, a wrong shape (names the tensor and both shapes), a
+        trunk tensor the config does not account for, an unsupported config.json field.
+    """
+    config = read_deberta_config(path, dtype=dtype, param_dtype=param_dtype)
+    return read_deberta(DebertaEncoder, path, config, allow_pickle, mesh, rules)
+
+
+def load_deberta_sequence_classifier(path, *, dtype: str = "float32",
+                                     param_dtype: str = "float32", allow_pickle: bool = False,
+                                     mesh=None, rules=None):
+    """A `deberta.DebertaSequenceClassifier` from a `DebertaV2ForSequenceClassification` folder
+    (ContextPooler + classifier); labels from config.json `id2label`; the rest as
+    `load_deberta`."""
+    config = read_deberta_config(path, dtype=dtype, param_dtype=param_dtype)
+    if config.num_labels < 1:
+        raise CheckpointError(f"{path}/config.json has no 'id2label' or 'num_labels': not a "
+                              "sequence-classification checkpoint")
+    return read_deberta(DebertaSequenceClassifier, path, config, allow_pickle, mesh, rules)
+
+
+def load_question_answering(path, *, dtype: str = "float32", param_dtype: str = "float32",
+                            allow_pickle: bool = False, mesh=None, rules=None):
+    """An extractive QA model (start / end logits) from a `BertForQuestionAnswering`,
+    `RobertaForQuestionAnswering` or `DebertaV2ForQuestionAnswering` folder, by config.json
+    `model_type`: `encoder.QuestionAnswering` or `deberta.DebertaQuestionAnswering`. The
+    unanswerable rule over its logits is `clarifyjax.answer_spans`. Other arguments as
+    `load_encoder`."""
+    if read_config(path).get("model_type") == "deberta-v2":
+        config = read_deberta_config(path, dtype=dtype, param_dtype=param_dtype)
+        return read_deberta(DebertaQuestionAnswering, path, config, allow_pickle, mesh, rules)
+    config = read_encoder_config(path, dtype=dtype, param_dtype=param_dtype)
+    return read_params(QuestionAnswering, path, config, allow_pickle, mesh, rules)
