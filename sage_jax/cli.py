@@ -82,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the original question's text, if the file has it (one id, one question)")
     p.add_argument("--no-lexical", action="store_true", help="skip BLEU and ROUGE-L")
     p.add_argument("--no-bertscore", action="store_true", help="skip BERTScore")
+    p.add_argument("--bertscore-model", type=Path, default=None,
+                   help="BERT / RoBERTa folder for BERTScore (the reference: bert-base-uncased; "
+                        "default: the --embedder folder)")
+    p.add_argument("--bertscore-layer", type=int, default=None,
+                   help="its hidden_states layer (default: bert-score's for the model, else its last)")
     p.add_argument("--batch-size", type=int, default=64, help=f"texts per embedder call, 1..{MAX_BATCH_SIZE}")
     p.add_argument("--chunk-size", type=int, default=8192, help=f"questions per SaGE call, 1..{MAX_CHUNK_SIZE}")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -98,6 +103,8 @@ def check_options(args) -> None:
         check_weight(args.blend_weight, "--blend-weight")
         check_number(args.batch_size, "--batch-size", 1, MAX_BATCH_SIZE, integer=True)
         check_number(args.chunk_size, "--chunk-size", 1, MAX_CHUNK_SIZE, integer=True)
+        if args.bertscore_layer is not None:
+            check_number(args.bertscore_layer, "--bertscore-layer", 0, 1000, integer=True)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if not str(args.out).strip():
@@ -205,6 +212,22 @@ def _sage_scores(item: Loaded, args, embedder_fn, progress) -> np.ndarray:
     return np.asarray(scores, np.float64)
 
 
+def load_bertscore_model(args):
+    """(model, layer) of the BERTScore baseline: --bertscore-model (default the embedder folder)
+    at --bertscore-layer (default bert-score's layer for the model, else its last layer)."""
+    from clarifyjax.bertscore import default_layer, load_model
+    from sage_jax.embed import default_embedder_path
+
+    model = load_model(args.bertscore_model or args.embedder or default_embedder_path())
+    layer = args.bertscore_layer
+    if layer is None:
+        layer = default_layer(model.name)
+        layer = model.config.num_layers if layer is None else layer
+    if layer > model.config.num_layers:
+        raise UsageError(f"--bertscore-layer {layer}: the model has {model.config.num_layers} layers")
+    return model, layer
+
+
 def _baselines(item: Loaded, args, embedder_fn, progress) -> dict:
     """BLEU, ROUGE-L and BERTScore per question (NaN columns for the skipped ones)."""
     from sage_jax import lexical
@@ -221,11 +244,13 @@ def _baselines(item: Loaded, args, embedder_fn, progress) -> dict:
                 bar.update(1)
         out["bleu"], out["rouge_l"] = bleu, rouge
     if not args.no_bertscore:
-        embedder = embedder_fn()
-        with progress(len(texts), f"{item.name}: BERTScore") as bar:
-            out["bertscore"] = lexical.bertscore_consistency(
-                texts, lambda ts: embedder.token_embeddings(ts, batch_size=args.batch_size),
-                on_chunk=lambda done, total: bar.update(done - bar.n))
+        model, layer = args.bertscore
+        with progress(len(texts), f"{item.name}: BERTScore pairs") as bar:
+            def tick(done, total):
+                bar.total = total
+                bar.update(done - bar.n)
+
+            out["bertscore"] = lexical.bertscore_consistency(texts, model=model, layer=layer, on_chunk=tick)
     return out
 
 
@@ -255,7 +280,10 @@ def score_loaded(item: Loaded, args, embedder_fn, progress) -> tuple[dict, dict]
         "settings": {"alpha": args.alpha, "blend_weight": args.blend_weight if args.text == "blend" else None,
                      "collapse_identical": args.collapse_identical, "edge_weights": args.edge_weights,
                      "embedder": None if args.edge_weights else str(args.embedder or "all-MiniLM-L6-v2 (default)"),
-                     "lexical_text": "rot" if args.text == "rot" else "answer"},
+                     "lexical_text": "rot" if args.text == "rot" else "answer",
+                     "bertscore": None if args.no_bertscore else {
+                         "model": str(args.bertscore_model or args.embedder or "all-MiniLM-L6-v2 (default)"),
+                         "layer": args.bertscore[1], "idf": False, "rescaled": False}},
     }
     for key, skipped in (("bleu", args.no_lexical), ("rouge_l", args.no_lexical), ("bertscore", args.no_bertscore)):
         if skipped:
@@ -278,6 +306,8 @@ def _check_embedder(args) -> None:
     from clarifyjax.models.safetensors_io import check_folder
     from sage_jax.embed import default_embedder_path
 
+    if args.bertscore_model is not None and not args.no_bertscore:
+        check_folder(args.bertscore_model)
     if args.edge_weights and args.no_bertscore:
         return  # no text is embedded
     if args.embedder is None:
@@ -315,8 +345,10 @@ def run_score(args) -> int:
                 cache["embedder"] = SentenceEmbedder.from_pretrained(args.embedder)
             return cache["embedder"]
 
-        if not (args.edge_weights and args.no_bertscore):
+        if not args.edge_weights:
             embedder_fn()  # a broken embedder folder is its own error, not one input's failure
+        if not args.no_bertscore:
+            args.bertscore = load_bertscore_model(args)
         results = []
         for item in loaded:
             try:

@@ -38,7 +38,8 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # Building blocks over the models: configs, tokenizers, decoding, files, data formats.
     "building blocks": ("clarifyjax.tables", "clarifyjax.configlib", "clarifyjax.config_models", "clarifyjax.config",
                         "clarifyjax.tokenizer", "clarifyjax.decoding",
-                        "clarifyjax.child_result", "clarifyjax.chunkstore", "sage_jax.lexical"),
+                        "clarifyjax.child_result", "clarifyjax.chunkstore", "clarifyjax.bertscore",
+                        "sage_jax.lexical"),
     # Components: the models' roles (seq2seq, judge, NLI filter, rollouts, SFT step), data,
     # checkpoints, the reward settings of score-questions.
     "components": ("clarifyjax.data", "clarifyjax.text_inputs", "clarifyjax.score_config",
@@ -93,6 +94,7 @@ SAME_LAYER: set[tuple[str, str]] = {
     ("clarifyjax.evaluation", "clarifyjax.reward_pipeline"),
     ("clarifyjax.evaluation", "clarifyjax.baselines"),
     ("clarifyjax.demo", "sage_jax.cli"),
+    ("sage_jax.lexical", "clarifyjax.bertscore"),
 }
 
 
