@@ -9,7 +9,6 @@ out; no model here).
 * `update_generation`: Table 3's BLEU-4 (nltk ``corpus_bleu``, whitespace tokens as written,
   every reference of the hypothesis's group) and ROUGE-L (rouge-score ``rougeL`` F1, Porter
   stemmer, the best reference per hypothesis, averaged), both x 100.
-* `max_over_references`: per candidate, the best score against its references (BERTScore).
 """
 from __future__ import annotations
 
@@ -59,15 +58,6 @@ def update_generation(hypotheses: Sequence[str], references: Sequence[Sequence[s
              for h, refs in zip(hypotheses, references)]
     return {"bleu4": 100.0 * float(bleu), "rouge_l": 100.0 * float(np.mean(rouge)),
             "hypotheses": len(hypotheses)}
-
-
-def max_over_references(scores: Sequence[float], owners: Sequence[int], n: int) -> np.ndarray:
-    """[n]: for each candidate i, the max of `scores[k]` over the k with owners[k] == i (NaN when
-    it has none)."""
-    out = np.full(n, -np.inf)
-    np.maximum.at(out, np.asarray(owners, np.int64), np.asarray(scores, np.float64))
-    out[np.isneginf(out)] = np.nan
-    return out
 
 
 def percent(flags) -> float:

@@ -289,20 +289,12 @@ class Evaluation:
         cfg = self.cfg.bertscore
         if cfg.model is None:
             return None
-        from clarifyjax.eval_metrics import max_over_references
-
         depends = self.depends([cfg.model], **config_to_dict(cfg))
         inputs = [[q, g] for q, g in zip(questions, self.gold)]
 
         def compute(i, part):
-            candidates = [q for q, golds in part for _ in golds]
-            references = [g for _, golds in part for g in golds]
-            owners = [k for k, (_, golds) in enumerate(part) for _ in golds]
-            f1 = bertscore_f1(candidates, references, cfg)
-            best = max_over_references(f1, owners, len(part))
-            return [{"f1": float(b), "f1_per_gold": [float(f1[k]) for k in range(len(owners))
-                                                     if owners[k] == j]}
-                    for j, b in enumerate(best)]
+            f1 = bertscore_f1([q for q, _ in part], [golds for _, golds in part], cfg)
+            return [{"f1": float(f)} for f in f1]
 
         records = self.per_chunk("bertscore", system.name, depends, inputs, compute)
         return [r["f1"] for r in records]
@@ -374,8 +366,9 @@ def update_input(group: dict, with_question: bool) -> str:
     return text_lib.answer_input_without_question(group["hypothesis"], group["update_type"])
 
 
-def bertscore_f1(candidates: list[str], references: list[str], cfg) -> np.ndarray:
-    """[n] BERTScore F1 of each (candidate, reference) pair with `clarifyjax.bertscore`."""
+def bertscore_f1(candidates: list[str], references: list[list[str]], cfg) -> np.ndarray:
+    """[n] BERTScore F1 of each candidate: the max over its references (`clarifyjax.bertscore`,
+    the bert-score package's rule for several references)."""
     from clarifyjax.bertscore import bertscore
 
     _, _, f1 = bertscore(candidates, references, model=cfg.model, layer=cfg.layer, idf=cfg.idf,

@@ -109,6 +109,7 @@ rewards:
   fusion_max_length: 12
 table3: {{path: {social}, answerer: {m['answerer']}, max_length: 8}}
 informativeness: {{qa: {m['qa']}, max_length: 128}}
+bertscore: {{model: {m['nli']}, layer: 2}}
 """
 
 
@@ -149,6 +150,20 @@ def test_evaluate_six_systems_tables_match_independent_computations(tmp_path, co
     assert list(systems) == ["ClarifyDelphi", "t5", "pipeline", "pipeline-nli", "why",
                              "discriminator"]
     records = [json.loads(line) for line in (out / "questions.jsonl").read_text().splitlines()]
+    for name, row in systems.items():  # informativeness and BERTScore from the saved values
+        mine = [r for r in records if r["system"] == name]
+        assert row["unanswerable_pct"] == pytest.approx(
+            100 * np.mean([r["unanswerable"] for r in mine]))
+        assert row["bertscore_f1"] == pytest.approx(np.mean([r["bertscore_f1"] for r in mine]))
+    from clarifyjax.bertscore import bertscore
+    from clarifyjax.evaluation import read_situations
+
+    cfg_lines = path.read_text().splitlines()
+    _, gold = read_situations(cfg_lines[2].split("situations_path: ")[1].split(",")[0], None)
+    bert_model = [x for x in cfg_lines if x.startswith("bertscore:")][0].split("model: ")[1]
+    t5 = [r for r in records if r["system"] == "t5"]
+    f1 = bertscore([r["question"] for r in t5], gold, model=bert_model.split(",")[0], layer=2)[2]
+    assert systems["t5"]["bertscore_f1"] == pytest.approx(float(np.mean(f1)), abs=1e-6)
     flips_seen = 0
     for name, row in systems.items():
         mine = [r for r in records if r["system"] == name]
