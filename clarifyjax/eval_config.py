@@ -211,10 +211,6 @@ class EvalConfig:
             raise ConfigError("rewards.judge.model.init: the judge must be a trained folder",
                               key="rewards.judge.model.init")
 
-    @property
-    def flip_reading(self) -> str:
-        return self.table4.flip
-
 
 def load_eval_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> EvalConfig:
     """Read ``kind: evaluate`` YAML with ``a.b.c=value`` overrides; relative folders stay as
@@ -223,8 +219,12 @@ def load_eval_config(path: str | os.PathLike, overrides: Sequence[str] = ()) -> 
     Raises:
       ConfigError: as `clarifyjax.config.load_config`, naming the key and the file.
     """
-    raw = read_yaml(path)
-    source = str(Path(path))
+    return eval_config_from_dict(read_yaml(path), overrides, source=str(Path(path)))
+
+
+def eval_config_from_dict(raw, overrides: Sequence[str] = (), *, source: str = "<dict>"
+                          ) -> EvalConfig:
+    """`EvalConfig` from nested plain values plus overrides (as `load_eval_config`)."""
     if raw.get("kind", "evaluate") != "evaluate":
         raise ConfigError(f"{source}: top-level key 'kind' must be 'evaluate' for clarifyjax "
                           f"evaluate, got {raw.get('kind')!r}")
