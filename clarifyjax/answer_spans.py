@@ -20,6 +20,7 @@ Shapes: b = batch, s = sequence.
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -33,6 +34,7 @@ class BestSpans(NamedTuple):
     unanswerable: jax.Array  # [b] bool, start == cls_index
 
 
+@functools.partial(jax.jit, static_argnames="cls_index")
 def best_spans(start_logits: jax.Array, end_logits: jax.Array, answer_mask: jax.Array,
                cls_index: int = 0) -> BestSpans:
     """start_logits, end_logits [b, s] float; answer_mask [b, s] (1 = a context token that may

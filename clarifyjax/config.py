@@ -136,6 +136,8 @@ class SFTDataConfig:
     model's maximum lengths. Judge files are (text, class) tables; ``text_column`` /
     ``label_column`` name their columns (labels 1/0/-1 or good/ok/bad). ``judge_source: silver``
     derives judge pairs from sc_dev_questions_gpt.tsv instead (`clarifyjax.data.silver_judge_rows`).
+    Discriminator files are (situation, question, label) tables made by `clarifyjax
+    discriminator-data` (`clarifyjax.discriminator`).
     """
 
     train_path: str = f"{SHARED_DELTA_CLARIFY}/train.tsv"
@@ -401,7 +403,8 @@ class SFTConfig:
     """Supervised fine-tuning of one seq2seq model on one task's (input, target) pairs."""
 
     kind: Literal["sft"] = "sft"
-    task: Literal["question", "wh_question", "answerer", "fusion", "judge"] = "question"
+    task: Literal["question", "wh_question", "answerer", "fusion", "judge",
+                  "discriminator"] = "question"
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     mesh: MeshLayout = dataclasses.field(default_factory=MeshLayout)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)

@@ -36,6 +36,7 @@ from typing import Any, Iterator, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from clarifyjax import discriminator
 from clarifyjax import text as fmt
 from clarifyjax.tables import (REPO_ROOT, DataError, Table, check_data_paths,  # noqa: F401
                                read_table, resolve_data_path)
@@ -44,7 +45,7 @@ from clarifyjax.buckets import bucket_length, column_buckets
 GOLD_COLUMNS = ("id", "source", "situation", "question")
 SILVER_COLUMNS = ("Hypothesis", "Update", "UpdateType", "question_davinci", "situation")
 FUSION_COLUMNS = ("input", "output")
-TASKS = ("question", "wh_question", "answerer", "fusion", "judge")
+TASKS = ("question", "wh_question", "answerer", "fusion", "judge", "discriminator")
 
 
 # --------------------------------------------------------------------------- pairs
@@ -127,6 +128,13 @@ def judge_pairs(table: Table, text_column: str = "text", label_column: str = "cl
         return (*fmt.judge_sft_example(row[text_column], row[label_column], judgment, where=where),
                 fmt.normalize_whitespace(row[text_column]))
     return _pairs(table, make)
+
+
+def discriminator_pairs(table: Table) -> list[Pair]:
+    """(situation, question, label) rows (`clarifyjax discriminator-data`) ->
+    ("relevance: {situation} QUESTION: {question}", "relevant" | "irrelevant")."""
+    return _pairs(table, lambda r, w: (*fmt.discriminator_sft_example(
+        r["situation"], r["question"], r["label"], where=w), r["situation"]))
 
 
 # Polarity of a silver hypothesis (a Social-Chemistry rule of thumb), first match wins.
@@ -216,6 +224,8 @@ def read_pairs(path: str | os.PathLike, task: str, *, text_column: str = "text",
         if judge_source == "silver":
             return judge_pairs(silver_judge_rows(read_table(path, SILVER_COLUMNS)))
         return judge_pairs(read_table(path, (text_column, label_column)), text_column, label_column)
+    if task == "discriminator":
+        return discriminator_pairs(read_table(path, discriminator.COLUMNS))
     raise DataError(f"unknown SFT task {task!r}; expected one of {TASKS}")
 
 

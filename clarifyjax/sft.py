@@ -5,7 +5,8 @@
 * `make_train_step(graphdef, tx, ...)`: one optimizer update from a stack of ``grad_accum``
   micro-batches (`lax.scan`, token-weighted: the gradient equals the one of the whole batch);
 * `make_eval_step(graphdef)`: the same sums without gradients, for dev loss and accuracy;
-* `generation_metrics(predictions, references)`: corpus BLEU and mean ROUGE-L of decoded text.
+* `generation_metrics(predictions, references)`: corpus BLEU, mean ROUGE-L and exact-match rate
+  of decoded text.
 
 The model enters as ``graphdef`` (static) and a parameter `nnx.State` (traced): steps are plain
 functions of arrays, jitted once per batch shape by the caller (`clarifyjax.train`).
@@ -154,13 +155,14 @@ def stack_micro_batches(batches: Sequence[Mapping[str, np.ndarray]]) -> dict[str
 
 
 def generation_metrics(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
-    """Corpus BLEU-4 (nltk, whitespace tokens, lower-cased, smoothing method 1) and mean ROUGE-L F
-    (rouge-score, stemmed) of `predictions` against one reference each, both in [0, 100]."""
+    """Corpus BLEU-4 (nltk, whitespace tokens, lower-cased, smoothing method 1), mean ROUGE-L F
+    (rouge-score, stemmed) and the exact-match rate (whitespace-normalized) of `predictions`
+    against one reference each, all in [0, 100]."""
     if len(predictions) != len(references):
         raise ValueError(f"generation_metrics: {len(predictions)} predictions but "
                          f"{len(references)} references")
     if not predictions:
-        return {"bleu": math.nan, "rouge_l": math.nan}
+        return {"bleu": math.nan, "rouge_l": math.nan, "exact_match": math.nan}
     from nltk.translate.bleu_score import SmoothingFunction, corpus_bleu
     from rouge_score import rouge_scorer
 
@@ -171,4 +173,7 @@ def generation_metrics(predictions: Sequence[str], references: Sequence[str]) ->
         bleu = corpus_bleu(refs, hyps, smoothing_function=SmoothingFunction().method1)
     scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
     rouge = [scorer.score(r, p)["rougeL"].fmeasure for p, r in zip(predictions, references)]
-    return {"bleu": 100.0 * float(bleu), "rouge_l": 100.0 * float(np.mean(rouge))}
+    # a classifier's accuracy when targets are labels (the discriminator, the judge)
+    exact = [" ".join(p.split()) == " ".join(r.split()) for p, r in zip(predictions, references)]
+    return {"bleu": 100.0 * float(bleu), "rouge_l": 100.0 * float(np.mean(rouge)),
+            "exact_match": 100.0 * float(np.mean(exact))}

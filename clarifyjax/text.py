@@ -12,6 +12,7 @@ fusion model, the judge and the NLI filter see at inference exactly what they sa
                                                                                     -> updated situation
     judge (Delphi)    "[moral_single]: " + text  -> "<class>{1|0|-1}</class> <text>{judgment}</text>"
     NLI               premise = situation, hypothesis = answer
+    discriminator     "relevance: " + situation + " QUESTION: " + question   -> "relevant" | "irrelevant"
 
 The original passed the policy's query ("question: " + situation) straight into the judge and the
 fusion model; here every consumer of a situation strips that prefix (`strip_policy_prefix`).
@@ -28,6 +29,8 @@ ANSWER_PREFIX = "answer: "
 FUSION_PREFIX = "merge: "
 JUDGE_PREFIX = "[moral_single]: "
 WH_SEPARATOR = " Q.: "
+DISCRIMINATOR_PREFIX = "relevance: "
+DISCRIMINATOR_LABELS = ("irrelevant", "relevant")  # label 0, 1
 
 WEAKENER = "weakener"
 STRENGTHENER = "strengthener"
@@ -303,6 +306,28 @@ def parse_delphi_output(decoded: str, *, keep_unparsed: bool = False) -> tuple[i
     if not match or int(match.group(1)) not in LABEL_TO_CLASS:
         return None, normalize_whitespace(decoded) if keep_unparsed else ""
     return int(match.group(1)), normalize_whitespace(match.group(2) or "")
+
+
+# --------------------------------------------------------------------------- discriminator
+
+
+def discriminator_input(situation: str, question: str, *, where: str | None = None) -> str:
+    """The discriminator baseline's input: "relevance: {situation} QUESTION: {question}"."""
+    return (f"{DISCRIMINATOR_PREFIX}{_situation(situation, where)} QUESTION: "
+            f"{_field(question, 'question', where)}")
+
+
+def discriminator_sft_example(situation: str, question: str, label, *,
+                              where: str | None = None) -> tuple[str, str]:
+    """(source, target) for SFT of the discriminator: label 1 / "relevant" or 0 / "irrelevant"
+    -> the target word."""
+    value = _field(str(label), "label", where).lower()
+    words = {"1": DISCRIMINATOR_LABELS[1], "0": DISCRIMINATOR_LABELS[0],
+             **{w: w for w in DISCRIMINATOR_LABELS}}
+    if value not in words:
+        raise TextFormatError(f"{where + ': ' if where else ''}field 'label' must be one of "
+                              f"{sorted(words)}, got {label!r}")
+    return discriminator_input(situation, question, where=where), words[value]
 
 
 # --------------------------------------------------------------------------- NLI

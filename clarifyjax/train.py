@@ -140,7 +140,8 @@ def evaluate_sft(model: T5, eval_step, params, dataset, tokenizer, *, batch_size
     metrics = {"eval/loss": totals["nll_sum"] / n, "eval/accuracy": totals["correct"] / n}
     if generate:
         scores = sft.generation_metrics(predictions, references)
-        metrics.update({"eval/bleu": scores["bleu"], "eval/rouge_l": scores["rouge_l"]})
+        metrics.update({"eval/bleu": scores["bleu"], "eval/rouge_l": scores["rouge_l"],
+                        "eval/exact_match": scores["exact_match"]})
     return metrics, predictions
 
 

@@ -11,7 +11,7 @@ from clarifyjax.config import (ConfigError, ModelConfig, PPOConfig, SFTConfig, c
 from conftest import REPO_ROOT
 
 CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
-SFT_TASKS = {"question", "wh_question", "answerer", "fusion", "judge"}
+SFT_TASKS = {"question", "wh_question", "answerer", "fusion", "judge", "discriminator"}
 
 
 def test_config_folder_is_complete():

@@ -215,3 +215,52 @@ def test_config_defaults_follow_huggingface():
     assert config.max_relative_positions == 16 and config.att_span == 16
     assert config.scale_factor == 1
     assert DebertaConfig(pos_att_type=("c2p",)).scale_factor == 2
+
+
+SHARDED = """
+import json
+import numpy as np, jax, jax.numpy as jnp
+from flax import nnx
+from clarifyjax.child_result import write_result
+from clarifyjax.models.hf import load_deberta_sequence_classifier
+from clarifyjax.sharding import FSDP_RULES, MeshConfig, make_mesh, shard_batch
+from helpers.read_spy import record_slice_reads
+
+folder, ids, mask = FOLDER, *json.loads(BATCH)
+mesh = make_mesh(MeshConfig(data=2, fsdp=2, model=2))
+reads = record_slice_reads()
+forward = nnx.jit(lambda m, i, k: m(i, k))
+with jax.default_matmul_precision("highest"):
+    single = load_deberta_sequence_classifier(folder)
+    reads.clear()
+    sharded = load_deberta_sequence_classifier(folder, mesh=mesh, rules=FSDP_RULES)
+    ids, mask = np.array(ids, np.int32), np.array(mask, np.int32)
+    one = np.asarray(forward(single, ids, mask))
+    eight = np.asarray(forward(sharded, *shard_batch((ids, mask), mesh)))
+query = sharded.encoder.layers[0].attention.query.kernel[...]
+write_result({
+    "diff": float(np.abs(one - eight).max()),
+    "query_spec": [a for a in query.sharding.spec],
+    "query_shards": sorted({tuple(s.data.shape) for s in query.addressable_shards}),
+    "query_reads": sorted({shape for name, shape, _ in reads
+                           if name.endswith("layer.0.attention.self.query_proj.weight")}),
+})
+"""
+
+
+@pytest.mark.slow  # a child with 8 fake devices: ~15 s on 2 busy cores
+def test_sharded_load_on_8_devices_equals_one_device(tmp_path):
+    """FSDP rules on a (2, 2, 2) mesh: each device reads only its slice of a sharded tensor, and
+    the classifier's logits equal the single-device ones."""
+    from helpers.children import run_with_fake_devices
+
+    config = dict(VARIANTS["v2"], vocab_size=96)
+    save_reference(tmp_path, "DebertaV2ForSequenceClassification", **config)
+    ids, mask = padded_batch(0, 96)
+    ids, mask = np.concatenate([ids, ids[::-1]] * 2)[:8], np.concatenate([mask, mask[::-1]] * 2)[:8]
+    argv = json.dumps([ids.tolist(), mask.tolist()])
+    result = run_with_fake_devices(f"FOLDER, BATCH = {str(tmp_path)!r}, {argv!r}\n" + SHARDED)
+    assert result["diff"] < 1e-5, result
+    assert result["query_spec"] == ["fsdp", "model"], result  # [embed, heads, kv]
+    assert result["query_shards"] == [[16, 2, 8]], result
+    assert result["query_reads"] == [[16, 16]], result  # of torch [h*k, d] = [32, 32]: a quarter

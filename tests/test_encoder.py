@@ -20,7 +20,7 @@ from clarifyjax.buckets import bucket_length, bucket_rows, length_sorted_batches
 from clarifyjax.models.safetensors_io import CheckpointError
 from clarifyjax.models.encoder import (EncoderConfig, SequenceClassifier,
                                        roberta_position_ids)
-from clarifyjax.models.hf import load_encoder, load_sequence_classifier
+from clarifyjax.models.hf import load_encoder, load_question_answering, load_sequence_classifier
 from conftest import require
 
 TOL = 1e-4
@@ -105,6 +105,23 @@ def test_encoder_matches_pytorch_with_padding(tmp_path, model_type, hidden_act):
     alone = np.asarray(ours(jnp.asarray(ids[1:2, :7]), jnp.asarray(mask[1:2, :7]),
                             None if types is None else jnp.asarray(types[1:2, :7])))
     assert np.abs(alone[0] - got[1, :7]).max() < TOL
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta"])
+def test_question_answering_head_matches_pytorch(tmp_path, model_type):
+    """`...ForQuestionAnswering` (qa_outputs -> start / end logits) on a padded batch."""
+    transformers = require("transformers")
+    config = hf_config(model_type, num_labels=2)
+    reference = randomize(transformers.AutoModelForQuestionAnswering.from_config(config))
+    save_hf(reference, tmp_path)
+    ids, mask = padded_batch(config.pad_token_id, config.vocab_size)
+    torch = require("torch")
+    with torch.no_grad():
+        expected = reference(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask))
+    start, end = load_question_answering(tmp_path)(jnp.asarray(ids), jnp.asarray(mask))
+    assert start.shape == end.shape == (3, 12)
+    assert np.abs(np.asarray(start) - expected.start_logits.numpy()).max() < TOL
+    assert np.abs(np.asarray(end) - expected.end_logits.numpy()).max() < TOL
 
 
 def test_jit_with_split_merge_and_nnx_jit_agree(tmp_path):

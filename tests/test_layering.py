@@ -39,6 +39,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "building blocks": ("clarifyjax.tables", "clarifyjax.configlib", "clarifyjax.config_models", "clarifyjax.config",
                         "clarifyjax.tokenizer", "clarifyjax.decoding",
                         "clarifyjax.child_result", "clarifyjax.chunkstore", "clarifyjax.bertscore",
+                        "clarifyjax.discriminator",
                         "sage_jax.lexical"),
     # Components: the models' roles (seq2seq, judge, NLI filter, rollouts, SFT step), data,
     # checkpoints, the reward settings of score-questions.
@@ -80,6 +81,7 @@ SAME_LAYER: set[tuple[str, str]] = {
     ("clarifyjax.config", "clarifyjax.configlib"),
     ("clarifyjax.config", "clarifyjax.config_models"),
     ("clarifyjax.text_inputs", "clarifyjax.data"),
+    ("clarifyjax.discriminator", "clarifyjax.tables"),
     ("clarifyjax.delphi", "clarifyjax.seq2seq"),
     ("clarifyjax.rollout", "clarifyjax.policy"),
     ("clarifyjax.models.value", "clarifyjax.models.t5"),

@@ -182,6 +182,9 @@ def test_generation_metrics():
     assert perfect["bleu"] == pytest.approx(100.0) and perfect["rouge_l"] == pytest.approx(100.0)
     disjoint = sft.generation_metrics(["alpha beta gamma delta", "one two three four"], refs)
     assert disjoint["bleu"] < 1.0 and disjoint["rouge_l"] == 0.0
+    assert (perfect["exact_match"], disjoint["exact_match"]) == (100.0, 0.0)
+    half = sft.generation_metrics(["relevant", " irrelevant  "], ["irrelevant", "irrelevant"])
+    assert half["exact_match"] == 50.0  # whitespace-normalized
     # ROUGE-L F of one pair by hand: LCS("what did you say" , "what you say to him") = 3
     one = sft.generation_metrics(["what did you say"], ["what you say to him"])
     p, r = 3 / 4, 3 / 5

@@ -51,7 +51,7 @@ SHARDED = textwrap.dedent("""
     from jax.sharding import PartitionSpec as P
     from helpers.t5_builders import random_t5
     from clarifyjax.child_result import write_result
-    from clarifyjax.models import safetensors_io
+    from helpers.read_spy import record_slice_reads
     from clarifyjax.models.hf import load_t5, save_t5
     from clarifyjax.models.t5 import T5Config
     from clarifyjax.sharding import FSDP_RULES, MeshConfig, make_mesh, shard_batch
@@ -59,13 +59,7 @@ SHARDED = textwrap.dedent("""
 
     assert jax.device_count() == 8
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, model=2))
-    reads = []
-    get_slice = safetensors_io.TensorSource.get_slice
-    def spy(self, name, index):
-        out = get_slice(self, name, index)
-        reads.append((name, tuple(out.shape), tuple(self.shape(name))))
-        return out
-    safetensors_io.TensorSource.get_slice = spy
+    reads = record_slice_reads()
     forward = nnx.jit(lambda m, *a: m(*a))
     def spec(x):
         return [list(a) if isinstance(a, tuple) else a for a in x.sharding.spec]
