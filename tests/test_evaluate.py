@@ -291,3 +291,38 @@ def test_unanswerable_reads_the_situation_as_context(tmp_path):
         expected.append(np.unravel_index(np.argmax(score), score.shape)[0] == 0)
     assert ours.tolist() == expected
     assert 0 < sum(expected) < len(expected)  # both outcomes occur
+
+
+def test_t5_discriminator_relevance_matches_transformers(tmp_path_factory):
+    """A T5 discriminator's P(relevant): the teacher-forced probability of "relevant" against
+    "irrelevant" (each with EOS), as transformers' T5 gives it on the same weights; the best
+    candidate is the most relevant one."""
+    import torch
+    import transformers
+
+    from clarifyjax import text as text_lib
+    from clarifyjax.baselines import Discriminator, best_candidates
+
+    folder = tiny_t5_folder(tmp_path_factory, seed=45, initializer_factor=3.0)
+    situations = ["borrowing a car without asking", "telling a white lie to a friend"]
+    candidates = [["why?", "who owns the car?", "is it an emergency?"],
+                  ["what was the lie?", "", "does it hurt anyone?"]]
+    scores = Discriminator(folder).scores(situations, candidates)
+    model = transformers.T5ForConditionalGeneration.from_pretrained(str(folder)).eval()
+    tok = transformers.T5TokenizerFast.from_pretrained(str(folder), extra_ids=0)
+    for i, s in enumerate(situations):
+        for j, q in enumerate(candidates[i]):
+            if not q:
+                assert scores[i, j] == 0.0  # an empty candidate is never chosen over a question
+                continue
+            enc = tok([text_lib.discriminator_input(s, q)], return_tensors="pt")
+            logp = []
+            for word in text_lib.DISCRIMINATOR_LABELS:
+                labels = tok([word], return_tensors="pt").input_ids
+                with torch.no_grad():
+                    out = model(**enc, labels=labels)
+                logp.append(-out.loss.item() * labels.shape[1])
+            expected = np.exp(logp[1]) / (np.exp(logp[0]) + np.exp(logp[1]))
+            assert scores[i, j] == pytest.approx(expected, abs=1e-5)
+    chosen = best_candidates(candidates, scores)
+    assert chosen == [c[int(np.argmax(r))] for c, r in zip(candidates, scores)]
