@@ -326,3 +326,26 @@ def test_t5_discriminator_relevance_matches_transformers(tmp_path_factory):
             assert scores[i, j] == pytest.approx(expected, abs=1e-5)
     chosen = best_candidates(candidates, scores)
     assert chosen == [c[int(np.argmax(r))] for c, r in zip(candidates, scores)]
+
+
+def test_train_fraction_keeps_whole_situations():
+    """The data-size ablation's configs (configs/sft_question_data*.yaml) keep a seeded share of
+    the training situations, each with all its questions."""
+    import dataclasses
+
+    from clarifyjax import data
+    from clarifyjax.config import load_config
+
+    cfg = load_config(REPO_ROOT / "configs" / "sft_question_data25.yaml")
+    assert cfg.data.train_fraction == 0.25
+    folder = REPO_ROOT / "examples" / "delta-clarify"
+    base = dataclasses.replace(cfg.data, train_path=str(folder / "train.tsv"),
+                               dev_path=str(folder / "dev.tsv"))
+    full, _ = data.load_sft_pairs(dataclasses.replace(base, train_fraction=None), "question")
+    groups = {p.group for p in full}
+    for fraction in (0.25, 0.5, 0.75):
+        kept, _ = data.load_sft_pairs(dataclasses.replace(base, train_fraction=fraction),
+                                      "question")
+        kept_groups = {p.group for p in kept}
+        assert len(kept_groups) == max(1, round(fraction * len(groups)))
+        assert kept == [p for p in full if p.group in kept_groups]  # whole situations, in order
