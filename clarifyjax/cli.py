@@ -425,7 +425,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def _evaluate_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", type=Path,
-                   help="YAML evaluation config (kind: evaluate; see configs/evaluate_*.yaml)")
+                   help="YAML evaluation config (kind: evaluate; see configs/evaluate/paper.yaml)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
                    help="config overrides, e.g. data.situations=100 table4.flip=pair")
 

@@ -131,9 +131,9 @@ class SFTDataConfig:
     that exists in neither stops the run (`clarifyjax.data.resolve_data_path`: no fallback).
     ``dev_path: null``: a seeded split of ``train_path`` (grouped by situation, so that no dev
     situation is seen in training), ``dev_fraction`` of the groups. ``train_fraction`` keeps that
-    share of the training situations (a seeded sample of whole groups: the data-size ablation),
-    ``train_rows`` then N train pairs (a seeded sample), ``dev_rows`` the first N dev pairs. ``batch_size`` is global (all
-    hosts). ``length_buckets``: padded lengths of batches (empty: powers of two), capped by the
+    share of the training situations (a seeded sample of whole groups: the data-size ablation;
+    null: all), ``train_rows`` then N train pairs (a seeded sample), ``dev_rows`` the first N dev
+    pairs. ``batch_size`` is global (all hosts). ``length_buckets``: padded lengths of batches (empty: powers of two), capped by the
     model's maximum lengths. Judge files are (text, class) tables; ``text_column`` /
     ``label_column`` name their columns (labels 1/0/-1 or good/ok/bad). ``judge_source: silver``
     derives judge pairs from sc_dev_questions_gpt.tsv instead (`clarifyjax.data.silver_judge_rows`).
@@ -157,7 +157,7 @@ class SFTDataConfig:
     judge_source: Literal["table", "silver"] = "table"
 
     _bounds: ClassVar = {"dev_fraction": "(0, 1)", "split_seed": "[0, 2147483647]",
-                         "train_rows": ">= 1", "train_fraction": "(0, 1]", "dev_rows": ">= 1",
+                         "train_rows": ">= 1", "train_fraction": "(0, 1)", "dev_rows": ">= 1",
                          "batch_size": ">= 1",
                          "eval_batch_size": ">= 1"}
 

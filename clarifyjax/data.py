@@ -240,7 +240,7 @@ def load_sft_pairs(data, task: str) -> tuple[list[Pair], list[Pair]]:
         train, dev = split_by_group(train, data.dev_fraction, data.split_seed)
     else:
         dev = read_pairs(resolve_data_path(data.dev_path, "data.dev_path"), task, **kw)
-    if data.train_fraction is not None and data.train_fraction < 1:
+    if data.train_fraction is not None:
         groups = list(dict.fromkeys(p.group for p in train))
         k = max(1, round(data.train_fraction * len(groups)))
         order = np.random.default_rng(data.split_seed).permutation(len(groups))
