@@ -133,6 +133,12 @@ def _jsd2(p, q):
     return (kl(p) + kl(q)) / 2
 
 
+def m_wh(path) -> str:
+    """The wh-conditioned model folder named in a config written by `_config`."""
+    line = [x for x in path.read_text().splitlines() if "name: why, kind: why" in x][0]
+    return line.split("model: ")[1].rstrip("}")
+
+
 def _numbers(out):
     results = json.loads((out / "results.json").read_text())
     return ({r["system"]: r for r in results["systems"]},
@@ -226,6 +232,17 @@ def test_evaluate_six_systems_tables_match_independent_computations(tmp_path, co
     assert _evaluate(path2) == 0
     assert _numbers(out2) == _numbers(out)
     assert (out2 / "questions.jsonl").read_text() == (out / "questions.jsonl").read_text()
+
+    # again, and with one more system: only that system's stages run
+    from clarifyjax.eval_config import load_eval_config
+    from clarifyjax.evaluation import Evaluation
+
+    assert Evaluation(load_eval_config(path2)).run()["computed"] == {}
+    path3 = tmp_path / "more.yaml"
+    path3.write_text(path2.read_text().replace(
+        "systems:\n", f"systems:\n  - {{name: why-again, kind: why, model: {m_wh(path2)}}}\n"))
+    run = Evaluation(load_eval_config(path3)).run()
+    assert run["computed"] == {"questions": 2, "judgments": 2, "answers": 2, "bertscore": 2}
 
 
 
