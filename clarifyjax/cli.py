@@ -437,7 +437,10 @@ def run_evaluate(args: argparse.Namespace) -> int:
     from clarifyjax.configlib import parse_overrides
     from clarifyjax.eval_config import load_eval_config
 
+    from clarifyjax.eval_config import check_inputs
+
     cfg = load_eval_config(args.config, parse_overrides(args.overrides))  # before JAX starts
+    check_inputs(cfg, str(args.config))
     from clarifyjax.evaluation import evaluate
 
     summary = evaluate(cfg)

@@ -229,3 +229,43 @@ def eval_config_from_dict(raw, overrides: Sequence[str] = (), *, source: str = "
         raise ConfigError(f"{source}: top-level key 'kind' must be 'evaluate' for clarifyjax "
                           f"evaluate, got {raw.get('kind')!r}")
     return build_root(EvalConfig, raw, overrides, source=source)
+
+
+def model_folders(cfg: EvalConfig) -> dict[str, str]:
+    """key -> folder of every model the config names (None values left out)."""
+    folders = {}
+    for i, system in enumerate(cfg.systems):
+        folders[f"systems[{i}].model"] = system.model
+        folders[f"systems[{i}].classifier"] = system.classifier
+    r = cfg.rewards
+    folders.update({"rewards.answerer.init": r.answerer.init, "rewards.fusion.init": r.fusion.init,
+                    "rewards.judge.model.init": r.judge.model.init,
+                    "rewards.nli.init": r.nli.init if r.nli is not None else None,
+                    "informativeness.qa": cfg.informativeness.qa,
+                    "bertscore.model": cfg.bertscore.model,
+                    "table3.answerer": cfg.table3.answerer if cfg.table3.path else None,
+                    "table3.answerer_no_question": (cfg.table3.answerer_no_question
+                                                    if cfg.table3.path else None)})
+    return {k: v for k, v in folders.items() if v is not None}
+
+
+def check_inputs(cfg: EvalConfig, source: str = "the config") -> None:
+    """Before any model loads: every model folder and data file the config names exists.
+
+    Raises:
+      ConfigError: naming the key, the path and `source`.
+    """
+    from clarifyjax.tables import DataError, resolve_data_path
+
+    for key, folder in model_folders(cfg).items():
+        if not Path(folder).is_dir():
+            raise ConfigError(f"{source}: {key}: {folder}: "
+                              + ("not a folder" if Path(folder).exists() else "no such folder"),
+                              key=key)
+    for key, path in (("data.situations_path", cfg.data.situations_path),
+                      ("table3.path", cfg.table3.path)):
+        if path is not None:
+            try:
+                resolve_data_path(path, key)
+            except DataError as e:
+                raise ConfigError(f"{source}: {e}", key=key) from None

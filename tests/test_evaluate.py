@@ -278,6 +278,10 @@ def test_config_errors_name_the_key_and_file(tmp_path):
 
     path.write_text(base + "data: {situations: -3}\n")
     assert cli.main(["evaluate", str(path)]) == 2
+    from clarifyjax.eval_config import check_inputs
+
+    with pytest.raises(ConfigError, match=r"systems\[0\]\.model: m: no such folder"):
+        check_inputs(load_eval_config(tmp_path / "e.yaml", ["data.situations=3"]))
 
 
 def test_unanswerable_reads_the_situation_as_context(tmp_path):
