@@ -132,10 +132,12 @@ def _plan(data: Path, quick: bool) -> dict:
         small = sum(1 for _ in f) < 1000
     plan = {"batch": 8 if small else 32, "ppo_batch": 8 if small else 16, "dev_rows": 64,
             "dev_situations": 4 if small else 32,
-            "steps": {"question": 300, "answerer": 250, "fusion": 300, "judge": 250},
+            "steps": {"question": 300, "wh_question": 300, "answerer": 250, "fusion": 300,
+                      "judge": 250},
             "ppo_steps": 40, "ppo_eval_every": 10}
     if small:
-        plan["steps"] = {"question": 80, "answerer": 80, "fusion": 80, "judge": 80}
+        plan["steps"] = {"question": 80, "wh_question": 80, "answerer": 80, "fusion": 80,
+                         "judge": 80}
     if quick:
         plan.update(steps={k: 6 for k in plan["steps"]}, ppo_steps=3, ppo_eval_every=3,
                     dev_rows=16, dev_situations=min(plan["dev_situations"], 8))
