@@ -183,8 +183,9 @@ class Loaded:
         self.batches = {f: data.text_batch(self.questions, f, self.n_max) for f in self.need}
         self.first = self.batches[self.need[0]]
         self.mask = np.logical_and.reduce([b.mask for b in self.batches.values()])
-        # Nodes keyed by the (first) text when collapsing identical texts.
-        self.groups = self.first.groups if args.collapse_identical else None
+        # Nodes keyed by text when collapsing identical texts: the reference keys them by the RoT
+        # whenever RoTs are used (its use_rots graph), else by the answer.
+        self.groups = self.batches["rot" if "rot" in self.need else "answer"].groups if args.collapse_identical else None
         self.weights = data.pair_matrix(self.questions, args.edge_weights, self.n_max) if args.edge_weights else None
         lexical_field = "rot" if args.text == "rot" else "answer"
         self.lexical_texts = [[t if ok else "" for t, ok in zip(q.texts(lexical_field), self.mask[b])]

@@ -48,7 +48,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
                    "clarifyjax.rollout", "clarifyjax.sft", "clarifyjax.checkpointing",
                    "clarifyjax.run_record", "clarifyjax.eval_config", "clarifyjax.eval_metrics",
                    "clarifyjax.stage_cache", "clarifyjax.eval_report", "clarifyjax.qa_metric",
-                   "sage_jax.data", "sage_jax.embed", "sage_jax.report"),
+                   "sage_jax.data", "sage_jax.embed", "sage_jax.report", "sage_jax.parascore"),
     # Pipelines: the composed reward, the training programs and loops, the dry run.
     "pipelines": ("clarifyjax.reward_pipeline", "clarifyjax.memory_plan", "clarifyjax.programs",
                   "clarifyjax.train", "clarifyjax.dryrun", "sage_jax", "clarifyjax.baselines",

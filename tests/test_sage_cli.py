@@ -121,7 +121,7 @@ def test_sage_matches_sentence_transformers_and_numpy(two_models):
 
 
 def test_edge_weights_from_a_pairs_file_and_bad_input(tmp_path):
-    """No embedder: the pairs file's cosine_rot as edges, collapsing identical answers."""
+    """No embedder: the pairs file's cosine_rot as edges, collapsing identical RoTs."""
     from sage_jax.data import pair_matrix, read_questions, text_batch
     from sage_jax.metric import sage_from_similarity
 
@@ -136,8 +136,10 @@ def test_edge_weights_from_a_pairs_file_and_bad_input(tmp_path):
                    "--no-bertscore", "--out", out, "--quiet")
     assert proc.returncode == 0, proc.stderr[-3000:]
     questions = read_questions(small, need=("answer", "rot"))
-    batch = text_batch(questions, "answer")
-    want = np.asarray(sage_from_similarity(pair_matrix(questions, "cosine_rot"), batch.mask, groups=batch.groups))
+    batch, rots = text_batch(questions, "answer"), text_batch(questions, "rot")
+    # --text blend keys the collapsed nodes by RoT text, as the reference's use_rots graph does
+    want = np.asarray(sage_from_similarity(pair_matrix(questions, "cosine_rot"), batch.mask & rots.mask,
+                                           groups=rots.groups))
     got = np.array([float(r["sage"]) for r in read_csv(out / "vicuna_small.per_question.csv")])
     np.testing.assert_allclose(got, want, atol=1e-7)
     summary = json.loads((out / "summary.json").read_text())["models"][0]
