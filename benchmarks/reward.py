@@ -60,6 +60,7 @@ import transformers  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from clarifyjax import delphi  # noqa: E402
+from clarifyjax import seq2seq as seq2seq_lib  # noqa: E402
 from clarifyjax import text as text_lib  # noqa: E402
 from clarifyjax.delphi import DELPHI_CLASS_STEP, Judge  # noqa: E402
 from clarifyjax.seq2seq import Sampling, Seq2SeqModel  # noqa: E402
@@ -234,7 +235,7 @@ def recording_shapes(pipeline: RewardPipeline) -> Iterator[list[dict]]:
     teacher-forced pass: its t positions at once, rows * t) and lm_head_positions per row."""
     calls: list[dict] = []
     stage = [None]
-    real_stage, real_generate = pipeline._stage, delphi.generate
+    real_stage, real_generate = pipeline._stage, seq2seq_lib.generate  # every T5's decoding
     real_class_probabilities = delphi._class_probabilities
 
     def staged(name, fn, *args, **kwargs):
@@ -261,12 +262,12 @@ def recording_shapes(pipeline: RewardPipeline) -> Iterator[list[dict]]:
                                         class_ids)
 
     pipeline._stage = staged
-    delphi.generate, delphi._class_probabilities = generate, class_probabilities
+    seq2seq_lib.generate, delphi._class_probabilities = generate, class_probabilities
     try:
         yield calls
     finally:
         del pipeline._stage
-        delphi.generate, delphi._class_probabilities = real_generate, real_class_probabilities
+        seq2seq_lib.generate, delphi._class_probabilities = real_generate, real_class_probabilities
 
 
 def t5_call_flops(call: dict) -> dict[str, tuple[float, tuple[int, int, int]]]:

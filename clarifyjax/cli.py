@@ -6,6 +6,7 @@
     clarifyjax train CONFIG [--dry-run] [--no-progress] [KEY=VALUE ...]
     clarifyjax generate MODEL_DIR --input PROMPTS.jsonl --output OUT.jsonl [--n N] [sampling]
     clarifyjax serve MODEL_DIR [--host 127.0.0.1] [--port N]
+    clarifyjax evaluate CONFIG [KEY=VALUE ...]
     clarifyjax discriminator-data --input FILE.tsv --out FILE.tsv [--embedder DIR]
                                   [--neighbours N] [--overwrite]
 
@@ -486,6 +487,33 @@ def run_serve(args: argparse.Namespace) -> int:
     server = OpenAIServer(lm, name=args.name, limits=limits)
     serve_forever(server.app, args.host, args.port,
                   announce=lambda url: print(f"serving {server.name} at {url}/v1", flush=True))
+    return 0
+
+
+# --------------------------------------------------------------------------- evaluate
+
+def _evaluate_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", type=Path,
+                   help="YAML evaluation config (kind: evaluate; see configs/evaluate/paper.yaml)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
+                   help="config overrides, e.g. data.situations=100 table4.flip=pair")
+
+
+@subcommand("evaluate", "the systems' questions for δ-CLARIFY situations and the paper's "
+            "automatic tables (Table 4, informativeness, BERTScore, Table 3); resumes from OUT/cache",
+            _evaluate_options)
+def run_evaluate(args: argparse.Namespace) -> int:
+    from clarifyjax.configlib import parse_overrides
+    from clarifyjax.eval_config import check_inputs, load_eval_config
+
+    cfg = load_eval_config(args.config, parse_overrides(args.overrides))  # before JAX starts
+    check_inputs(cfg, str(args.config))
+    from clarifyjax.evaluation import evaluate
+
+    summary = evaluate(cfg)
+    print((Path(cfg.out) / "results.md").read_text(encoding="utf-8"))
+    print(f"wrote {cfg.out}/results.md, systems.csv, results.json, "
+          f"{', '.join(Path(f).name for f in summary['figures'].values())}")
     return 0
 
 

@@ -131,9 +131,10 @@ class SFTDataConfig:
     Relative paths are read from the working directory, else from the repository root; a path
     that exists in neither stops the run (`clarifyjax.data.resolve_data_path`: no fallback).
     ``dev_path: null``: a seeded split of ``train_path`` (grouped by situation, so that no dev
-    situation is seen in training), ``dev_fraction`` of the groups. ``train_rows`` keeps N train
-    pairs (a seeded sample), ``dev_rows`` the first N dev pairs. ``batch_size`` is global (all
-    hosts). ``length_buckets``: padded lengths of batches (empty: powers of two), capped by the
+    situation is seen in training), ``dev_fraction`` of the groups. ``train_fraction`` keeps that
+    share of the training situations (a seeded sample of whole groups: the data-size ablation;
+    null: all), ``train_rows`` then N train pairs (a seeded sample), ``dev_rows`` the first N dev
+    pairs. ``batch_size`` is global (all hosts). ``length_buckets``: padded lengths of batches (empty: powers of two), capped by the
     model's maximum lengths. Judge files are (text, class) tables; ``text_column`` /
     ``label_column`` name their columns (labels 1/0/-1 or good/ok/bad). ``judge_source: silver``
     derives judge pairs from sc_dev_questions_gpt.tsv instead (`clarifyjax.data.silver_judge_rows`).
@@ -146,6 +147,7 @@ class SFTDataConfig:
     dev_fraction: float = 0.1
     split_seed: int = 0
     train_rows: Optional[int] = None
+    train_fraction: Optional[float] = None
     dev_rows: Optional[int] = None
     batch_size: int = 32
     eval_batch_size: int = 64
@@ -156,7 +158,8 @@ class SFTDataConfig:
     judge_source: Literal["table", "silver"] = "table"
 
     _bounds: ClassVar = {"dev_fraction": "(0, 1)", "split_seed": "[0, 2147483647]",
-                         "train_rows": ">= 1", "dev_rows": ">= 1", "batch_size": ">= 1",
+                         "train_rows": ">= 1", "train_fraction": "(0, 1)", "dev_rows": ">= 1",
+                         "batch_size": ">= 1",
                          "eval_batch_size": ">= 1"}
 
     def check(self, at: str) -> None:
@@ -167,9 +170,10 @@ class SFTDataConfig:
         unused = {}
         if self.dev_path is not None:
             unused["dev_fraction"] = f"{at}.dev_path is set, so nothing is split off"
-            if self.train_rows is None:
-                unused["split_seed"] = (f"{at}.dev_path is set and {at}.train_rows is null, so "
-                                        "nothing is split or sampled")
+            if self.train_rows is None and self.train_fraction is None:
+                unused["split_seed"] = (f"{at}.dev_path is set and {at}.train_rows and "
+                                        f"{at}.train_fraction are null, so nothing is split or "
+                                        "sampled")
         if task != "judge":
             unused.update(dict.fromkeys(("judge_source", "text_column", "label_column"),
                                         f"only task 'judge' reads it (task is {task!r})"))

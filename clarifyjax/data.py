@@ -231,7 +231,8 @@ def read_pairs(path: str | os.PathLike, task: str, *, text_column: str = "text",
 
 def load_sft_pairs(data, task: str) -> tuple[list[Pair], list[Pair]]:
     """(train, dev) pairs for an `SFTDataConfig`: dev from ``dev_path`` or a seeded group split;
-    ``train_rows`` after a seeded shuffle of train, ``dev_rows`` the first dev pairs."""
+    ``train_fraction`` of the training situations (seeded, whole groups), ``train_rows`` after a
+    seeded shuffle of train, ``dev_rows`` the first dev pairs."""
     kw = dict(text_column=data.text_column, label_column=data.label_column,
               judge_source=data.judge_source)
     train = read_pairs(resolve_data_path(data.train_path, "data.train_path"), task, **kw)
@@ -239,6 +240,12 @@ def load_sft_pairs(data, task: str) -> tuple[list[Pair], list[Pair]]:
         train, dev = split_by_group(train, data.dev_fraction, data.split_seed)
     else:
         dev = read_pairs(resolve_data_path(data.dev_path, "data.dev_path"), task, **kw)
+    if data.train_fraction is not None:
+        groups = list(dict.fromkeys(p.group for p in train))
+        k = max(1, round(data.train_fraction * len(groups)))
+        order = np.random.default_rng(data.split_seed).permutation(len(groups))
+        chosen = {groups[i] for i in order[:k]}
+        train = [p for p in train if p.group in chosen]
     if data.train_rows is not None and data.train_rows < len(train):
         keep = np.sort(np.random.default_rng(data.split_seed).permutation(len(train))[
             :data.train_rows])

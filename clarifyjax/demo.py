@@ -48,7 +48,8 @@ DELPHI_TARGET_PIECES = ("class>1/class> text>it's good/text>",
 
 
 DEMO_FOLDERS = ("tokenizer_tiny", "sft_question_tiny", "sft_answerer_tiny", "sft_fusion_tiny",
-                "sft_judge_tiny", "sft_judge_tiny_data", "ppo_tiny", "sage_demo")
+                "sft_judge_tiny", "sft_judge_tiny_data", "ppo_tiny", "sage_demo",
+                "sft_wh_question_tiny", "evaluate_tiny")
 
 
 def find_data(data_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
@@ -133,10 +134,12 @@ def _plan(data: Path, quick: bool) -> dict:
         small = sum(1 for _ in f) < 1000
     plan = {"batch": 8 if small else 32, "ppo_batch": 8 if small else 16, "dev_rows": 64,
             "dev_situations": 4 if small else 32,
-            "steps": {"question": 300, "answerer": 250, "fusion": 300, "judge": 250},
+            "steps": {"question": 300, "wh_question": 300, "answerer": 250, "fusion": 300,
+                      "judge": 250},
             "ppo_steps": 40, "ppo_eval_every": 10}
     if small:
-        plan["steps"] = {"question": 80, "answerer": 80, "fusion": 80, "judge": 80}
+        plan["steps"] = {"question": 80, "wh_question": 80, "answerer": 80, "fusion": 80,
+                         "judge": 80}
     if quick:
         plan.update(steps={k: 6 for k in plan["steps"]}, ppo_steps=3, ppo_eval_every=3,
                     dev_rows=16, dev_situations=min(plan["dev_situations"], 8))
@@ -147,14 +150,18 @@ def sft_config(task: str, out: Path, tokenizer: Path, data: Path, plan: dict, ju
     from clarifyjax.config import load_config
 
     steps = plan["steps"][task]
-    lengths = {"question": (48, 32), "answerer": (64, 32), "fusion": (96, 48), "judge": (64, 32)}
+    lengths = {"question": (48, 32), "wh_question": (48, 32), "answerer": (64, 32),
+               "fusion": (96, 48), "judge": (64, 32)}
     max_in, max_out = lengths[task]
     paths = {"question": [f"data.train_path={data / 'train.tsv'}",
                           f"data.dev_path={data / 'dev.tsv'}"],
+             "wh_question": [f"data.train_path={data / 'train.tsv'}",
+                             f"data.dev_path={data / 'dev.tsv'}"],
              "answerer": [f"data.train_path={data / 'sc_dev_questions_gpt.tsv'}"],
              "fusion": [f"data.train_path={data / 'fusion_dev.csv'}"],
              "judge": [f"data.train_path={judge_file}", "data.judge_source=table"]}[task]
-    name = {"question": "sft_question_tiny", "answerer": "sft_answerer_tiny",
+    name = {"question": "sft_question_tiny", "wh_question": "sft_wh_question_tiny",
+            "answerer": "sft_answerer_tiny",
             "fusion": "sft_fusion_tiny", "judge": "sft_judge_tiny"}[task]
     return load_config(REPO_ROOT / "configs" / f"{name}.yaml", [
         f"run.output_dir={out / f'sft_{task}_tiny'}", f"run.steps={steps}",
@@ -259,6 +266,46 @@ def write_models_file(cfg, out: Path) -> Path:
     path = save_config(ModelsConfig(policy=policy, rewards=cfg.rewards), out / "models.yaml")
     load_models_config(path)  # what the commands will read
     return path
+def evaluation_config(ppo_cfg, out: Path, data: Path, plan: dict):
+    """`clarifyjax evaluate` of the demo's models: the PPO policy against the t5, pipeline and
+    why baselines (the demo trains no NLI filter, discriminator or QA model, so pipeline-nli,
+    discriminator and informativeness are left out), with the PPO run's reward models, BERTScore
+    on all-MiniLM-L6-v2 when it is installed, and Table 3 on the silver answers."""
+    from clarifyjax.configlib import config_to_dict
+    from clarifyjax.eval_config import eval_config_from_dict
+
+    wh = str(out / "sft_wh_question_tiny" / "final")
+    raw = {
+        "out": str(out / "evaluate_tiny"),
+        "data": {"situations_path": str(data / "dev.tsv"),
+                 "situations": max(plan["dev_situations"], 8), "batch_size": 16},
+        "generation": {"max_question_length": 16, "wh_starts": ["what", "how", "why", "is"]},
+        "systems": [
+            {"name": "ClarifyDelphi (PPO)", "kind": "ppo",
+             "model": str(out / "ppo_tiny" / "final")},
+            {"name": "t5 fine-tuned", "kind": "t5", "model": ppo_cfg.policy.init},
+            {"name": "pipeline", "kind": "pipeline", "model": wh},
+            {"name": "why", "kind": "why", "model": wh}],
+        "rewards": config_to_dict(ppo_cfg.rewards),
+        "table3": {"path": str(data / "sc_dev_questions_gpt.tsv"), "groups": 16,
+                   "answerer": ppo_cfg.rewards.answerer.init}}
+    try:
+        from sage_jax.embed import default_embedder_path
+
+        raw["bertscore"] = {"model": str(default_embedder_path()), "layer": 6}
+    except Exception:  # noqa: BLE001  (the metric is optional here; the table says "-")
+        pass
+    return eval_config_from_dict(raw, source="the demo")
+
+
+def run_evaluation(ppo_cfg, out: Path, data: Path, plan: dict) -> dict:
+    from clarifyjax.evaluation import evaluate
+
+    cfg = evaluation_config(ppo_cfg, out, data, plan)
+    print("\n=== clarifyjax evaluate: the PPO policy against the baselines ===", flush=True)
+    summary = evaluate(cfg, say=lambda line: print(line, flush=True))
+    print((Path(cfg.out) / "results.md").read_text(encoding="utf-8"), flush=True)
+    return summary
 
 
 def run_sage(out: Path) -> int:
@@ -318,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     judge_file = derive_judge_file(data / "sc_dev_questions_gpt.tsv",
                                    out / "sft_judge_tiny_data" / "judge.tsv")
 
-    for task in ("question", "answerer", "fusion", "judge"):
+    for task in ("question", "wh_question", "answerer", "fusion", "judge"):
         cfg = sft_config(task, out, tokenizer, data, plan, judge_file)
         result = train.train_sft(cfg, progress=args.progress)
         ev = result.get("eval") or {}
@@ -346,6 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"  in the terminal: clarifyjax interact {models}\n"
           f"  for a file: clarifyjax ask {models} --situations FILE --output OUT.jsonl",
           flush=True)
+    run_evaluation(cfg, out, data, plan)
 
     status = 0 if args.no_sage else run_sage(out)
     print(f"[demo] done in {time.time() - start:.0f} s", flush=True)

@@ -194,6 +194,14 @@ def answer_sft_example(hypothesis: str, update_type: str, question: str, update:
     return source, _field(update, "Update", where)
 
 
+def answer_input_without_question(hypothesis: str, update_type: str, *,
+                                  where: str | None = None) -> str:
+    """Table 3's update generator without the intermediate question: "answer: {Hypothesis} TYPE:
+    {UpdateType}" (`answer_sft_example`'s source with its QUESTION part left out)."""
+    return (f"{ANSWER_PREFIX}{_field(hypothesis, 'Hypothesis', where)} "
+            f"TYPE: {_update_type(update_type, where)}")
+
+
 def answer_sft_from_row(row: Mapping[str, str], *, where: str | None = None) -> tuple[str, str]:
     """`answer_sft_example` over a row of sc_dev_questions_gpt.tsv (columns by name)."""
     cols = ("Hypothesis", "UpdateType", "question_davinci", "Update")

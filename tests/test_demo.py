@@ -76,6 +76,10 @@ def test_demo_runs_end_to_end(tmp_path):
     assert [r["step"] for r in rows if "train/mean_score" in r] == [1, 2, 3]
     assert (out / "ppo_tiny" / "reward_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "=== PPO policy" in log and "Q:" in log
+    # the evaluation table of the tiny models: the PPO policy against the baselines
+    assert "=== clarifyjax evaluate" in log and "| ClarifyDelphi (PPO) | ppo |" in log
+    assert (out / "evaluate_tiny" / "results.md").exists()
+    assert (out / "sft_wh_question_tiny" / "final" / "model.safetensors").exists()
     assert "SaGE" in log and (out / "sage_demo" / "summary.json").exists()
     assert "[demo] done in" in log
     # the page's command, on models.yaml (the PPO policy and the reward models)

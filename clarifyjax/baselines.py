@@ -1,0 +1,152 @@
+"""ClarifyDelphi's baselines (paper §5) as question generators: situations in, one question per
+situation out (or, for the candidate-based ones, a choice among the wh-conditioned candidates).
+
+* `QuestionSampler`: a question generator ("question: " + situation), sampled as
+  `Sampling` says (the *t5 fine-tuned* baseline: top-p 0.6 with top-k 50; the PPO policy too).
+* `WhCandidates`: the wh-conditioned generator ("{situation} Q.: {start}"), one question per
+  start; with the start "why" alone it is the *why* baseline.
+* `reward_choice`: *pipeline* / *pipeline-nli*: every candidate through the defeasibility reward
+  (`reward_pipeline.RewardPipeline`, the PPO reward, without / with its NLI filter); the highest
+  raw reward (the JSD before normalization; a dropped answer's `dropped_reward`) wins, the first
+  start on ties.
+* `Discriminator`: a (situation, question) relevance model (a T5 trained on the SFT task
+  ``discriminator``, or a sequence classifier); the candidate with the highest P(relevant) wins
+  (*discriminator*).
+
+Each call is one batched, jitted model call over all the rows it is given.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from clarifyjax import text as text_lib
+from clarifyjax.reward_pipeline import RewardPipeline
+from clarifyjax.seq2seq import Sampling, Seq2SeqModel
+
+
+class QuestionSampler:
+    """One question per situation from a question generator (the PPO policy's input format)."""
+
+    def __init__(self, model: Seq2SeqModel, sampling: Sampling):
+        self.model, self.sampling = model, sampling
+
+    def __call__(self, situations: Sequence[str], rng: jax.Array | None = None) -> list[str]:
+        inputs = [text_lib.policy_input(s, where=f"situation {i}")
+                  for i, s in enumerate(situations)]
+        return self.model.generate(inputs, self.sampling, rng=rng).texts
+
+
+class WhCandidates:
+    """One question per (situation, start) from the wh-conditioned generator: [n][len(starts)]."""
+
+    def __init__(self, model: Seq2SeqModel, sampling: Sampling, starts: Sequence[str]):
+        if not starts:
+            raise ValueError("WhCandidates: no question starts")
+        self.model, self.sampling, self.starts = model, sampling, tuple(starts)
+
+    def __call__(self, situations: Sequence[str], rng: jax.Array | None = None
+                 ) -> list[list[str]]:
+        inputs = [text_lib.wh_question_input(s, start, where=f"situation {i}")
+                  for i, s in enumerate(situations) for start in self.starts]
+        texts = self.model.generate(inputs, self.sampling, rng=rng).texts
+        k = len(self.starts)
+        return [texts[i * k: (i + 1) * k] for i in range(len(situations))]
+
+
+def candidate_rewards(pipeline: RewardPipeline, situations: Sequence[str],
+                      candidates: Sequence[Sequence[str]], rng=None) -> np.ndarray:
+    """[n, k] raw rewards (JSD before normalization) of every candidate, in one pipeline call."""
+    k = len(candidates[0]) if candidates else 0
+    if any(len(c) != k for c in candidates):
+        raise ValueError("candidate_rewards: every situation needs the same number of candidates")
+    flat_situations = [s for s in situations for _ in range(k)]
+    flat_questions = [q for c in candidates for q in c]
+    out = pipeline(flat_situations, flat_questions, rng=rng)
+    return np.asarray(out.raw_reward, np.float64).reshape(len(situations), k)
+
+
+def best_candidates(candidates: Sequence[Sequence[str]], scores) -> list[str]:
+    """The highest-scoring candidate of each situation (the first on ties)."""
+    index = np.asarray(scores).argmax(axis=1)
+    return [c[int(i)] for c, i in zip(candidates, index)]
+
+
+class Discriminator:
+    """P(relevant) of (situation, question) pairs, from either kind of discriminator folder:
+
+    * a T5 trained as the SFT task ``discriminator`` ("relevance: {situation} QUESTION:
+      {question}" -> "relevant" | "irrelevant"): P(relevant) is the teacher-forced probability of
+      the word "relevant" normalized over the two label words, one jitted scoring call per batch;
+    * a sequence classifier (BERT, RoBERTa, DeBERTa) whose id2label names `relevant_label`, run
+      through `nli.NLIFilter`'s batched, bucketed pair forward (its "drop" labels are the other
+      labels, unused here).
+    """
+
+    def __init__(self, folder, *, relevant_label: str = "relevant", max_length: int = 128,
+                 batch_size: int = 64, dtype: str = "float32"):
+        from clarifyjax.models.safetensors_io import check_folder, read_config
+
+        folder = check_folder(folder)
+        self.relevant_label = relevant_label
+        if read_config(folder).get("model_type") in ("t5", "mt5"):
+            self.t5 = Seq2SeqModel.from_pretrained(folder, dtype=dtype,
+                                                   max_input_length=max_length)
+            self.classifier = None
+        else:
+            self.t5 = None
+            self._load_classifier(folder, max_length, batch_size, dtype)
+
+    def _load_classifier(self, folder, max_length: int, batch_size: int, dtype: str) -> None:
+        from clarifyjax.models.encoder_params import read_encoder_config
+        from clarifyjax.models.safetensors_io import CheckpointError
+        from clarifyjax.nli import NLIFilter
+
+        labels = [str(label) for label in read_encoder_config(folder).labels]
+        lower = [label.lower() for label in labels]
+        if self.relevant_label.lower() not in lower or len(labels) < 2:
+            raise CheckpointError(f"{folder / 'config.json'}: id2label {labels} has no "
+                                  f"{self.relevant_label!r} label (and at least one other)")
+        self.column = lower.index(self.relevant_label.lower())
+        others = tuple(label for i, label in enumerate(labels) if i != self.column)
+        self.classifier = NLIFilter.from_pretrained(folder, drop_labels=others,
+                                                    max_length=max_length,
+                                                    batch_size=batch_size, dtype=dtype)
+
+    def _t5_relevance(self, situations: list[str], questions: list[str]) -> np.ndarray:
+        from clarifyjax.decoding import score
+
+        words = text_lib.DISCRIMINATOR_LABELS  # (irrelevant, relevant)
+        inputs = [text_lib.discriminator_input(s, q, where=f"pair {i}")
+                  for i, (s, q) in enumerate(zip(situations, questions))]
+        ids, mask, _ = self.t5.encode(inputs)
+        word_ids, word_mask = self.t5.tokenizer.encode_batch(list(words), 16)
+        logp = []
+        for w in range(len(words)):
+            target = np.repeat(word_ids[w: w + 1], len(ids), axis=0)
+            target_mask = np.repeat(word_mask[w: w + 1], len(ids), axis=0)
+            logp.append(np.asarray(score(self.t5.model, ids, mask, target, target_mask)).sum(-1))
+        logp = np.stack(logp, axis=-1)[: len(inputs)]  # [n, 2]
+        p = np.exp(logp - logp.max(-1, keepdims=True))
+        return p[:, 1] / p.sum(-1)
+
+    def relevance(self, situations: Sequence[str], questions: Sequence[str]) -> np.ndarray:
+        """[n] P(relevant) of each (situation, question) pair."""
+        sits = [text_lib.strip_policy_prefix(s) for s in situations]
+        if self.t5 is not None:
+            return self._t5_relevance(sits, list(questions))
+        return self.classifier.probabilities(sits, list(questions))[:, self.column]
+
+    def scores(self, situations: Sequence[str], candidates: Sequence[Sequence[str]]
+               ) -> np.ndarray:
+        """[n, k] P(relevant) of every candidate, in one batched call."""
+        k = len(candidates[0]) if candidates else 0
+        pairs = [(s, q) for s, c in zip(situations, candidates) for q in c]
+        scores = np.zeros(len(pairs))  # an empty candidate (the model wrote only EOS) scores 0
+        asked = [i for i, (_, q) in enumerate(pairs) if q.strip()]
+        if asked:
+            scores[asked] = self.relevance([pairs[i][0] for i in asked],
+                                           [pairs[i][1] for i in asked])
+        return scores.reshape(len(situations), k)
