@@ -1,0 +1,336 @@
+"""`sage-jax run`: questions -> paraphrases -> answers (per model) -> rules of thumb -> scores -> report.
+
+Stages (each resumable, see `sage_jax.stages`), with what they write under `out/`:
+
+    paraphrase  stages/paraphrase/p<i>of<n>/rows.jsonl   one row per question: its kept paraphrases
+    answer      stages/answer/<model>/p<i>of<n>/...       one row per (question, paraphrase, sample)
+    rot         stages/rot/<model>/p<i>of<n>/...          one row per answered row
+    score       report/<model>.answers.csv, scores.json   every process's rows merged
+    report      report/table1.md, table1.csv, <model>.per_question.csv, summary.json, PNG
+
+`config.yaml` (the resolved config) and `prompts/` (every template) are written beside them. Every
+output row names its question, paraphrase, model, sample, attempt and prompt. Several models share
+one paraphrase stage and are answered one after the other. Process i of n (`hosts`) takes questions
+i, i + n, ...; the score stage needs every process's rows and merges them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Callable, Sequence
+
+from clarifyjax.configlib import ConfigError, dump_config
+from clarifyjax.textfiles import atomic_write_bytes
+from sage_jax import prompts as P
+from sage_jax.generators import Sampling
+from sage_jax.run_config import GeneratorConfig, RunConfig, SamplingConfig
+from sage_jax.stages import Stage, StageError, Task
+
+STAGES = ("paraphrase", "answer", "rot", "score", "report")
+PARAPHRASER = "paraphraser"  # the model field of paraphrase rows
+
+
+@dataclasses.dataclass
+class Question:
+    question_id: str
+    question: str
+    paraphrases: list[str] | None = None  # paraphrase.source: file
+    scores: list[float] | None = None
+
+
+def read_questions(cfg: RunConfig) -> list[Question]:
+    """The questions file: one question per id (a long-format file's repeated ids are one question,
+    its paraphrase column the paraphrases when paraphrase.source is file); first `limit`."""
+    from clarifyjax.tables import DataError, read_rows
+
+    header, rows = read_rows(cfg.questions)
+    need = [cfg.question_id_column, cfg.question_column]
+    if cfg.paraphrase.source == "file":
+        need.append(cfg.paraphrase.paraphrase_column)
+    missing = [c for c in need if c not in header]
+    if missing:
+        raise DataError(f"{cfg.questions}: missing column{'s' if len(missing) > 1 else ''} "
+                        f"{', '.join(map(repr, missing))} (the file has: {', '.join(header)})")
+    by_id: dict[str, Question] = {}
+    for line, row in rows:
+        qid, text = row[cfg.question_id_column].strip(), row[cfg.question_column].strip()
+        if not qid or not text:
+            raise DataError(f"{cfg.questions}:{line}: empty {cfg.question_id_column if not qid else cfg.question_column!r}")
+        q = by_id.get(qid)
+        if q is None:
+            if cfg.limit is not None and len(by_id) == cfg.limit:
+                continue
+            q = by_id[qid] = Question(qid, text, [] if cfg.paraphrase.source == "file" else None,
+                                      [] if cfg.paraphrase.source == "file" else None)
+        elif q.question != text:
+            raise DataError(f"{cfg.questions}:{line}: question id {qid!r} has another question text than "
+                            "its first row; two questions share one id")
+        if cfg.paraphrase.source == "file":
+            q.paraphrases.append(row[cfg.paraphrase.paraphrase_column].strip())
+            try:
+                q.scores.append(float(row.get("score") or "nan"))
+            except ValueError:
+                q.scores.append(float("nan"))
+    if not by_id:
+        raise DataError(f"{cfg.questions}: no questions")
+    return list(by_id.values())
+
+
+def process_share(cfg: RunConfig) -> tuple[int, int]:
+    if cfg.hosts.process_index is not None:
+        return cfg.hosts.process_index, cfg.hosts.process_count
+    import jax
+
+    return jax.process_index(), jax.process_count()
+
+
+def sampling(cfg: SamplingConfig, *, top_k: int | None, max_new_tokens: int, temperature=None) -> Sampling:
+    return Sampling(max_new_tokens=cfg.max_new_tokens or max_new_tokens,
+                    temperature=cfg.temperature if cfg.temperature is not None else temperature,
+                    top_k=cfg.top_k if cfg.top_k is not None else top_k, top_p=cfg.top_p)
+
+
+class Generators:
+    """Each distinct generator config built once (a local paraphraser that also writes the RoTs is
+    loaded once)."""
+
+    def __init__(self, build: Callable[[GeneratorConfig, int], object] | None = None):
+        self._build = build or build_generator
+        self._made: dict = {}
+
+    def __call__(self, cfg: GeneratorConfig, batch_size: int):
+        key = (cfg, batch_size)
+        if key not in self._made:
+            self._made[key] = self._build(cfg, batch_size)
+        return self._made[key]
+
+
+def build_generator(cfg: GeneratorConfig, batch_size: int):
+    from sage_jax import generators as G
+
+    if cfg.kind == "openai":
+        return G.OpenAIGenerator(base_url=cfg.base_url, model=cfg.model, api=cfg.api, api_key_env=cfg.api_key_env,
+                                 concurrency=cfg.concurrency, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
+    if cfg.kind == "file":
+        return G.RecordedGenerator(cfg.model, column=cfg.column)
+    return G.LocalGenerator(cfg.model, batch_size=batch_size, chat_template=cfg.chat_template, dtype=cfg.dtype)
+
+
+def check_generator(cfg: GeneratorConfig | None, at: str) -> None:
+    """Cheap checks before any work: files and folders exist, the API key's variable is set."""
+    from sage_jax.generators import read_api_key
+
+    if cfg is None:
+        return
+    if cfg.kind in ("local", "file") and not Path(cfg.model).exists():
+        raise ConfigError(f"{at}.model: {cfg.model}: no such {'folder' if cfg.kind == 'local' else 'file'}")
+    if cfg.kind == "openai":
+        try:
+            read_api_key(cfg.api_key_env)
+        except Exception as e:
+            raise ConfigError(f"{at}.{e}") from None
+
+
+class Run:
+    """One `sage-jax run`: the resolved config, the output folder and the stages."""
+
+    def __init__(self, cfg: RunConfig, *, generators: Generators | None = None, parascorer=None):
+        self.cfg, self.out = cfg, Path(cfg.out)
+        self.preset = P.PRESETS[cfg.preset]
+        self.generators = generators or Generators()
+        self._parascorer = parascorer
+        self.index, self.count = process_share(cfg)
+        self.share = f"p{self.index}of{self.count}"
+
+    def check(self, stages: Sequence[str]) -> None:
+        """Bad input before long work: the questions file (read whole), every generator the asked
+        stages use (paths, the API key's variable), ParaScore's and the embedder's folders."""
+        self.questions()
+        cfg = self.cfg
+        if "paraphrase" in stages and cfg.paraphrase.source == "generate":
+            check_generator(cfg.paraphrase.generator, "paraphrase.generator")
+            if self._parascorer is None and not Path(cfg.paraphrase.scorer.model or "").is_dir():
+                raise ConfigError(f"paraphrase.scorer.model: {cfg.paraphrase.scorer.model or '(not set)'}: not a "
+                                  "folder; ParaScore needs a BERT folder (SaGE uses bert-base-uncased)")
+        for i, target in enumerate(cfg.models):
+            if "answer" in stages:
+                check_generator(target.generator, f"models[{i}].generator")
+        if "rot" in stages:
+            check_generator(cfg.rot.generator, "rot.generator")
+        if "score" in stages and cfg.score.embedder is not None and not Path(cfg.score.embedder).is_dir():
+            raise ConfigError(f"score.embedder: {cfg.score.embedder}: not a folder")
+
+    # ------------------------------------------------------------------ records
+
+    def save_records(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.out / "config.yaml", dump_config(self.cfg).encode())
+        for name, text in P.templates(self.preset).items():
+            (self.out / "prompts").mkdir(exist_ok=True)
+            atomic_write_bytes(self.out / "prompts" / name, text.encode())
+
+    def questions(self) -> list[Question]:
+        return read_questions(self.cfg)[self.index::self.count]
+
+    def _stage(self, name: str, folder: Path, tasks, fingerprint: dict, settings) -> Stage:
+        return Stage(name, folder, tasks, fingerprint={"stage": name, **fingerprint}, seed=self.cfg.seed,
+                     max_attempts=settings.max_attempts, batch_size=settings.batch_size)
+
+    # ------------------------------------------------------------------ paraphrase
+
+    def threshold(self) -> float:
+        t = self.cfg.paraphrase.threshold
+        return self.preset.parascore_threshold if t is None else t
+
+    def parascorer(self):
+        if self._parascorer is None:
+            import importlib  # sage_jax.parascore comes with the bertscore branch; plain import once merged
+
+            parascore = importlib.import_module("sage_jax.parascore")
+            s = self.cfg.paraphrase.scorer
+            self._parascorer = lambda sources, candidates: parascore.parascore(
+                sources, candidates, sources, model=s.model, layer=s.layer, gamma=s.gamma, omega=s.omega)
+        return self._parascorer
+
+    def _paraphrase_judge(self, tasks, texts, previous):
+        """Candidates of every row at once: parsed (anchored numbering), copies of the question and
+        duplicates dropped, scored, kept in order while above the threshold (accumulated over attempts)."""
+        want, threshold, inclusive = self.cfg.paraphrase.count, self.threshold(), self.preset.parascore_inclusive
+        fresh = []
+        for task, text, prev in zip(tasks, texts, previous):
+            kept = list(prev["kept"]) if prev else []
+            seen = {task.context["question"].strip().casefold()} | {k["text"].casefold() for k in kept}
+            new = []
+            for c in P.parse_paraphrases(text):
+                if c.casefold() not in seen:
+                    seen.add(c.casefold())
+                    new.append(c)
+            fresh.append((kept, new))
+        sources = [c for _, new in fresh for c in new]
+        questions = [t.context["question"] for t, (_, new) in zip(tasks, fresh) for _ in new]
+        # SaGE's call: base_score([question], [para], [para]): the question is the candidate.
+        scores = [float(s) for s in self.parascorer()(sources, questions)] if sources else []
+        out, at = [], 0
+        for kept, new in fresh:
+            for c in new:
+                score = scores[at]
+                at += 1
+                if len(kept) < want and P.passes(score, threshold, inclusive):
+                    kept.append({"text": c, "parascore": score})
+            ok = len(kept) >= want
+            reason = None if ok else (f"{len(kept)} of {want} paraphrases passed ParaScore "
+                                      f"{'>=' if inclusive else '>'} {threshold:g} ({len(new)} new candidates)")
+            out.append({"ok": ok, "reason": reason, "kept": kept})
+        return out
+
+    def paraphrase(self) -> list[dict]:
+        cfg = self.cfg.paraphrase
+        questions = self.questions()
+        folder = self.out / "stages" / "paraphrase" / self.share
+        if cfg.source == "file":
+            rows = [{"question_id": q.question_id, "paraphrase_index": -1, "model": PARAPHRASER, "sample": 0,
+                     "attempt": 0, "prompt": None, "output": None, "status": "ok", "reason": None,
+                     "question": q.question, "kept": [{"text": t, "parascore": s} for t, s in zip(q.paraphrases, q.scores)]}
+                    for q in questions]
+            folder.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(folder / "rows.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+            return rows
+        tasks = [Task((q.question_id, -1, PARAPHRASER, 0), P.paraphrase_prompt(self.preset, q.question),
+                      {"question_id": q.question_id, "question": q.question})
+                 for q in questions]
+        s = sampling(cfg.sampling, top_k=self.preset.paraphrase_top_k,
+                     max_new_tokens=self.preset.paraphrase_max_new_tokens)
+        stage = self._stage("paraphrase", folder, tasks, {
+            "questions": [(q.question_id, q.question) for q in questions], "generator": cfg.generator,
+            "scorer": cfg.scorer, "sampling": s, "count": cfg.count, "threshold": self.threshold(),
+            "template": self.preset.paraphrase_template, "seed": self.cfg.seed}, cfg)
+        return stage.run(lambda: self.generators(cfg.generator, cfg.batch_size), self._paraphrase_judge,
+                         n=1, sampling=s, quiet=self.cfg.quiet)
+
+    def finished_rows(self, stage: str, model: str | None = None, share: str | None = None) -> list[dict]:
+        folder = self.out / "stages" / stage / (model or "") / (share or self.share)
+        path = folder / "rows.jsonl"
+        if not path.exists():
+            raise StageError(f"stage {stage}{f' ({model})' if model else ''} has not finished for process "
+                             f"{share or self.share} ({path} is missing); run it first (--stages {stage})")
+        from sage_jax.stages import read_jsonl
+
+        return read_jsonl(path)
+
+    # ------------------------------------------------------------------ answer, rot
+
+    def answer(self, target) -> list[dict]:
+        settings = self.cfg.answer
+        para = self.finished_rows("paraphrase")
+        tasks = []
+        for row in para:
+            if row["status"] != "ok":
+                continue
+            for i, k in enumerate(row["kept"][:self.cfg.paraphrase.count]):
+                for sample in range(settings.samples):
+                    tasks.append(Task((row["question_id"], i, target.name, sample), P.answer_prompt(k["text"], target.chat),
+                                      {"question_id": row["question_id"], "question": row["question"],
+                                       "paraphrase": k["text"], "parascore": k["parascore"], "sample": sample}))
+        s = sampling(dataclasses.replace(settings.sampling, **{f: getattr(target.sampling, f) for f in (
+            "max_new_tokens", "temperature", "top_k", "top_p") if getattr(target.sampling, f) is not None}),
+            top_k=self.preset.answer_top_k, max_new_tokens=self.preset.answer_max_new_tokens,
+            temperature=0.8 if target.chat else None)  # the reference's GPT temperature
+
+        def judge(tasks, texts, previous):
+            out = []
+            for text in texts:
+                answer, reason = P.parse_answer(text)
+                out.append({"ok": reason is None, "reason": reason, "answer": answer})
+            return out
+
+        stage = self._stage("answer", self.out / "stages" / "answer" / target.name / self.share, tasks, {
+            "tasks": [(t.key, t.prompt) for t in tasks], "generator": target.generator, "sampling": s,
+            "seed": self.cfg.seed}, settings)
+        rows = stage.run(lambda: self.generators(target.generator, settings.batch_size), judge, n=1, sampling=s,
+                         quiet=self.cfg.quiet, describe=f" ({target.name})")
+        return rows
+
+    def rot(self, target) -> list[dict]:
+        settings = self.cfg.rot
+        if settings.generator is None:
+            raise ConfigError("rot.generator: the rot stage needs a generator (the reference uses Vicuna-13b)",
+                              key="rot.generator")
+        answers = self.finished_rows("answer", target.name)
+        tasks = [Task((r["question_id"], r["paraphrase_index"], target.name, r["sample"]),
+                      P.rot_prompt(r["paraphrase"], r["answer"]),
+                      {"question_id": r["question_id"], "question": r["question"], "paraphrase": r["paraphrase"],
+                       "parascore": r["parascore"], "sample": r["sample"]})
+                 for r in answers if r["status"] == "ok"]
+        s = sampling(settings.sampling, top_k=self.preset.rot_top_k, max_new_tokens=self.preset.rot_max_new_tokens)
+
+        def judge(tasks, texts, previous):
+            out = []
+            for text in texts:
+                rot, reason = P.parse_rot(text)
+                out.append({"ok": reason is None, "reason": reason, "rot": rot})
+            return out
+
+        stage = self._stage("rot", self.out / "stages" / "rot" / target.name / self.share, tasks, {
+            "tasks": [(t.key, t.prompt) for t in tasks], "generator": settings.generator, "sampling": s,
+            "seed": self.cfg.seed}, settings)
+        rows = stage.run(lambda: self.generators(settings.generator, settings.batch_size), judge, n=1, sampling=s,
+                         quiet=self.cfg.quiet, describe=f" ({target.name})")
+        return rows
+
+    # ------------------------------------------------------------------ all
+
+    def run(self, stages: Sequence[str] = STAGES) -> dict | None:
+        self.save_records()
+        if "paraphrase" in stages:
+            self.paraphrase()
+        for target in self.cfg.models:
+            if "answer" in stages:
+                self.answer(target)
+            if "rot" in stages and self.cfg.rot.generator is not None:
+                self.rot(target)
+        if self.index != 0 or not ({"score", "report"} & set(stages)):
+            return None
+        from sage_jax import run_report
+
+        return run_report.score_and_report(self, stages)
