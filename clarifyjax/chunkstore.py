@@ -60,12 +60,18 @@ class ChunkStore:
         self.folder = out.parent / f".{out.name}.partial"
         self.fingerprint, self.cls, self.error = fingerprint, cls, error
 
-    def start(self) -> int:
+    def start(self, *, refuse_other_runs: bool = False) -> int:
         """Keep the chunks of an interrupted run with the same fingerprint (their number is
-        returned), else start an empty folder."""
+        returned), else start an empty folder. With `refuse_other_runs`, finished chunks of a run
+        with another fingerprint are an `error` (the command says how to discard them) instead
+        of being discarded."""
         if self.folder.is_dir():
             if self._fingerprint_on_disk() == self.fingerprint:
                 return sum(1 for p in self.folder.glob("chunk-*.npz"))
+            if refuse_other_runs and any(self.folder.glob("chunk-*.npz")):
+                raise self.error(f"{self.folder}: holds finished chunks of an interrupted run "
+                                 "with other settings, inputs or model; run that command again "
+                                 "to resume it, or discard them (--overwrite)")
             strangers = [p.name for p in self.folder.iterdir() if not _OURS.match(p.name)]
             if strangers:
                 raise self.error(f"{self.folder}: holds {strangers[:3]}, which score-questions did "

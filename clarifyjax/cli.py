@@ -415,3 +415,140 @@ def run_train(args: argparse.Namespace) -> int:
     else:
         print(f"done: {result['step']} steps; model exported to {result['final']}")
     return 0
+
+
+# --------------------------------------------------------------------------- generate, serve
+
+SEED = number_type(int, f"[0, {2**32 - 1}]")
+
+
+def _llm_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", type=Path, metavar="MODEL_DIR",
+                   help="Hugging Face decoder-only folder (config.json, safetensors, tokenizer, "
+                        "generation_config.json)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--chat-template", choices=("model", "vicuna_v1.1"), default="model",
+                   help="how chats (messages) are rendered: the folder's own template, or "
+                        "FastChat's vicuna_v1.1 (lmsys' Vicuna folders ship none); text "
+                        "prompts are sent raw")
+    p.add_argument("--batch-size", type=number_type(int, "[1, 4096]"), default=32,
+                   help="most rows (prompts x n) per jitted batch")
+
+
+def _sampling_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("sampling (default: the model's generation_config.json; a row's "
+                             "own fields win)")
+    g.add_argument("--max-new-tokens", type=number_type(int, ">= 1"), default=None)
+    g.add_argument("--min-new-tokens", type=number_type(int, ">= 0"), default=None)
+    g.add_argument("--temperature", type=number_type(float, ">= 0"), default=None,
+                   help="0 = greedy")
+    g.add_argument("--top-k", type=number_type(int, ">= 0"), default=None, help="0 = off")
+    g.add_argument("--top-p", type=number_type(float, "(0, 1]"), default=None)
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="a stop string (repeat for more, at most 4)")
+
+
+def _generate_options(p: argparse.ArgumentParser) -> None:
+    _llm_options(p)
+    p.add_argument("--input", type=Path, required=True, metavar="PROMPTS.jsonl",
+                   help='one object per line: "id" and "prompt" (text) or "messages" (a chat), '
+                        "optionally max_new_tokens, min_new_tokens, temperature, top_k, top_p, "
+                        "stop")
+    p.add_argument("--output", type=Path, required=True, metavar="OUT.jsonl",
+                   help="one line per input row, in order, written at the end in one rename; "
+                        "finished chunks wait in .OUT.partial/ beside it, so that the same "
+                        "command resumes a killed run")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --output, and discard the finished chunks of an "
+                        "interrupted run with other settings")
+    p.add_argument("--n", type=number_type(int, "[1, 1024]"), default=1,
+                   help="completions per prompt")
+    p.add_argument("--seed", type=SEED, default=0)
+    p.add_argument("--chunk-rows", type=number_type(int, ">= 1"), default=256,
+                   help="prompts per saved chunk (what a resumed run may redo)")
+    p.add_argument("--logprobs", action="store_true",
+                   help="also write each completion's token ids and their log-probs")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _sampling_options(p)
+
+
+def _sampling_of(args):
+    from clarifyjax.textgen import Sampling
+
+    try:
+        return Sampling(max_new_tokens=args.max_new_tokens, min_new_tokens=args.min_new_tokens,
+                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                        stop=tuple(args.stop))
+    except ValueError as e:
+        raise CLIError("--" + str(e).removeprefix("sampling: ").replace("_", "-", 2)) from None
+
+
+def _local_lm(args):
+    from clarifyjax.llm import LocalLM
+
+    if not args.model.is_dir():
+        raise CLIError(f"MODEL_DIR {args.model}: " + (
+            "not a folder" if args.model.exists() else "no such folder"))
+    return LocalLM(args.model, dtype=args.dtype, chat_template=args.chat_template,
+                   batch_size=args.batch_size)
+
+
+@subcommand("generate", "complete every prompt of a JSONL file with a local causal LM (n samples "
+            "each); resumes a killed run", _generate_options)
+def run_generate(args: argparse.Namespace) -> int:
+    from clarifyjax import generation_job
+    from clarifyjax.textfiles import check_output
+
+    sampling = _sampling_of(args)
+    check_output(args.output, overwrite=args.overwrite, option="--output", error=CLIError,
+                 inputs=(("--input", args.input),))
+    rows = generation_job.read_prompts(args.input)
+    lm = _local_lm(args)  # the tokenizer now, the weights when the first chunk runs
+    generation_job.check_fit(lm, rows, sampling)
+    options = {k: str(v) for k, v in vars(args).items()
+               if k not in ("input", "output", "overwrite", "no_progress", "run", "command")}
+    records, reused, store = generation_job.generate_records(
+        lm, rows, out=args.output, sampling=sampling, n=args.n, seed=args.seed,
+        chunk_rows=args.chunk_rows, options=options, folders=(args.model,),
+        logprobs=args.logprobs, overwrite=args.overwrite, progress=not args.no_progress,
+        error=CLIError)
+    lines = [_json_line(r, f"{args.input} id {r['id']!r}") for r in records]
+    atomic_write_bytes(args.output, ("\n".join(lines) + "\n").encode("utf-8"))
+    store.finish()
+    if reused:
+        print(f"resumed: {reused} chunk(s) were finished by an interrupted run")
+    print(f"generated {len(rows)} x {args.n} completions -> {args.output}")
+    return 0
+
+
+def _serve_options(p: argparse.ArgumentParser) -> None:
+    _llm_options(p)
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (127.0.0.1: this machine only)")
+    p.add_argument("--port", type=number_type(int, "[0, 65535]"), default=8000,
+                   help="0 = a free port (printed)")
+    p.add_argument("--name", default=None, help="the model's name in the API (the folder name)")
+    p.add_argument("--max-n", type=number_type(int, "[1, 1024]"), default=16)
+    p.add_argument("--max-tokens", type=number_type(int, ">= 1"), default=512,
+                   help="most new tokens a request may ask for (and a chat's default)")
+    p.add_argument("--max-queued-rows", type=number_type(int, ">= 1"), default=1024,
+                   help="rows (prompts x n) waiting beyond which requests get 503")
+    p.add_argument("--window-ms", type=number_type(float, "[0, 10000]"), default=10.0,
+                   help="how long a request waits for others to share its batch")
+
+
+@subcommand("serve", "an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, "
+            "/v1/models) for a local causal LM, batching concurrent requests", _serve_options)
+def run_serve(args: argparse.Namespace) -> int:
+    from clarifyjax.openai_server import OpenAIServer, ServerLimits
+    from clarifyjax.serving import serve_forever
+
+    lm = _local_lm(args)
+    lm.load()
+    limits = ServerLimits(max_n=args.max_n, max_tokens=args.max_tokens,
+                          max_batch_rows=args.batch_size, max_queued_rows=args.max_queued_rows,
+                          window_s=args.window_ms / 1000)
+    server = OpenAIServer(lm, name=args.name, limits=limits)
+    serve_forever(server.app, args.host, args.port,
+                  announce=lambda url: print(f"serving {server.name} at {url}/v1", flush=True))
+    return 0

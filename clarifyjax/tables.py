@@ -202,6 +202,18 @@ def _json_object(path: Path, line_no: int, line: str) -> dict:
     return obj
 
 
+def jsonl_objects(path: str | os.PathLike) -> list[tuple[int, dict]]:
+    """(line number, object) of each non-blank line of a JSONL file, values as JSON gave them
+    (for rows whose fields are lists, numbers or objects), with the same checks as `read_rows`."""
+    path = Path(path)
+    text = read_text_file(path, error=DataError)
+    objects = [(n, _json_object(path, n, line))
+               for n, line in enumerate(io.StringIO(text, newline=None), start=1) if line.strip()]
+    if not objects:
+        raise DataError(f"{path}: empty file")
+    return objects
+
+
 def _jsonl_rows(path: Path, text: str) -> tuple[list[str], list[tuple[int, dict]]]:
     records: list[tuple[int, dict]] = []
     header: dict[str, None] = {}

@@ -295,3 +295,98 @@ class TFTextTokenizer(Tokenizer):
         ragged = self._tf.RaggedTensor.from_row_lengths(
             values, np.array([len(row) for row in rows], dtype=np.int64))
         return [b.decode("utf-8") for b in self._spm.detokenize(ragged).numpy().tolist()]
+
+
+# --------------------------------------------------------------------------- causal LM prompts
+
+# FastChat's `vicuna_v1.1` conversation (fastchat/conversation.py, register_conv_template(
+# Conversation(name="vicuna_v1.1", system_message=VICUNA_V1_1_SYSTEM, roles=("USER",
+# "ASSISTANT"), sep_style=SeparatorStyle.ADD_COLON_TWO, sep=" ", sep2="</s>"))): lmsys' Vicuna
+# folders ship no chat template, and this is the prompt they were fine-tuned on.
+VICUNA_V1_1_SYSTEM = ("A chat between a curious user and an artificial intelligence assistant. "
+                      "The assistant gives helpful, detailed, and polite answers to the user's "
+                      "questions.")
+# How chats are rendered: "model" = the folder's own template (tokenizer_config.json or
+# chat_template.jinja, through transformers' apply_chat_template); "vicuna_v1.1" = FastChat's.
+CHAT_TEMPLATES = ("model", "vicuna_v1.1")
+
+
+def render_vicuna_v1_1(messages: Sequence[dict]) -> str:
+    """FastChat's `Conversation.get_prompt` for ADD_COLON_TWO, with the assistant's turn opened:
+    ``SYSTEM USER: q ASSISTANT: a</s>USER: q2 ASSISTANT:``. An optional first system message
+    replaces the default system prompt; then user and assistant alternate, ending with a user."""
+    system, turns = VICUNA_V1_1_SYSTEM, list(messages)
+    if turns and turns[0]["role"] == "system":
+        system, turns = turns[0]["content"], turns[1:]
+    text, seps = system + " ", (" ", "</s>")
+    for i, message in enumerate(turns):
+        expected = ("user", "assistant")[i % 2]
+        if message["role"] != expected:
+            raise ValueError(f"messages[{i + len(messages) - len(turns)}].role: vicuna_v1.1 "
+                             f"expects {expected!r} here (a system message first, then user and "
+                             f"assistant in turn), got {message['role']!r}")
+        text += ("USER", "ASSISTANT")[i % 2] + ": " + message["content"] + seps[i % 2]
+    if len(turns) % 2 == 0:
+        raise ValueError("messages: the last message must be the user's (vicuna_v1.1 opens the "
+                         "assistant's turn after it)")
+    return text + "ASSISTANT:"
+
+
+class CausalTokenizer:
+    """A decoder-only model's tokenizer (`transformers.AutoTokenizer`, offline from the folder)
+    and its prompts: a raw prompt (a str) is tokenized as `transformers` does by default (BOS
+    added when the tokenizer adds one, as SaGE's `pipeline` calls do); a chat (a list of
+    messages) is rendered with `chat_template` and gets exactly one BOS.
+
+    Attributes: bos_id, eos_id (None when the tokenizer has none), pad_id (pad, else eos, else
+    0: only a filler), vocab_size, has_chat_template.
+    """
+
+    def __init__(self, folder: str | os.PathLike):
+        from transformers import AutoTokenizer
+
+        self.folder = check_folder(folder)
+        try:
+            self._tok = AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"{self.folder}: no tokenizer transformers can read ({e})") from e
+        tok = self._tok
+        self.bos_id, self.eos_id = tok.bos_token_id, tok.eos_token_id
+        self.pad_id = next((i for i in (tok.pad_token_id, tok.eos_token_id) if i is not None), 0)
+        self.vocab_size = len(tok)
+        self.has_chat_template = bool(getattr(tok, "chat_template", None))
+
+    def render(self, prompt, chat_template: str = "model") -> str:
+        """The text a prompt becomes: a str as it is, a chat through `chat_template`."""
+        if isinstance(prompt, str):
+            return prompt
+        if chat_template == "vicuna_v1.1":
+            return render_vicuna_v1_1(prompt)
+        if chat_template != "model":
+            raise ValueError(f"unknown chat template {chat_template!r}; expected one of "
+                             f"{list(CHAT_TEMPLATES)}")
+        if not self.has_chat_template:
+            raise ValueError(f"{self.folder}: the tokenizer has no chat template; give prompts "
+                             "as text, or choose the built-in template vicuna_v1.1")
+        return self._tok.apply_chat_template(list(prompt), tokenize=False,
+                                             add_generation_prompt=True)
+
+    def encode(self, prompt, chat_template: str = "model") -> list[int]:
+        """Token ids of a prompt. A model's chat template writes its own BOS (as
+        `apply_chat_template(tokenize=True)` leaves special tokens out), so it is not added twice;
+        a raw prompt and a vicuna_v1.1 chat get the tokenizer's default special tokens, as
+        FastChat and `pipeline` tokenize them."""
+        text = self.render(prompt, chat_template)
+        check_encodable([text])
+        own_template = not isinstance(prompt, str) and chat_template == "model"
+        return list(self._tok(text, add_special_tokens=not own_template)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of generated ids, special tokens left out."""
+        return self._tok.decode(list(ids), skip_special_tokens=True,
+                                clean_up_tokenization_spaces=False)
+
+    def token_texts(self, ids: Sequence[int]) -> list[str]:
+        """Each id's own text (for per-token log-probs)."""
+        return [self._tok.decode([i], skip_special_tokens=False,
+                                 clean_up_tokenization_spaces=False) for i in ids]

@@ -37,18 +37,19 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "building blocks": ("clarifyjax.tables", "clarifyjax.configlib", "clarifyjax.config_models", "clarifyjax.config",
                         "clarifyjax.tokenizer", "clarifyjax.decoding",
                         "clarifyjax.child_result", "clarifyjax.chunkstore", "sage_jax.lexical",
-                        "sage_jax.prompts", "sage_jax.stages"),
+                        "sage_jax.prompts", "sage_jax.stages",
+                        "clarifyjax.textgen", "clarifyjax.serving"),
     # Components: the models' roles (seq2seq, judge, NLI filter, rollouts, SFT step), data,
     # checkpoints, the reward settings of score-questions.
     "components": ("clarifyjax.data", "clarifyjax.text_inputs", "clarifyjax.score_config",
                    "clarifyjax.seq2seq", "clarifyjax.delphi", "clarifyjax.nli", "clarifyjax.policy",
                    "clarifyjax.rollout", "clarifyjax.sft", "clarifyjax.checkpointing",
-                   "clarifyjax.run_record",
+                   "clarifyjax.run_record", "clarifyjax.llm", "clarifyjax.openai_server",
                    "sage_jax.data", "sage_jax.embed", "sage_jax.report",
                    "sage_jax.generators", "sage_jax.run_config"),
     # Pipelines: the composed reward, the training programs and loops, the dry run.
     "pipelines": ("clarifyjax.reward_pipeline", "clarifyjax.memory_plan", "clarifyjax.programs",
-                  "clarifyjax.train", "clarifyjax.dryrun", "sage_jax",
+                  "clarifyjax.train", "clarifyjax.dryrun", "sage_jax", "clarifyjax.generation_job",
                   "sage_jax.scoring", "sage_jax.pipeline", "sage_jax.run_report"),
     # Commands: nothing imports them (but the demo, which runs the others).
     "commands": ("clarifyjax.cli", "clarifyjax.__main__", "clarifyjax.demo", "sage_jax.cli"),

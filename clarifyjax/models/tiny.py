@@ -274,3 +274,70 @@ def tiny_nli_folder(root, labels: Sequence[str] = WANLI_LABELS, *, model_type: s
                     seed: int = 0) -> Path:
     """`tiny_classifier_folder` with roberta-large-wanli's labels by default."""
     return tiny_classifier_folder(root, labels, model_type=model_type, seed=seed)
+
+
+# --------------------------------------------------------------------------- causal LMs
+
+# A Llama-2-chat-like template that writes its own BOS, as most models' templates do.
+TINY_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ '<<SYS>> ' + message['content'] + ' <</SYS>> ' }}"
+    "{% elif message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% else %}{{ ' ' + message['content'] + eos_token }}{% endif %}{% endfor %}")
+
+
+def tiny_causal_tokenizer(folder: Path, *, vocab_size: int = 300,
+                          chat_template: str | None = TINY_CHAT_TEMPLATE):
+    """A byte-level BPE trained on the corpus with Llama's specials (<unk>=0 <s>=1 </s>=2), BOS
+    added to every text, saved into `folder` as transformers' fast tokenizer; returns it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.train_from_iterator(corpus(1000), trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", 1)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+    if chat_template is not None:
+        fast.chat_template = chat_template
+    fast.save_pretrained(str(folder))
+    return fast
+
+
+def tiny_llama_folder(root, *, seed: int = 0, chat_template: str | None = TINY_CHAT_TEMPLATE,
+                      generation: dict | None = None, **overrides) -> Path:
+    """A random tiny `LlamaForCausalLM` folder (config.json, model.safetensors,
+    generation_config.json, the tokenizer of `tiny_causal_tokenizer`). Weights are redrawn with
+    std 0.2, so that the next token depends on the prompt; `generation` sets
+    generation_config.json fields (do_sample, temperature, top_k, top_p)."""
+
+    def build() -> Path:
+        import torch
+        import transformers
+
+        folder = _new_dir(root, f"llama_seed{seed}_{len(_CACHE)}")
+        tok = tiny_causal_tokenizer(folder, chat_template=chat_template)
+        config = transformers.LlamaConfig(**{
+            "vocab_size": 8 * math.ceil(len(tok) / 8), "hidden_size": 32,
+            "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "max_position_embeddings": 128, "bos_token_id": 1,
+            "eos_token_id": 2, "tie_word_embeddings": False, **overrides})
+        torch.manual_seed(seed)
+        model = transformers.LlamaForCausalLM(config).eval()
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" not in name:
+                    p.copy_(torch.randn(p.shape) * 0.2)
+        model.generation_config = transformers.GenerationConfig(
+            bos_token_id=1, eos_token_id=2, **(generation or {}))
+        model.save_pretrained(str(folder), safe_serialization=True)
+        return folder
+
+    key = (seed, chat_template, tuple(sorted((generation or {}).items())),
+           tuple(sorted(overrides.items())))
+    return _cached("llama", root, key, build)

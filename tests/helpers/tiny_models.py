@@ -33,3 +33,8 @@ def tiny_classifier_folder(root, *args, **kwargs) -> Path:
 def tiny_nli_folder(root, *args, **kwargs) -> Path:
     _needs("tokenizers", "torch", "transformers")
     return tiny.tiny_nli_folder(root, *args, **kwargs)
+
+
+def tiny_llama_folder(root, **kwargs) -> Path:
+    _needs("tokenizers", "torch", "transformers")
+    return tiny.tiny_llama_folder(root, **kwargs)

@@ -1,0 +1,204 @@
+"""The OpenAI-compatible HTTP layer (clarifyjax.openai_server over clarifyjax.serving) with a
+fake generator: the real `openai` client against uvicorn on 127.0.0.1, every refused request
+with its OpenAI-style error body, request-size and queue limits, micro-batching of concurrent
+requests, and a client that disconnects. The same server over a real model: test_llm_serve.py.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from clarifyjax.openai_server import OpenAIServer, ServerLimits
+from clarifyjax.serving import BackgroundServer
+from clarifyjax.textgen import Completion, Sampling, per_prompt
+from conftest import require
+
+
+class FakeGenerator:
+    """Completion j of prompt p is "<p>#j" (one token per character); records every call; can
+    be held (the worker blocks until `release`)."""
+
+    name = "fake"
+    context_length = 40
+
+    def __init__(self):
+        self.calls: list[tuple[list, list[Sampling], list[int], int]] = []
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def count_tokens(self, prompt) -> int:
+        return len(prompt if isinstance(prompt, str) else prompt[-1]["content"])
+
+    def complete(self, prompts, sampling, n=1, seed=None):
+        sampling, n = per_prompt(sampling, len(prompts), "s"), per_prompt(n, len(prompts), "n")
+        self.calls.append((list(prompts), sampling, n, seed))
+        self.entered.set()
+        assert self.gate.wait(20)
+        out = []
+        for p, s, k in zip(prompts, sampling, n):
+            text = p if isinstance(p, str) else p[-1]["content"]
+            row = []
+            for j in range(k):
+                full = f"{text}#{j}"[: s.max_new_tokens]
+                row.append(Completion(full, tuple(ord(c) for c in full),
+                                      tuple(-0.5 for _ in full), "length", tuple(full)))
+            out.append(row)
+        return out
+
+
+@pytest.fixture()
+def served():
+    require("openai")
+    generator = FakeGenerator()
+    server = OpenAIServer(generator, limits=ServerLimits(max_n=4, max_tokens=32,
+                                                         max_body_bytes=4096, max_batch_rows=8,
+                                                         max_queued_rows=8, window_s=0.05))
+    with BackgroundServer(server.app) as background:
+        yield generator, server, background.url
+
+
+def _client(url):
+    import openai
+
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=20)
+
+
+def _post(url, path, body: bytes, timeout=20):
+    request = urllib.request.Request(url + path, data=body,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_the_openai_client_gets_completions_chats_and_models(served):
+    generator, _, url = served
+    client = _client(url)
+    assert [m.id for m in client.models.list().data] == ["fake"]
+    out = client.completions.create(model="fake", prompt=["ab", "cd"], n=2, max_tokens=5,
+                                    temperature=0.5, top_p=0.9, stop=["zz"], seed=7, logprobs=0,
+                                    extra_body={"top_k": 3})
+    assert [(c.index, c.text) for c in out.choices] == [(0, "ab#0"), (1, "ab#1"), (2, "cd#0"),
+                                                        (3, "cd#1")]
+    assert out.choices[0].logprobs.token_logprobs == [-0.5] * 4
+    assert out.choices[0].logprobs.tokens == list("ab#0")
+    assert out.usage.prompt_tokens == 4 and out.usage.completion_tokens == 16
+    _, sampling, n, seed = generator.calls[-1]
+    assert sampling[0] == Sampling(max_new_tokens=5, temperature=0.5, top_k=3, top_p=0.9,
+                                   stop=("zz",)) and n == [2, 2] and seed == 7
+    chat = client.chat.completions.create(
+        model="fake", messages=[{"role": "system", "content": "s"},
+                                {"role": "user", "content": "hello"}], logprobs=True)
+    assert chat.choices[0].message.content == "hello#0"
+    assert chat.choices[0].logprobs.content[0].token == "h"
+    # a chat without max_tokens gets what the context leaves (40 - 5), up to the limit (32)
+    assert generator.calls[-1][1][0].max_new_tokens == 32
+
+
+@pytest.mark.parametrize("path,body,status,param", [
+    ("/v1/completions", b'{"prompt": "ab", ', 400, None),                      # malformed JSON
+    ("/v1/completions", b'[1, 2]', 400, None),                                 # not an object
+    ("/v1/completions", b'{"prompt": "ab", "foo": 1}', 400, "foo"),            # unknown field
+    ("/v1/completions", b'{"prompt": "ab", "n": 5}', 400, "n"),                # n over the limit
+    ("/v1/completions", b'{"prompt": "ab", "n": 0}', 400, "n"),
+    ("/v1/completions", b'{"prompt": "' + b"x" * 30 + b'"}', 400, "prompt"),   # 30 + 16 > 40
+    ("/v1/completions", b'{"prompt": "ab", "max_tokens": 33}', 400, "max_tokens"),
+    ("/v1/completions", b'{"prompt": "ab", "temperature": -1}', 400, "temperature"),
+    ("/v1/completions", b'{"prompt": "ab", "stream": true}', 400, "stream"),
+    ("/v1/completions", b'{"prompt": "ab", "logprobs": 3}', 400, "logprobs"),
+    ("/v1/completions", b'{"prompt": [], "n": 1}', 400, "prompt"),
+    ("/v1/completions", b'{"prompt": "ab", "model": "gpt-4"}', 404, "model"),
+    ("/v1/completions", b'{"prompt": "ab", "prompt": "cd"}', 400, "prompt"),   # key twice
+    ("/v1/completions", b'{"prompt": "ab", "top_p": NaN}', 400, None),
+    ("/v1/completions", b'{"prompt": "' + b"x" * 5000 + b'"}', 413, None),     # body too large
+    ("/v1/chat/completions", b'{"messages": [{"role": "robot", "content": "x"}]}', 400,
+     "messages"),
+    ("/v1/chat/completions", b'{"messages": "hi"}', 400, "messages"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "n": 2, '
+                             b'"max_tokens": 1, "min_tokens": 2}', 400, None),
+])
+def test_bad_requests_get_an_openai_style_error(served, path, body, status, param):
+    generator, _, url = served
+    code, answer = _post(url, path, body)
+    assert code == status, answer
+    error = answer["error"]
+    assert error["message"] and error["type"] and ("param" in error)
+    if param is not None:
+        assert error["param"] == param, error
+    if b"x" * 30 in body and code == 400:
+        assert error["code"] == "context_length_exceeded"
+    assert generator.calls == []  # refused before anything was queued
+
+
+def test_unknown_paths_and_methods_answer_in_the_same_format(served):
+    _, _, url = served
+    assert _post(url, "/v1/embeddings", b"{}")[0] == 404
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(url + "/v1/completions", timeout=10)
+    assert e.value.code == 405 and "error" in json.loads(e.value.read())
+
+
+def test_concurrent_requests_share_batches_and_each_gets_its_own_answer(served):
+    generator, server, url = served
+    client = _client(url)
+    prompts = [f"p{i}" for i in range(12)]
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        texts = list(pool.map(lambda p: client.completions.create(
+            model="fake", prompt=p, max_tokens=8, temperature=0).choices[0].text, prompts))
+    assert texts == [f"{p}#0" for p in prompts]
+    assert max(server.batcher.batches) > 1          # requests were gathered
+    assert max(server.batcher.batches) <= 8         # never above max_batch_rows
+    assert sum(server.batcher.batches) == 12 and len(generator.calls) < 12
+
+
+def test_seeded_sampled_requests_run_alone(served):
+    generator, server, url = served
+    client = _client(url)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda i: client.completions.create(
+            model="fake", prompt=f"q{i}", max_tokens=4, temperature=1.0, seed=i), range(4)))
+    assert sorted(call[3] for call in generator.calls) == [0, 1, 2, 3]
+    assert all(len(call[0]) == 1 for call in generator.calls)
+
+
+def _send_and_close(url: str, body: bytes) -> None:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                     b"application/json\r\nContent-Length: " + str(len(body)).encode()
+                     + b"\r\n\r\n" + body)
+        time.sleep(0.2)  # the request is read and queued, then the client goes away
+
+
+def test_a_disconnected_client_neither_stalls_nor_runs(served):
+    """Request A holds the worker; B is queued, then its client disconnects; when A finishes,
+    B is dropped unrun and C is answered at once. A request that overflows the queue is refused
+    with 503 rather than waiting."""
+    generator, server, url = served
+    generator.gate.clear()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        first = pool.submit(_post, url, "/v1/completions", b'{"prompt": "A", "max_tokens": 4}')
+        assert generator.entered.wait(10)
+        _send_and_close(url, b'{"prompt": "B", "max_tokens": 4}')
+        crowd = pool.submit(_post, url, "/v1/completions",
+                            b'{"prompt": "C", "max_tokens": 4, "n": 4}')
+        time.sleep(0.3)
+        # 4 rows are queued (C); 8 more do not fit max_queued_rows = 8
+        code, answer = _post(url, "/v1/completions",
+                             b'{"prompt": ["D", "E"], "max_tokens": 4, "n": 4}')
+        assert code == 503 and answer["error"]["code"] == "overloaded"
+        generator.gate.set()
+        assert first.result(timeout=20)[1]["choices"][0]["text"] == "A#0"
+        code, answer = crowd.result(timeout=20)
+    assert code == 200 and [c["text"] for c in answer["choices"]] == [f"C#{j}" for j in range(4)]
+    assert [call[0] for call in generator.calls] == [["A"], ["C"]]  # B never ran
