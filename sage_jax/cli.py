@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Sequence
 
 from clarifyjax.textfiles import describe_os_error
-from sage_jax.scoring import TEXT_FIELDS, Loaded, score_loaded  # tests patch score_loaded here
+from sage_jax.scoring import MAX_TEXTS, TEXT_FIELDS, Loaded, score_loaded  # noqa: F401  (tests read and patch them here)
 
 # Ranges of the integer options: bigger batches do not make a CPU forward faster and may exhaust
 # memory.

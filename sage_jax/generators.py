@@ -1,41 +1,33 @@
-"""Text generators behind one small interface: prompts in, `n` texts per prompt out.
+"""The text generators of `sage-jax run` that `clarifyjax` does not have, behind its one interface
+(`clarifyjax.textgen.TextGenerator`: prompts in, `n` completions per prompt out, one seed per call).
+The local one is `clarifyjax.llm.LocalLM`, used as it is.
 
-`Generator.generate(prompts, *, n, sampling, seeds)` returns, for each prompt, a list of `n`
-continuations (the new text only, never the prompt). `seeds[i]` is prompt i's own seed, so what a
-prompt gets does not depend on which other prompts share its batch: a resumed run, whose batches
-differ, asks the same questions with the same seeds. A prompt is a string (raw completion) or a
-tuple of chat messages (`{"role": ..., "content": ...}`).
-
-Three kinds:
-
-* `LocalGenerator`: a causal LM folder run by `clarifyjax.llm` (the local LLM runner); wrapped, not
-  re-implemented here.
 * `OpenAIGenerator`: any OpenAI-compatible endpoint (vLLM, a hosted API, `clarifyjax serve`)
   through the `openai` package: `/v1/completions` for string prompts, `/v1/chat/completions` for
-  chat. At most `concurrency` requests in flight; a request that fails for a reason worth another
-  try (429, 5xx, a time-out, a dropped connection) is retried up to `max_retries` times with
-  exponential backoff that waits at least what the server's `Retry-After` asks. The API key comes
-  from the environment variable the config names; it is never part of a message, a log line or an
-  output (`describe` names the variable only).
-* `RecordedGenerator`: the answers (or rules of thumb) of an existing long-format file (the
-  published SaGE files), looked up by question id and paraphrase: published outputs go through the
-  same scoring path as generated ones.
+  chats. At most `concurrency` requests in flight; a request that fails for a reason worth another
+  try (429, 408, 5xx, a time-out, a dropped connection) is retried up to `max_retries` times with
+  exponential backoff that waits at least what the server's `Retry-After` asks. Prompt i of a call
+  seeded s is sent with seed hash(s, i). The API key comes from the environment variable the config
+  names; it is never part of a message, a log line or an output (`describe` names the variable).
+* `RecordedGenerator`: the texts of an existing long-format file (the published SaGE files),
+  looked up by the prompt each row would have been given: published outputs go through the same
+  stages and scoring as generated ones.
 
 A generator that cannot get an answer after its retries raises `GenerationError` naming the
-endpoint and the last error; the pipeline keeps the rows finished before it.
+endpoint or file and the last error; the pipeline keeps the rows finished before it.
 """
 from __future__ import annotations
 
 import email.utils
+import hashlib
+import json
 import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence, Union
+from typing import Callable, Mapping, Sequence
 
-Message = Mapping[str, str]
-Prompt = Union[str, Sequence[Message]]
+from clarifyjax.textgen import Completion, Prompt, Sampling, per_prompt
 
 # Backoff between retries of one request, in seconds: BACKOFF_BASE * 2**attempt, at most BACKOFF_CAP,
 # and never less than the server's Retry-After (itself capped at RETRY_AFTER_CAP: a server asking
@@ -49,36 +41,18 @@ class GenerationError(RuntimeError):
     """A generator gave up on a request; the message names the endpoint or file and why."""
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """Decoding settings of one request. None: the model's own default (its
-    generation_config.json for a local model; the server's default for an endpoint)."""
-
-    max_new_tokens: int = 256
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-
-
-class Generator(Protocol):
-    def generate(self, prompts: Sequence[Prompt], *, n: int, sampling: Sampling,
-                 seeds: Sequence[int], contexts: Sequence[Mapping] | None = None) -> list[list[str]]:
-        """[len(prompts)] lists of n texts. `contexts[i]` describes prompt i's row (question id,
-        paraphrase, ...): only a generator that looks answers up (RecordedGenerator) reads it."""
-
-    def describe(self) -> dict:
-        """What produced the texts, for the run's records (never a secret)."""
-
-
-def as_text_prompt(prompt: Prompt) -> str:
-    if not isinstance(prompt, str):
-        raise GenerationError("this generator takes raw text prompts; the stage gave chat messages "
-                              "(set api: chat, or a preset prompt without a chat template)")
-    return prompt
-
-
 def as_messages(prompt: Prompt) -> list[dict]:
     return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+
+
+def prompt_seed(seed: int | None, index: int) -> int | None:
+    if seed is None:
+        return None
+    return int.from_bytes(hashlib.sha256(f"{seed}/{index}".encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def _completion(text: str, finish_reason: str | None) -> Completion:
+    return Completion(text, (), (), finish_reason or "stop")
 
 
 # ----------------------------------------------------------------------------- HTTP
@@ -144,6 +118,10 @@ class OpenAIGenerator:
         self.retries = 0  # requests retried so far (all threads)
         self._lock = threading.Lock()
 
+    @property
+    def name(self) -> str:
+        return self.model
+
     def describe(self) -> dict:
         return {"kind": "openai", "base_url": self.base_url, "model": self.model, "api": self.api,
                 "api_key_env": self.api_key_env}
@@ -154,25 +132,30 @@ class OpenAIGenerator:
             return True
         return isinstance(error, o.APIStatusError) and (error.status_code >= 500 or error.status_code == 408)
 
-    def _once(self, prompt: Prompt, n: int, sampling: Sampling, seed: int) -> list[str]:
-        extra = {} if sampling.top_k is None else {"top_k": sampling.top_k}
-        common = dict(model=self.model, n=n, seed=seed, max_tokens=sampling.max_new_tokens,
-                      extra_body=extra or None)
-        if sampling.temperature is not None:
-            common["temperature"] = sampling.temperature
-        if sampling.top_p is not None:
-            common["top_p"] = sampling.top_p
+    def _once(self, prompt: Prompt, n: int, sampling: Sampling, seed: int | None) -> list[Completion]:
+        extra = {"top_k": sampling.top_k} if sampling.top_k else {}  # vLLM's extension; 0 / None: off
+        common = dict(model=self.model, n=n, extra_body=extra or None)
+        for key, value in (("seed", seed), ("max_tokens", sampling.max_new_tokens),
+                           ("temperature", sampling.temperature), ("top_p", sampling.top_p)):
+            if value is not None:
+                common[key] = value
+        if sampling.stop:
+            common["stop"] = list(sampling.stop)
         if self.api == "completions":
-            response = self._client.completions.create(prompt=as_text_prompt(prompt), **common)
-            texts = [c.text or "" for c in sorted(response.choices, key=lambda c: c.index)]
+            if not isinstance(prompt, str):
+                raise GenerationError(f"{self.base_url}: api completions takes text prompts; this stage "
+                                      "gives chat messages (set api: chat)")
+            response = self._client.completions.create(prompt=prompt, **common)
+            out = [_completion(c.text or "", c.finish_reason) for c in sorted(response.choices, key=lambda c: c.index)]
         else:
             response = self._client.chat.completions.create(messages=as_messages(prompt), **common)
-            texts = [c.message.content or "" for c in sorted(response.choices, key=lambda c: c.index)]
-        if len(texts) != n:
-            raise GenerationError(f"{self.base_url}: asked for {n} choices, the server returned {len(texts)}")
-        return texts
+            out = [_completion(c.message.content or "", c.finish_reason)
+                   for c in sorted(response.choices, key=lambda c: c.index)]
+        if len(out) != n:
+            raise GenerationError(f"{self.base_url}: asked for {n} choices, the server returned {len(out)}")
+        return out
 
-    def _request(self, prompt: Prompt, n: int, sampling: Sampling, seed: int) -> list[str]:
+    def _request(self, prompt: Prompt, n: int, sampling: Sampling, seed: int | None) -> list[Completion]:
         for attempt in range(self.max_retries + 1):
             try:
                 return self._once(prompt, n, sampling, seed)
@@ -190,11 +173,14 @@ class OpenAIGenerator:
                 self._sleep(backoff_seconds(attempt, retry_after_seconds(getattr(response, "headers", None))))
         raise AssertionError("unreachable")
 
-    def generate(self, prompts, *, n, sampling, seeds, contexts=None):
-        if len(prompts) <= 1 or self.concurrency == 1:
-            return [self._request(p, n, sampling, s) for p, s in zip(prompts, seeds)]
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(prompts))) as pool:
-            return list(pool.map(lambda ps: self._request(ps[0], n, sampling, ps[1]), zip(prompts, seeds)))
+    def complete(self, prompts: Sequence[Prompt], sampling: Sampling | Sequence[Sampling], n: int | Sequence[int] = 1,
+                 seed: int | None = None) -> list[list[Completion]]:
+        jobs = list(zip(prompts, per_prompt(n, len(prompts), "n"), per_prompt(sampling, len(prompts), "sampling"),
+                        (prompt_seed(seed, i) for i in range(len(prompts)))))
+        if len(jobs) <= 1 or self.concurrency == 1:
+            return [self._request(*job) for job in jobs]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(jobs))) as pool:
+            return list(pool.map(lambda job: self._request(*job), jobs))
 
 
 # ----------------------------------------------------------------------------- recorded outputs
@@ -202,61 +188,46 @@ class OpenAIGenerator:
 
 class RecordedGenerator:
     """Texts of an existing long-format file (one row per paraphrase; the SaGE release's columns),
-    looked up by (question id, paraphrase). A row the file lacks is a `GenerationError` naming it."""
+    returned for the prompt `prompt_of(row)` each row would have been given. Several rows with one
+    prompt (the release repeats some paraphrases) are that prompt's samples, in file order; a
+    prompt the file lacks is a `GenerationError` naming it."""
 
-    def __init__(self, path, *, column: str, question_id_column: str = "question_id",
-                 paraphrase_column: str = "paraphrased"):
+    def __init__(self, path, *, column: str, prompt_of: Callable[[Mapping[str, str]], Prompt]):
         from clarifyjax.tables import DataError, read_rows
 
         self.path, self.column = str(path), column
         header, rows = read_rows(path)
-        missing = [c for c in (question_id_column, paraphrase_column, column) if c not in header]
-        if missing:
-            raise DataError(f"{path}: missing column{'s' if len(missing) > 1 else ''} "
-                            f"{', '.join(map(repr, missing))} (the file has: {', '.join(header)})")
-        self._texts: dict[tuple[str, str], list[str]] = {}
-        for _line, row in rows:
-            key = (row[question_id_column].strip(), row[paraphrase_column].strip())
-            self._texts.setdefault(key, []).append(row[column])
+        if column not in header:
+            raise DataError(f"{path}: missing column {column!r} (the file has: {', '.join(header)})")
+        self._texts: dict[str, list[str]] = {}
+        for line, row in rows:
+            try:
+                prompt = prompt_of(row)
+            except KeyError as e:
+                raise DataError(f"{path}:{line}: missing field {e.args[0]!r}") from None
+            self._texts.setdefault(_prompt_key(prompt), []).append(row[column])
+        self._served: dict[str, int] = {}
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
 
     def describe(self) -> dict:
         return {"kind": "file", "path": self.path, "column": self.column}
 
-    def generate(self, prompts, *, n, sampling, seeds, contexts=None):
-        if contexts is None:
-            raise GenerationError(f"{self.path}: recorded outputs are looked up by question and paraphrase; "
-                                  "this stage gives neither")
+    def complete(self, prompts, sampling, n=1, seed=None):
         out = []
-        for context in contexts:
-            key = (str(context["question_id"]), str(context["paraphrase"]).strip())
+        for prompt, count in zip(prompts, per_prompt(n, len(prompts), "n")):
+            key = _prompt_key(prompt)
             texts = self._texts.get(key)
             if texts is None:
-                raise GenerationError(f"{self.path}: no row for question {key[0]} with paraphrase {key[1][:80]!r}")
-            # Repeated rows of one paraphrase (the release has some) are its samples, in file order.
-            out.append([texts[(int(context.get("sample", 0)) + i) % len(texts)] for i in range(n)])
+                shown = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+                raise GenerationError(f"{self.path}: no row gives the prompt {shown.strip()[-120:]!r}")
+            first = self._served.get(key, 0)  # the next call for the same prompt: its next sample
+            self._served[key] = first + count
+            out.append([_completion(texts[(first + i) % len(texts)], "stop") for i in range(count)])
         return out
 
 
-# ----------------------------------------------------------------------------- local
-
-
-class LocalGenerator:
-    """A causal LM folder run on this machine by `clarifyjax.llm` (batched, on the run's mesh)."""
-
-    def __init__(self, folder, *, batch_size: int = 16, chat_template: bool = False, dtype: str = "float32"):
-        from clarifyjax import llm
-
-        self.folder, self.chat_template = str(folder), chat_template
-        self._runner = llm.load_runner(folder, batch_size=batch_size, dtype=dtype)
-        self.defaults = dict(getattr(self._runner, "generation_defaults", {}) or {})
-
-    def describe(self) -> dict:
-        return {"kind": "local", "folder": self.folder, "chat_template": self.chat_template,
-                "generation_defaults": self.defaults}
-
-    def generate(self, prompts, *, n, sampling, seeds, contexts=None):
-        texts = [self._runner.render_chat(as_messages(p)) if self.chat_template else as_text_prompt(p)
-                 for p in prompts]
-        return self._runner.generate(texts, n=n, max_new_tokens=sampling.max_new_tokens,
-                                     temperature=sampling.temperature, top_k=sampling.top_k,
-                                     top_p=sampling.top_p, seeds=list(seeds))
+def _prompt_key(prompt: Prompt) -> str:
+    return json.dumps(prompt if isinstance(prompt, str) else [dict(m) for m in prompt], sort_keys=True)

@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 from clarifyjax.configlib import ConfigError, dump_config
 from clarifyjax.textfiles import atomic_write_bytes
 from sage_jax import prompts as P
-from sage_jax.generators import Sampling
+from clarifyjax.textgen import Sampling
 from sage_jax.run_config import GeneratorConfig, RunConfig, SamplingConfig
 from sage_jax.stages import Stage, StageError, Task
 
@@ -95,26 +95,29 @@ class Generators:
     """Each distinct generator config built once (a local paraphraser that also writes the RoTs is
     loaded once)."""
 
-    def __init__(self, build: Callable[[GeneratorConfig, int], object] | None = None):
+    def __init__(self, build: Callable[..., object] | None = None):
         self._build = build or build_generator
         self._made: dict = {}
 
-    def __call__(self, cfg: GeneratorConfig, batch_size: int):
-        key = (cfg, batch_size)
+    def __call__(self, cfg: GeneratorConfig, batch_size: int, prompt_of=None):
+        key = (cfg, batch_size, prompt_of if cfg.kind == "file" else None)
         if key not in self._made:
-            self._made[key] = self._build(cfg, batch_size)
+            self._made[key] = self._build(cfg, batch_size, prompt_of)
         return self._made[key]
 
 
-def build_generator(cfg: GeneratorConfig, batch_size: int):
+def build_generator(cfg: GeneratorConfig, batch_size: int, prompt_of=None):
+    """The generator a config names; `prompt_of(row)`: the prompt a recorded file's row answers."""
     from sage_jax import generators as G
 
     if cfg.kind == "openai":
         return G.OpenAIGenerator(base_url=cfg.base_url, model=cfg.model, api=cfg.api, api_key_env=cfg.api_key_env,
                                  concurrency=cfg.concurrency, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
     if cfg.kind == "file":
-        return G.RecordedGenerator(cfg.model, column=cfg.column)
-    return G.LocalGenerator(cfg.model, batch_size=batch_size, chat_template=cfg.chat_template, dtype=cfg.dtype)
+        return G.RecordedGenerator(cfg.model, column=cfg.column, prompt_of=prompt_of)
+    from clarifyjax.llm import LocalLM
+
+    return LocalLM(cfg.model, dtype=cfg.dtype, chat_template=cfg.chat_template, batch_size=batch_size)
 
 
 def check_generator(cfg: GeneratorConfig | None, at: str) -> None:
@@ -130,6 +133,21 @@ def check_generator(cfg: GeneratorConfig | None, at: str) -> None:
             read_api_key(cfg.api_key_env)
         except Exception as e:
             raise ConfigError(f"{at}.{e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class AnswerPromptOf:
+    """The answer prompt a recorded file's row answered (its `paraphrased` column)."""
+
+    chat: bool
+
+    def __call__(self, row) -> object:
+        return P.answer_prompt(row["paraphrased"].strip(), self.chat)
+
+
+def rot_prompt_of(row) -> str:
+    """The RoT prompt a recorded file's row answered (its paraphrase and answer)."""
+    return P.rot_prompt(row["paraphrased"].strip(), row["model_output"].strip())
 
 
 class Run:
@@ -260,11 +278,29 @@ class Run:
 
     # ------------------------------------------------------------------ answer, rot
 
+    def _text_stage(self, name: str, target, tasks, generator_cfg: GeneratorConfig, settings, s: Sampling,
+                    parse, field: str, prompt_of) -> list[dict]:
+        """An answer or rot stage: one text per row, checked by `parse` (a recorded file's texts are
+        taken as they are, stripped: they were parsed when they were written)."""
+        recorded = generator_cfg.kind == "file"
+
+        def judge(tasks, texts, previous):
+            out = []
+            for text in texts:
+                value, reason = (text.strip(), None if text.strip() else f"empty {field}") if recorded else parse(text)
+                out.append({"ok": reason is None, "reason": reason, field: value})
+            return out
+
+        stage = self._stage(name, self.out / "stages" / name / target.name / self.share, tasks, {
+            "tasks": [(t.key, t.prompt) for t in tasks], "generator": generator_cfg, "sampling": s,
+            "seed": self.cfg.seed}, settings)
+        return stage.run(lambda: self.generators(generator_cfg, settings.batch_size, prompt_of), judge, sampling=s,
+                         quiet=self.cfg.quiet, describe=f" ({target.name})")
+
     def answer(self, target) -> list[dict]:
         settings = self.cfg.answer
-        para = self.finished_rows("paraphrase")
         tasks = []
-        for row in para:
+        for row in self.finished_rows("paraphrase"):
             if row["status"] != "ok":
                 continue
             for i, k in enumerate(row["kept"][:self.cfg.paraphrase.count]):
@@ -276,47 +312,19 @@ class Run:
             "max_new_tokens", "temperature", "top_k", "top_p") if getattr(target.sampling, f) is not None}),
             top_k=self.preset.answer_top_k, max_new_tokens=self.preset.answer_max_new_tokens,
             temperature=0.8 if target.chat else None)  # the reference's GPT temperature
-
-        def judge(tasks, texts, previous):
-            out = []
-            for text in texts:
-                answer, reason = P.parse_answer(text)
-                out.append({"ok": reason is None, "reason": reason, "answer": answer})
-            return out
-
-        stage = self._stage("answer", self.out / "stages" / "answer" / target.name / self.share, tasks, {
-            "tasks": [(t.key, t.prompt) for t in tasks], "generator": target.generator, "sampling": s,
-            "seed": self.cfg.seed}, settings)
-        rows = stage.run(lambda: self.generators(target.generator, settings.batch_size), judge, n=1, sampling=s,
-                         quiet=self.cfg.quiet, describe=f" ({target.name})")
-        return rows
+        return self._text_stage("answer", target, tasks, target.generator, settings, s, P.parse_answer, "answer",
+                                AnswerPromptOf(target.chat))
 
     def rot(self, target) -> list[dict]:
         settings = self.cfg.rot
-        if settings.generator is None:
-            raise ConfigError("rot.generator: the rot stage needs a generator (the reference uses Vicuna-13b)",
-                              key="rot.generator")
-        answers = self.finished_rows("answer", target.name)
         tasks = [Task((r["question_id"], r["paraphrase_index"], target.name, r["sample"]),
                       P.rot_prompt(r["paraphrase"], r["answer"]),
                       {"question_id": r["question_id"], "question": r["question"], "paraphrase": r["paraphrase"],
                        "parascore": r["parascore"], "sample": r["sample"]})
-                 for r in answers if r["status"] == "ok"]
+                 for r in self.finished_rows("answer", target.name) if r["status"] == "ok"]
         s = sampling(settings.sampling, top_k=self.preset.rot_top_k, max_new_tokens=self.preset.rot_max_new_tokens)
-
-        def judge(tasks, texts, previous):
-            out = []
-            for text in texts:
-                rot, reason = P.parse_rot(text)
-                out.append({"ok": reason is None, "reason": reason, "rot": rot})
-            return out
-
-        stage = self._stage("rot", self.out / "stages" / "rot" / target.name / self.share, tasks, {
-            "tasks": [(t.key, t.prompt) for t in tasks], "generator": settings.generator, "sampling": s,
-            "seed": self.cfg.seed}, settings)
-        rows = stage.run(lambda: self.generators(settings.generator, settings.batch_size), judge, n=1, sampling=s,
-                         quiet=self.cfg.quiet, describe=f" ({target.name})")
-        return rows
+        return self._text_stage("rot", target, tasks, settings.generator, settings, s, P.parse_rot, "rot",
+                                rot_prompt_of)
 
     # ------------------------------------------------------------------ all
 

@@ -45,7 +45,7 @@ class GeneratorConfig:
     concurrency: int = 8
     timeout_s: float = 120.0
     max_retries: int = 5
-    chat_template: bool = False  # local: render the prompt with the tokenizer's chat template
+    chat_template: Literal["model", "vicuna_v1.1"] = "model"  # local: how chat prompts are rendered
     dtype: Literal["float32", "bfloat16"] = "float32"
     column: str = "model_output"
 
@@ -108,6 +108,10 @@ class ParaphraseConfig:
         if self.source == "generate" and self.generator is None:
             raise ConfigError(f"{at}.generator: paraphrase.source generate needs a generator",
                               key=f"{at}.generator")
+        if self.source == "generate" and self.generator.kind == "file":
+            raise ConfigError(f"{at}.generator.kind: paraphrases of a file are read with "
+                              f"{at}.source: file (the questions file's paraphrase column)",
+                              key=f"{at}.generator.kind")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -3,8 +3,9 @@ re-queued in the next batch, every finished batch saved at once, resumable after
 
 A stage has a list of `Task`s (one row each, keyed by question id, paraphrase index, model and
 sample). Batch k takes the rows that failed in batch k-1 and are under `max_attempts` first, then
-fresh rows in task order, up to `batch_size`. Each row's seed is a hash of the run's seed, the
-stage, its key and its attempt, so a row gets the same text whatever batch it lands in.
+fresh rows in task order, up to `batch_size`. The generator's seed is a hash of the run's seed, the
+stage and the batch's number: the schedule is a pure function of the outcomes, so batch k holds the
+same rows, in the same order, in a resumed run as in an uninterrupted one, and gets the same texts.
 
 Files, in `folder` (one per stage, model and process):
 
@@ -47,8 +48,9 @@ class Task:
     context: dict = field(default_factory=dict)
 
 
-def row_seed(seed: int, stage: str, key: tuple, attempt: int) -> int:
-    digest = hashlib.sha256(json.dumps([seed, stage, list(key), attempt]).encode()).digest()
+def batch_seed(seed: int, stage: str, k: int) -> int:
+    """The generator's seed for batch k of a stage (a batch holds the same rows in every run)."""
+    digest = hashlib.sha256(json.dumps([seed, stage, k]).encode()).digest()
     return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
 
 
@@ -106,7 +108,7 @@ class Stage:
 
     # ------------------------------------------------------------------ run
 
-    def run(self, generator_fn, judge: Judge, *, n: int, sampling, quiet: bool = False,
+    def run(self, generator_fn, judge: Judge, *, sampling, n: int = 1, quiet: bool = False,
             describe: str = "") -> list[dict]:
         """The final rows, in task order: from rows.jsonl when the stage finished before, else by
         generating (what batches a killed run left are replayed first). `generator_fn()` builds
@@ -160,15 +162,14 @@ class Stage:
                 generator = generator or generator_fn()
                 tasks = [by_key[key] for key in batch]
                 tries = [attempts.get(key, 0) for key in batch]
-                seeds = [row_seed(self.seed, self.name, key, a) for key, a in zip(batch, tries)]
                 try:
-                    outputs = generator.generate([t.prompt for t in tasks], n=n, sampling=sampling, seeds=seeds,
-                                                 contexts=[t.context for t in tasks])
+                    outputs = generator.complete([t.prompt for t in tasks], sampling, n,
+                                                 batch_seed(self.seed, self.name + describe, k))
                 except Exception as e:
                     raise StageError(f"stage {self.name}{describe}: {e}; {len(final)} of {len(self.tasks)} rows "
                                      f"are finished and kept in {self.folder}; run the same command again to go on "
                                      "from there") from e
-                texts = [o[0] if n == 1 else o for o in outputs]
+                texts = [o[0].text if n == 1 else [c.text for c in o] for o in outputs]
                 verdicts = judge(tasks, texts, [last.get(key) for key in batch])
                 records = []
                 for task, attempt, text, verdict in zip(tasks, tries, texts, verdicts):

@@ -27,10 +27,8 @@ class FakeGenerator:
         self.calls = 0
         self.prompts_seen: list = []
 
-    def describe(self) -> dict:
-        return {"kind": "fake", "name": self.name}
 
-    def _one(self, prompt, seed: int) -> str:
+    def _one(self, prompt, seed) -> str:
         text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
         rng = _rng(self.name, text, seed)
         if self.unusable:
@@ -49,12 +47,15 @@ class FakeGenerator:
             return "# Heading instead of an answer"
         return f"Answer: {' '.join(rng.sample(WORDS, 8))}.\nA second line that is dropped."
 
-    def generate(self, prompts, *, n, sampling, seeds, contexts=None):
+    def complete(self, prompts, sampling, n=1, seed=None):
+        from clarifyjax.textgen import Completion
+
         self.calls += 1
         if self.kill_after_calls is not None and self.calls > self.kill_after_calls:
             os.kill(os.getpid(), signal.SIGKILL)  # kill -9, mid-stage: this batch is never saved
         self.prompts_seen.extend(prompts)
-        return [[self._one(p, s + i) for i in range(n)] for p, s in zip(prompts, seeds)]
+        return [[Completion(self._one(p, (seed, i, j)), (), (), "stop") for j in range(n)]
+                for i, p in enumerate(prompts)]
 
 
 def fake_parascore(sources, candidates):
