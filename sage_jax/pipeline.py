@@ -153,8 +153,10 @@ def rot_prompt_of(row) -> str:
 class Run:
     """One `sage-jax run`: the resolved config, the output folder and the stages."""
 
-    def __init__(self, cfg: RunConfig, *, generators: Generators | None = None, parascorer=None):
+    def __init__(self, cfg: RunConfig, *, generators: Generators | None = None, parascorer=None, embedder=None):
+        """generators, parascorer, embedder: built from the config when None (tests pass their own)."""
         self.cfg, self.out = cfg, Path(cfg.out)
+        self.embedder = embedder
         self.preset = P.PRESETS[cfg.preset]
         self.generators = generators or Generators()
         self._parascorer = parascorer

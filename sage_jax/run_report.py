@@ -102,23 +102,24 @@ def score_model(run, target, embedder_fn) -> dict:
     from sage_jax import lexical, scoring
 
     path = run.out / "report" / f"{target.name}.answers.csv"
-    with_rots = run.cfg.rot.generator is not None
     progress = lambda total, desc: _quiet_bar(run, total, desc)  # noqa: E731
-    item = scoring.Loaded(path, target.name, _args(run, "answer", path))
-    per_question, _ = scoring.score_loaded(item, _args(run, "answer", path), embedder_fn, progress)
-    out = {"question_id": per_question["question_id"], "n_texts": per_question["n_texts"],
-           "n_valid": per_question["n_valid"], "sage_answer": per_question["sage"]}
-    for text in ("rot", "blend"):
-        if with_rots:
-            args = _args(run, text, path)
-            out[f"sage_{text}"] = scoring.sage_scores(scoring.Loaded(path, target.name, args), args, embedder_fn, progress)
-        else:
-            out[f"sage_{text}"] = np.full(len(item.questions), np.nan)
-    for key in ("bleu", "rouge_l", "bertscore"):
-        out[key] = per_question[key]
-    out["elazar"] = lexical.exact_match_consistency(item.lexical_texts)
-    return {k: [float(x) for x in v] if k.startswith(("sage", "bleu", "rouge", "bert", "elazar")) else list(v)
-            for k, v in out.items()}
+    answers_args = _args(run, "answer", path)
+    answers = scoring.Loaded(path, target.name, answers_args)  # the baselines: answers, their own mask
+    if run.cfg.rot.generator is not None:
+        both_args = _args(run, "blend", path)
+        sage = scoring.sage_per_text(scoring.Loaded(path, target.name, both_args), both_args, embedder_fn, progress)
+    else:
+        nan = np.full(len(answers.questions), np.nan)
+        sage = {"answer": scoring.sage_scores(answers, answers_args, embedder_fn, progress), "rot": nan, "blend": nan}
+    return {"question_id": [q.question_id for q in answers.questions], "n_texts": answers.first.n_texts.tolist(),
+            "n_valid": answers.mask.sum(axis=1).tolist(),
+            **{f"sage_{text}": _floats(scores) for text, scores in sage.items()},
+            **{key: _floats(v) for key, v in scoring.baselines(answers, answers_args, embedder_fn, progress).items()},
+            "elazar": _floats(lexical.exact_match_consistency(answers.lexical_texts))}
+
+
+def _floats(values) -> list[float]:
+    return [float(x) for x in values]
 
 
 def _quiet_bar(run, total, desc):
@@ -147,7 +148,7 @@ def score(run) -> dict:
             return saved
     for name, data in files.items():
         atomic_write_bytes(folder / f"{name}.answers.csv", data)
-    cache: dict = {}
+    cache: dict = {} if run.embedder is None else {"embedder": run.embedder}
 
     def embedder_fn():
         if "embedder" not in cache:

@@ -59,28 +59,50 @@ class Loaded:
                               for b, q in enumerate(self.questions)]
 
 
-def sage_scores(item: Loaded, args, embedder_fn, progress) -> np.ndarray:
-    """Per-question SaGE of one loaded file, [batch] float64."""
-    from sage_jax import data, metric
+def embed_fields(item: Loaded, args, embedder_fn, progress) -> dict:
+    """field -> [batch, n, d] embeddings: every distinct text of every field embedded once (answers
+    and rules of thumb together), then placed per position."""
+    from sage_jax import data
 
-    emb = {}
-    if item.weights is None:
-        # Every distinct text once (answers and rules of thumb together), then placed per position.
-        texts, indices = data.shared_texts(*item.batches.values())
-        vectors = _embed_all(embedder_fn(), texts, args.batch_size, progress, f"{item.name}: embed texts")
-        emb = {f: data.gather(vectors, index) for f, index in zip(item.batches, indices)}
+    texts, indices = data.shared_texts(*item.batches.values())
+    vectors = _embed_all(embedder_fn(), texts, args.batch_size, progress, f"{item.name}: embed texts")
+    return {f: data.gather(vectors, index) for f, index in zip(item.batches, indices)}
+
+
+def _sage(item: Loaded, args, progress, embeddings, mask, *, groups=None, rot_embeddings=None,
+          similarity=None) -> np.ndarray:
+    from sage_jax import metric
+
     with progress(len(item.questions), f"{item.name}: SaGE") as bar:
         tick = lambda done, total: bar.update(done - bar.n)  # noqa: E731
-        common = dict(groups=item.groups, alpha=args.alpha, chunk_size=args.chunk_size, on_chunk=tick)
-        if item.weights is not None:
-            scores = metric.sage_chunked(None, item.mask, similarity=item.weights, **common)
-        else:
-            scores = metric.sage_chunked(emb[item.need[0]], item.mask, blend_weight=args.blend_weight,
-                                         rot_embeddings=emb["rot"] if args.text == "blend" else None, **common)
+        scores = metric.sage_chunked(embeddings, mask, groups=groups, similarity=similarity, alpha=args.alpha,
+                                     chunk_size=args.chunk_size, on_chunk=tick, blend_weight=args.blend_weight,
+                                     rot_embeddings=rot_embeddings)
     return np.asarray(scores, np.float64)
 
 
-def _baselines(item: Loaded, args, embedder_fn, progress) -> dict:
+def sage_scores(item: Loaded, args, embedder_fn, progress) -> np.ndarray:
+    """Per-question SaGE of one loaded file, [batch] float64."""
+    if item.weights is not None:
+        return _sage(item, args, progress, None, item.mask, groups=item.groups, similarity=item.weights)
+    emb = embed_fields(item, args, embedder_fn, progress)
+    return _sage(item, args, progress, emb[item.need[0]], item.mask, groups=item.groups,
+                 rot_embeddings=emb["rot"] if args.text == "blend" else None)
+
+
+def sage_per_text(item: Loaded, args, embedder_fn, progress) -> dict[str, np.ndarray]:
+    """SaGE on the answers, on the rules of thumb and on their blend, of a file loaded with text
+    "blend", from one embedding of its texts; each as `sage-jax score --text <that>` computes it
+    (answers and RoTs masked by their own empty texts, the blend by either)."""
+    emb = embed_fields(item, args, embedder_fn, progress)
+    groups = {f: b.groups if args.collapse_identical else None for f, b in item.batches.items()}
+    return {"answer": _sage(item, args, progress, emb["answer"], item.batches["answer"].mask, groups=groups["answer"]),
+            "rot": _sage(item, args, progress, emb["rot"], item.batches["rot"].mask, groups=groups["rot"]),
+            "blend": _sage(item, args, progress, emb["answer"], item.mask, groups=item.groups,
+                           rot_embeddings=emb["rot"])}
+
+
+def baselines(item: Loaded, args, embedder_fn, progress) -> dict:
     """BLEU, ROUGE-L and BERTScore per question (NaN columns for the skipped ones)."""
     from sage_jax import lexical
 
@@ -117,7 +139,7 @@ def score_loaded(item: Loaded, args, embedder_fn, progress) -> tuple[dict, dict]
         "n_valid": item.mask.sum(axis=1).tolist(),
         "distinct_texts": _distinct_per_row(np.where(item.mask, item.first.index, -1)).tolist(),
         "sage": scores,
-        **_baselines(item, args, embedder_fn, progress),
+        **baselines(item, args, embedder_fn, progress),
     }
     summary = {
         "model": item.name,

@@ -48,14 +48,14 @@ class FakeGenerator:
         return f"Answer: {' '.join(rng.sample(WORDS, 8))}.\nA second line that is dropped."
 
     def complete(self, prompts, sampling, n=1, seed=None):
-        from clarifyjax.textgen import Completion
+        from clarifyjax.textgen import Completion, per_prompt
 
         self.calls += 1
         if self.kill_after_calls is not None and self.calls > self.kill_after_calls:
             os.kill(os.getpid(), signal.SIGKILL)  # kill -9, mid-stage: this batch is never saved
         self.prompts_seen.extend(prompts)
-        return [[Completion(self._one(p, (seed, i, j)), (), (), "stop") for j in range(n)]
-                for i, p in enumerate(prompts)]
+        return [[Completion(self._one(p, (seed, i, j)), (), (), "stop") for j in range(k)]
+                for i, (p, k) in enumerate(zip(prompts, per_prompt(n, len(prompts), "n")))]
 
 
 def fake_parascore(sources, candidates):
