@@ -1,10 +1,18 @@
-"""Jitted sampling from a `T5` with its KV cache, and teacher-forced scoring of given targets.
+"""Jitted sampling from a `T5` or a decoder-only `CausalLM` with its KV cache, and
+teacher-forced scoring of given targets.
 
 `generate` encodes once, then runs ONE `lax.while_loop` over `T5.decode_step`, carrying the
 functional `DecodeCache`, until every row has emitted EOS or `max_new_tokens` are out. The model
 goes in as `nnx.split(model)`: the graph definition and the sampling settings are static
 arguments of a module-level jitted function, so calls with the same shapes and settings reuse
 one compiled program (`clarifyjax.traces` counts the traces).
+
+A `CausalLM` takes the same calls (`generate` and `score` dispatch on the model's type): the
+prompts, left- or right-padded, are left-aligned and padded on the left to a bucket length
+(`clarifyjax.buckets`), prefilled into a preallocated cache whose length is bucketed too, and
+ONE `lax.while_loop` over `CausalLM.decode_step` samples until every row has emitted an EOS
+(any of `config.eos_token_ids`) or a `stop_token_ids` token, so a stream of batches compiles a
+handful of programs.
 
 PPO needs the log-probability of each sampled token under the distribution it was drawn from
 (after temperature, top-k, top-p); at temperature 1 with no truncation that equals `score`.
@@ -14,13 +22,14 @@ Shapes: b = batch, s = source length, n = max_new_tokens, t = target length, V =
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from clarifyjax import traces
+from clarifyjax import buckets, traces
+from clarifyjax.models.causal_lm import CausalLM, left_align
 from clarifyjax.models.t5 import T5, shift_right
 
 class Generation(NamedTuple):
@@ -159,6 +168,34 @@ def _check_sampling(max_new_tokens, min_new_tokens, temperature, top_k, top_p) -
         raise ValueError(f"generate: top_p must be in (0, 1], got {top_p}")
 
 
+def _choose(logits, step, rng, eos_ids, min_new_tokens, greedy, temperature, top_k, top_p):
+    """One decoding step's choice: logits [b, V] -> (token [b] int32, its log-prob [b] under
+    the distribution it was drawn from, rng). EOS ids are impossible before `min_new_tokens`."""
+    if min_new_tokens > 0:
+        vocab = jnp.arange(logits.shape[-1])
+        is_eos = jnp.isin(vocab, jnp.asarray(eos_ids, jnp.int32))
+        logits = jnp.where(is_eos & (step < min_new_tokens), -jnp.inf, logits)
+    if greedy:  # log-probs under the model's own (temperature 1) distribution
+        token = jnp.argmax(logits, axis=-1)
+    else:
+        rng, key = jax.random.split(rng)
+        logits = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
+        token = sample_categorical(key, logits)
+    # log_softmax at the chosen token only: no [b, V] array written per step
+    token_logp = (jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
+                  - jax.nn.logsumexp(logits, axis=-1))
+    return token.astype(jnp.int32), token_logp, rng
+
+
+def _record(tokens, logprobs, mask, step, token, token_logp, alive):
+    """Write one step's column into the [b, n] outputs."""
+    tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, step))
+    logprobs = jax.lax.dynamic_update_slice(
+        logprobs, jnp.where(alive, token_logp, 0.0)[:, None], (0, step))
+    mask = jax.lax.dynamic_update_slice(mask, alive.astype(jnp.int32)[:, None], (0, step))
+    return tokens, logprobs, mask
+
+
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "min_new_tokens",
                                              "greedy", "temperature", "top_k", "top_p"))
 def _generate(graphdef, state, input_ids, attention_mask, rng, *, max_new_tokens: int,
@@ -170,7 +207,6 @@ def _generate(graphdef, state, input_ids, attention_mask, rng, *, max_new_tokens
     b = input_ids.shape[0]
     cache = model.init_cache(model.encode(input_ids, attention_mask), attention_mask,
                              max_new_tokens)
-    vocab = jnp.arange(c.vocab_size)
 
     def cond(carry):
         step, done = carry[0], carry[1]
@@ -179,22 +215,11 @@ def _generate(graphdef, state, input_ids, attention_mask, rng, *, max_new_tokens
     def body(carry):
         step, done, last, cache, tokens, logprobs, mask, rng = carry
         logits, cache = model.decode_step(last, cache, step)
-        logits = jnp.where((vocab == c.eos_token_id) & (step < min_new_tokens), -jnp.inf, logits)
-        if greedy:  # log-probs under the model's own (temperature 1) distribution
-            token = jnp.argmax(logits, axis=-1)
-        else:
-            rng, key = jax.random.split(rng)
-            logits = filter_logits(logits, temperature=temperature, top_k=top_k, top_p=top_p)
-            token = sample_categorical(key, logits)
-        # log_softmax at the chosen token only: no [b, V] array written per step
-        token_logp = (jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
-                      - jax.nn.logsumexp(logits, axis=-1))
+        token, token_logp, rng = _choose(logits, step, rng, (c.eos_token_id,), min_new_tokens,
+                                         greedy, temperature, top_k, top_p)
         alive = ~done
         token = jnp.where(alive, token, c.pad_token_id).astype(jnp.int32)
-        tokens = jax.lax.dynamic_update_slice(tokens, token[:, None], (0, step))
-        logprobs = jax.lax.dynamic_update_slice(
-            logprobs, jnp.where(alive, token_logp, 0.0)[:, None], (0, step))
-        mask = jax.lax.dynamic_update_slice(mask, alive.astype(jnp.int32)[:, None], (0, step))
+        tokens, logprobs, mask = _record(tokens, logprobs, mask, step, token, token_logp, alive)
         done = done | (token == c.eos_token_id)
         return step + 1, done, token, cache, tokens, logprobs, mask, rng
 
@@ -207,15 +232,21 @@ def _generate(graphdef, state, input_ids, attention_mask, rng, *, max_new_tokens
     return Generation(tokens, logprobs, mask)
 
 
-def generate(model: T5, input_ids: jax.Array, attention_mask: jax.Array, *,
+def generate(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Array, *,
              rng: jax.Array | None, max_new_tokens: int, min_new_tokens: int = 0,
              greedy: bool = False, temperature: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0) -> Generation:
+             top_p: float = 1.0, stop_token_ids: Sequence[int] = ()) -> Generation:
     """Sample continuations of input_ids [b, s] (attention_mask [b, s], 1 = token).
 
-    Returns `Generation` with tokens/logprobs/mask [b, max_new_tokens]. EOS is impossible for
-    the first `min_new_tokens` steps. With greedy=True, `rng` may be None and the sampling
-    settings are ignored; logprobs are then those of the model's distribution at temperature 1.
+    Returns `Generation` with tokens/logprobs/mask [b, max_new_tokens]: the new tokens only.
+    EOS is impossible for the first `min_new_tokens` steps. With greedy=True, `rng` may be None
+    and the sampling settings are ignored; logprobs are then those of the model's distribution
+    at temperature 1. Sampling applies temperature, then top-k, then top-p (transformers'
+    order), in float32, with a fresh key per step.
+
+    For a `CausalLM`, the prompts may be left- or right-padded (every row >= 1 token), a row
+    stops after any of `config.eos_token_ids` or `stop_token_ids` (that token included, then
+    `config.pad_id`). For a `T5`, `stop_token_ids` must be empty.
     """
     _check_sampling(max_new_tokens, min_new_tokens, temperature, top_k, top_p)
     if not greedy and rng is None:
@@ -224,12 +255,79 @@ def generate(model: T5, input_ids: jax.Array, attention_mask: jax.Array, *,
         rng = jax.random.key(0)
     if greedy:  # the sampling settings do not change the program: one compile for all
         temperature, top_k, top_p = 1.0, 0, 1.0
+    settings = dict(max_new_tokens=int(max_new_tokens), min_new_tokens=int(min_new_tokens),
+                    greedy=bool(greedy), temperature=float(temperature), top_k=int(top_k),
+                    top_p=float(top_p))
+    input_ids = jnp.asarray(input_ids, jnp.int32)
+    attention_mask = jnp.asarray(attention_mask, jnp.int32)
+    if input_ids.shape != attention_mask.shape or input_ids.ndim != 2:
+        raise ValueError(f"generate: input_ids {input_ids.shape} and attention_mask "
+                         f"{attention_mask.shape} must be the same [batch, length] shape")
     graphdef, state = nnx.split(model)
-    return _generate(graphdef, state, jnp.asarray(input_ids, jnp.int32),
-                     jnp.asarray(attention_mask, jnp.int32), rng,
-                     max_new_tokens=int(max_new_tokens), min_new_tokens=int(min_new_tokens),
-                     greedy=bool(greedy), temperature=float(temperature), top_k=int(top_k),
-                     top_p=float(top_p))
+    if isinstance(model, CausalLM):
+        input_ids, attention_mask = _pad_left_to_bucket(input_ids, attention_mask)
+        cache_length = buckets.bucket_length(input_ids.shape[1] + int(max_new_tokens))
+        return _generate_causal(graphdef, state, input_ids, attention_mask, rng,
+                                cache_length=cache_length,
+                                stop_ids=tuple(int(t) for t in stop_token_ids), **settings)
+    if stop_token_ids:
+        raise ValueError("generate: stop_token_ids is for causal LMs; a T5 stops at its EOS")
+    return _generate(graphdef, state, input_ids, attention_mask, rng, **settings)
+
+
+def _pad_left_to_bucket(ids: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Pad [b, s] on the left to the bucket length of s (mask 0), so prompt lengths repeat."""
+    extra = buckets.bucket_length(ids.shape[1]) - ids.shape[1]
+    if extra == 0:
+        return ids, mask
+    return jnp.pad(ids, ((0, 0), (extra, 0))), jnp.pad(mask, ((0, 0), (extra, 0)))
+
+
+class _CausalLoop(NamedTuple):
+    """The carry of `_generate_causal`'s while_loop (b = batch, n = max_new_tokens, V = vocab)."""
+    step: jax.Array       # int32 scalar: tokens chosen so far
+    done: jax.Array       # [b] bool: the row has emitted an EOS or stop token
+    logits: jax.Array     # [b, V] float32: the model's logits for the next token
+    cache: Any            # causal_lm.KVCache
+    tokens: jax.Array     # [b, n] int32
+    logprobs: jax.Array   # [b, n] float32
+    mask: jax.Array       # [b, n] int32
+    rng: jax.Array
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "min_new_tokens",
+                                             "greedy", "temperature", "top_k", "top_p",
+                                             "cache_length", "stop_ids"))
+def _generate_causal(graphdef, state, input_ids, attention_mask, rng, *, max_new_tokens: int,
+                     min_new_tokens: int, greedy: bool, temperature: float, top_k: int,
+                     top_p: float, cache_length: int, stop_ids: tuple[int, ...]) -> Generation:
+    traces.note("generate_causal")
+    model: CausalLM = nnx.merge(graphdef, state)
+    c = model.config
+    b = input_ids.shape[0]
+    logits, cache = model.prefill(input_ids, attention_mask, model.init_cache(b, cache_length))
+    ends = jnp.asarray(c.eos_token_ids + stop_ids or (-1,), jnp.int32)
+
+    def cond(s: _CausalLoop):
+        return (s.step < max_new_tokens) & ~jnp.all(s.done)
+
+    def body(s: _CausalLoop) -> _CausalLoop:
+        token, token_logp, rng = _choose(s.logits, s.step, s.rng, c.eos_token_ids,
+                                         min_new_tokens, greedy, temperature, top_k, top_p)
+        alive = ~s.done
+        token = jnp.where(alive, token, c.pad_id).astype(jnp.int32)
+        tokens, logprobs, mask = _record(s.tokens, s.logprobs, s.mask, s.step, token,
+                                         token_logp, alive)
+        done = s.done | jnp.isin(token, ends)
+        logits, cache = model.decode_step(token, s.cache)
+        return _CausalLoop(s.step + 1, done, logits, cache, tokens, logprobs, mask, rng)
+
+    start = _CausalLoop(jnp.int32(0), jnp.zeros((b,), bool), logits, cache,
+                        jnp.full((b, max_new_tokens), c.pad_id, jnp.int32),
+                        jnp.zeros((b, max_new_tokens), jnp.float32),
+                        jnp.zeros((b, max_new_tokens), jnp.int32), rng)
+    end = jax.lax.while_loop(cond, body, start)
+    return Generation(end.tokens, end.logprobs, end.mask)
 
 
 @functools.partial(jax.jit, static_argnames=("graphdef",))
@@ -245,14 +343,36 @@ def _score(graphdef, state, input_ids, attention_mask, target_ids, target_mask) 
     return jnp.where(target_mask.astype(bool), token_logp, 0.0)
 
 
-def score(model: T5, input_ids: jax.Array, attention_mask: jax.Array, target_ids: jax.Array,
-          target_mask: jax.Array) -> jax.Array:
+def score(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Array,
+          target_ids: jax.Array, target_mask: jax.Array) -> jax.Array:
     """Teacher-forced log p(target_ids[:, i] | input, targets before i): [b, t] float32, 0 where
-    target_mask is 0. input_ids/attention_mask [b, s]; target_ids/target_mask [b, t]."""
+    target_mask is 0. input_ids/attention_mask [b, s]; target_ids/target_mask [b, t].
+
+    For a `CausalLM`, input_ids are the prompts (left- or right-padded, every row >= 1 token)
+    and the targets their continuations (right-padded)."""
     if target_ids.shape != target_mask.shape:
         raise ValueError(f"score: target_ids {target_ids.shape} and target_mask "
                          f"{target_mask.shape} differ in shape")
+    args = [jnp.asarray(a, jnp.int32) for a in (input_ids, attention_mask, target_ids,
+                                                 target_mask)]
     graphdef, state = nnx.split(model)
-    return _score(graphdef, state, jnp.asarray(input_ids, jnp.int32),
-                  jnp.asarray(attention_mask, jnp.int32), jnp.asarray(target_ids, jnp.int32),
-                  jnp.asarray(target_mask, jnp.int32))
+    if isinstance(model, CausalLM):
+        t = args[2].shape[1]
+        args[0], args[1] = _pad_left_to_bucket(args[0], args[1])
+        extra = buckets.bucket_length(t) - t
+        args[2], args[3] = (jnp.pad(a, ((0, 0), (0, extra))) for a in args[2:])
+        return _score_causal(graphdef, state, *args)[:, :t]
+    return _score(graphdef, state, *args)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _score_causal(graphdef, state, prompt_ids, prompt_mask, target_ids, target_mask):
+    traces.note("score_causal")
+    model: CausalLM = nnx.merge(graphdef, state)
+    ids, mask = left_align(prompt_ids, prompt_mask)
+    P = ids.shape[1]
+    hidden, _ = model.hidden_states(jnp.concatenate([ids, target_ids], axis=1),
+                                    jnp.concatenate([mask, target_mask], axis=1))
+    logp = jax.nn.log_softmax(model.logits(hidden[:, P - 1:-1]), axis=-1)
+    token_logp = jnp.take_along_axis(logp, target_ids[..., None], axis=-1)[..., 0]
+    return jnp.where(target_mask.astype(bool), token_logp, 0.0)

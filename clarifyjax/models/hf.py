@@ -1,7 +1,8 @@
 """The one way in and out of Hugging Face checkpoint folders (safetensors), for every model
 family: `load_t5` / `save_t5` for the T5, `load_encoder` / `load_sequence_classifier` /
-`load_encoder_tokenizer` for BERT and RoBERTa. Each family's tensor map lives in its own
-`*_params` module (`t5_params`, `encoder_params`).
+`load_encoder_tokenizer` for BERT and RoBERTa, `load_causal_lm` / `read_generation_defaults` for
+the decoder-only LLMs. Each family's tensor map lives in its own `*_params` module
+(`t5_params`, `encoder_params`, `causal_lm_params`).
 
 With a mesh, every parameter is built with `jax.make_array_from_callback`: each device's
 callback reads only its own slice of the tensor from the safetensors file, so no device (and,
@@ -19,8 +20,11 @@ import numpy as np
 from flax import nnx
 
 from clarifyjax import sharding as sharding_lib
-from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, read_config,
-                                             write_checkpoint)
+from clarifyjax.models import causal_lm_params
+from clarifyjax.models.causal_lm import CausalLM, CausalLMConfig
+from clarifyjax.models.causal_lm_params import GenerationDefaults
+from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, check_folder,
+                                             read_config, write_checkpoint)
 from clarifyjax.models.encoder import Encoder, SequenceClassifier
 from clarifyjax.models.encoder_params import read_encoder_config, read_params
 from clarifyjax.models.t5 import T5, T5Config
@@ -51,12 +55,21 @@ def load_t5(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
     check_tensors(folder, source, maps, config.tie_word_embeddings)
 
     abstract = nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))
+    return config, _read_into(abstract, maps, source, config.param_dtype, mesh, rules)
+
+
+def _read_into(abstract: nnx.Module, maps: dict, source: TensorSource, param_dtype: str,
+               mesh: jax.sharding.Mesh | None, rules) -> nnx.Module:
+    """`abstract` (a model from `nnx.eval_shape`) with every parameter read through its tensor
+    map (`maps[path].read(source, index)`); with a mesh, each device's callback reads only its
+    own block."""
     graphdef, abstract_state = nnx.split(abstract)
     flat = list(nnx.to_flat_state(abstract_state))
     unmapped = [p for p, _ in flat if p not in maps]
-    if unmapped:  # a bug in tensor_maps, not in the checkpoint
-        raise AssertionError(f"T5 parameters without a Hugging Face name: {unmapped}")
-    np_dtype = jnp.dtype(config.param_dtype)
+    if unmapped:  # a bug in the tensor map, not in the checkpoint
+        raise AssertionError(f"{type(abstract).__name__} parameters without a Hugging Face "
+                             f"name: {unmapped}")
+    np_dtype = jnp.dtype(param_dtype)
 
     if mesh is None:
         values = {p: jnp.asarray(maps[p].read(source).astype(np_dtype)) for p, _ in flat}
@@ -75,7 +88,7 @@ def load_t5(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
 
             values[p] = jax.make_array_from_callback(tm.shape, shardings[p], read)
     state = nnx.from_flat_state([(p, var.replace(values[p])) for p, var in flat])
-    return config, nnx.merge(graphdef, state)
+    return nnx.merge(graphdef, state)
 
 
 def save_t5(model: T5, config: T5Config, path: str | os.PathLike, *,
@@ -166,3 +179,48 @@ def load_encoder_tokenizer(folder, max_length: int, vocab_size: int | None = Non
     tokenizer.no_padding()
     tokenizer.enable_truncation(max_length, strategy="longest_first")
     return tokenizer
+
+
+# --------------------------------------------------------------------------- decoder-only LMs
+
+
+def load_causal_lm(path: str | os.PathLike, *, dtype: str = "float32",
+                   param_dtype: str | None = None, mesh: jax.sharding.Mesh | None = None,
+                   rules=None) -> tuple[CausalLMConfig, CausalLM]:
+    """Read a Hugging Face decoder-only folder (llama, mistral, qwen2, qwen3, opt, falcon:
+    config.json + model.safetensors or a sharded index) -> (config, `CausalLM`).
+
+    The config's `eos_token_ids` are those of config.json together with those of
+    generation_config.json, so that `decoding.generate` stops where transformers does.
+    Args:
+      dtype: compute dtype; param_dtype: storage dtype (None: same as `dtype`).
+      mesh, rules: place every parameter on `mesh` by the logical axis `rules`
+        (default `clarifyjax.sharding.DEFAULT_RULES`), each device reading only its block.
+    Raises:
+      CheckpointError: naming the field (unknown model_type, unsupported switch such as falcon
+        `alibi: true`, a bad number) or the tensor (missing, unmapped, wrong shape).
+    """
+    source = TensorSource(path)
+    folder = source.folder
+    hf_config = read_config(folder)
+    where = folder / "config.json"
+    config = causal_lm_params.config_from_hf(hf_config, where, dtype=dtype,
+                                             param_dtype=param_dtype or dtype)
+    generation = causal_lm_params.read_generation_defaults(folder, config.eos_token_ids)
+    eos = tuple(dict.fromkeys(config.eos_token_ids + generation.eos_token_ids))
+    config = dataclasses.replace(config, eos_token_ids=eos)
+    maps = causal_lm_params.tensor_maps(config)
+    causal_lm_params.check_tensors(folder, source, maps, config)
+    abstract = nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0)))
+    return config, _read_into(abstract, maps, source, config.param_dtype, mesh, rules)
+
+
+def read_generation_defaults(path: str | os.PathLike) -> GenerationDefaults:
+    """The model's own sampling defaults: generation_config.json read as transformers reads it
+    (its `GenerationConfig` defaults where the file is missing or silent: greedy, temperature
+    1, top_k 50, top_p 1, max_length 20), eos ids falling back to config.json's."""
+    folder = check_folder(path)
+    eos = ()
+    if (folder / "config.json").exists():
+        eos = causal_lm_params.eos_ids(read_config(folder).get("eos_token_id"))
+    return causal_lm_params.read_generation_defaults(folder, eos)

@@ -13,6 +13,22 @@ import jax.numpy as jnp
 from flax import nnx
 
 Params = Any  # a nested dict of arrays (nnx.to_pure_dict of a model's state)
+DTYPES = ("float32", "bfloat16", "float16")  # the compute and storage dtypes of every model
+
+
+def set_dtype_fields(config, family: str) -> None:
+    """Normalize a frozen model config's `dtype` and `param_dtype` fields to dtype names
+    (jnp.bfloat16 -> "bfloat16"); ValueError naming the field when not one of `DTYPES`."""
+    for field in ("dtype", "param_dtype"):
+        value = getattr(config, field)
+        try:
+            name = jnp.dtype(value).name
+        except TypeError:
+            name = str(value)
+        if name not in DTYPES:
+            raise ValueError(f"{family} config field {field!r} is {value!r}; "
+                             f"allowed values: {', '.join(DTYPES)}")
+        object.__setattr__(config, field, name)
 
 
 def split_model(model: nnx.Module) -> tuple[Any, Params]:

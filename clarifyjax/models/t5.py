@@ -21,10 +21,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from clarifyjax.models.params import set_dtype_fields
+
 from clarifyjax.models.t5_layers import (DecoderLayer, EncoderLayer, RelativePositionBias,
                                          RMSNorm, make_param, parse_feed_forward_proj)
 
-_DTYPES = ("float32", "bfloat16", "float16")
 _REQUIRED_HF_FIELDS = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads")
 
 
@@ -52,16 +53,7 @@ class T5Config:
 
     def __post_init__(self):
         parse_feed_forward_proj(self.feed_forward_proj)  # ValueError naming the field
-        for field in ("dtype", "param_dtype"):
-            value = getattr(self, field)
-            try:
-                name = jnp.dtype(value).name
-            except TypeError:
-                name = str(value)
-            if name not in _DTYPES:
-                raise ValueError(f"T5 config field {field!r} is {value!r}; "
-                                 f"allowed values: {', '.join(_DTYPES)}")
-            object.__setattr__(self, field, name)
+        set_dtype_fields(self, "T5")
         if self.num_decoder_layers is None:
             object.__setattr__(self, "num_decoder_layers", self.num_layers)
         if self.decoder_start_token_id is None:

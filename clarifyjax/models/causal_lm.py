@@ -1,0 +1,486 @@
+"""Decoder-only language models in Flax NNX: one decoder for Llama (1/2/3, Vicuna), Mistral,
+Qwen2, Qwen3, OPT and Falcon, driven by a frozen `CausalLMConfig` (read from a Hugging Face
+`config.json` by `causal_lm_params.config_from_hf`), with a preallocated KV cache for decoding.
+
+The families differ only in switches of the config:
+  * norm "rms" (Llama family) or "layer" (OPT, Falcon: with a bias);
+  * positions "rope" (sin/cos in float32, optional `llama3` / `linear` frequency scaling) or
+    "learned" (OPT: a table indexed by position + 2);
+  * feed-forward gated (silu(x W_gate) * x W_up) or plain (act(x W_up + b));
+  * block "sequential" (x += attn(norm(x)); x += mlp(norm(x))), "post_norm" (OPT-350m:
+    x = norm(x + attn(x)); x = norm(x + mlp(x))) or "parallel" (Falcon: x += attn(n1(x)) +
+    mlp(n2(x)), n2 = n1 when the layer has one norm);
+  * q/k RMSNorm before RoPE (Qwen3), q/k/v and output biases, a sliding window (Mistral),
+    projections between the embedding width and the hidden width (OPT project_in/project_out),
+    a final norm or none, tied or separate output embedding.
+
+Positions come from the attention mask (position of a token = number of real tokens before it),
+so a left- or right-padded batch gives every row the logits it would have alone.
+
+Shapes: b = batch, t = query length, s = key length, H = hidden, E = embedding width (OPT's
+word_embed_proj_dim, else H), n = heads, k = key/value heads, g = n / k, d = head_dim,
+F = feed-forward, V = vocab, L = cache length. Kernels are stored [in, out] (attention [H, n, d]
+and [n, d, H]) so that every projection is one [b*t, in] x [in, out] matmul.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from clarifyjax.models.params import set_dtype_fields
+
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "relu": jax.nn.relu,
+    "gelu": lambda x: jax.nn.gelu(x, approximate=False),
+    "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
+    "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
+}
+NORMS = ("rms", "layer")
+POSITIONS = ("rope", "learned")
+BLOCKS = ("sequential", "post_norm", "parallel")
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class CausalLMConfig:
+    """Every switch of the decoder; `causal_lm_params.config_from_hf` fills it from config.json."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_size: int
+    embed_size: int | None = None          # None: hidden_size (OPT's word_embed_proj_dim)
+    norm: str = "rms"
+    norm_eps: float = 1e-6
+    activation: str = "silu"
+    gated_mlp: bool = True
+    qkv_bias: bool = False
+    out_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    positions: str = "rope"
+    max_position_embeddings: int = 2048
+    rope_theta: float = 10000.0
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: int = 8192
+    sliding_window: int | None = None
+    block: str = "sequential"
+    parallel_norms: int = 1                # "parallel" blocks: 1 shared norm or 2 (attn, mlp)
+    final_norm: bool = True
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    pad_token_id: int | None = None
+    dtype: str = "float32"                 # compute dtype
+    param_dtype: str = "float32"           # storage dtype
+
+    def __post_init__(self):
+        set_dtype_fields(self, "causal LM")
+        if self.embed_size is None:
+            object.__setattr__(self, "embed_size", self.hidden_size)
+        object.__setattr__(self, "eos_token_ids", tuple(int(e) for e in self.eos_token_ids))
+        for field, allowed in (("norm", NORMS), ("positions", POSITIONS), ("block", BLOCKS),
+                               ("rope_type", ROPE_TYPES), ("activation", tuple(ACTIVATIONS))):
+            if getattr(self, field) not in allowed:
+                raise ValueError(f"causal LM config field {field!r} is {getattr(self, field)!r}; "
+                                 f"allowed values: {', '.join(allowed)}")
+        for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
+                      "head_dim", "ffn_size", "embed_size", "max_position_embeddings"):
+            if int(getattr(self, field)) < 1:
+                raise ValueError(f"causal LM config field {field!r} must be >= 1, "
+                                 f"got {getattr(self, field)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"causal LM config: num_heads {self.num_heads} is not a multiple of "
+                             f"num_kv_heads {self.num_kv_heads}")
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"causal LM config field 'sliding_window' must be >= 1, "
+                             f"got {self.sliding_window}")
+        if self.parallel_norms not in (1, 2):
+            raise ValueError(f"causal LM config field 'parallel_norms' must be 1 or 2, "
+                             f"got {self.parallel_norms}")
+
+    @property
+    def pad_id(self) -> int:
+        """The id written after a row's end: pad, else the first EOS, else 0 (as transformers)."""
+        if self.pad_token_id is not None:
+            return self.pad_token_id
+        return self.eos_token_ids[0] if self.eos_token_ids else 0
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def _param(rngs: nnx.Rngs, std: float, shape: tuple[int, ...], names: tuple, dtype) -> nnx.Param:
+    """A normal(0, std) parameter annotated with logical axis `names` (eager sharding off)."""
+    init = nnx.with_partitioning(nnx.initializers.normal(std), names, eager_sharding=False)
+    return nnx.Param(init(rngs.params(), shape, dtype))
+
+
+def _const(value: float, shape: tuple[int, ...], names: tuple, dtype) -> nnx.Param:
+    init = nnx.with_partitioning(nnx.initializers.constant(value), names, eager_sharding=False)
+    return nnx.Param(init(jax.random.key(0), shape, dtype))
+
+
+class Norm(nnx.Module):
+    """RMSNorm (scale only) or LayerNorm (scale and bias), computed in float32."""
+
+    def __init__(self, size: int, kind: str, eps: float, names: tuple, *, dtype, param_dtype):
+        self.scale = _const(1.0, (size,), names, param_dtype)
+        if kind == "layer":
+            self.bias = _const(0.0, (size,), names, param_dtype)
+        self.kind, self.eps, self.dtype = kind, eps, dtype
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """[..., m] -> [..., m] in the compute dtype."""
+        x = x.astype(jnp.float32)
+        if self.kind == "layer":
+            x = x - jnp.mean(x, axis=-1, keepdims=True)
+        y = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
+        y = y * self.scale[...].astype(jnp.float32)
+        if self.kind == "layer":
+            y = y + self.bias[...].astype(jnp.float32)
+        return y.astype(self.dtype)
+
+
+# --------------------------------------------------------------------------- positions
+
+
+def rope_frequencies(config: CausalLMConfig) -> jax.Array:
+    """[d/2] float32 inverse frequencies, scaled as transformers' `ROPE_INIT_FUNCTIONS` do."""
+    c = config
+    d = c.head_dim
+    inv = 1.0 / (c.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
+    if c.rope_type == "linear":
+        return inv / c.rope_factor
+    if c.rope_type == "llama3":
+        low_wavelen = c.rope_original_max_positions / c.rope_low_freq_factor
+        high_wavelen = c.rope_original_max_positions / c.rope_high_freq_factor
+        wavelen = 2 * math.pi / inv
+        scaled = jnp.where(wavelen > low_wavelen, inv / c.rope_factor, inv)
+        smooth = ((c.rope_original_max_positions / wavelen - c.rope_low_freq_factor)
+                  / (c.rope_high_freq_factor - c.rope_low_freq_factor))
+        smoothed = (1 - smooth) * scaled / c.rope_factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return jnp.where(medium, smoothed, scaled)
+    return inv
+
+
+def rope_tables(config: CausalLMConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """positions [b, t] int -> (cos, sin) [b, t, 1, d] float32 (the halves repeated, as HF)."""
+    freqs = positions.astype(jnp.float32)[..., None] * rope_frequencies(config)
+    angles = jnp.concatenate([freqs, freqs], axis=-1)[:, :, None, :]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [b, t, heads, d] rotated by `rope_tables` (rotate_half convention), in float32."""
+    x32 = x.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+    return (x32 * cos + rotated * sin).astype(x.dtype)
+
+
+def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
+    """[b, t] (1 = token) -> [b, t] int32: the number of real tokens before each (pads: 0)."""
+    mask = attention_mask.astype(jnp.int32)
+    return jnp.maximum(jnp.cumsum(mask, axis=-1) - 1, 0) * mask
+
+
+# --------------------------------------------------------------------------- layers
+
+
+class Attention(nnx.Module):
+    """Grouped-query attention (n query heads over k key/value heads)."""
+
+    def __init__(self, c: CausalLMConfig, *, rngs: nnx.Rngs):
+        H, n, k, d = c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim
+        p = c.param_dtype
+        self.query = _param(rngs, H ** -0.5, (H, n, d), ("embed", "heads", "kv"), p)
+        self.key = _param(rngs, H ** -0.5, (H, k, d), ("embed", "heads", "kv"), p)
+        self.value = _param(rngs, H ** -0.5, (H, k, d), ("embed", "heads", "kv"), p)
+        self.out = _param(rngs, (n * d) ** -0.5, (n, d, H), ("heads", "kv", "embed"), p)
+        if c.qkv_bias:
+            self.query_bias = _const(0.0, (n, d), ("heads", "kv"), p)
+            self.key_bias = _const(0.0, (k, d), ("heads", "kv"), p)
+            self.value_bias = _const(0.0, (k, d), ("heads", "kv"), p)
+        if c.out_bias:
+            self.out_bias = _const(0.0, (H,), ("embed",), p)
+        if c.qk_norm:
+            self.query_norm = Norm(d, "rms", c.norm_eps, ("kv",), dtype=c.dtype, param_dtype=p)
+            self.key_norm = Norm(d, "rms", c.norm_eps, ("kv",), dtype=c.dtype, param_dtype=p)
+        self.config = c
+
+    def _project(self, x: jax.Array, name: str) -> jax.Array:
+        """[b, t, H] -> [b, t, heads, d] (+ bias)."""
+        c = self.config
+        kernel = getattr(self, name)[...].astype(c.dtype)
+        b, t, _ = x.shape
+        y = (x.reshape(b * t, -1) @ kernel.reshape(kernel.shape[0], -1)).reshape(
+            b, t, *kernel.shape[1:])
+        if c.qkv_bias:
+            y = y + getattr(self, f"{name}_bias")[...].astype(c.dtype)
+        return y
+
+    def project(self, x: jax.Array, cos: jax.Array | None, sin: jax.Array | None):
+        """x [b, t, H] -> q [b, t, n, d] (pre-scaled by d**-0.5), k, v [b, t, k, d]."""
+        q, k, v = (self._project(x, name) for name in ("query", "key", "value"))
+        if self.config.qk_norm:
+            q, k = self.query_norm(q), self.key_norm(k)
+        if cos is not None:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        return q * jnp.asarray(self.config.head_dim ** -0.5, q.dtype), k, v
+
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+        """q [b, t, n, d], k/v [b, s, k, d], mask [b, t, s] bool (True = may attend) -> [b, t, H]."""
+        c = self.config
+        b, t, n, d = q.shape
+        groups = n // c.num_kv_heads
+        q = q.reshape(b, t, c.num_kv_heads, groups, d)
+        scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        weights = jax.nn.softmax(scores, axis=-1).astype(c.dtype)
+        context = jnp.einsum("bkgts,bskd->btkgd", weights, v).reshape(b * t, n * d)
+        out = (context @ self.out[...].astype(c.dtype).reshape(n * d, -1)).reshape(b, t, -1)
+        if c.out_bias:
+            out = out + self.out_bias[...].astype(c.dtype)
+        return out
+
+
+class FeedForward(nnx.Module):
+    """down(act(x gate) * (x up)) when gated, else down(act(x up + b)) + b."""
+
+    def __init__(self, c: CausalLMConfig, *, rngs: nnx.Rngs):
+        H, F, p = c.hidden_size, c.ffn_size, c.param_dtype
+        if c.gated_mlp:
+            self.gate = _param(rngs, H ** -0.5, (H, F), ("embed", "mlp"), p)
+        self.up = _param(rngs, H ** -0.5, (H, F), ("embed", "mlp"), p)
+        self.down = _param(rngs, F ** -0.5, (F, H), ("mlp", "embed"), p)
+        if c.mlp_bias:
+            if c.gated_mlp:
+                self.gate_bias = _const(0.0, (F,), ("mlp",), p)
+            self.up_bias = _const(0.0, (F,), ("mlp",), p)
+            self.down_bias = _const(0.0, (H,), ("embed",), p)
+        self.config = c
+
+    def _linear(self, x: jax.Array, name: str) -> jax.Array:
+        c = self.config
+        y = x @ getattr(self, name)[...].astype(c.dtype)
+        return y + getattr(self, f"{name}_bias")[...].astype(c.dtype) if c.mlp_bias else y
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        """[b, t, H] -> [b, t, H] (as one [b*t, H] matmul per projection)."""
+        c = self.config
+        b, t, H = x.shape
+        x = x.reshape(b * t, H)
+        act = ACTIVATIONS[c.activation]
+        h = act(self._linear(x, "gate")) * self._linear(x, "up") if c.gated_mlp \
+            else act(self._linear(x, "up"))
+        return self._linear(h, "down").reshape(b, t, H)
+
+
+class Block(nnx.Module):
+    """One decoder layer: attention and feed-forward in the config's `block` arrangement."""
+
+    def __init__(self, c: CausalLMConfig, *, rngs: nnx.Rngs):
+        kw = dict(dtype=c.dtype, param_dtype=c.param_dtype)
+        self.attention_norm = Norm(c.hidden_size, c.norm, c.norm_eps, ("embed",), **kw)
+        self.attention = Attention(c, rngs=rngs)
+        if c.block != "parallel" or c.parallel_norms == 2:
+            self.mlp_norm = Norm(c.hidden_size, c.norm, c.norm_eps, ("embed",), **kw)
+        self.mlp = FeedForward(c, rngs=rngs)
+        self.config = c
+
+    def __call__(self, x: jax.Array, cos, sin, mask: jax.Array, cache_kv=None, slot=None):
+        """x [b, t, H], cos/sin [b, t, 1, d] or None, mask [b, t, s] bool.
+
+        Without `cache_kv`, attends over its own t positions (s = t) and returns (x, (k, v));
+        with `cache_kv` = (keys, values) [b, L, k, d] (s = L), writes its k/v at `slot` first and
+        returns (x, (keys, values)) updated.
+        """
+        c = self.config
+
+        def attention(h):
+            q, k, v = self.attention.project(h, cos, sin)
+            if cache_kv is not None:
+                at = (0, slot, 0, 0)
+                k = jax.lax.dynamic_update_slice(cache_kv[0], k.astype(cache_kv[0].dtype), at)
+                v = jax.lax.dynamic_update_slice(cache_kv[1], v.astype(cache_kv[1].dtype), at)
+            return self.attention.attend(q, k, v, mask), (k, v)
+
+        if c.block == "post_norm":
+            a, kv = attention(x)
+            x = self.attention_norm(x + a)
+            return self.mlp_norm(x + self.mlp(x)), kv
+        h = self.attention_norm(x)
+        a, kv = attention(h)
+        if c.block == "parallel":
+            return x + a + self.mlp(self.mlp_norm(x) if c.parallel_norms == 2 else h), kv
+        x = x + a
+        return x + self.mlp(self.mlp_norm(x)), kv
+
+
+# --------------------------------------------------------------------------- the model
+
+
+class KVCache(NamedTuple):
+    """Decoding state, plain arrays (threads through `lax.while_loop`).
+
+    keys, values: per layer, [b, L, k, d], preallocated; written with dynamic_update_slice.
+      One array per layer: XLA:CPU copies a layer's slice out of a stacked cache every step.
+    start: [b] int32, the first valid slot of each row (prompts are stored left-aligned to the
+      prompt length P, so the pad slots of a row come first).
+    positions: [b] int32, the position of each row's next token (its number of tokens so far).
+    index: int32 scalar, the slot the next token is written to (the same for every row).
+    """
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+    start: jax.Array
+    positions: jax.Array
+    index: jax.Array
+
+
+def left_align(input_ids: jax.Array, attention_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Move each row's tokens to the end of the row (left padding), keeping their order: works
+    for left-, right- or any padding. [b, t] -> ([b, t], [b, t])."""
+    mask = attention_mask.astype(jnp.int32)
+    order = jnp.argsort(mask, axis=-1, stable=True)  # pads (0) first, tokens in order
+    return (jnp.take_along_axis(input_ids, order, axis=-1),
+            jnp.take_along_axis(mask, order, axis=-1))
+
+
+class CausalLM(nnx.Module):
+    """A decoder-only LM: `model(input_ids, attention_mask)` -> logits [b, t, V] float32."""
+
+    def __init__(self, config: CausalLMConfig, *, rngs: nnx.Rngs):
+        c = self.config = config
+        p = c.param_dtype
+        self.embedding = _param(rngs, 1.0, (c.vocab_size, c.embed_size), ("vocab", "embed"), p)
+        if c.positions == "learned":  # OPT: rows 0, 1 unused by real tokens (offset 2)
+            self.position_embedding = _param(rngs, 0.02, (c.max_position_embeddings + 2,
+                                                          c.hidden_size), ("length", "embed"), p)
+        if c.embed_size != c.hidden_size:
+            self.project_in = _param(rngs, c.embed_size ** -0.5, (c.embed_size, c.hidden_size),
+                                     ("embed", "mlp"), p)
+            self.project_out = _param(rngs, c.hidden_size ** -0.5,
+                                      (c.hidden_size, c.embed_size), ("mlp", "embed"), p)
+        self.layers = nnx.List([Block(c, rngs=rngs) for _ in range(c.num_layers)])
+        if c.final_norm:
+            self.final_norm = Norm(c.hidden_size, c.norm, c.norm_eps, ("embed",), dtype=c.dtype,
+                                   param_dtype=p)
+        if not c.tie_word_embeddings:
+            self.lm_head = _param(rngs, c.embed_size ** -0.5, (c.embed_size, c.vocab_size),
+                                  ("embed", "vocab"), p)
+
+    # -- pieces -------------------------------------------------------------------------------
+    def embed(self, ids: jax.Array, positions: jax.Array) -> jax.Array:
+        """ids, positions [b, t] -> [b, t, H] in the compute dtype."""
+        c = self.config
+        x = jnp.take(self.embedding[...], ids, axis=0).astype(c.dtype)
+        if c.embed_size != c.hidden_size:
+            x = x @ self.project_in[...].astype(c.dtype)
+        if c.positions == "learned":
+            x = x + jnp.take(self.position_embedding[...], positions + 2, axis=0).astype(c.dtype)
+        return x
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """Last layer's output [..., H] -> logits [..., V] float32 (final norm, projection)."""
+        c = self.config
+        if c.final_norm:
+            hidden = self.final_norm(hidden)
+        if c.embed_size != c.hidden_size:
+            hidden = hidden @ self.project_out[...].astype(c.dtype)
+        if c.tie_word_embeddings:
+            return jnp.einsum("...e,ve->...v", hidden, self.embedding[...].astype(c.dtype),
+                              preferred_element_type=jnp.float32)
+        return jnp.einsum("...e,ev->...v", hidden, self.lm_head[...].astype(c.dtype),
+                          preferred_element_type=jnp.float32)
+
+    def _rope(self, positions: jax.Array):
+        return rope_tables(self.config, positions) if self.config.positions == "rope" \
+            else (None, None)
+
+    def _window(self, mask: jax.Array, query_pos: jax.Array, key_pos: jax.Array) -> jax.Array:
+        """Restrict mask [b, t, s] to keys less than sliding_window positions back."""
+        w = self.config.sliding_window
+        if w is None:
+            return mask
+        return mask & (query_pos[:, :, None] - key_pos[:, None, :] < w)
+
+    def hidden_states(self, input_ids: jax.Array, attention_mask: jax.Array):
+        """input_ids, attention_mask [b, t] -> (last layer's output [b, t, H],
+        per layer (k, v) [b, t, k, d])."""
+        t = input_ids.shape[1]
+        valid = attention_mask.astype(bool)
+        positions = positions_from_mask(attention_mask)
+        causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+        mask = self._window(causal[None] & valid[:, None, :], positions, positions)
+        cos, sin = self._rope(positions)
+        x = self.embed(input_ids, positions)
+        kvs = []
+        for layer in self.layers:
+            x, kv = layer(x, cos, sin, mask)
+            kvs.append(kv)
+        return x, kvs
+
+    # -- public API ----------------------------------------------------------------------------
+    def __call__(self, input_ids: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        """input_ids [b, t] int, attention_mask [b, t] (1 = token, padding on either side)
+        -> logits [b, t, V] float32 (rows at pad positions are meaningless)."""
+        return self.logits(self.hidden_states(input_ids, attention_mask)[0])
+
+    def init_cache(self, batch: int, max_length: int) -> KVCache:
+        """An empty cache of `max_length` slots for `batch` rows."""
+        c = self.config
+        shape = (int(batch), int(max_length), c.num_kv_heads, c.head_dim)
+        zeros = tuple(jnp.zeros(shape, c.dtype) for _ in range(c.num_layers))
+        return KVCache(zeros, tuple(jnp.zeros(shape, c.dtype) for _ in range(c.num_layers)),
+                       jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), jnp.int32),
+                       jnp.int32(0))
+
+    def prefill(self, input_ids: jax.Array, attention_mask: jax.Array,
+                cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """Run the prompts input_ids [b, P] (any padding, every row >= 1 token) into an empty
+        `cache` of L >= P slots -> (logits of each row's last token [b, V] float32, cache)."""
+        ids, mask = left_align(input_ids, attention_mask)
+        hidden, kvs = self.hidden_states(ids, mask)
+        P = ids.shape[1]
+        keys = tuple(jax.lax.dynamic_update_slice(ck, k.astype(ck.dtype), (0, 0, 0, 0))
+                     for ck, (k, _) in zip(cache.keys, kvs))
+        values = tuple(jax.lax.dynamic_update_slice(cv, v.astype(cv.dtype), (0, 0, 0, 0))
+                       for cv, (_, v) in zip(cache.values, kvs))
+        lengths = jnp.sum(mask, axis=-1).astype(jnp.int32)
+        cache = KVCache(keys, values, (P - lengths).astype(jnp.int32), lengths, jnp.int32(P))
+        return self.logits(hidden[:, -1]), cache
+
+    def decode_step(self, token_ids: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """Feed token_ids [b] at slot `cache.index` -> (logits [b, V] float32, cache advanced)."""
+        L = cache.keys[0].shape[1]
+        slots = jnp.arange(L)
+        positions = cache.positions[:, None]                                   # [b, 1]
+        key_pos = slots[None, :] - cache.start[:, None]                        # [b, L]
+        mask = ((slots[None, :] >= cache.start[:, None])
+                & (slots[None, :] <= cache.index))[:, None, :]                 # [b, 1, L]
+        mask = self._window(mask, positions, key_pos)
+        cos, sin = self._rope(positions)
+        x = self.embed(token_ids[:, None], positions)
+        keys, values = [], []
+        for layer, k, v in zip(self.layers, cache.keys, cache.values):
+            x, (k, v) = layer(x, cos, sin, mask, (k, v), cache.index)
+            keys.append(k)
+            values.append(v)
+        cache = KVCache(tuple(keys), tuple(values), cache.start, cache.positions + 1,
+                        cache.index + 1)
+        return self.logits(x[:, 0]), cache

@@ -1,0 +1,87 @@
+"""Tiny random decoder-only models of every family and switch, made in torch `transformers` and
+saved as safetensors, for the causal LM parity, bf16 and sharded tests (`make_hf_causal_lm`),
+and mixed-length prompt batches (`prompts`, `left_padded`, `right_padded`)."""
+from __future__ import annotations
+
+import numpy as np
+
+from helpers.env import require
+
+VOCAB = 96
+EOS = 3
+_COMMON = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+               max_position_embeddings=64, bos_token_id=1, eos_token_id=EOS, pad_token_id=0)
+_LLAMA = dict(intermediate_size=48, rms_norm_eps=1e-5)
+
+# name -> (transformers config class, its arguments): every model_type and switch of issue 12.
+CASES = {
+    "llama-gqa-llama3": ("LlamaConfig", dict(
+        _LLAMA, num_key_value_heads=2, attention_bias=True, mlp_bias=True,
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
+                          high_freq_factor=4.0, original_max_position_embeddings=16),
+        rope_theta=500.0)),
+    "mistral-window": ("MistralConfig", dict(_LLAMA, num_key_value_heads=1, sliding_window=4,
+                                             head_dim=None)),
+    "qwen2-tied": ("Qwen2Config", dict(_LLAMA, num_key_value_heads=2, tie_word_embeddings=True)),
+    "qwen3-head-dim": ("Qwen3Config", dict(_LLAMA, num_key_value_heads=2, head_dim=12)),
+    "opt-pre-ln": ("OPTConfig", dict(ffn_dim=48, word_embed_proj_dim=32,
+                                     do_layer_norm_before=True)),
+    "opt-pre-ln-project": ("OPTConfig", dict(ffn_dim=48, word_embed_proj_dim=16,
+                                             do_layer_norm_before=True)),
+    "opt-post-ln": ("OPTConfig", dict(ffn_dim=48, word_embed_proj_dim=16,
+                                      do_layer_norm_before=False, initializer_range=0.35)),
+    "falcon-multi-query-parallel": ("FalconConfig", dict(
+        multi_query=True, parallel_attn=True, new_decoder_architecture=False, bias=False,
+        ffn_hidden_size=48)),
+    "falcon-new-architecture": ("FalconConfig", dict(
+        new_decoder_architecture=True, num_kv_heads=2, bias=True, ffn_hidden_size=48)),
+    "falcon-multi-head-sequential": ("FalconConfig", dict(
+        multi_query=False, parallel_attn=False, new_decoder_architecture=False, bias=True,
+        ffn_hidden_size=48)),
+}
+
+
+def make_hf_causal_lm(folder, case: str, seed: int = 0, **overrides):
+    """A random torch model of `case`, saved as safetensors in `folder` -> the torch model.
+
+    Weights are drawn with std 0.25 (0.35 for post-LN OPT, which repeats itself at 0.25) (transformers' 0.02 makes a tiny model's logits almost
+    uniform, so greedy decoding would repeat one token and ties would decide it), and every
+    1-D parameter (norm scales, biases) gets noise so that a mix-up between them shows.
+    """
+    torch = require("torch")
+    transformers = require("transformers")
+    cls, kwargs = CASES[case]
+    torch.manual_seed(seed)
+    cfg = getattr(transformers, cls)(**{**_COMMON, "initializer_range": 0.25, **kwargs,
+                                        **overrides})
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    model = model.float().eval()
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.dim() == 1:
+                p.add_(0.1 * torch.randn_like(p))
+    model.save_pretrained(str(folder), safe_serialization=True)
+    return model
+
+
+def prompts(rng: np.random.RandomState, lengths) -> list[list[int]]:
+    """Random prompts (ids 4..VOCAB-1: no pad, BOS or EOS) of the given lengths."""
+    return [rng.randint(4, VOCAB, n).tolist() for n in lengths]
+
+
+def right_padded(rows, length: int | None = None, pad: int = 0):
+    length = length or max(map(len, rows))
+    ids = np.full((len(rows), length), pad, np.int64)
+    mask = np.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, :len(r)], mask[i, :len(r)] = r, 1
+    return ids, mask
+
+
+def left_padded(rows, length: int | None = None, pad: int = 0):
+    length = length or max(map(len, rows))
+    ids = np.full((len(rows), length), pad, np.int64)
+    mask = np.zeros_like(ids)
+    for i, r in enumerate(rows):
+        ids[i, length - len(r):], mask[i, length - len(r):] = r, 1
+    return ids, mask
