@@ -69,26 +69,23 @@ def reference_question(keys, pair_rows, alpha: float = 10.0) -> float:
     keys: the node key (the text) of each position; identical keys are one node.
     pair_rows: (i, j, weight) for each pair of positions i < j.
     A node's strength sums max(w, 0) over the pair rows touching it (a collapsed node: over all
-    its members'); one edge per distinct pair of nodes, weighted by the mean of its rows; lambda =
-    the mean edge weight; SaGE = lambda * H(p), p = strength^alpha / sum. One distinct key scores 0.
+    its members'); lambda = the mean weight of every pair row (the reference's `avg`, rows between
+    identical keys included); SaGE = lambda * H(p), p = strength^alpha / sum. One distinct key
+    scores 0.
     """
     strength: dict = {}
     for key in keys:
         strength[key] = strength.get(key, 0.0) + 1e-20
-    edges: dict = {}
     for i, j, w in pair_rows:
         strength[keys[i]] += max(w, 0.0)
         strength[keys[j]] += max(w, 0.0)
-        if keys[i] != keys[j]:
-            edges.setdefault(frozenset((keys[i], keys[j])), []).append(w)
     k = len(strength)
     if k < 2:
         return 0.0 if len(keys) >= 2 else math.nan
     total = sum(s ** alpha for s in strength.values())
     p = [s ** alpha / total for s in strength.values()]
     h = -sum(pi * math.log(pi) for pi in p if pi > 0) / math.log(k)
-    weights = [sum(ws) / len(ws) for ws in edges.values()]
-    return (sum(weights) / len(weights)) * h
+    return (sum(w for _, _, w in pair_rows) / len(pair_rows)) * h
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:

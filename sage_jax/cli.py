@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Sequence
 
 from clarifyjax.textfiles import describe_os_error
-from sage_jax.scoring import MAX_TEXTS, TEXT_FIELDS, Loaded, score_loaded  # noqa: F401  (tests read and patch them here)
+from sage_jax.scoring import (MAX_TEXTS, TEXT_FIELDS, Loaded, load_bertscore_model,  # noqa: F401  (tests read and
+                              score_loaded)  # patch them here)
 
 # Ranges of the integer options: bigger batches do not make a CPU forward faster and may exhaust
 # memory.
@@ -84,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the original question's text, if the file has it (one id, one question)")
     p.add_argument("--no-lexical", action="store_true", help="skip BLEU and ROUGE-L")
     p.add_argument("--no-bertscore", action="store_true", help="skip BERTScore")
+    p.add_argument("--bertscore-model", type=Path, default=None,
+                   help="BERT / RoBERTa folder for BERTScore (the reference: bert-base-uncased; "
+                        "default: the --embedder folder)")
+    p.add_argument("--bertscore-layer", type=int, default=None,
+                   help="its hidden_states layer (default: bert-score's for the model, else its last)")
     p.add_argument("--batch-size", type=int, default=64, help=f"texts per embedder call, 1..{MAX_BATCH_SIZE}")
     p.add_argument("--chunk-size", type=int, default=8192, help=f"questions per SaGE call, 1..{MAX_CHUNK_SIZE}")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -100,6 +106,8 @@ def check_options(args) -> None:
         check_weight(args.blend_weight, "--blend-weight")
         check_number(args.batch_size, "--batch-size", 1, MAX_BATCH_SIZE, integer=True)
         check_number(args.chunk_size, "--chunk-size", 1, MAX_CHUNK_SIZE, integer=True)
+        if args.bertscore_layer is not None:
+            check_number(args.bertscore_layer, "--bertscore-layer", 0, 1000, integer=True)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if not str(args.out).strip():
@@ -162,6 +170,8 @@ def _check_embedder(args) -> None:
     from clarifyjax.models.safetensors_io import check_folder
     from sage_jax.embed import default_embedder_path
 
+    if args.bertscore_model is not None and not args.no_bertscore:
+        check_folder(args.bertscore_model)
     if args.edge_weights and args.no_bertscore:
         return  # no text is embedded
     if args.embedder is None:
@@ -199,8 +209,10 @@ def run_score(args) -> int:
                 cache["embedder"] = SentenceEmbedder.from_pretrained(args.embedder)
             return cache["embedder"]
 
-        if not (args.edge_weights and args.no_bertscore):
+        if not args.edge_weights:
             embedder_fn()  # a broken embedder folder is its own error, not one input's failure
+        if not args.no_bertscore:
+            args.bertscore = load_bertscore_model(args)
         results = []
         for item in loaded:
             try:

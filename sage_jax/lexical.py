@@ -7,11 +7,12 @@ as in the SaGE paper's Table 1 (Elazar et al.'s consistency with sim = BLEU / RO
   whitespace tokens, text i the reference and text j the hypothesis. This reproduces the `bleu_*`
   columns of the reference pairs files exactly (paraphrase `_1` = reference, `_2` = hypothesis).
 * ROUGE-L: rouge-score's `rougeL` F-measure with `use_stemmer=True` (the `rouge_*` columns).
-* BERTScore F1 on our encoder's token embeddings: greedy matching on the cosine of token
-  vectors, no idf weighting, no baseline rescaling; special tokens excluded by the embedder.
+* BERTScore F1: `clarifyjax.bertscore`, the `bert-score` package's computation exactly (the
+  reference calls it with bert-base-uncased, layer 9, no idf, no rescaling), text i the reference
+  and text j the candidate.
 
 Questions with fewer than 2 non-empty texts score NaN. BLEU and ROUGE are per-pair Python (nltk,
-rouge-score); BERTScore is a jitted batch over questions.
+rouge-score); BERTScore runs jitted batches over all the pairs.
 """
 from __future__ import annotations
 
@@ -19,11 +20,9 @@ import warnings
 from functools import lru_cache
 from typing import Callable, Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from clarifyjax.buckets import POWER_OF_TWO_BUCKETS, bucket_length
+from clarifyjax.bertscore import bertscore
 
 
 def _clean(texts: Sequence[str]) -> list[str]:
@@ -116,73 +115,40 @@ def exact_match_consistency(texts_per_question: Sequence[Sequence[str]]) -> np.n
 # ----------------------------------------------------------------------------- BERTScore
 
 
-@jax.jit
-def bertscore_f1_matrix(tokens: jax.Array, token_mask: jax.Array) -> jax.Array:
-    """BERTScore F1 between every pair of texts of each question (greedy matching, no idf).
-
-    Args:
-      tokens: [batch, n, length, d] token embeddings (any scale: they are L2-normalized here).
-      token_mask: [batch, n, length] bool, True for real tokens.
-
-    Returns:
-      [batch, n, n] float32 F1 (symmetric); NaN where either text has no tokens.
-    """
-    x = tokens.astype(jnp.float32)
-    x = x * jax.lax.rsqrt(jnp.maximum(jnp.sum(x * x, axis=-1, keepdims=True), 1e-30))
-    # sim[b, i, j, s, t] = cos(token s of text i, token t of text j)
-    sim = jnp.einsum("bisd,bjtd->bijst", x, x, precision=jax.lax.Precision.HIGHEST)
-    both = token_mask[:, :, None, :, None] & token_mask[:, None, :, None, :]
-    sim = jnp.where(both, sim, -jnp.inf)
-    count = jnp.sum(token_mask, axis=-1).astype(jnp.float32)                          # [b, n]
-    best_for_i = jnp.max(sim, axis=-1)                                                 # [b, i, j, s]
-    recall = jnp.sum(jnp.where(token_mask[:, :, None, :], best_for_i, 0.0), axis=-1) / count[:, :, None]
-    precision = jnp.swapaxes(recall, -1, -2)  # the hypothesis' tokens matched into the reference
-    f1 = 2 * precision * recall / (precision + recall)
-    empty = (count[:, :, None] == 0) | (count[:, None, :] == 0)
-    return jnp.where(empty, jnp.nan, f1)
-
-
-def bertscore_consistency(texts_per_question: Sequence[Sequence[str]],
-                          token_embeddings: Callable[[Sequence[str]], list[np.ndarray]], *,
-                          chunk_size: int = 16, questions_per_call: int = 512,
+def bertscore_consistency(texts_per_question: Sequence[Sequence[str]], *, model, layer: int | None = None,
+                          batch_size: int = 64, pairs_per_call: int = 4096,
                           on_chunk: Callable[[int, int], None] | None = None) -> np.ndarray:
-    """[batch] mean pairwise BERTScore F1 per question.
+    """[batch] mean pairwise BERTScore F1 per question, as the reference scores its pairs.
+
+    Every pair i < j of a question's (non-empty) texts is scored by `clarifyjax.bertscore` with
+    text j the candidate and text i the reference, no idf and no rescaling: the `bert-score`
+    package's F1 on the pairs listed question by question (its padding floor included, in
+    batches of `batch_size` pairs).
 
     Args:
-      texts_per_question: the texts of each question (empty ones are dropped).
-      token_embeddings: texts -> list of [length_i, d] arrays, special tokens excluded (e.g.
-        `SentenceEmbedder.token_embeddings`). Called on the distinct texts of `questions_per_call`
-        questions at a time (few calls: the embedder buckets by length inside each).
-      chunk_size: questions per jitted F1 call; the token length is padded to a power of two, so
-        only a few shapes compile.
-      on_chunk: optional callback(n_done, n_total).
+      model: a BERT / RoBERTa (or sentence-transformers) folder or a `BertScoreModel`.
+      layer: hidden_states index; default the package's for the model.
+      pairs_per_call: pairs per `bertscore` call (rounded to whole batches of `batch_size`, so
+        the scores are those of one call over every pair).
+      on_chunk: optional callback(n_pairs_done, n_pairs_total).
     """
-    total = len(texts_per_question)
-    out = np.full(total, np.nan)
-    # One n for every chunk, so that only the token length varies between compiled shapes.
-    n = max([len(_clean(t)) for t in texts_per_question] + [2])
-    upper = np.triu(np.ones((n, n), bool), k=1)
-    for block in range(0, total, questions_per_call):
-        block_texts = [_clean(t) for t in texts_per_question[block:block + questions_per_call]]
-        distinct = list(dict.fromkeys(t for texts in block_texts for t in texts))
-        vectors = dict(zip(distinct, token_embeddings(distinct))) if distinct else {}
-        d = next(iter(vectors.values())).shape[-1] if vectors else 1
-        for offset in range(0, len(block_texts), chunk_size):
-            chunk = block_texts[offset:offset + chunk_size]
-            length = bucket_length(max([len(vectors[t]) for texts in chunk for t in texts] + [1]),
-                                   POWER_OF_TWO_BUCKETS)
-            tokens = np.zeros((chunk_size, n, length, d), np.float32)
-            token_mask = np.zeros((chunk_size, n, length), bool)
-            for b, texts in enumerate(chunk):
-                for i, t in enumerate(texts):
-                    v = np.asarray(vectors[t], np.float32)
-                    tokens[b, i, :len(v)] = v
-                    token_mask[b, i, :len(v)] = True
-            f1 = np.asarray(bertscore_f1_matrix(tokens, token_mask))
-            for b, texts in enumerate(chunk):
-                k = len(texts)
-                if k >= 2:
-                    out[block + offset + b] = float(np.mean(f1[b][:k, :k][upper[:k, :k]]))
-            if on_chunk is not None:
-                on_chunk(min(block + offset + chunk_size, total), total)
-    return out
+    owner, cands, refs = [], [], []
+    for b, texts in enumerate(texts_per_question):
+        texts = _clean(texts)
+        for i in range(len(texts)):
+            for j in range(i + 1, len(texts)):
+                owner.append(b)
+                cands.append(texts[j])
+                refs.append(texts[i])
+    f1 = np.zeros(len(cands))
+    step = max(1, pairs_per_call // batch_size) * batch_size
+    for start in range(0, len(cands), step):
+        stop = min(start + step, len(cands))
+        f1[start:stop] = bertscore(cands[start:stop], refs[start:stop], model=model, layer=layer,
+                                   batch_size=batch_size)[2]
+        if on_chunk is not None:
+            on_chunk(stop, len(cands))
+    total = np.bincount(np.asarray(owner, np.int64), weights=f1, minlength=len(texts_per_question))
+    count = np.bincount(np.asarray(owner, np.int64), minlength=len(texts_per_question))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / count, np.nan)

@@ -23,12 +23,10 @@ integer `groups` (equal ids within a row = identical text):
     other texts of the question (members of the same group included, so identical texts add their
     cosine of 1); every member brings its own 1e-20;
   * k is the number of distinct groups among the valid positions, and H is taken over the groups;
-  * the graph has one edge per distinct pair of groups; its weight is the MEAN of W over the member
-    pairs (i in one group, j in the other). For embeddings of identical texts all those member
-    pairs have the same cosine, so mean, first and last agree; the mean is the order-independent
-    choice when weights come from elsewhere (a file column);
-  * lambda is the mean of those group-edge weights over the k(k-1)/2 distinct group pairs;
-    within-group pairs are not edges (a self-loop is no pair of distinct nodes);
+  * lambda is the reference's `avg`: the mean of W over every pair row of the question, i.e. all
+    n(n-1)/2 pairs of valid positions, the pairs of identical texts included (their edges are
+    self-loops of a collapsed node, and the reference still counts them). It is the same lambda
+    as without `groups`; only H changes;
   * a question whose valid texts are all identical (k = 1 with >= 2 texts) scores 0, not 1: this is
     the reference's bug ("perfect agreement scores 0"), reproduced only in this mode.
 
@@ -236,7 +234,6 @@ def _sage_core(similarity: jax.Array, valid: jax.Array, groups: jax.Array | None
     earlier = jnp.tril(jnp.ones((n, n), dtype=bool), k=-1)[None]            # j < i
     # The first valid member of each group stands for the group.
     representative = valid & ~jnp.any(same & earlier, axis=-1)              # [b, n]
-    size = jnp.sum(same, axis=-1).astype(jnp.float32)                        # [b, n] group size
     k = jnp.sum(representative, axis=-1).astype(jnp.float32)                 # [b] distinct nodes
     n_valid = jnp.sum(valid, axis=-1)
 
@@ -250,14 +247,10 @@ def _sage_core(similarity: jax.Array, valid: jax.Array, groups: jax.Array | None
     log_k = jnp.log(jnp.maximum(k, 2.0))
     h = entropy / log_k
 
-    # lambda: mean over distinct node pairs of the mean member-pair weight.
-    # sum_{g < h} mean_{i in g, j in h} W_ij = 1/2 sum_{i, j in different groups} W_ij / (|g_i| |g_j|)
-    between = pair & ~same
-    inv_size = 1.0 / jnp.maximum(size, 1.0)
-    edge_sum = 0.5 * jnp.sum(jnp.where(between, w * inv_size[:, :, None] * inv_size[:, None, :], 0.0),
-                             axis=(-2, -1))
-    n_edges = jnp.maximum(k * (k - 1.0) / 2.0, 1.0)
-    lam = edge_sum / n_edges
+    # lambda: the mean of W over the n_valid(n_valid - 1)/2 pairs of valid positions (with groups
+    # too: the reference's `avg` counts the edges between identical texts).
+    n_pairs = n_valid.astype(jnp.float32) * (n_valid - 1).astype(jnp.float32) / 2.0
+    lam = 0.5 * jnp.sum(w, axis=(-2, -1)) / jnp.maximum(n_pairs, 1.0)
 
     score = jnp.clip(lam * h, -1.0, 1.0)  # |lam| <= 1 and H <= 1 but for float32 rounding
     score = jnp.where(k >= 2, score, jnp.where(n_valid >= 2, 0.0, jnp.nan))  # k = 1: collapsed

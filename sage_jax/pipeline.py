@@ -178,8 +178,10 @@ class Run:
                 check_generator(target.generator, f"models[{i}].generator")
         if "rot" in stages:
             check_generator(cfg.rot.generator, "rot.generator")
-        if "score" in stages and cfg.score.embedder is not None and not Path(cfg.score.embedder).is_dir():
-            raise ConfigError(f"score.embedder: {cfg.score.embedder}: not a folder")
+        for key in ("embedder", "bertscore_model"):
+            folder = getattr(cfg.score, key)
+            if "score" in stages and folder is not None and not Path(folder).is_dir():
+                raise ConfigError(f"score.{key}: {folder}: not a folder")
 
     # ------------------------------------------------------------------ records
 

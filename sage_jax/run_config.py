@@ -148,10 +148,13 @@ class ScoreConfig:
     alpha: float = 10.0
     blend_weight: float = 0.8
     bertscore: bool = True
+    bertscore_model: Optional[str] = None  # BERT / RoBERTa folder (the reference: bert-base-uncased); None: embedder
+    bertscore_layer: Optional[int] = None  # None: bert-score's default layer for the model, else its last
     lexical: bool = True
     batch_size: int = 64
 
-    _bounds: ClassVar = {"alpha": "(0, 1e6]", "blend_weight": "[0, 1]", "batch_size": "[1, 4096]"}
+    _bounds: ClassVar = {"alpha": "(0, 1e6]", "blend_weight": "[0, 1]", "batch_size": "[1, 4096]",
+                         "bertscore_layer": "[0, 1000]"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,4 +227,5 @@ def resolve_paths(cfg: RunConfig, base: Path) -> RunConfig:
         cfg, questions=rel(cfg.questions), out=rel(cfg.out), paraphrase=para,
         models=tuple(dataclasses.replace(m, generator=gen(m.generator)) for m in cfg.models),
         rot=dataclasses.replace(cfg.rot, generator=gen(cfg.rot.generator)),
-        score=dataclasses.replace(cfg.score, embedder=rel(cfg.score.embedder) if cfg.score.embedder else None))
+        score=dataclasses.replace(cfg.score, embedder=rel(cfg.score.embedder) if cfg.score.embedder else None,
+                                  bertscore_model=rel(cfg.score.bertscore_model) if cfg.score.bertscore_model else None))

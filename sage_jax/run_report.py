@@ -87,23 +87,25 @@ def _reasons(rows: list[dict]) -> dict:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def _args(run, text: str, path):
+def _args(run, text: str, path, bertscore=None):
+    """`sage-jax score`'s options for one of the run's files (`bertscore`: the loaded (model, layer))."""
     from sage_jax.data import Columns
 
     s = run.cfg.score
     return SimpleNamespace(text=text, format="long", columns=Columns(), edge_weights=None, collapse_identical=False,
                            question_id_column="question_id", alpha=s.alpha, blend_weight=s.blend_weight,
                            chunk_size=8192, batch_size=s.batch_size, no_lexical=not s.lexical,
-                           no_bertscore=not s.bertscore, embedder=s.embedder, files=[path])
+                           no_bertscore=not s.bertscore, embedder=s.embedder, files=[path],
+                           bertscore_model=s.bertscore_model, bertscore_layer=s.bertscore_layer, bertscore=bertscore)
 
 
-def score_model(run, target, embedder_fn) -> dict:
+def score_model(run, target, embedder_fn, bertscore=None) -> dict:
     """Per-question columns of one model (lists), from its long-format file."""
     from sage_jax import lexical, scoring
 
     path = run.out / "report" / f"{target.name}.answers.csv"
     progress = lambda total, desc: _quiet_bar(run, total, desc)  # noqa: E731
-    answers_args = _args(run, "answer", path)
+    answers_args = _args(run, "answer", path, bertscore)
     answers = scoring.Loaded(path, target.name, answers_args)  # the baselines: answers, their own mask
     if run.cfg.rot.generator is not None:
         both_args = _args(run, "blend", path)
@@ -157,12 +159,18 @@ def score(run) -> dict:
             cache["embedder"] = SentenceEmbedder.from_pretrained(run.cfg.score.embedder)
         return cache["embedder"]
 
+    bertscore = None
+    if run.cfg.score.bertscore:
+        from sage_jax.scoring import load_bertscore_model
+
+        bertscore = load_bertscore_model(_args(run, "answer", None))
     models = {}
     for target in run.cfg.models:
         if not files[target.name].count(b"\n") > 1:  # no answered row at all
             models[target.name] = {"per_question": None, "failures": failures[target.name]}
             continue
-        models[target.name] = {"per_question": score_model(run, target, embedder_fn), "failures": failures[target.name]}
+        models[target.name] = {"per_question": score_model(run, target, embedder_fn, bertscore),
+                               "failures": failures[target.name]}
     result = {"fingerprint": digest.hexdigest(), "models": models}
     atomic_write_bytes(scores_path, json.dumps(_finite(result), indent=1).encode())
     return json.loads(scores_path.read_text())

@@ -51,8 +51,9 @@ class Loaded:
         self.batches = {f: data.text_batch(self.questions, f, self.n_max) for f in self.need}
         self.first = self.batches[self.need[0]]
         self.mask = np.logical_and.reduce([b.mask for b in self.batches.values()])
-        # Nodes keyed by the (first) text when collapsing identical texts.
-        self.groups = self.first.groups if args.collapse_identical else None
+        # Nodes keyed by text when collapsing identical texts: the reference keys them by the RoT
+        # whenever RoTs are used (its use_rots graph), else by the answer.
+        self.groups = self.batches["rot" if "rot" in self.need else "answer"].groups if args.collapse_identical else None
         self.weights = data.pair_matrix(self.questions, args.edge_weights, self.n_max) if args.edge_weights else None
         lexical_field = "rot" if args.text == "rot" else "answer"
         self.lexical_texts = [[t if ok else "" for t, ok in zip(q.texts(lexical_field), self.mask[b])]
@@ -102,6 +103,22 @@ def sage_per_text(item: Loaded, args, embedder_fn, progress) -> dict[str, np.nda
                            rot_embeddings=emb["rot"])}
 
 
+def load_bertscore_model(args):
+    """(model, layer) of the BERTScore baseline: --bertscore-model (default the embedder folder)
+    at --bertscore-layer (default bert-score's layer for the model, else its last layer)."""
+    from clarifyjax.bertscore import default_layer, load_model
+    from sage_jax.embed import default_embedder_path
+
+    model = load_model(args.bertscore_model or args.embedder or default_embedder_path())
+    layer = args.bertscore_layer
+    if layer is None:
+        layer = default_layer(model.name)
+        layer = model.config.num_layers if layer is None else layer
+    if layer > model.config.num_layers:
+        raise ValueError(f"--bertscore-layer {layer}: the model has {model.config.num_layers} layers")
+    return model, layer
+
+
 def baselines(item: Loaded, args, embedder_fn, progress) -> dict:
     """BLEU, ROUGE-L and BERTScore per question (NaN columns for the skipped ones)."""
     from sage_jax import lexical
@@ -118,11 +135,13 @@ def baselines(item: Loaded, args, embedder_fn, progress) -> dict:
                 bar.update(1)
         out["bleu"], out["rouge_l"] = bleu, rouge
     if not args.no_bertscore:
-        embedder = embedder_fn()
-        with progress(len(texts), f"{item.name}: BERTScore") as bar:
-            out["bertscore"] = lexical.bertscore_consistency(
-                texts, lambda ts: embedder.token_embeddings(ts, batch_size=args.batch_size),
-                on_chunk=lambda done, total: bar.update(done - bar.n))
+        model, layer = args.bertscore
+        with progress(len(texts), f"{item.name}: BERTScore pairs") as bar:
+            def tick(done, total):
+                bar.total = total
+                bar.update(done - bar.n)
+
+            out["bertscore"] = lexical.bertscore_consistency(texts, model=model, layer=layer, on_chunk=tick)
     return out
 
 
@@ -152,7 +171,10 @@ def score_loaded(item: Loaded, args, embedder_fn, progress) -> tuple[dict, dict]
         "settings": {"alpha": args.alpha, "blend_weight": args.blend_weight if args.text == "blend" else None,
                      "collapse_identical": args.collapse_identical, "edge_weights": args.edge_weights,
                      "embedder": None if args.edge_weights else str(args.embedder or "all-MiniLM-L6-v2 (default)"),
-                     "lexical_text": "rot" if args.text == "rot" else "answer"},
+                     "lexical_text": "rot" if args.text == "rot" else "answer",
+                     "bertscore": None if args.no_bertscore else {
+                         "model": str(args.bertscore_model or args.embedder or "all-MiniLM-L6-v2 (default)"),
+                         "layer": args.bertscore[1], "idf": False, "rescaled": False}},
     }
     for key, skipped in (("bleu", args.no_lexical), ("rouge_l", args.no_lexical), ("bertscore", args.no_bertscore)):
         if skipped:

@@ -37,7 +37,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     # Building blocks over the models: configs, tokenizers, decoding, files, data formats.
     "building blocks": ("clarifyjax.tables", "clarifyjax.configlib", "clarifyjax.config_models", "clarifyjax.config",
                         "clarifyjax.tokenizer", "clarifyjax.decoding",
-                        "clarifyjax.child_result", "clarifyjax.chunkstore", "sage_jax.lexical",
+                        "clarifyjax.child_result", "clarifyjax.chunkstore", "clarifyjax.bertscore", "sage_jax.lexical",
                         "sage_jax.prompts", "sage_jax.stages",
                         "clarifyjax.textgen", "clarifyjax.serving"),
     # Components: the models' roles (seq2seq, judge, NLI filter, rollouts, SFT step), data,
@@ -91,6 +91,7 @@ SAME_LAYER: set[tuple[str, str]] = {
     ("clarifyjax.demo", "sage_jax.cli"),
     ("sage_jax.pipeline", "sage_jax.run_report"),
     ("sage_jax.run_report", "sage_jax.scoring"),
+    ("sage_jax.lexical", "clarifyjax.bertscore"),
 }
 
 

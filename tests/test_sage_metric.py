@@ -231,3 +231,46 @@ def test_pairs_file_cosine_rot_collapsed_mean_matches_reference():
     # Without collapsing the mean is higher (the reference's bug lowers it).
     plain, _ = mean_sage(sage_from_similarity(weights, batch.mask))
     assert float(plain) > float(mean)
+
+
+def reference_entropy(edges, alpha=10):
+    """The reference's `entropy(edges)` (vnnm404/SaGE generate_scores.py) transcribed: nodes are
+    texts, each edge row adds its positive weight to both ends, `avg` is the mean weight of every
+    row (rows between identical texts included), logs in base 2, strengths scaled by 10."""
+    nodes = sorted({e[0] for e in edges} | {e[1] for e in edges})
+    strength = dict.fromkeys(nodes, 1e-20)
+    for a, b, w in edges:
+        if w > 0:
+            strength[a] += w
+            strength[b] += w
+    avg = sum(w for _, _, w in edges) / len(edges)
+    infos = [float((s * 10) ** alpha) for s in strength.values()]
+    probs = [x / sum(infos) for x in infos]
+    max_entropy = math.log2(len(probs)) if len(probs) != 1 else 1
+    return avg * -sum(p * math.log2(p) for p in probs if p != 0) / max_entropy
+
+
+def test_collapsed_answers_mean_of_the_vicuna_pairs_file_is_the_references():
+    """The reference code on the vicuna pairs file without RoTs (nodes keyed by answer text, edge
+    weights cosine_model_output) gives a mean of 0.545784589475723; 16 of its 250 questions hold
+    identical answers. Averaging over distinct node pairs only (this mode before the fix) gave
+    0.546143; without collapsing the mean is 0.575004."""
+    from sage_jax.data import pair_matrix, read_questions, text_batch
+
+    path = shared_data("sage-mcc/vicuna-7b-v1.5_pairs_0.csv")
+    by_q: dict[str, list] = defaultdict(list)
+    with open(path, newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            by_q[row["question_id"]].append(row)
+    want = [reference_entropy([(r["model_output_1"], r["model_output_2"], float(r["cosine_model_output"]))
+                               for r in rows]) for rows in by_q.values()]
+    assert float(np.mean(want)) == pytest.approx(0.545784589475723, abs=1e-12)
+
+    questions = read_questions(path, need=("answer",))
+    batch = text_batch(questions, "answer")
+    scores = sage_from_similarity(pair_matrix(questions, "cosine_model_output"), batch.mask, groups=batch.groups)
+    # float32: one question's lambda is ~1e-6, the cancellation of weights of both signs
+    np.testing.assert_allclose(np.asarray(scores), want, atol=3e-6)
+    mean, skipped = mean_sage(scores)
+    assert int(skipped) == 0 and abs(float(mean) - 0.545784589475723) <= 1e-6
+    assert abs(float(mean) - 0.546143) > 3e-4  # the fix changes the value

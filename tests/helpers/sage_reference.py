@@ -36,26 +36,24 @@ def collapsed_reference(keys: list, pair_rows: list[tuple[int, int, float]], alp
     """The reference's graph keyed by text, from pair rows (i, j, weight) over positions.
 
     Strength of a node = sum over the pair rows touching any of its members (one 1e-20 per member);
-    one edge per distinct pair of texts, weight = mean of its rows; lambda = mean edge weight.
+    lambda = the reference's `avg`, the mean weight of every pair row (rows between identical texts
+    included).
     """
     if len(keys) < 2:
         return math.nan
     strength: dict = defaultdict(float)
     for key in keys:
         strength[key] += 1e-20
-    edges: dict = defaultdict(list)
     for i, j, w in pair_rows:
         strength[keys[i]] += max(w, 0.0)
         strength[keys[j]] += max(w, 0.0)
-        if keys[i] != keys[j]:
-            edges[frozenset((keys[i], keys[j]))].append(w)
     k = len(strength)
     if k == 1:
         return 0.0  # all texts identical: the reference's "perfect agreement scores 0"
     s = np.array(list(strength.values()), np.float64)
     p = s ** alpha / np.sum(s ** alpha)
     h = -sum(pi * math.log(pi) for pi in p if pi > 0) / math.log(k)
-    lam = np.mean([np.mean(ws) for ws in edges.values()])
+    lam = np.mean([w for _, _, w in pair_rows])
     return float(lam * h)
 
 
