@@ -137,7 +137,8 @@ def generate_records(generator: TextGenerator, rows: Sequence[PromptRow], *, out
                      overwrite: bool = False, progress: bool = True, error=DataError,
                      ) -> tuple[list[dict], int, ChunkStore]:
     """The output rows of every input row, in order, how many chunks an interrupted run had
-    finished, and the store (`finish` it once the output is written). `options` (the settings that change the output) and the files of `folders`
+    finished, and the store (`finish` it once the output is written). `options` (the settings
+    that change the output) and the files of `folders`
     make the resume fingerprint, with the rows themselves."""
     from clarifyjax.metrics_log import progress as progress_bar
 

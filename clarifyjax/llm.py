@@ -8,8 +8,9 @@ its sampling defaults (`generation_config.json`, `models.hf.read_generation_defa
 a caller leaves None is the model's, as in `transformers`). `complete` tokenizes every prompt,
 expands each into its `n` rows and groups the rows by sampling settings (each distinct setting is
 its own jitted program) and by the bucket of their `max_new_tokens`; inside a group, rows are
-sorted by length and cut into batches of `batch_size`, each left-padded to a length bucket
-(`clarifyjax.buckets`), so that a stream of calls compiles a handful of programs. A stop string
+sorted by length and cut into batches of `batch_size` rows (a short batch is padded to it),
+each left-padded to a length bucket (`clarifyjax.buckets`), so that a stream of calls compiles a
+handful of programs, the same ones for `clarifyjax generate` and `clarifyjax serve`. A stop string
 that is one token also stops the jitted loop; every stop string cuts the text afterwards.
 
 Randomness: batch k of a call draws from a key derived from (seed, k), and the batches of a call
@@ -24,8 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from clarifyjax.buckets import (DEFAULT_BUCKETS, bucket_length, bucket_rows, length_sorted_batches,
-                                pad_rows)
+from clarifyjax.buckets import DEFAULT_BUCKETS, bucket_length, length_sorted_batches, pad_rows
 from clarifyjax.models.safetensors_io import read_config
 from clarifyjax.textgen import Completion, Prompt, Sampling, cut_at_stop, per_prompt
 from clarifyjax.tokenizer import CHAT_TEMPLATES, CausalTokenizer
@@ -54,7 +54,7 @@ def generation_defaults(folder: str | os.PathLike) -> tuple[Sampling, tuple[int,
 
 def context_length(folder: str | os.PathLike, default: int = 2048) -> int:
     """Positions the model was trained for (config.json), `default` when it names none."""
-    config = read_config(Path(folder) / "config.json")
+    config = read_config(folder)
     return int(next((config[k] for k in _CONTEXT_KEYS if isinstance(config.get(k), int)),
                     default))
 
@@ -185,8 +185,10 @@ class LocalLM:
         for i, row in enumerate(batch):  # left padding: every row's prompt ends at the edge
             ids[i, width - len(row.ids):] = row.ids
             mask[i, width - len(row.ids):] = 1
-        padded = bucket_rows(len(batch), self.batch_size)
-        out = generate(self.model, pad_rows(ids, padded), pad_rows(mask, padded),
+        # Every batch has batch_size rows (a short one repeats its last row): one program per
+        # (prompt bucket, new-token bucket, settings), shared by the CLI and the server.
+        rows = self.batch_size
+        out = generate(self.model, pad_rows(ids, rows), pad_rows(mask, rows),
                        rng=jax.random.key(seed_state), max_new_tokens=max_new,
                        min_new_tokens=min_new, greedy=greedy,
                        temperature=1.0 if greedy else s.temperature,

@@ -111,7 +111,8 @@ class MicroBatcher:
     to raise, per item) in one worker thread; the next batch gathers while one runs.
 
     An item larger than `max_batch_rows` runs alone. `submit` raises ApiError 503 when the queue
-    would hold more than `max_queued_rows` rows, and 413 for an item larger than that. Counters: `batches` (rows of each batch run, newest last).
+    would hold more than `max_queued_rows` rows, and 413 for an item larger than that.
+    Counters: `batches` (rows of each batch run, newest last).
     """
 
     def __init__(self, run_batch: Callable[[list], list], *, window_s: float = 0.01,

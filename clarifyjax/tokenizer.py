@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+import threading
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -350,6 +351,9 @@ class CausalTokenizer:
             self._tok = AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
         except (OSError, ValueError) as e:
             raise CheckpointError(f"{self.folder}: no tokenizer transformers can read ({e})") from e
+        # A fast tokenizer is not safe to call from two threads at once ("Already borrowed"): a
+        # server counts prompt tokens in its event loop while its worker thread generates.
+        self._lock = threading.Lock()
         tok = self._tok
         self.bos_id, self.eos_id = tok.bos_token_id, tok.eos_token_id
         self.pad_id = next((i for i in (tok.pad_token_id, tok.eos_token_id) if i is not None), 0)
@@ -368,8 +372,9 @@ class CausalTokenizer:
         if not self.has_chat_template:
             raise ValueError(f"{self.folder}: the tokenizer has no chat template; give prompts "
                              "as text, or choose the built-in template vicuna_v1.1")
-        return self._tok.apply_chat_template(list(prompt), tokenize=False,
-                                             add_generation_prompt=True)
+        with self._lock:
+            return self._tok.apply_chat_template(list(prompt), tokenize=False,
+                                                 add_generation_prompt=True)
 
     def encode(self, prompt, chat_template: str = "model") -> list[int]:
         """Token ids of a prompt. A model's chat template writes its own BOS (as
@@ -379,14 +384,17 @@ class CausalTokenizer:
         text = self.render(prompt, chat_template)
         check_encodable([text])
         own_template = not isinstance(prompt, str) and chat_template == "model"
-        return list(self._tok(text, add_special_tokens=not own_template)["input_ids"])
+        with self._lock:
+            return list(self._tok(text, add_special_tokens=not own_template)["input_ids"])
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of generated ids, special tokens left out."""
-        return self._tok.decode(list(ids), skip_special_tokens=True,
-                                clean_up_tokenization_spaces=False)
+        with self._lock:
+            return self._tok.decode(list(ids), skip_special_tokens=True,
+                                    clean_up_tokenization_spaces=False)
 
     def token_texts(self, ids: Sequence[int]) -> list[str]:
         """Each id's own text (for per-token log-probs)."""
-        return [self._tok.decode([i], skip_special_tokens=False,
-                                 clean_up_tokenization_spaces=False) for i in ids]
+        with self._lock:
+            return [self._tok.decode([i], skip_special_tokens=False,
+                                     clean_up_tokenization_spaces=False) for i in ids]

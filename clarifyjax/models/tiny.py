@@ -323,7 +323,7 @@ def tiny_llama_folder(root, *, seed: int = 0, chat_template: str | None = TINY_C
         folder = _new_dir(root, f"llama_seed{seed}_{len(_CACHE)}")
         tok = tiny_causal_tokenizer(folder, chat_template=chat_template)
         config = transformers.LlamaConfig(**{
-            "vocab_size": 8 * math.ceil(len(tok) / 8), "hidden_size": 32,
+            "vocab_size": len(tok), "hidden_size": 32,
             "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
             "num_key_value_heads": 2, "max_position_embeddings": 128, "bos_token_id": 1,
             "eos_token_id": 2, "tie_word_embeddings": False, **overrides})

@@ -1,0 +1,91 @@
+"""`clarifyjax.llm.LocalLM` on a tiny random Llama: greedy completions of raw prompts and chats
+equal PyTorch `transformers` `generate` on the same folder (ids and text); a row's own
+max_new_tokens and stop strings cut where they should, with the right finish reason; sampled
+completions repeat with their seed and differ between samples; prompts that cannot be run are
+named before anything is generated."""
+from __future__ import annotations
+
+import pytest
+
+from clarifyjax.textgen import Sampling, TextGenerator, TokenCounter
+from conftest import require
+from helpers.tiny_models import tiny_llama_folder
+
+PROMPTS = ["My friend lied", "Is it ok to cheat", [{"role": "user", "content": "Lie?"}]]
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def lm(tmp_path_factory):
+    require("torch")
+    from clarifyjax.llm import LocalLM
+
+    # one prompt bucket: every call below runs one of two programs (greedy, sampled)
+    return LocalLM(tiny_llama_folder(tmp_path_factory, seed=3), batch_size=4, buckets=(32,))
+
+
+@pytest.fixture(scope="module")
+def greedy(lm):
+    return lm.complete(PROMPTS, Sampling(max_new_tokens=MAX_NEW, temperature=0))
+
+
+def test_greedy_completions_equal_transformers_generate(lm, greedy):
+    import torch
+    import transformers
+
+    assert isinstance(lm, TextGenerator) and isinstance(lm, TokenCounter)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(lm.folder)).eval()
+    for prompt, (completion,) in zip(PROMPTS, greedy):
+        ids = torch.tensor([lm.encode(prompt)])
+        with torch.no_grad():
+            expected = hf.generate(ids, attention_mask=torch.ones_like(ids),
+                                   max_new_tokens=MAX_NEW, do_sample=False)[0, ids.shape[1]:]
+        expected = expected.tolist()
+        if lm.tokenizer.eos_id in expected:  # transformers pads after EOS; we stop there
+            expected = expected[: expected.index(lm.tokenizer.eos_id) + 1]
+        assert list(completion.token_ids) == expected
+        assert completion.text == lm.tokenizer.decode(expected)
+        assert completion.finish_reason == ("stop" if expected[-1] == lm.tokenizer.eos_id
+                                            else "length")
+        assert len(completion.logprobs) == len(expected) and max(completion.logprobs) <= 0
+
+
+def test_max_new_tokens_and_stop_strings_cut_each_row(lm, greedy):
+    full = greedy[0][0]
+    assert len(full.token_ids) == MAX_NEW and full.finish_reason == "length", \
+        "the tiny model should not end this prompt early"
+    # a piece from the middle of the text, not one token (which would compile a program that
+    # also stops at it)
+    middle = full.text[len(full.text) // 2:]
+    stop = next(middle[i:i + 3] for i in range(len(middle) - 2)
+                if lm._stop_ids((middle[i:i + 3],)) == lm.eos_ids)
+    short, cut = lm.complete(PROMPTS[:1] * 2, [Sampling(max_new_tokens=5, temperature=0),
+                                               Sampling(max_new_tokens=MAX_NEW, temperature=0,
+                                                        stop=(stop,))])
+    assert short[0].token_ids == full.token_ids[:5] and short[0].finish_reason == "length"
+    assert cut[0].text == full.text[: full.text.index(stop)] and cut[0].finish_reason == "stop"
+    assert cut[0].token_ids == full.token_ids[: len(cut[0].token_ids)]
+    assert lm.tokenizer.decode(cut[0].token_ids) == cut[0].text[: len(
+        lm.tokenizer.decode(cut[0].token_ids))]
+
+
+def test_sampled_completions_repeat_with_their_seed(lm):
+    sampling = Sampling(max_new_tokens=MAX_NEW, temperature=1.0, top_k=20)
+    first = lm.complete(PROMPTS[:2], sampling, n=3, seed=7)
+    again = lm.complete(PROMPTS[:2], sampling, n=3, seed=7)
+    other = lm.complete(PROMPTS[:2], sampling, n=3, seed=8)
+    ids = [[c.token_ids for c in row] for row in first]
+    assert ids == [[c.token_ids for c in row] for row in again]
+    assert ids != [[c.token_ids for c in row] for row in other]
+    assert all(len(set(row)) > 1 for row in ids)
+
+
+def test_prompts_that_cannot_run_are_named(lm):
+    with pytest.raises(ValueError, match=r"prompt 1: .* context length of 128"):
+        lm.complete(["fine", "lie " * 200], Sampling(max_new_tokens=4))
+    with pytest.raises(ValueError, match=r"prompt 0: .*vicuna_v1.1 expects 'user'"):
+        lm.chat_template = "vicuna_v1.1"
+        try:
+            lm.complete([[{"role": "assistant", "content": "x"}]], Sampling(max_new_tokens=4))
+        finally:
+            lm.chat_template = "model"
