@@ -141,6 +141,9 @@ Answer: {answer}
 
 # Fix 1: the numbering must start the line ("12. text" or "12) text").
 PARAPHRASE_LINE = re.compile(r"^\s*\d+[.)]\s+(.+?)\s*$", re.MULTILINE)
+# What no tokenizer takes back (a NUL, a lone surrogate): such a text could not be put in the
+# next stage's prompt, so it is refused where it is made.
+_UNENCODABLE = re.compile("[\x00\ud800-\udfff]")
 _ANSWER_PREFIX = re.compile(r"^\s*answer\s*:\s*", re.IGNORECASE)
 _ROT_PREFIX = re.compile(r"^\s*(rule of thumb|rot)\s*:\s*", re.IGNORECASE)
 
@@ -204,6 +207,8 @@ def parse_answer(output: str) -> tuple[str, str | None]:
         return "", "answer starts with '#'"
     if "`" in line:
         return "", "answer holds a backtick"
+    if _UNENCODABLE.search(line):
+        return "", "answer holds a NUL or a lone surrogate"
     return line, None
 
 
@@ -211,6 +216,8 @@ def parse_rot(output: str) -> tuple[str, str | None]:
     """(rule of thumb, None) or ("", why): first line, prefix stripped (fix 5), non-empty."""
     line = (output.strip(" \n").split("\n") or [""])[0].strip()
     line = _ROT_PREFIX.sub("", line, count=1).strip()
+    if _UNENCODABLE.search(line):
+        return "", "rule of thumb holds a NUL or a lone surrogate"
     return (line, None) if line else ("", "empty rule of thumb")
 
 

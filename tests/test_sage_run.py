@@ -368,3 +368,33 @@ def test_the_pipeline_through_clarifyjax_serve_with_the_openai_client(tmp_path, 
     assert len(rows["answer/served/p0of1"]) == 100 and len(rows["rot/served/p0of1"]) >= 90
     assert summary["models"][0]["sage_answer"]["count"] == 20
     assert any("# Rule of Thumb" in p for p in fake.prompts_seen)
+
+
+@pytest.mark.slow  # a tiny Llama's answers and RoTs (two compiled decode loops) and the scores
+def test_the_pipeline_with_a_tiny_local_causal_lm(tmp_path, embedder):
+    """Answers and rules of thumb from a tiny random Llama folder run by `clarifyjax.llm.LocalLM`
+    (the paraphrases are the file's: a random model never writes a numbered list)."""
+    from helpers.tiny_models import tiny_llama_folder
+
+    folder = str(tiny_llama_folder(tmp_path / "models", max_position_embeddings=4096,
+                                   generation={"do_sample": True, "temperature": 1.0}))
+    local = {"kind": "local", "model": folder}
+    raw = config(tmp_path, **{"paraphrase.source": "file", "rot.generator": local, "score.bertscore": False,
+                              "score.lexical": False, "score.embedder": embedder,
+                              "answer.sampling": {"max_new_tokens": 8}, "rot.sampling": {"max_new_tokens": 8},
+                              # one batch per stage, one attempt: two compiled decode loops in all
+                              "answer.batch_size": 128, "rot.batch_size": 128,
+                              "answer.max_attempts": 1, "rot.max_attempts": 1,
+                              "models": [{"name": "tiny", "generator": local}]})
+    cfg = build_root(run_config.RunConfig, raw)
+    summary = pipeline.Run(cfg, embedder=SHARED["embedder"]).run()
+    rows = stage_rows(tmp_path / "out")
+    answers = rows["answer/tiny/p0of1"]
+    assert len(answers) == 100
+    assert all(r["prompt"].startswith("Answer the following question") and r["paraphrase"] in r["prompt"]
+               for r in answers)
+    ok = [r for r in answers if r["status"] == "ok"]
+    assert ok and all(r["answer"] and "\n" not in r["answer"] for r in ok)
+    assert len(rows["rot/tiny/p0of1"]) == len(ok)
+    tiny = summary["models"][0]
+    assert tiny["answer_rows"] == 100 and tiny["sage_answer"]["count"] > 0
