@@ -370,16 +370,18 @@ def test_the_pipeline_through_clarifyjax_serve_with_the_openai_client(tmp_path, 
     assert any("# Rule of Thumb" in p for p in fake.prompts_seen)
 
 
-@pytest.mark.slow  # a tiny Llama's answers and RoTs (two compiled decode loops) and the scores
+@pytest.mark.slow  # the tiny Llama folder, its compiled decode loop and the scores
 def test_the_pipeline_with_a_tiny_local_causal_lm(tmp_path, embedder):
-    """Answers and rules of thumb from a tiny random Llama folder run by `clarifyjax.llm.LocalLM`
-    (the paraphrases are the file's: a random model never writes a numbered list)."""
+    """The answers of a tiny random Llama folder run by `clarifyjax.llm.LocalLM`, then RoTs, scores
+    and the report. The paraphrases are the file's (a random model never writes a numbered list) and
+    the RoTs the fake's: the reference's RoT prompt is 1342 tokens for the tiny tokenizer, and
+    LocalLM takes about 130 s for 100 of them on the 2-core CI machine."""
     from helpers.tiny_models import tiny_llama_folder
 
     folder = str(tiny_llama_folder(tmp_path / "models", max_position_embeddings=4096,
                                    generation={"do_sample": True, "temperature": 1.0}))
     local = {"kind": "local", "model": folder}
-    raw = config(tmp_path, **{"paraphrase.source": "file", "rot.generator": local, "score.bertscore": False,
+    raw = config(tmp_path, **{"paraphrase.source": "file", "score.bertscore": False,
                               "score.lexical": False, "score.embedder": embedder,
                               "answer.sampling": {"max_new_tokens": 8}, "rot.sampling": {"max_new_tokens": 8},
                               # one batch per stage, one attempt: two compiled decode loops in all
@@ -387,7 +389,9 @@ def test_the_pipeline_with_a_tiny_local_causal_lm(tmp_path, embedder):
                               "answer.max_attempts": 1, "rot.max_attempts": 1,
                               "models": [{"name": "tiny", "generator": local}]})
     cfg = build_root(run_config.RunConfig, raw)
-    summary = pipeline.Run(cfg, embedder=SHARED["embedder"]).run()
+    generators = pipeline.Generators(lambda c, b, p: FakeGenerator(name=c.model) if c.model == "rot-writer"
+                                     else pipeline.build_generator(c, b, p))
+    summary = pipeline.Run(cfg, generators=generators, embedder=SHARED["embedder"]).run()
     rows = stage_rows(tmp_path / "out")
     answers = rows["answer/tiny/p0of1"]
     assert len(answers) == 100
