@@ -42,9 +42,9 @@ class Question:
 def read_questions(cfg: RunConfig) -> list[Question]:
     """The questions file: one question per id (a long-format file's repeated ids are one question,
     its paraphrase column the paraphrases when paraphrase.source is file); first `limit`."""
-    from clarifyjax.tables import DataError, read_rows
+    from clarifyjax.tables import DataError, read_rows, resolve_data_path
 
-    header, rows = read_rows(cfg.questions)
+    header, rows = read_rows(resolve_data_path(cfg.questions, "questions"))
     need = [cfg.question_id_column, cfg.question_column]
     if cfg.paraphrase.source == "file":
         need.append(cfg.paraphrase.paraphrase_column)
@@ -114,7 +114,9 @@ def build_generator(cfg: GeneratorConfig, batch_size: int, prompt_of=None):
         return G.OpenAIGenerator(base_url=cfg.base_url, model=cfg.model, api=cfg.api, api_key_env=cfg.api_key_env,
                                  concurrency=cfg.concurrency, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
     if cfg.kind == "file":
-        return G.RecordedGenerator(cfg.model, column=cfg.column, prompt_of=prompt_of)
+        from clarifyjax.tables import resolve_data_path
+
+        return G.RecordedGenerator(resolve_data_path(cfg.model), column=cfg.column, prompt_of=prompt_of)
     from clarifyjax.llm import LocalLM
 
     return LocalLM(cfg.model, dtype=cfg.dtype, chat_template=cfg.chat_template, batch_size=batch_size)
@@ -126,8 +128,12 @@ def check_generator(cfg: GeneratorConfig | None, at: str) -> None:
 
     if cfg is None:
         return
-    if cfg.kind in ("local", "file") and not Path(cfg.model).exists():
-        raise ConfigError(f"{at}.model: {cfg.model}: no such {'folder' if cfg.kind == 'local' else 'file'}")
+    if cfg.kind == "local" and not Path(cfg.model).is_dir():
+        raise ConfigError(f"{at}.model: {cfg.model}: no such folder")
+    if cfg.kind == "file":
+        from clarifyjax.tables import resolve_data_path
+
+        resolve_data_path(cfg.model, f"{at}.model")
     if cfg.kind == "openai":
         try:
             read_api_key(cfg.api_key_env)

@@ -206,26 +206,8 @@ class RunConfig:
 
 
 def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
-    """The config of `path` with overrides applied; relative paths are relative to the file."""
-    cfg = build_root(RunConfig, read_yaml(path), overrides, source=str(path))
-    return resolve_paths(cfg, Path(path).parent)
-
-
-def resolve_paths(cfg: RunConfig, base: Path) -> RunConfig:
-    def rel(value: str) -> str:
-        return value if not value or Path(value).is_absolute() else str((base / value).resolve())
-
-    def gen(g: GeneratorConfig | None):
-        if g is None or g.kind == "openai":
-            return g
-        return dataclasses.replace(g, model=rel(g.model) if (base / g.model).exists() else g.model)
-
-    para = dataclasses.replace(cfg.paraphrase, generator=gen(cfg.paraphrase.generator),
-                               scorer=dataclasses.replace(cfg.paraphrase.scorer, model=rel(cfg.paraphrase.scorer.model)
-                                                          if cfg.paraphrase.scorer.model else ""))
-    return dataclasses.replace(
-        cfg, questions=rel(cfg.questions), out=rel(cfg.out), paraphrase=para,
-        models=tuple(dataclasses.replace(m, generator=gen(m.generator)) for m in cfg.models),
-        rot=dataclasses.replace(cfg.rot, generator=gen(cfg.rot.generator)),
-        score=dataclasses.replace(cfg.score, embedder=rel(cfg.score.embedder) if cfg.score.embedder else None,
-                                  bertscore_model=rel(cfg.score.bertscore_model) if cfg.score.bertscore_model else None))
+    """The config of `path` with overrides applied. Paths are as in every config of the project:
+    data files (`questions`, a recorded generator's file) are found by
+    `clarifyjax.tables.resolve_data_path` (the working folder, the repository, the shared data),
+    folders relative to the working folder."""
+    return build_root(RunConfig, read_yaml(path), overrides, source=str(path))

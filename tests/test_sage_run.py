@@ -402,3 +402,9 @@ def test_the_pipeline_with_a_tiny_local_causal_lm(tmp_path, embedder):
     assert len(rows["rot/tiny/p0of1"]) == len(ok)
     tiny = summary["models"][0]
     assert tiny["answer_rows"] == 100 and tiny["sage_answer"]["count"] > 0
+
+
+@pytest.mark.parametrize("name", ["sage_run_local.yaml", "sage_run_endpoint.yaml", "sage_run_recorded.yaml"])
+def test_the_example_configs_load(name):
+    cfg = run_config.load_run_config(REPO_ROOT / "configs" / name, ["limit=5"])
+    assert cfg.models and cfg.limit == 5
