@@ -46,7 +46,8 @@ import numpy as np
 from flax import nnx
 
 from clarifyjax import traces
-from clarifyjax.buckets import FINE_BUCKETS, POWER_OF_TWO_BUCKETS, bucket_length, bucket_rows, length_sorted_batches, pad_sequences
+from clarifyjax.buckets import (FINE_BUCKETS, POWER_OF_TWO_BUCKETS, SENTENCE_BUCKETS, bucket_length, bucket_rows,
+                                length_sorted_batches, pad_sequences)
 from clarifyjax.models.encoder_params import read_encoder_config
 from clarifyjax.models.hf import load_encoder, load_encoder_tokenizer
 from clarifyjax.models.safetensors_io import CheckpointError, check_folder
@@ -83,6 +84,9 @@ MODEL_LAYERS = {
 }
 PAIRS_PER_CALL = 256  # pairs per jitted matching call (the matching is cheap; few calls)
 TEXTS_PER_CALL = 64  # texts per encoder call, whatever the package's batch_size
+# From this many texts on, the encoder pads to the sentence embedder's finer buckets (less padding,
+# more shapes to compile); fewer texts use FINE_BUCKETS (few compilations for small calls).
+MANY_TEXTS = 2048
 
 
 def default_layer(name: str | None) -> int | None:
@@ -196,12 +200,13 @@ class BertScoreModel:
     def token_vectors(self, ids: Sequence[Sequence[int]], layer: int,
                       batch_size: int = TEXTS_PER_CALL) -> list[np.ndarray]:
         """Per text, its unit token vectors [len_i, d] at `layer`, in length-sorted batches
-        padded to `buckets.FINE_BUCKETS` (few shapes compile, little padding)."""
+        padded to `buckets.FINE_BUCKETS`, or `SENTENCE_BUCKETS` from MANY_TEXTS texts on."""
         lengths = [len(x) for x in ids]
+        buckets = SENTENCE_BUCKETS if len(ids) >= MANY_TEXTS else FINE_BUCKETS
         out: list[np.ndarray] = [None] * len(ids)  # type: ignore[list-item]
         pending = []
         for index in length_sorted_batches(lengths, batch_size):
-            length = bucket_length(max(lengths[i] for i in index), FINE_BUCKETS, cap=self.max_length)
+            length = bucket_length(max(lengths[i] for i in index), buckets, cap=self.max_length)
             rows = bucket_rows(len(index), batch_size)
             batch = pad_sequences([ids[i] for i in index], rows, length, self.config.pad_token_id)
             mask = pad_sequences([[1] * lengths[i] for i in index], rows, length, 0)

@@ -2,7 +2,8 @@
 
   metric    pure, jitted SaGE over [batch, n, d] embeddings or [batch, n, n] similarities (jax only)
   embed     sentence embedder on clarifyjax.models.encoder (sentence-transformers folders)
-  lexical   pairwise BLEU / ROUGE-L / BERTScore consistency baselines
+  lexical   pairwise BLEU / ROUGE-L / BERTScore consistency baselines (clarifyjax.bertscore)
+  parascore ParaScore (the toolkit's) and the paraphrase filter
   data      long / pairs files (read by clarifyjax.tables) -> questions -> padded [batch, n]
             batches
   report    per-question CSV, summary JSON, table, PNG; the output folder, replaced as a whole

@@ -53,6 +53,7 @@ def assert_close(ours, theirs, tol=1e-5):
         assert err <= tol, f"{name}: max |ours - package| = {err}"
 
 
+@pytest.mark.slow  # the package loads torch and the model for each of its four calls
 @pytest.mark.parametrize("layer,idf", [(3, False), (6, True)])
 def test_equals_the_package_on_minilm(minilm, tmp_path, layer, idf):
     ours = bertscore(CANDIDATES, REFERENCES, model=minilm, layer=layer, idf=idf)

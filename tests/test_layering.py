@@ -46,7 +46,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
                    "clarifyjax.seq2seq", "clarifyjax.delphi", "clarifyjax.nli", "clarifyjax.policy",
                    "clarifyjax.rollout", "clarifyjax.sft", "clarifyjax.checkpointing",
                    "clarifyjax.run_record", "clarifyjax.llm", "clarifyjax.openai_server",
-                   "sage_jax.data", "sage_jax.embed", "sage_jax.report",
+                   "sage_jax.data", "sage_jax.embed", "sage_jax.report", "sage_jax.parascore",
                    "sage_jax.generators", "sage_jax.run_config"),
     # Pipelines: the composed reward, the training programs and loops, the dry run.
     "pipelines": ("clarifyjax.reward_pipeline", "clarifyjax.memory_plan", "clarifyjax.programs",
