@@ -159,13 +159,14 @@ def rot_prompt_of(row) -> str:
 class Run:
     """One `sage-jax run`: the resolved config, the output folder and the stages."""
 
-    def __init__(self, cfg: RunConfig, *, generators: Generators | None = None, parascorer=None, embedder=None):
-        """generators, parascorer, embedder: built from the config when None (tests pass their own)."""
+    def __init__(self, cfg: RunConfig, *, generators: Generators | None = None, screen=None, embedder=None):
+        """generators, embedder, and `screen(question, generation, exclude) -> parascore.Screened` (the
+        paraphrase filter): built from the config when None (tests pass their own)."""
         self.cfg, self.out = cfg, Path(cfg.out)
         self.embedder = embedder
         self.preset = P.PRESETS[cfg.preset]
         self.generators = generators or Generators()
-        self._parascorer = parascorer
+        self._screen = screen
         self.index, self.count = process_share(cfg)
         self.share = f"p{self.index}of{self.count}"
 
@@ -176,7 +177,7 @@ class Run:
         cfg = self.cfg
         if "paraphrase" in stages and cfg.paraphrase.source == "generate":
             check_generator(cfg.paraphrase.generator, "paraphrase.generator")
-            if self._parascorer is None and not Path(cfg.paraphrase.scorer.model or "").is_dir():
+            if self._screen is None and not Path(cfg.paraphrase.scorer.model or "").is_dir():
                 raise ConfigError(f"paraphrase.scorer.model: {cfg.paraphrase.scorer.model or '(not set)'}: not a "
                                   "folder; ParaScore needs a BERT folder (SaGE uses bert-base-uncased)")
         for i, target in enumerate(cfg.models):
@@ -211,45 +212,36 @@ class Run:
         t = self.cfg.paraphrase.threshold
         return self.preset.parascore_threshold if t is None else t
 
-    def parascorer(self):
-        if self._parascorer is None:
-            import importlib  # sage_jax.parascore comes with the bertscore branch; plain import once merged
+    def screen(self):
+        """The paraphrase filter (`parascore.filter_paraphrases` on the scorer's BERT folder, loaded once)."""
+        if self._screen is None:
+            from clarifyjax.bertscore import load_model
+            from sage_jax.parascore import filter_paraphrases
 
-            parascore = importlib.import_module("sage_jax.parascore")
             s = self.cfg.paraphrase.scorer
-            self._parascorer = lambda sources, candidates: parascore.parascore(
-                sources, candidates, sources, model=s.model, layer=s.layer, gamma=s.gamma, omega=s.omega)
-        return self._parascorer
+            model = load_model(s.model)
+            self._screen = lambda question, generation, exclude: filter_paraphrases(
+                question, generation, model=model, layer=s.layer, threshold=self.threshold(), gamma=s.gamma,
+                omega=s.omega, exclude=exclude)
+        return self._screen
 
     def _paraphrase_judge(self, tasks, texts, previous):
-        """Candidates of every row at once: parsed (anchored numbering), copies of the question and
-        duplicates dropped, scored, kept in order while above the threshold (accumulated over attempts)."""
+        """Each row's candidates screened (numbered lines, copies of the question and repeats of
+        anything kept before dropped, ParaScore at the threshold; the paper's preset is strict),
+        added to what earlier attempts kept, up to `count`."""
         want, threshold, inclusive = self.cfg.paraphrase.count, self.threshold(), self.preset.parascore_inclusive
-        fresh = []
+        out = []
         for task, text, prev in zip(tasks, texts, previous):
             kept = list(prev["kept"]) if prev else []
-            seen = {task.context["question"].strip().casefold()} | {k["text"].casefold() for k in kept}
-            new = []
-            for c in P.parse_paraphrases(text):
-                if c.casefold() not in seen:
-                    seen.add(c.casefold())
-                    new.append(c)
-            fresh.append((kept, new))
-        sources = [c for _, new in fresh for c in new]
-        questions = [t.context["question"] for t, (_, new) in zip(tasks, fresh) for _ in new]
-        # SaGE's call: base_score([question], [para], [para]): the question is the candidate.
-        scores = [float(s) for s in self.parascorer()(sources, questions)] if sources else []
-        out, at = [], 0
-        for kept, new in fresh:
-            for c in new:
-                score = scores[at]
-                at += 1
-                if len(kept) < want and P.passes(score, threshold, inclusive):
-                    kept.append({"text": c, "parascore": score})
+            screened = self.screen()(task.context["question"], text, [k["text"] for k in kept])
+            passing = [p for p in screened.kept if P.passes(p.score, threshold, inclusive)]
+            kept += [{"text": p.text, "parascore": p.score} for p in passing[:max(0, want - len(kept))]]
             ok = len(kept) >= want
             reason = None if ok else (f"{len(kept)} of {want} paraphrases passed ParaScore "
-                                      f"{'>=' if inclusive else '>'} {threshold:g} ({len(new)} new candidates)")
-            out.append({"ok": ok, "reason": reason, "kept": kept})
+                                      f"{'>=' if inclusive else '>'} {threshold:g} "
+                                      f"({len(screened.kept) + len(screened.rejected)} new candidates)")
+            out.append({"ok": ok, "reason": reason, "kept": kept,
+                        "rejected": [[c, why] for c, why in screened.rejected]})
         return out
 
     def paraphrase(self) -> list[dict]:

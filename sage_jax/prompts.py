@@ -7,11 +7,11 @@ these bugs fixed (each fix is what the reference evidently meant):
 
 1. Paraphrase parsing: the reference's `re.findall(r'\\d+\\.\\s(.+)', output)` is unanchored, so
    "in 2. Imagine" inside a line, or a year such as "1990. " mid-sentence, starts a candidate. Ours
-   anchors the numbering at the start of a line (`PARAPHRASE_LINE`).
+   (`sage_jax.parascore.filter_paraphrases`) anchors the numbering at the start of a line.
 2. Paraphrase de-duplication: `para not in valid_paraphrases` compares a string with a list of
    dicts, so it never removes anything and a verbatim copy of the question (ParaScore ~0.95)
-   passes. Ours drops candidates equal to the question or to an earlier candidate (after strip,
-   case-insensitively).
+   passes. Ours drops candidates equal to the question, to an earlier candidate, or to a paraphrase
+   kept in an earlier attempt.
 3. Unbounded loops: the reference loops "until 5 paraphrases pass" and "until the answer / RoT is
    usable" without a cap; ours re-queues a failed row in the next batch at most `max_attempts`
    times, then keeps it marked failed with the reason, counted in the report.
@@ -139,8 +139,6 @@ Answer: {answer}
 # Rule of Thumb
 """
 
-# Fix 1: the numbering must start the line ("12. text" or "12) text").
-PARAPHRASE_LINE = re.compile(r"^\s*\d+[.)]\s+(.+?)\s*$", re.MULTILINE)
 # What no tokenizer takes back (a NUL, a lone surrogate): such a text could not be put in the
 # next stage's prompt, so it is refused where it is made.
 _UNENCODABLE = re.compile("[\x00\ud800-\udfff]")
@@ -190,11 +188,6 @@ def templates(preset: Preset) -> dict[str, str]:
     return {"paraphrase.txt": preset.paraphrase_template, "answer.txt": ANSWER_TEMPLATE,
             "answer_chat_system.txt": ANSWER_CHAT_SYSTEM, "answer_chat_user.txt": ANSWER_CHAT_USER,
             "rot.txt": ROT_TEMPLATE}
-
-
-def parse_paraphrases(output: str) -> list[str]:
-    """Numbered candidates, in order (fix 1); not yet de-duplicated or scored."""
-    return [m.group(1).strip() for m in PARAPHRASE_LINE.finditer(output) if m.group(1).strip()]
 
 
 def parse_answer(output: str) -> tuple[str, str | None]:

@@ -23,7 +23,7 @@ import pytest
 from clarifyjax.configlib import build_root
 from conftest import REPO_ROOT, require, shared_data
 from helpers.children import clean_env
-from helpers.fake_llm import FakeGenerator, fake_parascore
+from helpers.fake_llm import FakeGenerator, fake_screen
 from sage_jax import pipeline, run_config
 from sage_jax.stages import KEY_FIELDS, read_jsonl
 
@@ -77,7 +77,7 @@ def _shared_embedder(request):
 def make_run(raw, generator_of=lambda c: FakeGenerator(name=c.model)):
     cfg = build_root(run_config.RunConfig, raw)
     return pipeline.Run(cfg, generators=pipeline.Generators(lambda c, b, p: generator_of(c)),
-                        parascorer=fake_parascore, embedder=SHARED.get("embedder"))
+                        screen=fake_screen(), embedder=SHARED.get("embedder"))
 
 
 def stage_rows(out: Path) -> dict[str, list[dict]]:

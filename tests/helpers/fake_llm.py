@@ -13,6 +13,8 @@ import random
 import re
 import signal
 
+import numpy as np
+
 WORDS = ("you should always help others be kind honest fair never harm people animals respect "
          "their choices it is wrong to lie steal cheat good bad right duty care").split()
 
@@ -59,5 +61,26 @@ class FakeGenerator:
 
 
 def fake_parascore(sources, candidates):
-    """A deterministic score in [0.55, 1.0) per pair: about 2/3 pass the code preset's 0.6."""
+    """A deterministic score in [0.55, 1.0) per pair: about 9 in 10 pass the code preset's 0.6."""
     return [0.55 + 0.45 * _rng(s, c).random() for s, c in zip(sources, candidates)]
+
+
+def fake_screen(threshold: float = -10.0):
+    """`sage_jax.parascore.filter_paraphrases` with `fake_parascore` in place of the BERT model:
+    the filter's own parsing and drop rules, the fake's scores (the run applies its threshold)."""
+    from sage_jax import parascore
+
+    def screen(question, generation, exclude):
+        real = parascore.parascore
+
+        def scores(sources, candidates, references=None, **_):
+            return np.asarray(fake_parascore(sources, candidates))
+
+        parascore.parascore = scores
+        try:
+            return parascore.filter_paraphrases(question, generation, model=None, threshold=threshold,
+                                                exclude=exclude)
+        finally:
+            parascore.parascore = real
+
+    return screen

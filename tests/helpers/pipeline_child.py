@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-from helpers.fake_llm import FakeGenerator, fake_parascore
+from helpers.fake_llm import FakeGenerator, fake_screen
 
 
 def main(config_path: str, kill_after: str) -> None:
@@ -30,7 +30,7 @@ def main(config_path: str, kill_after: str) -> None:
             return super().complete(*args, **kwargs)
 
     generators = pipeline.Generators(lambda c, batch_size, prompt_of: Counting(name=c.model))
-    pipeline.Run(cfg, generators=generators, parascorer=fake_parascore).run(("paraphrase", "answer", "rot"))
+    pipeline.Run(cfg, generators=generators, screen=fake_screen()).run(("paraphrase", "answer", "rot"))
 
 
 if __name__ == "__main__":
