@@ -67,6 +67,27 @@ def _key(record: dict) -> tuple:
     return tuple(record[k] for k in KEY_FIELDS)
 
 
+def _unfit(generator, tasks: Sequence[Task], sampling) -> dict[int, str]:
+    """Rows whose prompt the generator can tell will not fit its context (a `TokenCounter`): they
+    fail at once, with the reason, instead of stopping the stage."""
+    from clarifyjax.textgen import TokenCounter
+
+    if not isinstance(generator, TokenCounter):
+        return {}
+    budget = sampling.max_new_tokens or 0
+    out = {}
+    for i, task in enumerate(tasks):
+        try:
+            tokens = generator.count_tokens(task.prompt)
+        except ValueError as e:
+            out[i] = f"prompt cannot be encoded: {e}"
+            continue
+        if tokens + budget > generator.context_length:
+            out[i] = (f"prompt of {tokens} tokens + {budget} new tokens does not fit the context of "
+                      f"{generator.context_length}")
+    return out
+
+
 # Judge: (tasks, texts, previous records or None) -> per task {"ok": bool, "reason": str | None, ...fields}
 Judge = Callable[[Sequence[Task], Sequence[str], Sequence[dict | None]], list[dict]]
 
@@ -162,22 +183,29 @@ class Stage:
                 generator = generator or generator_fn()
                 tasks = [by_key[key] for key in batch]
                 tries = [attempts.get(key, 0) for key in batch]
+                unfit = _unfit(generator, tasks, sampling)  # row index -> why (no attempt can change it)
+                asked = [t for i, t in enumerate(tasks) if i not in unfit]
                 try:
-                    outputs = generator.complete([t.prompt for t in tasks], sampling, n,
-                                                 batch_seed(self.seed, self.name + describe, k))
+                    outputs = generator.complete([t.prompt for t in asked], sampling, n,
+                                                 batch_seed(self.seed, self.name + describe, k)) if asked else []
                 except Exception as e:
                     raise StageError(f"stage {self.name}{describe}: {e}; {len(final)} of {len(self.tasks)} rows "
                                      f"are finished and kept in {self.folder}; run the same command again to go on "
                                      "from there") from e
                 texts = [o[0].text if n == 1 else [c.text for c in o] for o in outputs]
-                verdicts = judge(tasks, texts, [last.get(key) for key in batch])
+                verdicts = judge(asked, texts, [last.get(t.key) for t in asked]) if asked else []
+                answered = iter(zip(texts, verdicts))
                 records = []
-                for task, attempt, text, verdict in zip(tasks, tries, texts, verdicts):
-                    verdict = dict(verdict)
-                    ok = verdict.pop("ok")
-                    status = "ok" if ok else ("retry" if attempt + 1 < self.max_attempts else "failed")
-                    records.append({**task.context, **dict(zip(KEY_FIELDS, task.key)), "attempt": attempt, "prompt": task.prompt,
-                                    "output": text, "status": status, **verdict})
+                for i, (task, attempt) in enumerate(zip(tasks, tries)):
+                    if i in unfit:
+                        text, verdict, status = None, {"reason": unfit[i]}, "failed"
+                    else:
+                        text, verdict = next(answered)
+                        verdict = dict(verdict)
+                        ok = verdict.pop("ok")
+                        status = "ok" if ok else ("retry" if attempt + 1 < self.max_attempts else "failed")
+                    records.append({**task.context, **dict(zip(KEY_FIELDS, task.key)), "attempt": attempt,
+                                    "prompt": task.prompt, "output": text, "status": status, **verdict})
                 atomic_write_bytes(self._batch_path(k), _jsonl(records))
                 apply(batch, records)
                 bar.update(sum(r["status"] != "retry" for r in records))

@@ -432,3 +432,22 @@ def test_the_presets_parse_as_the_reference_with_its_bugs_fixed():
     assert paper.paraphrase_template.count("\n1. ") == 1 and "\n2. " not in paper.paraphrase_template
     assert code.paraphrase_template.count("\n20. ") == 1
     assert P.answer_prompt("Q?", chat=True)[1]["content"].endswith("Question: Q?")
+
+
+def test_rows_whose_prompt_cannot_fit_the_context_fail_without_stopping_the_stage(tmp_path):
+    class Counting(FakeGenerator):  # a TokenCounter: one token per character
+        context_length = 256 + 280
+
+        def count_tokens(self, prompt):
+            return len(prompt)
+
+    raw = config(tmp_path, **{"paraphrase.source": "file",
+                              "models": [{"name": "m1", "generator": {"kind": "local", "model": "small"}}]})
+    fakes = []
+    make_run(raw, lambda c: fakes.append(Counting(name=c.model)) or fakes[-1]).run(("paraphrase", "answer"))
+    answers = stage_rows(tmp_path / "out")["answer/m1/p0of1"]
+    long = [r for r in answers if len(r["prompt"]) + 256 > Counting.context_length]
+    assert 0 < len(long) < len(answers)
+    assert all(r["status"] == "failed" and r["attempt"] == 0 and "does not fit the context of 536" in r["reason"]
+               for r in long)
+    assert not {r["prompt"] for r in long} & set(fakes[0].prompts_seen)
