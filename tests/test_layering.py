@@ -38,7 +38,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "building blocks": ("clarifyjax.tables", "clarifyjax.configlib", "clarifyjax.config_models", "clarifyjax.config",
                         "clarifyjax.tokenizer", "clarifyjax.decoding",
                         "clarifyjax.child_result", "clarifyjax.chunkstore", "clarifyjax.bertscore", "sage_jax.lexical",
-                        "sage_jax.prompts", "sage_jax.stages",
+                        "sage_jax.prompts",
                         "clarifyjax.textgen", "clarifyjax.serving"),
     # Components: the models' roles (seq2seq, judge, NLI filter, rollouts, SFT step), data,
     # checkpoints, the reward settings of score-questions.
@@ -47,7 +47,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
                    "clarifyjax.rollout", "clarifyjax.sft", "clarifyjax.checkpointing",
                    "clarifyjax.run_record", "clarifyjax.llm", "clarifyjax.openai_server",
                    "sage_jax.data", "sage_jax.embed", "sage_jax.report", "sage_jax.parascore",
-                   "sage_jax.generators", "sage_jax.run_config"),
+                   "sage_jax.generators", "sage_jax.run_config", "sage_jax.stages"),
     # Pipelines: the composed reward, the training programs and loops, the dry run.
     "pipelines": ("clarifyjax.reward_pipeline", "clarifyjax.memory_plan", "clarifyjax.programs",
                   "clarifyjax.train", "clarifyjax.dryrun", "sage_jax", "clarifyjax.generation_job",
