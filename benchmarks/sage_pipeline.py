@@ -1,7 +1,12 @@
 """SaGE pipeline benchmarks (issue 13), each against its reference method in the same run.
 
-(a) the answer stage with a random Llama-shaped model: NOT DONE here (it needs the decoder-only
-    LLMs of the causal-LM issue); the JSON says so.
+(a) the answer stage of `sage-jax run` for 250 prompts (the reference's answer prompt over the
+    q100 file's paraphrases), 32 new tokens, top-k 10 sampling, on a random Llama-shaped model of
+    about 30M parameters: the whole stage (`sage_jax.stages.Stage` over `clarifyjax.llm.LocalLM`,
+    parsing and batch files included; compiled on other prompts first) against the reference
+    method, `transformers` `pipeline("text-generation")` called once per prompt (vnnm404/SaGE
+    scripts/model_output.py), same weights, same threads. `--reference-prompts N` times the
+    reference on the first N prompts and scales its time to all of them (the JSON says so).
 (b) BERTScore of N text pairs (δ-CLARIFY sentences) on all-MiniLM-L6-v2: `clarifyjax.bertscore`
     against the `bert-score` package's `BERTScorer` (the model loaded once on both sides, so that
     only scoring is timed), same layer, same pairs; equal output is checked (max |diff| of P, R, F).
@@ -17,7 +22,8 @@ Timing follows benchmarks/sage.py: compile / warm-up apart, ours and the referen
 rounds, best of each, PyTorch probed at all cores and at 1 thread (the reference's best kept), and
 the load average recorded. The machine is shared: read the figures with the load average.
 
-Usage: python benchmarks/sage_pipeline.py [--quick] [--skip-bertscore] [--skip-filter] [--skip-metric]
+Usage: python benchmarks/sage_pipeline.py [--quick] [--skip-answer-stage] [--skip-bertscore] [--skip-filter]
+       [--skip-metric] [--prompts 250] [--reference-prompts 250]
 Writes benchmarks/results/sage_pipeline.json (or --out) atomically and prints it.
 """
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -34,7 +41,7 @@ import numpy as np
 from _common import machine_info, write_results
 from sage import best_of, interleaved, load_average, sentences, torch_thread_settings
 
-TARGETS = {"bertscore_speedup": 2.0, "metric_read_fraction": 0.5}
+TARGETS = {"answer_stage_speedup": 20.0, "bertscore_speedup": 2.0, "metric_read_fraction": 0.5}
 LAYER = 6  # all-MiniLM-L6-v2 is not in bert-score's table: its last layer, on both sides
 
 
@@ -178,6 +185,91 @@ def bench_metric(n_questions: int, repeats: int) -> dict:
             "load_average": {"start": load_start, "end": load_average()}}
 
 
+def _answer_prompts(count: int) -> list[str]:
+    import csv
+
+    from clarifyjax.tables import resolve_data_path
+    from sage_jax import prompts as P
+
+    path = resolve_data_path("../shared/data/sage-mcc/q100_gpt-3.5-turbo_rot.csv")
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    return [P.answer_prompt(r["paraphrased"].strip(), False) for r in rows[:count]]
+
+
+def llama_30m(root: Path) -> Path:
+    """A random Llama folder of about 30M parameters (hidden 512, 9 layers, MLP 1376, 8 heads)."""
+    from clarifyjax.models.tiny import tiny_llama_folder
+
+    return tiny_llama_folder(root, seed=0, hidden_size=512, intermediate_size=1376, num_hidden_layers=9,
+                             num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=1024,
+                             generation={"do_sample": True, "temperature": 1.0, "top_k": 10})
+
+
+def bench_answer_stage(args) -> dict:
+    """(a): our answer stage against transformers' pipeline, one prompt per call."""
+    import jax
+    import torch
+    import transformers
+    from flax import nnx
+
+    from clarifyjax.llm import LocalLM
+    from clarifyjax.textgen import Sampling
+    from sage_jax import prompts as P
+    from sage_jax.stages import Stage, Task
+
+    threads = os.cpu_count()
+    torch.set_num_threads(threads)
+    root = Path(tempfile.mkdtemp(prefix="sage_pipeline_bench_"))
+    folder = llama_30m(root)
+    prompts = _answer_prompts(args.prompts)
+    sampling = Sampling(max_new_tokens=args.new_tokens, top_k=10)
+    lm = LocalLM(folder, batch_size=args.batch_size).load()
+    n_params = sum(int(x.size) for x in jax.tree.leaves(nnx.state(lm.model)))
+
+    def judge(tasks, texts, previous):
+        return [{"ok": r is None, "reason": r, "answer": a} for a, r in map(P.parse_answer, texts)]
+
+    def stage(name: str, rows: list[str], max_attempts: int) -> tuple[float, list[dict]]:
+        tasks = [Task((str(i), 0, "bench", 0), p, {}) for i, p in enumerate(rows)]
+        s = Stage("answer", root / name, tasks, fingerprint={"name": name}, max_attempts=max_attempts,
+                  batch_size=args.batch_size, seed=0)
+        started = time.perf_counter()
+        out = s.run(lambda: lm, judge, sampling=sampling, quiet=True)
+        return time.perf_counter() - started, out
+
+    stage("warmup", [p.replace("Question", "Query") for p in prompts], 1)  # compile on other prompts
+    ours_s, rows = stage("timed", prompts, 1)
+    ours_capped_s, capped = stage("timed_requeue", prompts, 3)
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    pipe = transformers.pipeline("text-generation", model=model, tokenizer=tokenizer, device="cpu")
+    ref_prompts = prompts[:args.reference_prompts]
+    pipe(ref_prompts[0], do_sample=True, top_k=10, max_new_tokens=args.new_tokens,
+         pad_token_id=tokenizer.eos_token_id)  # warm-up
+    started = time.perf_counter()
+    ref_tokens = 0
+    for p in ref_prompts:  # the reference's one call per prompt
+        out = pipe(p, do_sample=True, top_k=10, num_return_sequences=1, max_new_tokens=args.new_tokens,
+                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+        ref_tokens += len(tokenizer(out[0]["generated_text"].replace(p, "", 1))["input_ids"])
+    ref_s = time.perf_counter() - started
+    ref_all_s = ref_s * len(prompts) / len(ref_prompts)
+    return {
+        "part": "a", "prompts": len(prompts), "new_tokens": args.new_tokens, "threads": threads,
+        "model": {"family": "llama", "parameters": n_params, "hidden": 512, "layers": 9, "mlp": 1376,
+                  "heads": 8, "vocab": int(lm.config.vocab_size) if hasattr(lm.config, "vocab_size") else None},
+        "ours_answer_stage_s": ours_s, "ours_rows_ok": sum(r["status"] == "ok" for r in rows),
+        "ours_with_requeue_s": ours_capped_s,
+        "ours_with_requeue_rows_ok": sum(r["status"] == "ok" for r in capped),
+        "reference_prompts_timed": len(ref_prompts), "reference_s": ref_s,
+        "reference_s_for_all_prompts": ref_all_s,
+        "reference_scaled": len(ref_prompts) != len(prompts),
+        "speedup": ref_all_s / ours_s, "target_speedup": TARGETS["answer_stage_speedup"],
+    }
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, for a shared CPU")
@@ -186,6 +278,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--questions", type=int, default=None, help="(e) questions (default 100000)")
     parser.add_argument("--repeats", type=int, default=None)
     parser.add_argument("--reference-repeats", type=int, default=None)
+    parser.add_argument("--prompts", type=int, default=None, help="(a) prompts (default 250)")
+    parser.add_argument("--reference-prompts", type=int, default=None,
+                        help="(a) prompts the reference is timed on (default all)")
+    parser.add_argument("--new-tokens", type=int, default=32, help="(a) new tokens per prompt")
+    parser.add_argument("--batch-size", type=int, default=128, help="(a) rows per LocalLM batch")
+    parser.add_argument("--skip-answer-stage", action="store_true")
     parser.add_argument("--skip-bertscore", action="store_true")
     parser.add_argument("--skip-filter", action="store_true")
     parser.add_argument("--skip-metric", action="store_true")
@@ -195,8 +293,11 @@ def main(argv=None) -> dict:
     pick = lambda value, full, small: value if value is not None else (small if quick else full)  # noqa: E731
     repeats, reference_repeats = pick(args.repeats, 3, 1), pick(args.reference_repeats, 2, 1)
     results = {"mode": "quick" if quick else "full", "targets": TARGETS, "load_average_start": load_average(),
-               "answer_stage": "not done: needs the decoder-only LLMs of the causal-LM issue (part a)",
                "embedder_matmul_fraction": "not done: left for later (part d)"}
+    if not args.skip_answer_stage:
+        args.prompts = pick(args.prompts, 250, 50)
+        args.reference_prompts = min(args.reference_prompts or args.prompts, args.prompts)
+        results["answer_stage"] = bench_answer_stage(args)
     if not args.skip_bertscore:
         results["bertscore"] = bench_bertscore(pick(args.pairs, 5000, 300), repeats, reference_repeats)
     if not args.skip_filter:

@@ -7,7 +7,11 @@
   data      long / pairs files (read by clarifyjax.tables) -> questions -> padded [batch, n]
             batches
   report    per-question CSV, summary JSON, table, PNG; the output folder, replaced as a whole
-  cli       `sage-jax score ...`
+  scoring   one model's file scored (SaGE and the baselines), for `score` and `run` alike
+  prompts   the `code` and `paper` presets of `sage-jax run` (the reference's prompts, fixed)
+  generators  OpenAI-compatible endpoints and recorded files as clarifyjax.textgen generators
+  run_config, stages, pipeline, run_report   `sage-jax run`: config, resumable stages, report
+  cli       `sage-jax score ...`, `sage-jax run ...`
 
 The metric functions are re-exported here lazily, so `import sage_jax` stays cheap.
 """

@@ -22,22 +22,18 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 import warnings
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-
 from clarifyjax.textfiles import describe_os_error
+from sage_jax.scoring import (MAX_TEXTS, TEXT_FIELDS, Loaded, load_bertscore_model,  # noqa: F401  (tests read and
+                              score_loaded)  # patch them here)
 
-TEXT_FIELDS = {"answer": ("answer",), "rot": ("rot",), "blend": ("answer", "rot")}
 # Ranges of the integer options: bigger batches do not make a CPU forward faster and may exhaust
-# memory; a question with more texts than MAX_TEXTS is almost surely a wrong --question-id-column
-# (its [n, n] similarities alone would take n^2 * 4 bytes per question).
+# memory.
 MAX_BATCH_SIZE = 4096
 MAX_CHUNK_SIZE = 1 << 20
-MAX_TEXTS = 1024
 COLUMN_OPTIONS = {"question_id": "--question-id-column", "paraphrase": "--paraphrase-column",
                   "answer": "--answer-column", "rot": "--rot-column", "question": "--question-column"}
 
@@ -57,6 +53,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("score", allow_abbrev=False,
                        help="score one or more files (one per model) and compare them")
+    r = sub.add_parser("run", allow_abbrev=False,
+                       help="the whole pipeline from a questions file: paraphrases, answers, rules of thumb, "
+                            "scores and the report (see sage_jax.pipeline)")
+    r.add_argument("config", type=Path, help="YAML run config (sage_jax.run_config)")
+    r.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. limit=20")
+    r.add_argument("--stages", default="paraphrase,answer,rot,score,report",
+                   help="comma-separated stages to run, of paraphrase,answer,rot,score,report")
     p.add_argument("files", nargs="+", type=Path, help="CSV / TSV / JSONL, long or pairs format")
     p.add_argument("--text", choices=sorted(TEXT_FIELDS), default="answer",
                    help="embed the answers, the rules of thumb, or blend both (the reference's use_rots)")
@@ -152,146 +155,6 @@ class _Progress:
                     disable=self.quiet, leave=False, file=sys.stderr, dynamic_ncols=True)
 
 
-def _embed_all(embedder, texts: Sequence[str], batch_size: int, progress, desc: str) -> np.ndarray:
-    """Embed distinct texts in one call (sorted by length across all of them); [T, d]."""
-    with progress(len(texts), desc) as bar:
-        return embedder.embed(texts, batch_size=batch_size, on_progress=bar.update)
-
-
-def _distinct_per_row(index: np.ndarray) -> np.ndarray:
-    """[batch, n] ids (-1 = none) -> [batch] number of distinct ids."""
-    s = np.sort(index, axis=1)
-    new = np.concatenate([s[:, :1] >= 0, (s[:, 1:] != s[:, :-1]) & (s[:, 1:] >= 0)], axis=1)
-    return new.sum(axis=1)
-
-
-class Loaded:
-    """One input file, read and checked: everything scoring needs except the model."""
-
-    def __init__(self, path: Path, name: str, args):
-        from sage_jax import data
-
-        self.path, self.name = path, name
-        self.need = TEXT_FIELDS[args.text]
-        self.questions = data.read_questions(path, format=args.format, columns=args.columns, need=self.need,
-                                             weight_columns=[args.edge_weights] if args.edge_weights else None)
-        big = max(self.questions, key=lambda q: q.n)
-        if big.n > MAX_TEXTS:
-            raise data.DataError(f"{path}:{big.lines[0]}: question {big.question_id} has {big.n} rows, more "
-                                 f"than {MAX_TEXTS}; is --question-id-column {args.question_id_column!r} right?")
-        self.n_max = big.n
-        self.batches = {f: data.text_batch(self.questions, f, self.n_max) for f in self.need}
-        self.first = self.batches[self.need[0]]
-        self.mask = np.logical_and.reduce([b.mask for b in self.batches.values()])
-        # Nodes keyed by text when collapsing identical texts: the reference keys them by the RoT
-        # whenever RoTs are used (its use_rots graph), else by the answer.
-        self.groups = self.batches["rot" if "rot" in self.need else "answer"].groups if args.collapse_identical else None
-        self.weights = data.pair_matrix(self.questions, args.edge_weights, self.n_max) if args.edge_weights else None
-        lexical_field = "rot" if args.text == "rot" else "answer"
-        self.lexical_texts = [[t if ok else "" for t, ok in zip(q.texts(lexical_field), self.mask[b])]
-                              for b, q in enumerate(self.questions)]
-
-
-def _sage_scores(item: Loaded, args, embedder_fn, progress) -> np.ndarray:
-    """Per-question SaGE of one loaded file, [batch] float64."""
-    from sage_jax import data, metric
-
-    emb = {}
-    if item.weights is None:
-        # Every distinct text once (answers and rules of thumb together), then placed per position.
-        texts, indices = data.shared_texts(*item.batches.values())
-        vectors = _embed_all(embedder_fn(), texts, args.batch_size, progress, f"{item.name}: embed texts")
-        emb = {f: data.gather(vectors, index) for f, index in zip(item.batches, indices)}
-    with progress(len(item.questions), f"{item.name}: SaGE") as bar:
-        tick = lambda done, total: bar.update(done - bar.n)  # noqa: E731
-        common = dict(groups=item.groups, alpha=args.alpha, chunk_size=args.chunk_size, on_chunk=tick)
-        if item.weights is not None:
-            scores = metric.sage_chunked(None, item.mask, similarity=item.weights, **common)
-        else:
-            scores = metric.sage_chunked(emb[item.need[0]], item.mask, blend_weight=args.blend_weight,
-                                         rot_embeddings=emb["rot"] if args.text == "blend" else None, **common)
-    return np.asarray(scores, np.float64)
-
-
-def load_bertscore_model(args):
-    """(model, layer) of the BERTScore baseline: --bertscore-model (default the embedder folder)
-    at --bertscore-layer (default bert-score's layer for the model, else its last layer)."""
-    from clarifyjax.bertscore import default_layer, load_model
-    from sage_jax.embed import default_embedder_path
-
-    model = load_model(args.bertscore_model or args.embedder or default_embedder_path())
-    layer = args.bertscore_layer
-    if layer is None:
-        layer = default_layer(model.name)
-        layer = model.config.num_layers if layer is None else layer
-    if layer > model.config.num_layers:
-        raise UsageError(f"--bertscore-layer {layer}: the model has {model.config.num_layers} layers")
-    return model, layer
-
-
-def _baselines(item: Loaded, args, embedder_fn, progress) -> dict:
-    """BLEU, ROUGE-L and BERTScore per question (NaN columns for the skipped ones)."""
-    from sage_jax import lexical
-
-    nan = np.full(len(item.questions), np.nan)
-    out = {"bleu": nan, "rouge_l": nan, "bertscore": nan}
-    texts = item.lexical_texts
-    if not args.no_lexical:
-        with progress(len(texts), f"{item.name}: BLEU / ROUGE-L") as bar:
-            bleu, rouge = np.full(len(texts), np.nan), np.full(len(texts), np.nan)
-            for b, t in enumerate(texts):
-                bleu[b] = lexical.bleu_consistency([t])[0]
-                rouge[b] = lexical.rouge_l_consistency([t])[0]
-                bar.update(1)
-        out["bleu"], out["rouge_l"] = bleu, rouge
-    if not args.no_bertscore:
-        model, layer = args.bertscore
-        with progress(len(texts), f"{item.name}: BERTScore pairs") as bar:
-            def tick(done, total):
-                bar.total = total
-                bar.update(done - bar.n)
-
-            out["bertscore"] = lexical.bertscore_consistency(texts, model=model, layer=layer, on_chunk=tick)
-    return out
-
-
-def score_loaded(item: Loaded, args, embedder_fn, progress) -> tuple[dict, dict]:
-    """Score one loaded file; returns (per-question columns, summary)."""
-    from sage_jax import report
-
-    started = time.perf_counter()
-    scores = _sage_scores(item, args, embedder_fn, progress)
-    sage_seconds = time.perf_counter() - started  # embedding included
-    per_question = {
-        "question_id": [q.question_id for q in item.questions],
-        "n_texts": item.first.n_texts.tolist(),
-        "n_valid": item.mask.sum(axis=1).tolist(),
-        "distinct_texts": _distinct_per_row(np.where(item.mask, item.first.index, -1)).tolist(),
-        "sage": scores,
-        **_baselines(item, args, embedder_fn, progress),
-    }
-    summary = {
-        "model": item.name,
-        "file": str(item.path),
-        "text": args.text,
-        "n_questions": len(item.questions),
-        "empty_texts": int(sum(b.n_empty for b in item.batches.values())),
-        **{key: report.statistics(per_question[key]) for key in report.METRICS},
-        "sage_seconds": sage_seconds,
-        "settings": {"alpha": args.alpha, "blend_weight": args.blend_weight if args.text == "blend" else None,
-                     "collapse_identical": args.collapse_identical, "edge_weights": args.edge_weights,
-                     "embedder": None if args.edge_weights else str(args.embedder or "all-MiniLM-L6-v2 (default)"),
-                     "lexical_text": "rot" if args.text == "rot" else "answer",
-                     "bertscore": None if args.no_bertscore else {
-                         "model": str(args.bertscore_model or args.embedder or "all-MiniLM-L6-v2 (default)"),
-                         "layer": args.bertscore[1], "idf": False, "rescaled": False}},
-    }
-    for key, skipped in (("bleu", args.no_lexical), ("rouge_l", args.no_lexical), ("bertscore", args.no_bertscore)):
-        if skipped:
-            summary.pop(key)
-    return per_question, summary
-
-
 def _load_all(args, names: Sequence[str]) -> list[Loaded]:
     """Read and check every input file; their DataWarnings are printed as one line each."""
     with warnings.catch_warnings(record=True) as caught:
@@ -375,12 +238,45 @@ def run_score(args) -> int:
     return 0
 
 
+def run_pipeline(args) -> int:
+    from clarifyjax.configlib import parse_overrides
+    from sage_jax import pipeline, run_config
+    from sage_jax.generators import GenerationError
+    from sage_jax.stages import StageError
+
+    stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+    unknown = [s for s in stages if s not in pipeline.STAGES]
+    if unknown or not stages:
+        raise UsageError(f"--stages: unknown stage {unknown[0] if unknown else '(none given)'!r}; "
+                         f"expected a comma-separated list of {','.join(pipeline.STAGES)}")
+    cfg = run_config.load_run_config(args.config, parse_overrides(args.overrides))
+    run = pipeline.Run(cfg)
+    run.check(stages)  # the questions file, every generator and model path: before any work
+    try:
+        summary = run.run(stages)
+    except (StageError, GenerationError) as e:
+        raise RunFailure(str(e)) from e
+    if summary is not None:
+        print((run.out / "report" / "table1.md").read_text().rstrip())
+        print(f"\nwrote {run.out / 'report'}")
+    else:
+        print(f"stages {','.join(stages)} done for process {run.index} of {run.count}; outputs in {run.out}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command == "run" and all("=" in e and not e.startswith("-") for e in extra):
+        args.overrides = [*args.overrides, *extra]  # overrides after --stages
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.command == "score":
             check_options(args)
             return run_score(args)
+        if args.command == "run":
+            return run_pipeline(args)
     except ValueError as e:  # DataError, UsageError, OutputError, CheckpointError: before the work
         print(f"sage-jax: error: {e}", file=sys.stderr)
         return 2

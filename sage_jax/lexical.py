@@ -101,6 +101,17 @@ def rouge_l_consistency(texts_per_question: Sequence[Sequence[str]]) -> np.ndarr
     return pairwise_mean(texts_per_question, rouge_l_pair)
 
 
+def _normalized(text: str) -> str:
+    return " ".join(text.split()).casefold()
+
+
+def exact_match_consistency(texts_per_question: Sequence[Sequence[str]]) -> np.ndarray:
+    """[batch] Elazar et al.'s consistency: the share of pairs i < j whose texts agree, here
+    exactly, after collapsing whitespace and case (the SaGE paper's Table 1 column). It is
+    `pairwise_mean` with a 0/1 pair score, so BLEU / ROUGE-L / BERTScore are its soft versions."""
+    return pairwise_mean(texts_per_question, lambda a, b: float(_normalized(a) == _normalized(b)))
+
+
 # ----------------------------------------------------------------------------- BERTScore
 
 

@@ -41,7 +41,7 @@ LAYERS: dict[str, tuple[str, ...]] = {
                         "clarifyjax.tokenizer", "clarifyjax.decoding",
                         "clarifyjax.child_result", "clarifyjax.chunkstore", "sage_jax.lexical",
                         "clarifyjax.textgen", "clarifyjax.serving", "clarifyjax.discriminator",
-                        "clarifyjax.bertscore"),
+                        "clarifyjax.bertscore", "sage_jax.prompts"),
     # Components: the models' roles (seq2seq, judge, NLI filter, rollouts, SFT step), data,
     # checkpoints, the reward settings of score-questions.
     "components": ("clarifyjax.data", "clarifyjax.text_inputs", "clarifyjax.score_config",
@@ -50,12 +50,14 @@ LAYERS: dict[str, tuple[str, ...]] = {
                    "clarifyjax.run_record", "clarifyjax.llm", "clarifyjax.openai_server",
                    "clarifyjax.eval_config", "clarifyjax.eval_metrics",
                    "clarifyjax.stage_cache", "clarifyjax.eval_report", "clarifyjax.qa_metric",
-                   "sage_jax.data", "sage_jax.embed", "sage_jax.report", "sage_jax.parascore"),
+                   "sage_jax.data", "sage_jax.embed", "sage_jax.report", "sage_jax.parascore",
+                   "sage_jax.generators", "sage_jax.run_config", "sage_jax.stages"),
     # Pipelines: the composed reward, the training programs and loops, the dry run.
     "pipelines": ("clarifyjax.reward_pipeline", "clarifyjax.memory_plan", "clarifyjax.programs",
                   "clarifyjax.train", "clarifyjax.dryrun", "sage_jax", "clarifyjax.generation_job",
                   "clarifyjax.clarify", "clarifyjax.clarify_options", "clarifyjax.baselines",
-                  "clarifyjax.evaluation"),
+                  "clarifyjax.evaluation", "sage_jax.scoring", "sage_jax.pipeline",
+                  "sage_jax.run_report"),
     # Commands: nothing imports them (but the demo, which runs the others).
     "commands": ("clarifyjax.cli", "clarifyjax.__main__", "clarifyjax.demo", "sage_jax.cli",
                  "clarifyjax.ask", "clarifyjax.interact", "clarifyjax.web"),
@@ -115,6 +117,8 @@ SAME_LAYER: set[tuple[str, str]] = {
     ("clarifyjax.ask", "clarifyjax.cli"),
     ("clarifyjax.interact", "clarifyjax.cli"),
     ("clarifyjax.web", "clarifyjax.cli"),
+    ("sage_jax.pipeline", "sage_jax.run_report"),
+    ("sage_jax.run_report", "sage_jax.scoring"),
     ("sage_jax.lexical", "clarifyjax.bertscore"),
 }
 

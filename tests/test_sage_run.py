@@ -1,0 +1,453 @@
+"""`sage-jax run` end to end: stages, rows that name their origin, re-queue caps, kill -9 resume,
+recorded outputs scoring as `sage-jax score` does, multi-host shares, and the OpenAI-compatible
+path (the real `openai` client against servers on 127.0.0.1: `clarifyjax serve`'s app, and tiny
+fake endpoints that answer 429 with Retry-After, or keep failing).
+
+The generator is tests/helpers/fake_llm.py's (deterministic in prompt and seed; a quarter of its
+answers are unusable, so the re-queue runs everywhere) and ParaScore is its hash-based stand-in:
+what is tested here is the pipeline, not the models.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from clarifyjax.configlib import build_root
+from conftest import REPO_ROOT, require, shared_data
+from helpers.children import clean_env
+from helpers.fake_llm import FakeGenerator, fake_screen
+from sage_jax import pipeline, run_config
+from sage_jax.stages import KEY_FIELDS, read_jsonl
+
+Q100 = "sage-mcc/q100_gpt-3.5-turbo_rot.csv"
+GEN = ("paraphrase", "answer", "rot")
+
+
+@pytest.fixture(scope="module")
+def embedder(tmp_path_factory):
+    """A tiny random BERT folder as the sentence embedder (mean pooling): the scores' plumbing is
+    tested here, the real embedder in test_embed.py."""
+    from helpers.tiny_models import tiny_classifier_folder
+
+    return str(tiny_classifier_folder(tmp_path_factory.mktemp("tiny"), model_type="bert"))
+
+
+@pytest.fixture(scope="module")
+def loaded_embedder(embedder):
+    """One SentenceEmbedder for every run of this module: its jitted shapes compile once."""
+    from sage_jax.embed import SentenceEmbedder
+
+    return SentenceEmbedder.from_pretrained(embedder)
+
+
+def config(tmp_path, **over) -> dict:
+    raw = {"questions": str(shared_data(Q100)), "out": str(tmp_path / "out"), "limit": 20, "quiet": True,
+           "paraphrase": {"generator": {"kind": "local", "model": "paraphraser"}},
+           "models": [{"name": "m1", "generator": {"kind": "local", "model": "a"}},
+                      {"name": "m2", "generator": {"kind": "local", "model": "b"}}],
+           "rot": {"generator": {"kind": "local", "model": "rot-writer"}},
+           "hosts": {"process_index": 0, "process_count": 1}}
+    for key, value in over.items():
+        node = raw
+        *parents, last = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
+    return raw
+
+
+SHARED = {}
+
+
+@pytest.fixture(autouse=True)
+def _shared_embedder(request):
+    SHARED["embedder"] = request.getfixturevalue("loaded_embedder") if "embedder" in request.fixturenames else None
+    yield
+    SHARED.clear()
+
+
+def make_run(raw, generator_of=lambda c: FakeGenerator(name=c.model)):
+    cfg = build_root(run_config.RunConfig, raw)
+    return pipeline.Run(cfg, generators=pipeline.Generators(lambda c, b, p: generator_of(c)),
+                        screen=fake_screen(), embedder=SHARED.get("embedder"))
+
+
+def stage_rows(out: Path) -> dict[str, list[dict]]:
+    return {str(p.parent.relative_to(out / "stages")): read_jsonl(p) for p in sorted((out / "stages").rglob("rows.jsonl"))}
+
+
+@pytest.mark.slow  # the first scoring run of the module: the embedder's, BERTScore's and SaGE's compiles
+def test_the_pipeline_runs_to_the_report_and_every_row_names_its_origin(tmp_path, embedder):
+    raw = config(tmp_path, **{"score.embedder": embedder})
+    summary = make_run(raw).run()
+    out = tmp_path / "out"
+    rows = stage_rows(out)
+    assert set(rows) == {"paraphrase/p0of1", "answer/m1/p0of1", "answer/m2/p0of1", "rot/m1/p0of1", "rot/m2/p0of1"}
+    assert len(rows["paraphrase/p0of1"]) == 20
+    for name, stage in rows.items():
+        for r in stage:
+            assert {*KEY_FIELDS, "attempt", "prompt", "question", "status", "output"} <= set(r), name
+            assert r["prompt"] and r["question"]
+            if not name.startswith("paraphrase"):
+                assert r["paraphrase"] in r["prompt"]
+    # the two models answered the same paraphrases
+    para = {(r["question_id"], r["paraphrase_index"], r["paraphrase"]) for r in rows["answer/m1/p0of1"]}
+    assert para == {(r["question_id"], r["paraphrase_index"], r["paraphrase"]) for r in rows["answer/m2/p0of1"]}
+    assert len(para) == 100
+    # the fake's unusable answers were re-queued: some rows needed more than one attempt
+    assert max(r["attempt"] for r in rows["answer/m1/p0of1"]) >= 1
+    # fix 2: a verbatim copy of the question (the fake's line 1) is never kept
+    for r in rows["paraphrase/p0of1"]:
+        assert all(k["text"].casefold() != r["question"].casefold() for k in r["kept"])
+        assert all(k["parascore"] >= 0.6 for k in r["kept"])
+    report = out / "report"
+    for name in ("table1.md", "table1.csv", "summary.json", "sage_distribution.png", "m1.per_question.csv",
+                 "m2.answers.csv", "scores.json"):
+        assert (report / name).stat().st_size > 0, name
+    models = {m["model"]: m for m in summary["models"]}
+    for key in ("sage_answer", "sage_rot", "sage_blend", "bleu", "rouge_l", "bertscore", "elazar"):
+        assert models["m1"][key]["count"] == 20, key
+    assert -1 <= models["m1"]["sage_blend"]["mean"] <= 1
+    assert "| m1 |" in (report / "table1.md").read_text()
+    assert (out / "config.yaml").exists() and (out / "prompts" / "rot.txt").read_text().startswith("\n# Instruction")
+    # A second run recomputes nothing: no generator is even built.
+    calls = []
+    make_run(raw, lambda c: calls.append(c) or FakeGenerator(name=c.model)).run()
+    assert calls == []
+
+
+def _child(raw, tmp_path, kill_after) -> int:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(raw))
+    proc = subprocess.run([sys.executable, "-m", "helpers.pipeline_child", str(path), str(kill_after)],
+                          env=clean_env(), cwd=str(REPO_ROOT / "tests"), capture_output=True, text=True, timeout=120)
+    return proc.returncode, proc.stderr
+
+
+def _batches(out: Path, stage: str) -> int:
+    return len(list((out / "stages").glob(f"{stage}/**/batch-*.jsonl")))
+
+
+@pytest.mark.parametrize("stage", GEN)
+def test_kill_9_during_a_stage_then_the_same_command_gives_the_uninterrupted_outputs(tmp_path, stage):
+    models = [{"name": "m1", "generator": {"kind": "local", "model": "a"}}]
+    whole = config(tmp_path / "whole", models=models)
+    rc, err = _child(whole, tmp_path / "whole", "none")
+    assert rc == 0, err
+    expected = stage_rows(tmp_path / "whole" / "out")
+    counts = {s: _batches(tmp_path / "whole" / "out", s) for s in GEN}
+    # a call in the middle of `stage`: every earlier stage's calls, then half of this one's
+    before = sum(counts[s] for s in GEN[:GEN.index(stage)])
+    kill_after = before + max(1, counts[stage] // 2)
+    killed = config(tmp_path / "killed", models=models)
+    rc, err = _child(killed, tmp_path / "killed", kill_after)
+    assert rc == -9, err
+    out = tmp_path / "killed" / "out"
+    assert not list((out / "stages").glob(f"{stage}/**/rows.jsonl"))  # the stage did not finish
+    assert 0 < _batches(out, stage) < counts[stage]
+    rc, err = _child(killed, tmp_path / "killed", "none")
+    assert rc == 0, err
+    got = stage_rows(out)
+    assert got == expected
+    for rows in got.values():
+        keys = [tuple(r[k] for k in KEY_FIELDS) for r in rows]
+        assert len(keys) == len(set(keys))
+
+
+def test_unusable_text_fails_every_row_within_the_cap_and_the_report_counts_them(tmp_path, embedder):
+    raw = config(tmp_path, **{"paraphrase.source": "file", "answer.max_attempts": 3, "answer.batch_size": 7,
+                              "score.bertscore": False, "score.embedder": embedder, "models": [{"name": "m1", "generator": {"kind": "local",
+                                                                                                "model": "bad"}}]})
+    fakes = []
+
+    def generator_of(c):
+        fakes.append(FakeGenerator(name=c.model, unusable=c.model == "bad"))
+        return fakes[-1]
+
+    summary = make_run(raw, generator_of).run()
+    answers = stage_rows(tmp_path / "out")["answer/m1/p0of1"]
+    assert len(answers) == 100
+    assert all(r["status"] == "failed" and r["attempt"] == 2 and r["reason"] == "answer starts with '#'"
+               for r in answers)
+    assert len(fakes[0].prompts_seen) == 300  # 3 attempts per row, never more
+    m1 = summary["models"][0]
+    assert m1["answer_rows_failed"] == 100 and m1["answer_rows"] == 100
+    assert m1["failure_reasons"] == {"answer starts with '#'": 100}
+    assert m1["sage_answer"]["count"] == 0
+    assert "| m1 |" in (tmp_path / "out" / "report" / "table1.md").read_text()
+
+
+def test_questions_that_never_get_enough_paraphrases_are_kept_failed_and_not_answered(tmp_path):
+    raw = config(tmp_path, **{"paraphrase.threshold": 0.99, "paraphrase.max_attempts": 2})
+    run = make_run(raw)
+    run.run(("paraphrase", "answer"))
+    rows = stage_rows(tmp_path / "out")
+    para = rows["paraphrase/p0of1"]
+    failed = [r for r in para if r["status"] == "failed"]
+    assert failed and all(r["attempt"] == 1 and "paraphrases passed ParaScore >= 0.99" in r["reason"] for r in failed)
+    answered = {r["question_id"] for r in rows["answer/m1/p0of1"]}
+    assert answered == {r["question_id"] for r in para if r["status"] == "ok"}
+
+
+def test_recorded_outputs_score_as_sage_jax_score_does(tmp_path, embedder):
+    """The published answers and RoTs of the first 20 questions through the pipeline (paraphrases,
+    answers and RoTs read from the file) give the per-question SaGE of `sage-jax score`."""
+    from sage_jax import cli, scoring
+
+    src = shared_data(Q100)
+    raw = config(tmp_path, **{"paraphrase.source": "file", "score.bertscore": False, "score.embedder": embedder, "score.lexical": False,
+                              "models": [{"name": "gpt", "generator": {"kind": "file", "model": str(src)}}],
+                              "rot.generator": {"kind": "file", "model": str(src), "column": "rot"}})
+    cfg = build_root(run_config.RunConfig, raw)
+    pipeline.Run(cfg, embedder=SHARED["embedder"]).run()  # the recorded generators, as the config builds them
+    long = tmp_path / "out" / "report" / "gpt.answers.csv"
+    ours = {r["question_id"]: r for r in _csv(tmp_path / "out" / "report" / "gpt.per_question.csv")}
+    assert len(ours) == 20
+    for text, column in (("answer", "sage_answer"), ("rot", "sage_rot"), ("blend", "sage_blend")):
+        # what `sage-jax score FILE --text TEXT` computes, with the same embedder object
+        args = cli.build_parser().parse_args(["score", str(long), "--text", text, "--out", str(tmp_path / text),
+                                              "--no-lexical", "--no-bertscore", "--quiet", "--embedder", embedder])
+        cli.check_options(args)
+        item = scoring.Loaded(long, "gpt", args)
+        theirs, _ = scoring.score_loaded(item, args, lambda: SHARED["embedder"], cli._Progress(True))
+        np.testing.assert_allclose([float(ours[q][column]) for q in theirs["question_id"]], theirs["sage"], atol=1e-6)
+    # the answers are the file's, word for word
+    import csv
+    with open(src, newline="") as f:
+        published = {(r["question_id"], r["paraphrased"].strip()): r["model_output"].strip() for r in csv.DictReader(f)}
+    for r in _csv(long):
+        assert published[(r["question_id"], r["paraphrased"])] == r["model_output"]
+
+
+def _csv(path):
+    import csv
+
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_two_processes_take_their_shares_and_the_report_merges_them(tmp_path, embedder):
+    from sage_jax.stages import StageError
+
+    shares = [config(tmp_path, **{"hosts": {"process_index": i, "process_count": 2}, "score.bertscore": False, "score.embedder": embedder,
+                                  "score.lexical": False}) for i in range(2)]
+    make_run(shares[0]).run(GEN)
+    with pytest.raises(StageError, match="process p1of2"):
+        make_run(shares[0]).run(("score",))
+    make_run(shares[1]).run(GEN)
+    summary = make_run(shares[0]).run(("score", "report"))
+    assert summary["models"][0]["sage_answer"]["count"] == 20
+    ids = [r["question_id"] for r in stage_rows(tmp_path / "out")["paraphrase/p1of2"]]
+    assert len(ids) == 10
+
+
+# ----------------------------------------------------------------------------- HTTP
+
+
+def _endpoint(behaviour):
+    """A Starlette app answering /v1/completions as `behaviour(count, body) -> (status, headers, json)`."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    seen = []
+
+    async def completions(request):
+        body = await request.json()
+        seen.append((request.headers.get("authorization"), body))
+        status, headers, payload = behaviour(len(seen), body)
+        return JSONResponse(payload, status_code=status, headers=headers)
+
+    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"])]), seen
+
+
+def _choice(text):
+    return {"id": "x", "object": "text_completion", "created": 0, "model": "m",
+            "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}]}
+
+
+def test_a_429_with_retry_after_is_waited_for(monkeypatch):
+    require("openai")
+    from clarifyjax.serving import BackgroundServer
+    from clarifyjax.textgen import Sampling
+    from sage_jax import generators
+
+    app, seen = _endpoint(lambda count, body: (429, {"Retry-After": "2"}, {"error": {"message": "slow down"}})
+                          if count == 1 else (200, {}, _choice("fine")))
+    waits = []
+    with BackgroundServer(app) as server:
+        gen = generators.OpenAIGenerator(base_url=server.url + "/v1", model="m", max_retries=3,
+                                         sleep=lambda s: (waits.append(s), time.sleep(s)))
+        started = time.monotonic()
+        [[completion]] = gen.complete(["q"], Sampling(max_new_tokens=8), 1, seed=1)
+        elapsed = time.monotonic() - started
+    assert completion.text == "fine" and len(seen) == 2
+    assert waits == [2.0] and elapsed >= 2.0
+
+
+def test_an_endpoint_that_keeps_failing_ends_the_stage_with_a_clear_error_and_keeps_finished_rows(
+        tmp_path, monkeypatch, capsys):
+    require("openai")
+    from clarifyjax.serving import BackgroundServer
+    from sage_jax import cli, generators
+
+    monkeypatch.setattr(generators, "BACKOFF_BASE", 0.01)
+    app, seen = _endpoint(lambda count, body: (200, {}, _choice("An answer.")) if count <= 40
+                          else (503, {}, {"error": {"message": "overloaded"}}))
+    monkeypatch.setenv("SAGE_TEST_KEY", "sk-test-SECRET-0123456789")
+    with BackgroundServer(app) as server:
+        raw = config(tmp_path, **{"paraphrase.source": "file", "answer.batch_size": 10,
+                                  "models": [{"name": "remote", "generator": {
+                                      "kind": "openai", "base_url": server.url + "/v1", "model": "m",
+                                      "max_retries": 2, "concurrency": 4, "api_key_env": "SAGE_TEST_KEY"}}]})
+        (tmp_path / "run.yaml").write_text(json.dumps(raw))
+        rc = cli.main(["run", str(tmp_path / "run.yaml"), "--stages", "paraphrase,answer"])
+    err = capsys.readouterr().err
+    assert rc == 1
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("sage-jax: error: stage answer (remote):") and "InternalServerError 503" in line
+    assert "after 3 attempts" in line and "40 of 100 rows are finished and kept" in line
+    batches = sorted((tmp_path / "out" / "stages" / "answer" / "remote" / "p0of1").glob("batch-*.jsonl"))
+    assert sum(len(read_jsonl(b)) for b in batches) == 40
+    assert all(a == "Bearer sk-test-SECRET-0123456789" for a, _ in seen)  # the key was sent ...
+    for path in (tmp_path / "out").rglob("*"):  # ... and never written
+        assert not path.is_file() or b"SECRET" not in path.read_bytes(), path
+    assert "SECRET" not in err
+
+
+def test_the_api_key_variable_is_checked_before_any_work(tmp_path, monkeypatch, capsys):
+    from sage_jax import cli
+
+    monkeypatch.delenv("SAGE_MISSING_KEY", raising=False)
+    raw = config(tmp_path, models=[{"name": "r", "generator": {"kind": "openai", "base_url": "http://127.0.0.1:9/v1",
+                                                             "model": "m", "api_key_env": "SAGE_MISSING_KEY"}}])
+    (tmp_path / "run.yaml").write_text(json.dumps(raw))
+    assert cli.main(["run", str(tmp_path / "run.yaml"), "--stages", "answer"]) == 2
+    err = capsys.readouterr().err
+    assert "models[0].generator.api_key_env: environment variable SAGE_MISSING_KEY is not set" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_config_errors_name_the_key_and_the_file(tmp_path, capsys):
+    from sage_jax import cli
+
+    raw = config(tmp_path)
+    raw["paraphrase"]["count"] = 1
+    (tmp_path / "run.yaml").write_text(json.dumps(raw))
+    assert cli.main(["run", str(tmp_path / "run.yaml")]) == 2
+    assert f"{tmp_path / 'run.yaml'}: paraphrase.count = 1: must be [2, 100]" in capsys.readouterr().err
+    assert cli.main(["run", str(tmp_path / "run.yaml"), "paraphrase.count=3", "--stages", "answer,typo"]) == 2
+    assert "--stages: unknown stage 'typo'" in capsys.readouterr().err
+
+
+def test_the_pipeline_through_clarifyjax_serve_with_the_openai_client(tmp_path, embedder):
+    """Every generating stage over HTTP: the OpenAI-compatible app of `clarifyjax serve` on
+    127.0.0.1, fed by the fake generator, called through the `openai` package."""
+    require("openai")
+    from clarifyjax.openai_server import OpenAIServer
+    from clarifyjax.serving import BackgroundServer
+
+    fake = FakeGenerator(name="served")
+    fake.name = "served"
+    with BackgroundServer(OpenAIServer(fake, name="served").app) as server:
+        remote = {"kind": "openai", "base_url": server.url + "/v1", "model": "served", "concurrency": 4}
+        raw = config(tmp_path, **{"paraphrase.generator": remote, "rot.generator": remote, "score.bertscore": False,
+                                  "score.lexical": False, "score.embedder": embedder,
+                                  "models": [{"name": "served", "generator": remote}]})
+        summary = make_run(raw, generator_of=lambda c: pipeline.build_generator(c, 8)).run()
+    rows = stage_rows(tmp_path / "out")
+    assert len(rows["answer/served/p0of1"]) == 100 and len(rows["rot/served/p0of1"]) >= 90
+    assert summary["models"][0]["sage_answer"]["count"] == 20
+    assert any("# Rule of Thumb" in p for p in fake.prompts_seen)
+
+
+@pytest.mark.slow  # the tiny Llama folder, its compiled decode loop and the scores
+def test_the_pipeline_with_a_tiny_local_causal_lm(tmp_path, embedder):
+    """The answers of a tiny random Llama folder run by `clarifyjax.llm.LocalLM`, then RoTs, scores
+    and the report. The paraphrases are the file's (a random model never writes a numbered list) and
+    the RoTs the fake's: the reference's RoT prompt is 1342 tokens for the tiny tokenizer, and
+    LocalLM takes about 130 s for 100 of them on the 2-core CI machine."""
+    from helpers.tiny_models import tiny_llama_folder
+
+    folder = str(tiny_llama_folder(tmp_path / "models", max_position_embeddings=4096,
+                                   generation={"do_sample": True, "temperature": 1.0}))
+    local = {"kind": "local", "model": folder}
+    raw = config(tmp_path, **{"paraphrase.source": "file", "score.bertscore": False,
+                              "score.lexical": False, "score.embedder": embedder,
+                              "answer.sampling": {"max_new_tokens": 8}, "rot.sampling": {"max_new_tokens": 8},
+                              # one batch per stage, one attempt: two compiled decode loops in all
+                              "answer.batch_size": 128, "rot.batch_size": 128,
+                              "answer.max_attempts": 1, "rot.max_attempts": 1,
+                              "models": [{"name": "tiny", "generator": local}]})
+    cfg = build_root(run_config.RunConfig, raw)
+    generators = pipeline.Generators(lambda c, b, p: FakeGenerator(name=c.model) if c.model == "rot-writer"
+                                     else pipeline.build_generator(c, b, p))
+    summary = pipeline.Run(cfg, generators=generators, embedder=SHARED["embedder"]).run()
+    rows = stage_rows(tmp_path / "out")
+    answers = rows["answer/tiny/p0of1"]
+    assert len(answers) == 100
+    assert all(r["prompt"].startswith("Answer the following question") and r["paraphrase"] in r["prompt"]
+               for r in answers)
+    ok = [r for r in answers if r["status"] == "ok"]
+    assert ok and all(r["answer"] and "\n" not in r["answer"] for r in ok)
+    assert len(rows["rot/tiny/p0of1"]) == len(ok)
+    tiny = summary["models"][0]
+    assert tiny["answer_rows"] == 100 and tiny["sage_answer"]["count"] > 0
+
+
+@pytest.mark.parametrize("name", ["sage_run_local.yaml", "sage_run_endpoint.yaml", "sage_run_recorded.yaml"])
+def test_the_example_configs_load(name):
+    cfg = run_config.load_run_config(REPO_ROOT / "configs" / name, ["limit=5"])
+    assert cfg.models and cfg.limit == 5
+
+
+def test_the_presets_parse_as_the_reference_with_its_bugs_fixed():
+    from sage_jax import prompts as P
+
+    # first line kept, an "Answer:" prefix stripped; "Answering..." (no colon) no longer crashes
+    assert P.parse_answer("Answer: Be kind.\nmore") == ("Be kind.", None)
+    assert P.parse_answer("Answering this needs care.") == ("Answering this needs care.", None)
+    assert P.parse_answer("# Title")[1] == "answer starts with '#'"
+    assert P.parse_answer("use `x`")[1] == "answer holds a backtick"
+    assert P.parse_answer("  \n")[1] == "empty answer"
+    # "Rule of Thumb:" only as a prefix, not inside the rule
+    assert P.parse_rot("Rule of Thumb: It is good to help.\nx") == ("It is good to help.", None)
+    assert P.parse_rot("Follow the Rule of Thumb: be fair.") == ("Follow the Rule of Thumb: be fair.", None)
+    assert P.parse_rot("RoT:   ")[1] == "empty rule of thumb"
+    # code: >= 0.6; paper: > 0.8
+    code, paper = P.PRESETS["code"], P.PRESETS["paper"]
+    assert P.passes(0.6, code.parascore_threshold, code.parascore_inclusive)
+    assert not P.passes(0.8, paper.parascore_threshold, paper.parascore_inclusive)
+    assert P.passes(0.8001, paper.parascore_threshold, paper.parascore_inclusive)
+    # the paper's one-shot prompt is the code's with its first example only
+    assert paper.paraphrase_template.count("\n1. ") == 1 and "\n2. " not in paper.paraphrase_template
+    assert code.paraphrase_template.count("\n20. ") == 1
+    assert P.answer_prompt("Q?", chat=True)[1]["content"].endswith("Question: Q?")
+
+
+def test_rows_whose_prompt_cannot_fit_the_context_fail_without_stopping_the_stage(tmp_path):
+    class Counting(FakeGenerator):  # a TokenCounter: one token per character
+        context_length = 256 + 280
+
+        def count_tokens(self, prompt):
+            return len(prompt)
+
+    raw = config(tmp_path, **{"paraphrase.source": "file",
+                              "models": [{"name": "m1", "generator": {"kind": "local", "model": "small"}}]})
+    fakes = []
+    make_run(raw, lambda c: fakes.append(Counting(name=c.model)) or fakes[-1]).run(("paraphrase", "answer"))
+    answers = stage_rows(tmp_path / "out")["answer/m1/p0of1"]
+    long = [r for r in answers if len(r["prompt"]) + 256 > Counting.context_length]
+    assert 0 < len(long) < len(answers)
+    assert all(r["status"] == "failed" and r["attempt"] == 0 and "does not fit the context of 536" in r["reason"]
+               for r in long)
+    assert not {r["prompt"] for r in long} & set(fakes[0].prompts_seen)
