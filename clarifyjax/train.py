@@ -168,7 +168,13 @@ def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: b
               ) -> dict[str, Any]:
     """Supervised fine-tuning for an `SFTConfig`. Returns {"step", "eval" (last dev metrics),
     "first_eval", "output_dir", "final" (export folder or None), "stopped" (SIGTERM), "program"
-    (the `programs.SFTProgram` it ran)}."""
+    (the `programs.SFTProgram` it ran), "model" (the trained model)}.
+
+    For the tasks in `config.CLASSIFIER_TASKS` (the discriminator) the model is the Hugging Face
+    sequence classifier of ``model.init`` (`programs.build_classifier`) trained on (situation,
+    question) pairs with cross-entropy on its class logits, through the same program, checkpoints
+    and resume; dev metrics are eval/loss, eval/accuracy (class accuracy) and eval/majority_rate;
+    final/ is a Hugging Face classifier folder (`hf.save_sequence_classifier`)."""
     say = say_through(None)
     run_dir, mesh, rules = _start(cfg, f"sft:{cfg.task}", say)
     train_pairs, dev_pairs = data_lib.load_sft_pairs(cfg.data, cfg.task)  # bad files fail first
@@ -245,8 +251,8 @@ def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: b
         bar.close()
     logger.close()
     result["step"] = step
+    trained = result["model"] = merge_model(graphdef, state["params"])
     if export and not result["stopped"]:
-        trained = merge_model(graphdef, state["params"])
         result["final"] = (_export_classifier(trained, cfg.model.init, run_dir / "final", print)
                            if classifier else
                            _export(trained, config, tokenizer, run_dir / "final", print))
