@@ -85,7 +85,8 @@ def _export_classifier(model, source: str, folder: Path, say) -> str:
     `source` folder's tokenizer.json."""
     save_sequence_classifier(model, folder, source)
     if jax.process_index() == 0:
-        atomic_write_bytes(folder / "tokenizer.json", (Path(source) / "tokenizer.json").read_bytes())
+        atomic_write_bytes(folder / "tokenizer.json",
+                           (Path(source) / "tokenizer.json").read_bytes())
     say(f"[export] Hugging Face folder: {folder}")
     return str(folder)
 
@@ -135,7 +136,6 @@ def _majority_rate(dataset) -> float:
     always answering it)."""
     labels = dataset.ids["target"][:, 0]
     return float(np.bincount(labels).max() / max(len(labels), 1)) if len(labels) else float("nan")
-
 
 
 def evaluate_sft(model: T5, eval_step, params, dataset, tokenizer, *, batch_size: int, mesh,

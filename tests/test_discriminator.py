@@ -1,7 +1,8 @@
 """The discriminator's training data (clarifyjax.discriminator): hard negatives from the most
 similar other situations, never a gold question of the same situation; the table it writes reads
-back as the SFT task's pairs ((situation, question), class id). Embeddings are hand-made here (the builder takes them as an
-argument); the real run uses all-MiniLM-L6-v2 through `clarifyjax discriminator-data`."""
+back as the SFT task's pairs ((situation, question), class id). Embeddings are hand-made here
+(the builder takes them as an argument); the real run uses all-MiniLM-L6-v2 through `clarifyjax
+discriminator-data`."""
 from __future__ import annotations
 
 import numpy as np

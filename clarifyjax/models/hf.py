@@ -4,9 +4,9 @@ family: `load_t5` / `save_t5` for the T5, `load_encoder` / `load_sequence_classi
 the decoder-only LLMs, `load_deberta` / `load_deberta_sequence_classifier` for DeBERTa-v2/v3, and
 `load_question_answering` for the extractive QA head on any of the encoders, and
 `load_classifier` / `save_sequence_classifier` for a sequence classifier of either encoder family
-(picked by config.json `model_type`; the trained discriminator is exported through them). Each family's tensor
-map lives in its own `*_params` module (`t5_params`, `encoder_params`, `causal_lm_params`,
-`deberta_params`).
+(picked by config.json `model_type`; the trained discriminator is exported through them).
+Each family's tensor map lives in its own `*_params` module (`t5_params`, `encoder_params`,
+`causal_lm_params`, `deberta_params`).
 
 With a mesh, every parameter is built with `jax.make_array_from_callback`: each device's
 callback reads only its own slice of the tensor from the safetensors file, so no device (and,
