@@ -194,3 +194,22 @@ def test_a_folder_that_is_not_a_classifier_names_the_key(setup, tmp_path):
         load_config(CONFIG, ["model.init=null", "model.tiny.d_model=32"])
     with pytest.raises(ConfigError, match=r"model\.max_target_length = 8 is not used"):
         load_config(CONFIG, ["model.max_target_length=8"])
+
+
+def test_resume_continues_as_the_uninterrupted_run(setup, tmp_path):
+    """Stopped after 3 steps (checkpoint) and restarted for 6: steps 4-6 have the losses of an
+    uninterrupted 6-step run (the classifier's state, RNG and data position come back)."""
+    from clarifyjax.train import train_sft
+
+    folder, rows = setup
+
+    def run(run_dir, steps):
+        return train_sft(tiny_config(folder, rows, run_dir, f"run.steps={steps}",
+                                     "run.eval_every=0", "run.save_every=3"),
+                         tensorboard=False, progress=False, export=False)
+
+    run(tmp_path / "straight", 6)
+    run(tmp_path / "resumed", 3)
+    assert run(tmp_path / "resumed", 6)["step"] == 6
+    np.testing.assert_allclose(losses(tmp_path / "resumed"), losses(tmp_path / "straight"),
+                               rtol=0, atol=1e-6)
