@@ -9,8 +9,10 @@ situations are arbitrary, which is enough for a loop test).
   PyTorch `transformers` reads the same folder to the same logits (independent reference);
 * on 8 fake CPU devices (data 2 x fsdp 2 x model 2, FSDP rules) the run's losses equal the
   1-device run's (tolerance 1e-4; float32 sums in another order);
+* a run stopped and resumed continues as the uninterrupted one;
 * a folder that is not a sequence classifier, and a tiny T5 spec, are one-line ConfigErrors
-  naming the key.
+  naming the key;
+* BERT and RoBERTa classifiers export too (read back by us and by transformers).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from helpers.children import run_with_fake_devices
 
 from helpers.env import REPO_ROOT
 
+DISCRIMINATOR_LABELS = ("irrelevant", "relevant")
 CONFIG = str(REPO_ROOT / "configs" / "sft_discriminator_tiny.yaml")
 STEPS = 30
 
@@ -213,3 +216,34 @@ def test_resume_continues_as_the_uninterrupted_run(setup, tmp_path):
     assert run(tmp_path / "resumed", 6)["step"] == 6
     np.testing.assert_allclose(losses(tmp_path / "resumed"), losses(tmp_path / "straight"),
                                rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta"])
+def test_bert_and_roberta_classifiers_export_too(model_type, tmp_path_factory, tmp_path):
+    """The other families' export (`hf.save_sequence_classifier`): a tiny random BERT / RoBERTa
+    classifier read, written and read again gives the same logits, and transformers reads the
+    written folder to them (tolerance 1e-4)."""
+    import jax
+    import jax.numpy as jnp
+    from conftest import require
+    from helpers.tiny_models import tiny_classifier_folder
+
+    from clarifyjax.models.hf import load_classifier, save_sequence_classifier
+
+    folder = tiny_classifier_folder(tmp_path_factory, DISCRIMINATOR_LABELS, model_type=model_type)
+    model = load_classifier(folder)
+    save_sequence_classifier(model, tmp_path / "out", folder)
+    ids = np.array([[2, 40, 41, 42, 3, 50, 51, 3], [2, 60, 61, 3, 70, 3, 0, 0]], np.int32)
+    if model_type == "roberta":
+        ids = np.where(ids == 0, 1, ids)  # RoBERTa's pad id
+    mask = (np.arange(8)[None] < np.array([[8], [6]])).astype(np.int32)
+    with jax.default_matmul_precision("highest"):
+        before = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)))
+        after = np.asarray(load_classifier(tmp_path / "out")(jnp.asarray(ids), jnp.asarray(mask)))
+    np.testing.assert_allclose(after, before, atol=1e-5)
+    torch, transformers = require("torch"), require("transformers")
+    ref = transformers.AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "out"))
+    with torch.no_grad():
+        logits = ref.eval()(input_ids=torch.tensor(ids, dtype=torch.long),
+                            attention_mask=torch.tensor(mask, dtype=torch.long)).logits.numpy()
+    np.testing.assert_allclose(after, logits, atol=1e-4)
