@@ -104,7 +104,9 @@ def build_classifier(model_cfg, *, mesh, rules, num_labels: int = 2, where: str 
     folder (``init``): DeBERTa-v2/v3, BERT or RoBERTa by config.json model_type
     (`hf.load_classifier`), placed on `mesh`, with `num_labels` classes; the folder's
     tokenizer.json truncating pairs to ``max_input_length``. Any problem with the folder is one
-    `ConfigError` naming ``{where}.init``."""
+    `ConfigError` naming ``{where}.init``. The classifier is called without token type ids (all
+    0): DeBERTa-v3 and RoBERTa have no segment embeddings, but a BERT trains and exports with
+    its second segment read as type 0 (not what transformers' pair encoding feeds it)."""
     from clarifyjax.models.hf import CheckpointError, load_classifier, load_encoder_tokenizer
 
     try:
