@@ -43,7 +43,7 @@ __all__ = [
     "RunConfig", "MeshLayout", "TinyModelSpec", "ModelConfig", "OptimizerConfig", "SFTDataConfig",
     "PPODataConfig", "JudgeConfig", "PipelineConfig", "RewardConfig", "NormalizerConfig",
     "PPOHyperparams", "ValueConfig", "SFTConfig", "PPOConfig", "NLI_THRESHOLD",
-    "ModelsConfig", "load_models_config",
+    "ModelsConfig", "load_models_config", "CLASSIFIER_TASKS",
 ]
 
 SHARED_DELTA_CLARIFY = "../shared/data/delta-clarify"
@@ -423,9 +423,16 @@ class ValueConfig:
 # --------------------------------------------------------------------------- the two run kinds
 
 
+# SFT tasks trained as an encoder sequence classifier over (situation, question) pairs (the
+# target is a class id) rather than as a T5: `train.train_sft` builds `programs.build_classifier`.
+CLASSIFIER_TASKS = ("discriminator",)
+
+
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
-    """Supervised fine-tuning of one seq2seq model on one task's (input, target) pairs."""
+    """Supervised fine-tuning of one model on one task's (input, target) pairs: a seq2seq T5, or
+    for the tasks in `CLASSIFIER_TASKS` (the discriminator) a Hugging Face sequence classifier
+    (DeBERTa-v2/v3, BERT, RoBERTa: ``model.init``) trained with cross-entropy on its classes."""
 
     kind: Literal["sft"] = "sft"
     task: Literal["question", "wh_question", "answerer", "fusion", "judge",
@@ -437,7 +444,18 @@ class SFTConfig:
     data: SFTDataConfig = dataclasses.field(default_factory=SFTDataConfig)
 
     def check(self, at: str) -> None:
-        self.model.check_tokenizer("model")
+        if self.task in CLASSIFIER_TASKS:  # `programs.build_classifier` reads the folder alone
+            why = f"task is {self.task!r}, trained as an encoder classifier from model.init"
+            if self.model.tiny is not None:
+                raise ConfigError(f"model.tiny: {why} (a DeBERTa / BERT / RoBERTa "
+                                  "sequence-classification folder); give model.init",
+                                  key="model.tiny")
+            refuse_changed(self.model, "model", {
+                "tokenizer": f"{why}, which reads that folder's tokenizer.json",
+                "max_target_length": f"{why}: the target is a class id",
+                "dropout_rate": f"{why}, which has no dropout"})
+        else:
+            self.model.check_tokenizer("model")
         self.data.check_task(self.task, "data")
 
 

@@ -54,7 +54,7 @@ TASKS = ("question", "wh_question", "answerer", "fusion", "judge", "discriminato
 class Pair(NamedTuple):
     """One supervised example; ``group`` (the situation) keeps related rows in one split."""
 
-    input: str
+    input: str  # (situation, question) for the discriminator (`discriminator_pairs`)
     target: str
     group: str
 
@@ -131,10 +131,17 @@ def judge_pairs(table: Table, text_column: str = "text", label_column: str = "cl
 
 
 def discriminator_pairs(table: Table) -> list[Pair]:
-    """(situation, question, label) rows (`clarifyjax discriminator-data`) ->
-    ("relevance: {situation} QUESTION: {question}", "relevant" | "irrelevant")."""
-    return _pairs(table, lambda r, w: (*fmt.discriminator_sft_example(
-        r["situation"], r["question"], r["label"], where=w), r["situation"]))
+    """(situation, question, label) rows (`clarifyjax discriminator-data`) -> pairs whose input
+    is the (situation, question) tuple, an encoder classifier's two segments, and whose target is
+    the class id "1" (relevant) or "0" (irrelevant) (`classifier_dataset`)."""
+    def make(row, where):
+        pair = (fmt.normalize_whitespace(row["situation"]),
+                fmt.normalize_whitespace(row["question"]))
+        if not all(pair):
+            raise fmt.TextFormatError(f"{where}: empty field "
+                                      f"{'situation' if not pair[0] else 'question'!r}")
+        return pair, str(fmt.discriminator_label(row["label"], where=where)), row["situation"]
+    return _pairs(table, make)
 
 
 # Polarity of a silver hypothesis (a Social-Chemistry rule of thumb), first match wins.
@@ -345,6 +352,42 @@ def sft_dataset(pairs: Sequence[Pair], tokenizer, model, buckets: Sequence[int] 
     return TokenizedDataset({"input": [p.input for p in pairs], "target": [p.target for p in pairs]},
                             tokenizer, {"input": model.max_input_length,
                                         "target": model.max_target_length}, buckets)
+
+
+class _PairEncoder:
+    """`TokenizedDataset`'s tokenizer interface over an encoder's `tokenizers.Tokenizer`
+    (`hf.load_encoder_tokenizer`: truncation set, padding off) for (a, b) text pairs."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def encode_batch(self, pairs, max_length: int, pad_to: int | None = None):
+        encodings = self.tokenizer.encode_batch([tuple(p) for p in pairs])
+        width = pad_to or max(len(e.ids) for e in encodings)
+        ids = np.zeros((len(pairs), width), np.int32)
+        mask = np.zeros((len(pairs), width), np.int32)
+        for i, e in enumerate(encodings):
+            n = min(len(e.ids), max_length, width)
+            ids[i, :n], mask[i, :n] = e.ids[:n], 1
+        return ids, mask
+
+
+def classifier_dataset(pairs: Sequence[Pair], tokenizer, max_length: int,
+                       buckets: Sequence[int] = ()) -> TokenizedDataset:
+    """An encoder classifier's examples: column input = the pair's two segments encoded
+    together by `tokenizer` (a `tokenizers.Tokenizer`, e.g. [CLS] a [SEP] b [SEP]), at most
+    `max_length` tokens, length-bucketed; column target = the class id (one "token", so batches
+    have the SFT layout: target_ids [b, 1])."""
+    ds = TokenizedDataset({"input": [p.input for p in pairs]}, _PairEncoder(tokenizer),
+                          {"input": max_length}, buckets)
+    try:
+        labels = np.array([int(p.target) for p in pairs], np.int32).reshape(-1, 1)
+    except ValueError as e:
+        raise DataError(f"classifier targets must be class ids: {e}") from e
+    ds.texts["target"] = [p.target for p in pairs]
+    ds.ids["target"], ds.lengths["target"] = labels, np.ones(len(pairs), np.int32)
+    ds.buckets["target"] = (1,)
+    return ds
 
 
 def situation_dataset(situations: Sequence[str], tokenizer, max_input_length: int,

@@ -41,7 +41,7 @@ import jax
 
 from clarifyjax import memory_plan, programs
 from clarifyjax import sharding as sharding_lib
-from clarifyjax.config import PPOConfig, load_config
+from clarifyjax.config import CLASSIFIER_TASKS, ConfigError, PPOConfig, load_config
 from clarifyjax.models.t5 import T5Config
 
 DRYRUN_KEYS = ("compile", "num_layers", "rows")
@@ -193,6 +193,10 @@ def main(config_path: str, overrides: Sequence[str] = (), *, say: Callable[[str]
     mesh = sharding_lib.make_mesh(cfg.mesh)
     rules = sharding_lib.RULES[cfg.mesh.rules]
     is_ppo = isinstance(cfg, PPOConfig)
+    if not is_ppo and cfg.task in CLASSIFIER_TASKS:
+        raise ConfigError(f"task: {cfg.task!r} trains an encoder classifier, which the dry run "
+                          "does not size yet (it lowers T5 programs); run it without --dry-run",
+                          key="task")
     step_kind = options.get("compile", "ppo" if is_ppo else "sft")
     if step_kind not in ("ppo", "sft", "none"):
         raise ValueError(f"dryrun.compile={step_kind!r}: expected ppo, sft or none")

@@ -99,6 +99,30 @@ def build_t5(model_cfg, *, seed: int, mesh, rules, tokenizer: Tokenizer | None =
     return config, model
 
 
+def build_classifier(model_cfg, *, mesh, rules, num_labels: int = 2, where: str = "model"):
+    """(classifier, tokenizer) from a `ModelConfig` naming a Hugging Face sequence-classification
+    folder (``init``): DeBERTa-v2/v3, BERT or RoBERTa by config.json model_type
+    (`hf.load_classifier`), placed on `mesh`, with `num_labels` classes; the folder's
+    tokenizer.json truncating pairs to ``max_input_length``. Any problem with the folder is one
+    `ConfigError` naming ``{where}.init``. The classifier is called without token type ids (all
+    0): DeBERTa-v3 and RoBERTa have no segment embeddings, but a BERT trains and exports with
+    its second segment read as type 0 (not what transformers' pair encoding feeds it)."""
+    from clarifyjax.models.hf import CheckpointError, load_classifier, load_encoder_tokenizer
+
+    try:
+        model = load_classifier(model_cfg.init, dtype=model_cfg.dtype,
+                                param_dtype=model_cfg.param_dtype, mesh=mesh, rules=rules)
+        tokenizer = load_encoder_tokenizer(model_cfg.init, model_cfg.max_input_length,
+                                           vocab_size=model.config.vocab_size)
+    except (CheckpointError, OSError) as e:
+        raise ConfigError(f"{where}.init: {e}", key=f"{where}.init") from e
+    if model.config.num_labels != num_labels:
+        raise ConfigError(f"{where}.init: {model_cfg.init} has {model.config.num_labels} labels "
+                          f"{list(model.config.labels)}; the discriminator needs {num_labels} "
+                          "(0 irrelevant, 1 relevant)", key=f"{where}.init")
+    return model, tokenizer
+
+
 class PPOModels(NamedTuple):
     """The policy (its T5Config, graphdef and parameters), the frozen reference's parameters and
     the value model (graphdef, parameters), placed on the run's mesh."""

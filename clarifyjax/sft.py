@@ -1,5 +1,9 @@
 """Supervised seq2seq fine-tuning of a T5: the pure, jitted pieces (t5x / PureJaxRL style).
 
+The same pieces train an encoder sequence classifier (the discriminator: DeBERTa, BERT or
+RoBERTa): its batch has one target column holding the class id, so the "token" sums below are
+per-example cross-entropy over the class logits and accuracy counts correct classes.
+
 * `token_losses(logits, targets, mask, label_smoothing)`: teacher-forced cross-entropy *sums* and
   token accuracy counts, so that batches (and micro-batches) combine exactly;
 * `make_train_step(graphdef, tx, ...)`: one optimizer update from a stack of ``grad_accum``
@@ -26,7 +30,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from clarifyjax.models.t5 import shift_right
+from clarifyjax.models.t5 import T5, shift_right
 
 BATCH_KEYS = ("input_ids", "input_mask", "target_ids", "target_mask", "example_mask")
 
@@ -70,6 +74,9 @@ def _forward_sums(graphdef, params, rest, batch, rng, label_smoothing: float, dr
     model = nnx.merge(graphdef, params) if rest is None else nnx.merge(graphdef, params, rest)
     targets = batch["target_ids"]
     mask = batch["target_mask"] * batch["example_mask"][:, None]
+    if not isinstance(model, T5):  # a sequence classifier: one target "token", the class id
+        logits = model(batch["input_ids"], batch["input_mask"])[:, None, :]
+        return token_losses(logits, targets[:, :1], mask[:, :1], label_smoothing)
     decoder_input_ids = shift_right(targets, model.config.decoder_start_token_id)
     rngs = nnx.Rngs(dropout=rng) if dropout else None
     logits = model(batch["input_ids"], batch["input_mask"], decoder_input_ids,

@@ -12,7 +12,8 @@ fusion model, the judge and the NLI filter see at inference exactly what they sa
                                                                                     -> updated situation
     judge (Delphi)    "[moral_single]: " + text  -> "<class>{1|0|-1}</class> <text>{judgment}</text>"
     NLI               premise = situation (+ "." with period=True), hypothesis = answer
-    discriminator     "relevance: " + situation + " QUESTION: " + question   -> "relevant" | "irrelevant"
+    discriminator     the pair (situation, question), an encoder classifier's two segments
+                      -> class 1 "relevant" | 0 "irrelevant"
 
 Where the original's inference differed from its training data (no "." added to the fusion
 model's situation, a "." added to the NLI premise), a `period` argument picks the rule
@@ -32,7 +33,6 @@ ANSWER_PREFIX = "answer: "
 FUSION_PREFIX = "merge: "
 JUDGE_PREFIX = "[moral_single]: "
 WH_SEPARATOR = " Q.: "
-DISCRIMINATOR_PREFIX = "relevance: "
 DISCRIMINATOR_LABELS = ("irrelevant", "relevant")  # label 0, 1
 
 WEAKENER = "weakener"
@@ -321,23 +321,15 @@ def parse_delphi_output(decoded: str, *, keep_unparsed: bool = False) -> tuple[i
 # --------------------------------------------------------------------------- discriminator
 
 
-def discriminator_input(situation: str, question: str, *, where: str | None = None) -> str:
-    """The discriminator baseline's input: "relevance: {situation} QUESTION: {question}"."""
-    return (f"{DISCRIMINATOR_PREFIX}{_situation(situation, where)} QUESTION: "
-            f"{_field(question, 'question', where)}")
-
-
-def discriminator_sft_example(situation: str, question: str, label, *,
-                              where: str | None = None) -> tuple[str, str]:
-    """(source, target) for SFT of the discriminator: label 1 / "relevant" or 0 / "irrelevant"
-    -> the target word."""
+def discriminator_label(label, *, where: str | None = None) -> int:
+    """The discriminator's class id of a label field: 1 / "relevant" -> 1, 0 / "irrelevant" -> 0
+    (the classifier's id2label order, `DISCRIMINATOR_LABELS`)."""
     value = _field(str(label), "label", where).lower()
-    words = {"1": DISCRIMINATOR_LABELS[1], "0": DISCRIMINATOR_LABELS[0],
-             **{w: w for w in DISCRIMINATOR_LABELS}}
-    if value not in words:
+    ids = {"1": 1, "0": 0, **{w: i for i, w in enumerate(DISCRIMINATOR_LABELS)}}
+    if value not in ids:
         raise TextFormatError(f"{where + ': ' if where else ''}field 'label' must be one of "
-                              f"{sorted(words)}, got {label!r}")
-    return discriminator_input(situation, question, where=where), words[value]
+                              f"{sorted(ids)}, got {label!r}")
+    return ids[value]
 
 
 # --------------------------------------------------------------------------- NLI

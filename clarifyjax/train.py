@@ -10,7 +10,8 @@ A run writes, under ``run.output_dir`` (default ``runs/{name}``):
     events.out.*        TensorBoard scalars (tensorboardX, else tf.summary, else none; logged)
     checkpoints/<step>  orbax: the train state (parameters, optimizer states, KL controller, RNG)
                         + JSON (data position, reward normalizer, metrics)
-    final/              the trained model as a Hugging Face folder, with the tokenizer
+    final/              the trained model as a Hugging Face folder, with the tokenizer (a T5,
+                        or for the discriminator an encoder sequence classifier)
 
 Resuming is automatic: a run started on a folder with checkpoints continues from the newest intact
 one (a damaged newer one is set aside with a warning). Settings that change what is trained must
@@ -36,13 +37,14 @@ from clarifyjax import data as data_lib
 from clarifyjax import decoding, metrics_log, optim, programs, run_record, sft
 from clarifyjax import sharding as sharding_lib
 from clarifyjax.checkpointing import Checkpointer, PreemptionGuard
-from clarifyjax.config import ConfigError
+from clarifyjax.config import CLASSIFIER_TASKS, ConfigError
 from clarifyjax.metrics_log import MetricsLogger, say_through
-from clarifyjax.models.hf import save_t5
+from clarifyjax.models.hf import save_sequence_classifier, save_t5
 from clarifyjax.models.t5 import T5, T5Config
 from clarifyjax.models.params import merge_model, split_model
 from clarifyjax.reward import RewardNormalizer, flip_rate
 from clarifyjax.rollout import RolloutSampler, host_rows
+from clarifyjax.textfiles import atomic_write_bytes
 from clarifyjax.tokenizer import Tokenizer
 
 # --------------------------------------------------------------------------- runs
@@ -74,6 +76,17 @@ def _export(model: T5, config: T5Config, tokenizer: Tokenizer, folder: Path, say
     save_t5(model, config, folder)
     if jax.process_index() == 0:
         tokenizer.save_pretrained(folder)
+    say(f"[export] Hugging Face folder: {folder}")
+    return str(folder)
+
+
+def _export_classifier(model, source: str, folder: Path, say) -> str:
+    """The trained classifier as a Hugging Face folder (`hf.save_sequence_classifier`), with the
+    `source` folder's tokenizer.json."""
+    save_sequence_classifier(model, folder, source)
+    if jax.process_index() == 0:
+        atomic_write_bytes(folder / "tokenizer.json",
+                           (Path(source) / "tokenizer.json").read_bytes())
     say(f"[export] Hugging Face folder: {folder}")
     return str(folder)
 
@@ -118,6 +131,12 @@ def _log_eval(logger, say, at: int, metrics: dict) -> dict:
 
 # --------------------------------------------------------------------------- SFT
 
+def _majority_rate(dataset) -> float:
+    """The share of the most frequent class among a classifier dataset's rows (accuracy of
+    always answering it)."""
+    labels = dataset.ids["target"][:, 0]
+    return float(np.bincount(labels).max() / max(len(labels), 1)) if len(labels) else float("nan")
+
 
 def evaluate_sft(model: T5, eval_step, params, dataset, tokenizer, *, batch_size: int, mesh,
                  max_new_tokens: int, generate: bool = True) -> tuple[dict, list[str]]:
@@ -149,20 +168,40 @@ def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: b
               ) -> dict[str, Any]:
     """Supervised fine-tuning for an `SFTConfig`. Returns {"step", "eval" (last dev metrics),
     "first_eval", "output_dir", "final" (export folder or None), "stopped" (SIGTERM), "program"
-    (the `programs.SFTProgram` it ran)}."""
+    (the `programs.SFTProgram` it ran), "model" (the trained model)}.
+
+    For the tasks in `config.CLASSIFIER_TASKS` (the discriminator) the model is the Hugging Face
+    sequence classifier of ``model.init`` (`programs.build_classifier`) trained on (situation,
+    question) pairs with cross-entropy on its class logits, through the same program, checkpoints
+    and resume; dev metrics are eval/loss, eval/accuracy (class accuracy) and eval/majority_rate;
+    final/ is a Hugging Face classifier folder (`hf.save_sequence_classifier`)."""
     say = say_through(None)
     run_dir, mesh, rules = _start(cfg, f"sft:{cfg.task}", say)
     train_pairs, dev_pairs = data_lib.load_sft_pairs(cfg.data, cfg.task)  # bad files fail first
-    tokenizer = Tokenizer.from_pretrained(cfg.model.tokenizer_path)
-    train_ds, dev_ds = (data_lib.sft_dataset(pairs, tokenizer, cfg.model, cfg.data.length_buckets)
-                        for pairs in (train_pairs, dev_pairs))
-    config, model = programs.build_t5(cfg.model, seed=cfg.run.seed, mesh=mesh, rules=rules,
-                                      tokenizer=tokenizer)
+    classifier = cfg.task in CLASSIFIER_TASKS
+    if classifier:  # an encoder classifier: (situation, question) pairs -> class logits
+        model, tokenizer = programs.build_classifier(cfg.model, mesh=mesh, rules=rules)
+        config = model.config
+        train_ds, dev_ds = (data_lib.classifier_dataset(pairs, tokenizer,
+                                                        cfg.model.max_input_length,
+                                                        cfg.data.length_buckets)
+                            for pairs in (train_pairs, dev_pairs))
+        majority = _majority_rate(dev_ds)
+        say(f"[sft:{cfg.task}] {len(train_ds)} train / {len(dev_ds)} dev pairs; "
+            f"{config.model_type} classifier, hidden {config.hidden_size}, {config.num_layers} "
+            f"layers, labels {list(config.labels)}; dev majority-class rate {majority:.4f}")
+    else:
+        tokenizer = Tokenizer.from_pretrained(cfg.model.tokenizer_path)
+        train_ds, dev_ds = (data_lib.sft_dataset(pairs, tokenizer, cfg.model,
+                                                 cfg.data.length_buckets)
+                            for pairs in (train_pairs, dev_pairs))
+        config, model = programs.build_t5(cfg.model, seed=cfg.run.seed, mesh=mesh, rules=rules,
+                                          tokenizer=tokenizer)
+        say(f"[sft:{cfg.task}] {len(train_ds)} train / {len(dev_ds)} dev pairs; d_model "
+            f"{config.d_model}, {config.num_layers} layers, vocab {config.vocab_size}")
     graphdef, params = split_model(model)
-    say(f"[sft:{cfg.task}] {len(train_ds)} train / {len(dev_ds)} dev pairs; d_model "
-        f"{config.d_model}, {config.num_layers} layers, vocab {config.vocab_size}")
     program = programs.SFTProgram.build(cfg, mesh, graphdef, params,
-                                        dropout=config.dropout_rate > 0)
+                                        dropout=getattr(config, "dropout_rate", 0.0) > 0)
     state = program.init_state()
     eval_step = jax.jit(sft.make_eval_step(graphdef))
     schedule = optim.make_schedule(cfg.optimizer, cfg.run.steps)
@@ -178,7 +217,10 @@ def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: b
             m, preds = evaluate_sft(merge_model(graphdef, state["params"]), eval_step,
                                     state["params"], dev_ds, tokenizer,
                                     batch_size=cfg.data.eval_batch_size, mesh=mesh,
-                                    max_new_tokens=cfg.model.max_target_length)
+                                    max_new_tokens=cfg.model.max_target_length,
+                                    generate=not classifier)
+            if classifier:  # eval/accuracy is the class accuracy; beside it, the baseline
+                m["eval/majority_rate"] = majority
             _log_eval(logger, say, at, m)
             for i in range(min(3, len(preds))):
                 say(f"  {dev_ds.texts['input'][i]!r}\n    -> {preds[i]!r}\n    (ref "
@@ -209,9 +251,11 @@ def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: b
         bar.close()
     logger.close()
     result["step"] = step
+    trained = result["model"] = merge_model(graphdef, state["params"])
     if export and not result["stopped"]:
-        result["final"] = _export(merge_model(graphdef, state["params"]), config, tokenizer,
-                                  run_dir / "final", print)
+        result["final"] = (_export_classifier(trained, cfg.model.init, run_dir / "final", print)
+                           if classifier else
+                           _export(trained, config, tokenizer, run_dir / "final", print))
     return result
 
 

@@ -1,7 +1,8 @@
 """The discriminator's training data (clarifyjax.discriminator): hard negatives from the most
 similar other situations, never a gold question of the same situation; the table it writes reads
-back as the SFT task's pairs. Embeddings are hand-made here (the builder takes them as an
-argument); the real run uses all-MiniLM-L6-v2 through `clarifyjax discriminator-data`."""
+back as the SFT task's pairs ((situation, question), class id). Embeddings are hand-made here
+(the builder takes them as an argument); the real run uses all-MiniLM-L6-v2 through `clarifyjax
+discriminator-data`."""
 from __future__ import annotations
 
 import numpy as np
@@ -92,8 +93,8 @@ def test_the_table_reads_back_as_discriminator_pairs(tmp_path):
     path.write_bytes(discriminator.rows_tsv(rows))
     pairs = data.read_pairs(path, "discriminator")
     assert [(p.input, p.target) for p in pairs] == [
-        ('relevance: saying "no" to a friend QUESTION: Why "no"?', "relevant"),
-        ('relevance: saying "no" to a friend QUESTION: Where were you?', "irrelevant")]
+        (('saying "no" to a friend', 'Why "no"?'), "1"),
+        (('saying "no" to a friend', "Where were you?"), "0")]
     assert pairs[0].group == pairs[1].group  # one situation: one side of a split
 
 

@@ -2,9 +2,11 @@
 family: `load_t5` / `save_t5` for the T5, `load_encoder` / `load_sequence_classifier` /
 `load_encoder_tokenizer` for BERT and RoBERTa, `load_causal_lm` / `read_generation_defaults` for
 the decoder-only LLMs, `load_deberta` / `load_deberta_sequence_classifier` for DeBERTa-v2/v3, and
-`load_question_answering` for the extractive QA head on any of the encoders. Each family's tensor
-map lives in its own `*_params` module (`t5_params`, `encoder_params`, `causal_lm_params`,
-`deberta_params`).
+`load_question_answering` for the extractive QA head on any of the encoders, and
+`load_classifier` / `save_sequence_classifier` for a sequence classifier of either encoder family
+(picked by config.json `model_type`; the trained discriminator is exported through them).
+Each family's tensor map lives in its own `*_params` module (`t5_params`, `encoder_params`,
+`causal_lm_params`, `deberta_params`).
 
 With a mesh, every parameter is built with `jax.make_array_from_callback`: each device's
 callback reads only its own slice of the tensor from the safetensors file, so no device (and,
@@ -30,8 +32,9 @@ from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, che
 from clarifyjax.models.deberta import (DebertaEncoder, DebertaQuestionAnswering,
                                        DebertaSequenceClassifier)
 from clarifyjax.models.deberta_params import read_deberta, read_deberta_config
+from clarifyjax.models.deberta_params import tensor_maps as deberta_tensor_maps
 from clarifyjax.models.encoder import Encoder, QuestionAnswering, SequenceClassifier
-from clarifyjax.models.encoder_params import read_encoder_config, read_params
+from clarifyjax.models.encoder_params import checkpoint_rules, read_encoder_config, read_params
 from clarifyjax.models.t5 import T5, T5Config
 from clarifyjax.models.t5_params import check_tensors, resolve_config, tensor_maps
 
@@ -96,6 +99,17 @@ def _read_into(abstract: nnx.Module, maps: dict, source: TensorSource, param_dty
     return nnx.merge(graphdef, state)
 
 
+def _host_params(model: nnx.Module):
+    """(path, float32 numpy value) of every parameter, gathered from all hosts if sharded."""
+    for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        value = var.get_value()
+        if isinstance(value, jax.Array) and not value.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            value = multihost_utils.process_allgather(value, tiled=True)
+        yield p, np.asarray(jax.device_get(value), np.float32)
+
+
 def save_t5(model: T5, config: T5Config, path: str | os.PathLike, *,
             dtype: str = "float32") -> Path:
     """Write `model` as a Hugging Face folder (model.safetensors in torch layout + config.json)
@@ -114,14 +128,8 @@ def save_t5(model: T5, config: T5Config, path: str | os.PathLike, *,
         raise ValueError(f"save_t5: config differs from the model's config in {diff}")
     maps = tensor_maps(config)
     tensors: dict[str, np.ndarray] = {}
-    for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-        value = var.get_value()
-        if isinstance(value, jax.Array) and not value.is_fully_addressable:
-            from jax.experimental import multihost_utils
-
-            value = multihost_utils.process_allgather(value, tiled=True)
-        tensors[maps[p].hf_name] = maps[p].to_hf(np.asarray(jax.device_get(value), np.float32)
-                                                 ).astype(jnp.dtype(dtype))
+    for p, value in _host_params(model):
+        tensors[maps[p].hf_name] = maps[p].to_hf(value).astype(jnp.dtype(dtype))
     hf_config = dict(config.to_hf(), dtype=dtype)
     if jax.process_index() != 0:
         return Path(path)
@@ -273,3 +281,56 @@ def load_question_answering(path, *, dtype: str = "float32", param_dtype: str = 
         return read_deberta(DebertaQuestionAnswering, path, config, allow_pickle, mesh, rules)
     config = read_encoder_config(path, dtype=dtype, param_dtype=param_dtype)
     return read_params(QuestionAnswering, path, config, allow_pickle, mesh, rules)
+
+
+# --------------------------------------------------------------------------- classifiers of
+# either encoder family (the discriminator trained by `clarifyjax train`)
+
+
+def load_classifier(path, *, dtype: str = "float32", param_dtype: str = "float32", mesh=None,
+                    rules=None):
+    """A sequence classifier by config.json `model_type`: `load_deberta_sequence_classifier`
+    for "deberta-v2", else `load_sequence_classifier` (BERT / RoBERTa; any other model_type is
+    refused there, naming the field)."""
+    load = (load_deberta_sequence_classifier if read_config(path).get("model_type") == "deberta-v2"
+            else load_sequence_classifier)
+    return load(path, dtype=dtype, param_dtype=param_dtype, mesh=mesh, rules=rules)
+
+
+def _classifier_tensors(model) -> dict[str, np.ndarray]:
+    """Hugging Face name -> torch-layout float32 tensor of every parameter of `model`."""
+    params = dict(_host_params(model))
+    if isinstance(model, DebertaSequenceClassifier):
+        maps = deberta_tensor_maps(DebertaSequenceClassifier, model.config, "deberta.")
+        return {maps[p].hf_name: maps[p].to_hf(v) for p, v in params.items()}
+    out = {}
+    for ours, name, kind in checkpoint_rules(model.config, prefix=f"{model.config.model_type}.",
+                                             classifier=True):
+        value = params[ours]
+        if kind.startswith("linear:"):  # ours [*in, *out] -> torch [out, in]
+            n_in = int(kind.split(":")[1])
+            value = value.reshape(int(np.prod(value.shape[:n_in])), -1).T
+        elif kind == "vector":
+            value = value.reshape(-1)
+        out[name] = value
+    return out
+
+
+def save_sequence_classifier(model, path: str | os.PathLike, source: str | os.PathLike) -> Path:
+    """Write a `SequenceClassifier` or `DebertaSequenceClassifier` as a Hugging Face folder
+    (model.safetensors in torch layout, float32, + config.json) that `load_classifier` and
+    transformers' `AutoModelForSequenceClassification` read. config.json is the one of the
+    `source` folder the model was loaded from (same architecture), with the model's labels.
+    On several hosts only process 0 writes."""
+    if not isinstance(model, (SequenceClassifier, DebertaSequenceClassifier)):
+        raise TypeError(f"save_sequence_classifier: {type(model).__name__} is not a sequence "
+                        "classifier")
+    tensors = _classifier_tensors(model)
+    labels = model.config.labels
+    hf_config = dict(read_config(source), dtype="float32",
+                     id2label={str(i): label for i, label in enumerate(labels)},
+                     label2id={label: i for i, label in enumerate(labels)})
+    hf_config.pop("torch_dtype", None)
+    if jax.process_index() != 0:
+        return Path(path)
+    return write_checkpoint(path, tensors, hf_config)

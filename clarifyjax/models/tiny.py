@@ -17,6 +17,9 @@ sentencepiece are imported when a builder needs them.
   own lm_head) saved as safetensors, with the `spiece.model` beside it. With Hugging Face's
   init a tiny model writes the same tokens (or nothing) whatever the input; pass
   `initializer_factor=3.0` for outputs that depend on the input (and more peaked distributions).
+* `tiny_deberta_classifier_folder`: a random DeBERTa-v3-like `DebertaV2ForSequenceClassification`
+  (labels irrelevant / relevant: the tiny discriminator's starting point) with a BPE
+  `tokenizer.json` ([CLS] a [SEP] b [SEP]).
 * `tiny_classifier_folder` / `tiny_nli_folder`: a random `RobertaForSequenceClassification` (or
   BERT) with redrawn weights (std 0.2, so outputs are far from uniform) and a byte-level BPE
   `tokenizer.json` trained here, with RoBERTa's pair template.
@@ -276,6 +279,52 @@ def tiny_nli_folder(root, labels: Sequence[str] = WANLI_LABELS, *, model_type: s
     return tiny_classifier_folder(root, labels, model_type=model_type, seed=seed)
 
 
+DISCRIMINATOR_LABELS = ("irrelevant", "relevant")  # the discriminator's class ids 0, 1
+# A DeBERTa-v3-like architecture (shared attention keys, log-bucketed relative positions, no
+# absolute positions, no token types), tiny.
+TINY_DEBERTA_V3 = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=64, max_position_embeddings=256, relative_attention=True,
+                       pos_att_type=["p2c", "c2p"], share_att_key=True,
+                       position_biased_input=False, max_relative_positions=64,
+                       position_buckets=16, norm_rel_ebd="layer_norm", type_vocab_size=0,
+                       pad_token_id=0)
+
+
+def save_deberta_classifier_folder(folder: Path, labels: Sequence[str] = DISCRIMINATOR_LABELS,
+                                   *, seed: int = 0, **overrides):
+    """A random torch `DebertaV2ForSequenceClassification` (`TINY_DEBERTA_V3` updated with
+    `overrides`, Hugging Face's init) saved into `folder` with a BPE tokenizer.json trained here
+    (BERT-style specials and pair template: [CLS] a [SEP] b [SEP]); returns the torch model."""
+    import torch
+    import transformers
+
+    tokenizer = tiny_bpe_tokenizer("bert")
+    id2label = dict(enumerate(labels))
+    config = transformers.DebertaV2Config(
+        vocab_size=tokenizer.get_vocab_size(), id2label=id2label,
+        label2id={v: k for k, v in id2label.items()}, **{**TINY_DEBERTA_V3, **overrides})
+    torch.manual_seed(seed)
+    model = transformers.DebertaV2ForSequenceClassification(config).eval()
+    model.save_pretrained(str(folder))
+    tokenizer.save(str(Path(folder) / "tokenizer.json"))
+    return model
+
+
+def tiny_deberta_classifier_folder(root, labels: Sequence[str] = DISCRIMINATOR_LABELS, *,
+                                   seed: int = 0) -> Path:
+    """A random tiny DeBERTa-v3-like sequence classifier folder (config.json with id2label =
+    labels, model.safetensors, tokenizer.json): the tiny discriminator's starting point
+    (configs/sft_discriminator_tiny.yaml; `python -m clarifyjax.models.tiny DIR` writes one)."""
+    labels = tuple(labels)
+
+    def build() -> Path:
+        folder = _new_dir(root, f"deberta_{'_'.join(labels)}_seed{seed}")
+        save_deberta_classifier_folder(folder, labels, seed=seed)
+        return folder
+
+    return _cached("deberta_classifier", root, (labels, seed), build)
+
+
 # --------------------------------------------------------------------------- causal LMs
 
 # A Llama-2-chat-like template that writes its own BOS, as most models' templates do.
@@ -341,3 +390,12 @@ def tiny_llama_folder(root, *, seed: int = 0, chat_template: str | None = TINY_C
     key = (seed, chat_template, tuple(sorted((generation or {}).items())),
            tuple(sorted(overrides.items())))
     return _cached("llama", root, key, build)
+
+
+if __name__ == "__main__":  # the tiny discriminator's starting folder (sft_discriminator_tiny.yaml)
+    import sys
+
+    target = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/deberta_tiny_discriminator")
+    target.mkdir(parents=True, exist_ok=True)
+    save_deberta_classifier_folder(target)
+    print(f"tiny DeBERTa classifier: {target}")

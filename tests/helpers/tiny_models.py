@@ -30,6 +30,11 @@ def tiny_classifier_folder(root, *args, **kwargs) -> Path:
     return tiny.tiny_classifier_folder(root, *args, **kwargs)
 
 
+def tiny_deberta_classifier_folder(root, *args, **kwargs) -> Path:
+    _needs("tokenizers", "torch", "transformers")
+    return tiny.tiny_deberta_classifier_folder(root, *args, **kwargs)
+
+
 def tiny_nli_folder(root, *args, **kwargs) -> Path:
     _needs("tokenizers", "torch", "transformers")
     return tiny.tiny_nli_folder(root, *args, **kwargs)
