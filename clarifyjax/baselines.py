@@ -75,68 +75,32 @@ def best_candidates(candidates: Sequence[Sequence[str]], scores) -> list[str]:
 
 
 class Discriminator:
-    """P(relevant) of (situation, question) pairs, from either kind of discriminator folder:
-
-    * a T5 trained as the SFT task ``discriminator`` ("relevance: {situation} QUESTION:
-      {question}" -> "relevant" | "irrelevant"): P(relevant) is the teacher-forced probability of
-      the word "relevant" normalized over the two label words, one jitted scoring call per batch;
-    * a sequence classifier (BERT, RoBERTa, DeBERTa) whose id2label names `relevant_label`, run
-      through `nli.NLIFilter`'s batched, bucketed pair forward (its "drop" labels are the other
-      labels, unused here).
-    """
+    """P(relevant) of (situation, question) pairs from a sequence-classifier folder (DeBERTa-v2/v3,
+    BERT or RoBERTa, as `clarifyjax train configs/sft_discriminator*.yaml` exports it) whose
+    id2label names `relevant_label`, run through `nli.NLIFilter`'s batched, bucketed pair
+    forward (its "drop" labels are the other labels, unused here)."""
 
     def __init__(self, folder, *, relevant_label: str = "relevant", max_length: int = 128,
                  batch_size: int = 64, dtype: str = "float32"):
-        from clarifyjax.models.safetensors_io import check_folder, read_config
-
-        folder = check_folder(folder)
-        self.relevant_label = relevant_label
-        if read_config(folder).get("model_type") in ("t5", "mt5"):
-            self.t5 = Seq2SeqModel.from_pretrained(folder, dtype=dtype,
-                                                   max_input_length=max_length)
-            self.classifier = None
-        else:
-            self.t5 = None
-            self._load_classifier(folder, max_length, batch_size, dtype)
-
-    def _load_classifier(self, folder, max_length: int, batch_size: int, dtype: str) -> None:
-        from clarifyjax.models.encoder_params import read_encoder_config
-        from clarifyjax.models.safetensors_io import CheckpointError
+        from clarifyjax.models.encoder import labels_from_hf
+        from clarifyjax.models.safetensors_io import CheckpointError, check_folder, read_config
         from clarifyjax.nli import NLIFilter
 
-        labels = [str(label) for label in read_encoder_config(folder).labels]
+        folder = check_folder(folder)
+        labels = [str(label) for label in labels_from_hf(read_config(folder))]
         lower = [label.lower() for label in labels]
-        if self.relevant_label.lower() not in lower or len(labels) < 2:
+        if relevant_label.lower() not in lower or len(labels) < 2:
             raise CheckpointError(f"{folder / 'config.json'}: id2label {labels} has no "
-                                  f"{self.relevant_label!r} label (and at least one other)")
-        self.column = lower.index(self.relevant_label.lower())
+                                  f"{relevant_label!r} label (and at least one other)")
+        self.column = lower.index(relevant_label.lower())
         others = tuple(label for i, label in enumerate(labels) if i != self.column)
         self.classifier = NLIFilter.from_pretrained(folder, drop_labels=others,
                                                     max_length=max_length,
                                                     batch_size=batch_size, dtype=dtype)
 
-    def _t5_relevance(self, situations: list[str], questions: list[str]) -> np.ndarray:
-        from clarifyjax.decoding import score
-
-        words = text_lib.DISCRIMINATOR_LABELS  # (irrelevant, relevant)
-        inputs = [text_lib.discriminator_input(s, q, where=f"pair {i}")
-                  for i, (s, q) in enumerate(zip(situations, questions))]
-        ids, mask, _ = self.t5.encode(inputs)
-        word_ids, word_mask = self.t5.tokenizer.encode_batch(list(words), 16)
-        logp = []
-        for w in range(len(words)):
-            target = np.repeat(word_ids[w: w + 1], len(ids), axis=0)
-            target_mask = np.repeat(word_mask[w: w + 1], len(ids), axis=0)
-            logp.append(np.asarray(score(self.t5.model, ids, mask, target, target_mask)).sum(-1))
-        logp = np.stack(logp, axis=-1)[: len(inputs)]  # [n, 2]
-        p = np.exp(logp - logp.max(-1, keepdims=True))
-        return p[:, 1] / p.sum(-1)
-
     def relevance(self, situations: Sequence[str], questions: Sequence[str]) -> np.ndarray:
         """[n] P(relevant) of each (situation, question) pair."""
         sits = [text_lib.strip_policy_prefix(s) for s in situations]
-        if self.t5 is not None:
-            return self._t5_relevance(sits, list(questions))
         return self.classifier.probabilities(sits, list(questions))[:, self.column]
 
     def scores(self, situations: Sequence[str], candidates: Sequence[Sequence[str]]

@@ -21,11 +21,10 @@ from flax import nnx
 
 from clarifyjax import sharding as sharding_lib
 from clarifyjax.config import NLI_THRESHOLD
-from clarifyjax.models.safetensors_io import CheckpointError, check_folder
+from clarifyjax.models.safetensors_io import CheckpointError, check_folder, read_config
 from clarifyjax.buckets import bucket_length, bucket_rows, length_sorted_batches, pad_sequences
-from clarifyjax.models.encoder import SequenceClassifier
-from clarifyjax.models.encoder_params import read_encoder_config
-from clarifyjax.models.hf import load_encoder_tokenizer, load_sequence_classifier
+from clarifyjax.models.encoder import SequenceClassifier, labels_from_hf
+from clarifyjax.models.hf import load_classifier, load_encoder_tokenizer
 from clarifyjax.textfiles import check_texts
 
 
@@ -122,20 +121,21 @@ class NLIFilter:
                         threshold: float | None = NLI_THRESHOLD, batch_size: int = 64,
                         max_length: int = 128, dtype: str = "float32", mesh=None,
                         rules=None) -> "NLIFilter":
-        """Load a `...ForSequenceClassification` folder with its tokenizer.json; with `mesh` (a
-        `sharding.process_mesh`), each parameter straight into its shards by the logical axis
-        `rules`, and the pairs of a batch split over the mesh's data x fsdp devices.
+        """Load a `...ForSequenceClassification` folder (BERT, RoBERTa or DeBERTa-v2/v3) with its
+        tokenizer.json; with `mesh` (a `sharding.process_mesh`), each parameter straight into its
+        shards by the logical axis `rules`, and the pairs of a batch split over the mesh's data x
+        fsdp devices.
 
         Raises:
           CheckpointError: the model's id2label lacks one of drop_labels (the message lists both),
             or the folder lacks a file / tensor.
         """
         folder = check_folder(path)
-        # Check the labels before reading (possibly large) weights.
-        config = read_encoder_config(folder)
-        _check_labels(config.labels, drop_labels, folder / "config.json")
-        tokenizer = load_encoder_tokenizer(folder, max_length, config.vocab_size)
-        model = load_sequence_classifier(folder, dtype=dtype, mesh=mesh, rules=rules)
+        # Check the labels and the tokenizer before reading (possibly large) weights.
+        hf_config = read_config(folder)
+        _check_labels(labels_from_hf(hf_config), drop_labels, folder / "config.json")
+        tokenizer = load_encoder_tokenizer(folder, max_length, hf_config.get("vocab_size"))
+        model = load_classifier(folder, dtype=dtype, mesh=mesh, rules=rules)  # BERT/RoBERTa/DeBERTa
         return cls(model, tokenizer, drop_labels=drop_labels,
                    threshold=threshold, batch_size=batch_size, max_length=max_length,
                    source=str(folder), mesh=mesh)

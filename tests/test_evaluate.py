@@ -314,37 +314,38 @@ def test_unanswerable_reads_the_situation_as_context(tmp_path):
     assert 0 < sum(expected) < len(expected)  # both outcomes occur
 
 
-def test_t5_discriminator_relevance_matches_transformers(tmp_path_factory):
-    """A T5 discriminator's P(relevant): the teacher-forced probability of "relevant" against
-    "irrelevant" (each with EOS), as transformers' T5 gives it on the same weights; the best
-    candidate is the most relevant one."""
+def test_discriminator_relevance_matches_transformers(tmp_path_factory):
+    """The discriminator baseline's P(relevant) from a DeBERTa-v3 classifier folder (what
+    `clarifyjax train configs/sft_discriminator*.yaml` exports): transformers'
+    DebertaV2ForSequenceClassification softmax on the same (situation, question) pair encoding,
+    within 1e-5; an empty candidate scores 0; the best candidate is the most relevant one."""
+    import tokenizers
     import torch
     import transformers
 
-    from clarifyjax import text as text_lib
     from clarifyjax.baselines import Discriminator, best_candidates
+    from helpers.tiny_models import tiny_deberta_classifier_folder
 
-    folder = tiny_t5_folder(tmp_path_factory, seed=45, initializer_factor=3.0)
+    folder = tiny_deberta_classifier_folder(tmp_path_factory, seed=45)
     situations = ["borrowing a car without asking", "telling a white lie to a friend"]
     candidates = [["why?", "who owns the car?", "is it an emergency?"],
                   ["what was the lie?", "", "does it hurt anyone?"]]
     scores = Discriminator(folder).scores(situations, candidates)
-    model = transformers.T5ForConditionalGeneration.from_pretrained(str(folder)).eval()
-    tok = transformers.T5TokenizerFast.from_pretrained(str(folder), extra_ids=0)
+    model = transformers.DebertaV2ForSequenceClassification.from_pretrained(str(folder)).eval()
+    tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    relevant = model.config.label2id["relevant"]
     for i, s in enumerate(situations):
         for j, q in enumerate(candidates[i]):
             if not q:
                 assert scores[i, j] == 0.0  # an empty candidate is never chosen over a question
                 continue
-            enc = tok([text_lib.discriminator_input(s, q)], return_tensors="pt")
-            logp = []
-            for word in text_lib.DISCRIMINATOR_LABELS:
-                labels = tok([word], return_tensors="pt").input_ids
-                with torch.no_grad():
-                    out = model(**enc, labels=labels)
-                logp.append(-out.loss.item() * labels.shape[1])
-            expected = np.exp(logp[1]) / (np.exp(logp[0]) + np.exp(logp[1]))
+            enc = tok.encode(s, q)
+            with torch.no_grad():
+                logits = model(input_ids=torch.tensor([enc.ids]),
+                               attention_mask=torch.tensor([enc.attention_mask])).logits[0]
+            expected = torch.softmax(logits, -1)[relevant].item()
             assert scores[i, j] == pytest.approx(expected, abs=1e-5)
+    assert len({round(float(x), 6) for x in scores.ravel()}) > 2  # not a constant classifier
     chosen = best_candidates(candidates, scores)
     assert chosen == [c[int(np.argmax(r))] for c, r in zip(candidates, scores)]
 
