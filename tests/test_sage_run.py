@@ -404,9 +404,10 @@ def test_the_pipeline_with_a_tiny_local_causal_lm(tmp_path, embedder):
     assert tiny["answer_rows"] == 100 and tiny["sage_answer"]["count"] > 0
 
 
-@pytest.mark.parametrize("name", ["sage_run_local.yaml", "sage_run_endpoint.yaml", "sage_run_recorded.yaml"])
+@pytest.mark.parametrize("name", ["run_local.yaml", "run_endpoint.yaml", "run_recorded.yaml"])
 def test_the_example_configs_load(name):
-    cfg = run_config.load_run_config(REPO_ROOT / "configs" / name, ["limit=5"])
+    # in configs/sage/: configs/*.yaml are the training configs that tests/test_config*.py load
+    cfg = run_config.load_run_config(REPO_ROOT / "configs" / "sage" / name, ["limit=5"])
     assert cfg.models and cfg.limit == 5
 
 
