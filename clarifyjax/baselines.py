@@ -9,8 +9,8 @@ situation out (or, for the candidate-based ones, a choice among the wh-condition
   (`reward_pipeline.RewardPipeline`, the PPO reward, without / with its NLI filter); the highest
   raw reward (the JSD before normalization; a dropped answer's `dropped_reward`) wins, the first
   start on ties.
-* `Discriminator`: a (situation, question) relevance model (a T5 trained on the SFT task
-  ``discriminator``, or a sequence classifier); the candidate with the highest P(relevant) wins
+* `Discriminator`: a (situation, question) relevance classifier (DeBERTa, BERT or RoBERTa, as
+  the SFT task ``discriminator`` exports it); the candidate with the highest P(relevant) wins
   (*discriminator*).
 
 Each call is one batched, jitted model call over all the rows it is given.

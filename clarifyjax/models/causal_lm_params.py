@@ -28,7 +28,7 @@ import numpy as np
 
 from clarifyjax.models.causal_lm import ACTIVATIONS, CausalLMConfig
 from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, check_config_numbers,
-                                             check_shape)
+                                             check_present)
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "opt", "falcon")
 _LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
@@ -358,13 +358,7 @@ def check_tensors(folder: Path, source: TensorSource, maps: dict[tuple, TensorMa
     expected = {}
     for tm in maps.values():
         expected.setdefault(tm.hf_name, tm.hf_shape)
-    missing = sorted(name for name in expected if name not in source)
-    if missing:
-        raise CheckpointError(f"{folder}: {len(missing)} tensor(s) that the {config.model_type} "
-                              f"config asks for are missing from the checkpoint: "
-                              f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
-    for name, shape in expected.items():
-        check_shape(name, source.shape(name), shape)
+    check_present(folder, source, expected, f"the {config.model_type} config")
     ignored = {"lm_head.weight"} if config.tie_word_embeddings else set()
     unexpected = sorted(k for k in source.keys() if k not in expected and k not in ignored
                         and not k.endswith(_IGNORED_SUFFIXES))

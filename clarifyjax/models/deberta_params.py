@@ -39,7 +39,7 @@ from clarifyjax.models.deberta import (ACTIVATIONS, ATTENTION_TERMS, DebertaConf
                                        DebertaSequenceClassifier)
 from clarifyjax.models.encoder import labels_from_hf
 from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, check_config_numbers,
-                                             check_shape, read_config)
+                                             check_present, read_config)
 from clarifyjax.models.t5_params import TensorMap
 
 MODEL_TYPE = "deberta-v2"  # DeBERTa-v3 checkpoints use the v2 model_type
@@ -228,14 +228,8 @@ def tensor_maps(cls, c: DebertaConfig, prefix: str) -> dict[tuple, TensorMap]:
 def check_tensors(source: TensorSource, maps: dict[tuple, TensorMap], prefix: str,
                   c: DebertaConfig) -> None:
     """Missing tensors, wrong shapes and trunk tensors the config does not explain, by name."""
-    expected = {tm.hf_name: tm for tm in maps.values()}
-    missing = sorted(name for name in expected if name not in source)
-    if missing:
-        raise CheckpointError(f"{source.folder}: {len(missing)} tensor(s) missing from the "
-                              f"checkpoint: {', '.join(missing[:8])}"
-                              f"{' ...' if len(missing) > 8 else ''}")
-    for name, tm in expected.items():
-        check_shape(name, source.shape(name), tm.hf_shape)
+    expected = {tm.hf_name: tm.hf_shape for tm in maps.values()}
+    check_present(source.folder, source, expected, "the DeBERTa config")
     ignored = set() if c.position_biased_input else {f"{prefix}embeddings.position_embeddings.weight"}
     trunk = (f"{prefix}embeddings.", f"{prefix}encoder.")
     unexpected = sorted(k for k in source.keys()

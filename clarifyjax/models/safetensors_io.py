@@ -277,6 +277,19 @@ def check_shape(name: str, actual: tuple, expected: tuple) -> None:
             f"{tuple(expected)}")
 
 
+def check_present(folder, source, expected: Mapping[str, tuple], what: str) -> None:
+    """Every tensor of `expected` (Hugging Face name -> shape) is in `source` with that shape;
+    the message names the missing tensors (the first 8) or the tensor with the wrong shape.
+    `what` says who asks for them ("the llama config")."""
+    missing = sorted(name for name in expected if name not in source)
+    if missing:
+        raise CheckpointError(f"{folder}: {len(missing)} tensor(s) that {what} asks for are "
+                              f"missing from the checkpoint: {', '.join(missing[:8])}"
+                              f"{' ...' if len(missing) > 8 else ''}")
+    for name, shape in expected.items():
+        check_shape(name, source.shape(name), shape)
+
+
 def write_checkpoint(folder: str | os.PathLike, tensors: Mapping[str, np.ndarray],
                      config: dict) -> Path:
     """Write `model.safetensors` + `config.json` into `folder` (each atomically)."""
