@@ -235,7 +235,8 @@ def _generate(graphdef, state, input_ids, attention_mask, rng, *, max_new_tokens
 def generate(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Array, *,
              rng: jax.Array | None, max_new_tokens: int, min_new_tokens: int = 0,
              greedy: bool = False, temperature: float = 1.0, top_k: int = 0,
-             top_p: float = 1.0, stop_token_ids: Sequence[int] = ()) -> Generation:
+             top_p: float = 1.0, stop_token_ids: Sequence[int] = (),
+             prefix_ids: Sequence[int] | None = None) -> Generation:
     """Sample continuations of input_ids [b, s] (attention_mask [b, s], 1 = token).
 
     Returns `Generation` with tokens/logprobs/mask [b, max_new_tokens]: the new tokens only.
@@ -247,6 +248,11 @@ def generate(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Arr
     For a `CausalLM`, the prompts may be left- or right-padded (every row >= 1 token), a row
     stops after any of `config.eos_token_ids` or `stop_token_ids` (that token included, then
     `config.pad_id`). For a `T5`, `stop_token_ids` must be empty.
+
+    `prefix_ids` (causal LMs): token ids that every prompt starts with, left out of input_ids;
+    row i's prompt is prefix_ids + its own tokens (at least one). The prefix runs once for the
+    batch (`CausalLM.prefill_after_prefix`) instead of once per row: the same continuations,
+    much less prefill work when the rows share a long template.
     """
     _check_sampling(max_new_tokens, min_new_tokens, temperature, top_k, top_p)
     if not greedy and rng is None:
@@ -266,19 +272,33 @@ def generate(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Arr
     graphdef, state = nnx.split(model)
     if isinstance(model, CausalLM):
         c = model.config
+        prefix = None
+        if prefix_ids is not None:
+            prefix = jnp.asarray(prefix_ids, jnp.int32).reshape(-1)
+            if prefix.shape[0] == 0:
+                raise ValueError("generate: prefix_ids is empty (leave it out instead)")
+            if bool(jnp.any(jnp.sum(attention_mask, axis=1) == 0)):
+                raise ValueError("generate: with prefix_ids, every row needs at least one "
+                                 "token of its own after the prefix")
+            prefix = _pad_left_to_bucket(prefix[None], jnp.ones_like(prefix)[None])
+            prefix = (prefix[0][0], prefix[1][0])
         if c.positions == "learned":  # a learned table has no row past its end (take clamps)
             longest = int(jnp.max(jnp.sum(attention_mask, axis=1))) + int(max_new_tokens)
+            longest += 0 if prefix_ids is None else len(prefix_ids)
             if longest > c.max_position_embeddings:
                 raise ValueError(f"generate: prompt + max_new_tokens reach {longest} tokens, "
                                  f"past the model's max_position_embeddings "
                                  f"{c.max_position_embeddings}")
         input_ids, attention_mask = _pad_left_to_bucket(input_ids, attention_mask)
-        cache_length = buckets.bucket_length(input_ids.shape[1] + int(max_new_tokens))
-        return _generate_causal(graphdef, state, input_ids, attention_mask, rng,
+        prompt_width = input_ids.shape[1] + (0 if prefix is None else prefix[0].shape[0])
+        cache_length = buckets.bucket_length(prompt_width + int(max_new_tokens))
+        return _generate_causal(graphdef, state, input_ids, attention_mask, rng, prefix,
                                 cache_length=cache_length,
                                 stop_ids=tuple(int(t) for t in stop_token_ids), **settings)
     if stop_token_ids:
         raise ValueError("generate: stop_token_ids is for causal LMs; a T5 stops at its EOS")
+    if prefix_ids is not None:
+        raise ValueError("generate: prefix_ids is for causal LMs")
     return _generate(graphdef, state, input_ids, attention_mask, rng, **settings)
 
 
@@ -305,14 +325,19 @@ class _CausalLoop(NamedTuple):
 @functools.partial(jax.jit, static_argnames=("graphdef", "max_new_tokens", "min_new_tokens",
                                              "greedy", "temperature", "top_k", "top_p",
                                              "cache_length", "stop_ids"))
-def _generate_causal(graphdef, state, input_ids, attention_mask, rng, *, max_new_tokens: int,
+def _generate_causal(graphdef, state, input_ids, attention_mask, rng, prefix, *,
+                     max_new_tokens: int,
                      min_new_tokens: int, greedy: bool, temperature: float, top_k: int,
                      top_p: float, cache_length: int, stop_ids: tuple[int, ...]) -> Generation:
     traces.note("generate_causal")
     model: CausalLM = nnx.merge(graphdef, state)
     c = model.config
     b = input_ids.shape[0]
-    logits, cache = model.prefill(input_ids, attention_mask, model.init_cache(b, cache_length))
+    cache = model.init_cache(b, cache_length)
+    if prefix is None:
+        logits, cache = model.prefill(input_ids, attention_mask, cache)
+    else:  # (prefix ids, prefix mask) [p]: one run of the shared prefix
+        logits, cache = model.prefill_after_prefix(*prefix, input_ids, attention_mask, cache)
     ends = jnp.asarray(c.eos_token_ids + stop_ids or (-1,), jnp.int32)
 
     def cond(s: _CausalLoop):

@@ -76,17 +76,22 @@ class LocalLM:
       mesh: shard the weights over it (each device reads its shard), or None.
       chat_template: how chats are rendered, one of `tokenizer.CHAT_TEMPLATES`.
       batch_size: most rows (prompts x n) per jitted batch.
+      shared_prefix: when every row of a batch starts with the same run of at least this many
+        tokens (a few-shot template), that run is computed once for the batch
+        (`decoding.generate`'s `prefix_ids`); 0 turns it off.
     """
 
     def __init__(self, folder: str | os.PathLike, *, dtype: str = "float32", mesh=None,
                  chat_template: str = "model", batch_size: int = 32,
-                 buckets: Sequence[int] = DEFAULT_BUCKETS, name: str | None = None):
+                 buckets: Sequence[int] = DEFAULT_BUCKETS, name: str | None = None,
+                 shared_prefix: int = 64):
         if chat_template not in CHAT_TEMPLATES:
             raise ValueError(f"chat_template must be one of {list(CHAT_TEMPLATES)}, got "
                              f"{chat_template!r}")
         self.folder = Path(folder)
         self.name = name or self.folder.resolve().name
         self.chat_template, self.batch_size, self.buckets = chat_template, batch_size, buckets
+        self.shared_prefix = int(shared_prefix)
         self.tokenizer = CausalTokenizer(folder)
         self.defaults, eos = generation_defaults(folder)
         self.eos_ids = tuple(sorted(set(eos) | ({self.tokenizer.eos_id}
@@ -185,17 +190,21 @@ class LocalLM:
 
         s = batch[0].sampling
         greedy, _, min_new, max_new, stop_ids = self._group_key(s)
+        prefix = _common_prefix([r.ids for r in batch])
+        if self.shared_prefix <= 0 or len(prefix) < self.shared_prefix:
+            prefix = ()
+        own = [r.ids[len(prefix):] for r in batch]
         longest = max(len(r.ids) for r in batch)
         # The bucket may run past the context (a learned position table has no row there, and
         # generate refuses it): then as far as the context goes, or at least what a row asked.
         max_new = max(min(max_new, self.context_length - longest),
                       max(r.sampling.max_new_tokens for r in batch))
-        width = bucket_length(longest, self.buckets)
+        width = bucket_length(longest - len(prefix), self.buckets)
         ids = np.full((len(batch), width), self.tokenizer.pad_id, np.int32)
         mask = np.zeros((len(batch), width), np.int32)
-        for i, row in enumerate(batch):  # left padding: every row's prompt ends at the edge
-            ids[i, width - len(row.ids):] = row.ids
-            mask[i, width - len(row.ids):] = 1
+        for i, row in enumerate(own):  # left padding: every row's prompt ends at the edge
+            ids[i, width - len(row):] = row
+            mask[i, width - len(row):] = 1
         # Every batch has batch_size rows (a short one repeats its last row): one program per
         # (prompt bucket, new-token bucket, settings), shared by the CLI and the server.
         rows = self.batch_size
@@ -204,7 +213,7 @@ class LocalLM:
                        min_new_tokens=min_new, greedy=greedy,
                        temperature=1.0 if greedy else s.temperature,
                        top_k=0 if greedy else s.top_k, top_p=1.0 if greedy else s.top_p,
-                       stop_token_ids=stop_ids)
+                       stop_token_ids=stop_ids, prefix_ids=list(prefix) or None)
         tokens, logprobs, kept = (np.asarray(a) for a in (out.tokens, out.logprobs, out.mask))
         return [self._completion(tokens[i], logprobs[i], kept[i], row.sampling, stop_ids)
                 for i, row in enumerate(batch)]
@@ -228,6 +237,15 @@ class LocalLM:
         return Completion(text, tuple(ids), tuple(float(x) for x in logprobs[:len(ids)]),
                           "stop" if stopped else "length",
                           tuple(self.tokenizer.token_texts(ids)))
+
+
+def _common_prefix(rows: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The leading tokens every row shares, leaving each row at least one of its own."""
+    first, shortest = rows[0], min(len(r) for r in rows)
+    n = 0
+    while n < shortest - 1 and all(r[n] == first[n] for r in rows):
+        n += 1
+    return first[:n]
 
 
 def _batch_seed(seed: int, batch: int) -> int:

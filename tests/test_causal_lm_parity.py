@@ -12,7 +12,11 @@ One body per case checks, in float32:
     prompts left-padded, with our input left- and right-padded: identical tokens;
   * `score` of random continuations against torch's log_softmax: within 1e-4;
   * `Generation.logprobs` of a sampled run at temperature 1, no truncation, against `score` of
-    the same tokens: within 1e-4 (measured ~2e-6).
+    the same tokens: within 1e-4 (measured ~2e-6);
+  * greedy `generate` with a shared `prefix_ids` (9 tokens, longer than mistral's window) and
+    each row's own 1-6 tokens, against transformers `generate` on the whole prompts: identical
+    tokens, and the same logprobs as our run on the whole prompts within 1e-4; a sampled run
+    with the prefix gives the same tokens as one without (same key).
 """
 from __future__ import annotations
 
@@ -93,6 +97,32 @@ def check_sampled_logprobs(model, rng):
     np.testing.assert_allclose(np.asarray(got.logprobs), scored, atol=TOL, rtol=0)
 
 
+def check_shared_prefix(torch_model, model, rng):
+    import jax
+    torch = require("torch")
+    prefix = prompts(rng, [9])[0]
+    own = prompts(rng, [3, 1, 6, 2, 5, 4])
+    whole = [prefix + r for r in own]
+    ids, mask = left_padded(whole)
+    with torch.no_grad():
+        out = torch_model.generate(torch.tensor(ids), attention_mask=torch.tensor(mask),
+                                   max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0)
+    reference = out[:, ids.shape[1]:].numpy()
+    full = generate(model, ids, mask, rng=None, max_new_tokens=MAX_NEW, greedy=True)
+    for pad in (left_padded, right_padded):
+        got = generate(model, *pad(own), rng=None, max_new_tokens=MAX_NEW, greedy=True,
+                       prefix_ids=prefix)
+        kept = np.asarray(got.mask).astype(bool)
+        np.testing.assert_array_equal(kept, np.asarray(full.mask).astype(bool))
+        np.testing.assert_array_equal(np.asarray(got.tokens)[kept], reference[:, :MAX_NEW][kept],
+                                      err_msg=pad.__name__)
+        np.testing.assert_allclose(np.asarray(got.logprobs), np.asarray(full.logprobs),
+                                   atol=TOL, rtol=0)
+    sampled = [generate(model, *args, rng=jax.random.key(3), max_new_tokens=MAX_NEW, **kw).tokens
+               for args, kw in (((ids, mask), {}), (right_padded(own), {"prefix_ids": prefix}))]
+    np.testing.assert_array_equal(*map(np.asarray, sampled))
+
+
 @pytest.mark.slow  # ten families, four compiled programs each: ~60-120 s on 2 busy cores
 @pytest.mark.parametrize("case", list(CASES))
 def test_matches_transformers(case, tmp_path):
@@ -104,3 +134,4 @@ def test_matches_transformers(case, tmp_path):
     check_greedy(torch_model, model, rng)
     check_score(torch_model, model, rng)
     check_sampled_logprobs(model, rng)
+    check_shared_prefix(torch_model, model, rng)

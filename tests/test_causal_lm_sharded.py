@@ -1,5 +1,6 @@
 """Causal LMs on a (data=2, fsdp=2, model=2) mesh of 8 fake CPU devices equal the one-device
-model: logits, `score` and greedy `generate` (the KV cache and the while_loop on the mesh).
+model: logits, `score` and greedy `generate` (the KV cache and the while_loop on the mesh), also
+with a shared `prefix_ids` run once for the batch.
 
 `load_causal_lm(..., mesh=, rules=FSDP_RULES)` builds every parameter with
 make_array_from_callback; a spy on the checkpoint reader shows that every 2-D tensor is read
@@ -67,6 +68,15 @@ SHARDED = textwrap.dedent("""
         r["generate_equal"] = bool((np.asarray(g1.tokens) == np.asarray(g8.tokens)).all())
         r["generate_logprob_diff"] = float(np.abs(np.asarray(g1.logprobs)
                                                   - np.asarray(g8.logprobs)).max())
+        # a shared prefix (prefix_ids) on the mesh against the whole prompts on one device
+        prefix = prompts(np.random.RandomState(1), [7])[0]
+        whole = right_padded([prefix + [int(t) for t in row[m == 1]] for row, m in zip(ids, mask)])
+        g1 = generate(single, *whole, rng=None, max_new_tokens=6, greedy=True)
+        g8 = generate(sharded, b[0], b[1], rng=None, max_new_tokens=6, greedy=True,
+                      prefix_ids=prefix)
+        r["prefix_generate_equal"] = bool((np.asarray(g1.tokens) == np.asarray(g8.tokens)).all())
+        r["prefix_logprob_diff"] = float(np.abs(np.asarray(g1.logprobs)
+                                                - np.asarray(g8.logprobs)).max())
         results[case] = r
     write_result(results)
 """)
@@ -95,3 +105,5 @@ def test_sharded_load_on_8_devices_equals_one_device():
         assert r["score_diff"] <= 1e-5, (case, r)
         assert r["generate_equal"], (case, r)
         assert r["generate_logprob_diff"] <= 1e-5, (case, r)
+        assert r["prefix_generate_equal"], (case, r)
+        assert r["prefix_logprob_diff"] <= 1e-5, (case, r)

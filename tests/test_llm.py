@@ -89,3 +89,37 @@ def test_prompts_that_cannot_run_are_named(lm):
             lm.complete([[{"role": "assistant", "content": "x"}]], Sampling(max_new_tokens=4))
         finally:
             lm.chat_template = "model"
+
+
+def test_a_prefix_every_row_shares_runs_once_with_the_same_completions(tmp_path_factory):
+    """Rows that share a long template (the SaGE RoT prompt's few shots) run it once per batch
+    (`shared_prefix`): the completions, greedy and sampled with a seed, equal those of the same
+    model with the path turned off, and greedy ones equal transformers on the whole prompts."""
+    import torch
+    import transformers
+
+    from clarifyjax.llm import LocalLM
+
+    folder = tiny_llama_folder(tmp_path_factory, seed=3)
+    template = "Rule of thumb for each: " + "be kind and honest with your friends, " * 3
+    prompts = [template + tail for tail in ("lies", "stealing bread", "a gift", "x")]
+    shared = LocalLM(folder, batch_size=4, buckets=(32,), shared_prefix=8)
+    alone = LocalLM(folder, batch_size=4, buckets=(32,), shared_prefix=0)
+    assert len(shared.encode(prompts[0])) > 40
+    greedy = Sampling(max_new_tokens=MAX_NEW, temperature=0)
+    sampled = Sampling(max_new_tokens=MAX_NEW, temperature=1.0, top_k=20)
+    for s in (greedy, sampled):
+        a, b = shared.complete(prompts, s, n=2, seed=7), alone.complete(prompts, s, n=2, seed=7)
+        assert [[c.token_ids for c in row] for row in a] == [[c.token_ids for c in row] for row in b]
+        for row_a, row_b in zip(a, b):
+            for x, y in zip(row_a, row_b):
+                assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-4
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder)).eval()
+    for prompt, (completion, _) in zip(prompts, shared.complete(prompts, greedy, n=2)):
+        ids = torch.tensor([shared.encode(prompt)])
+        with torch.no_grad():
+            expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW,
+                                   do_sample=False)[0, ids.shape[1]:].tolist()
+        if shared.tokenizer.eos_id in expected:
+            expected = expected[: expected.index(shared.tokenizer.eos_id) + 1]
+        assert list(completion.token_ids) == expected

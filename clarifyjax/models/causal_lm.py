@@ -469,6 +469,54 @@ class CausalLM(nnx.Module):
         cache = KVCache(keys, values, (P - lengths).astype(jnp.int32), lengths, jnp.int32(P))
         return self.logits(hidden[:, -1]), cache
 
+    def prefill_after_prefix(self, prefix_ids: jax.Array, prefix_mask: jax.Array,
+                             input_ids: jax.Array, attention_mask: jax.Array,
+                             cache: KVCache) -> tuple[jax.Array, KVCache]:
+        """`prefill` of the prompts prefix + input_ids[i] for a prefix that every row shares:
+        the prefix [p] (prefix_mask [p], any padding) runs once, not once per row, and each
+        row's own tokens [b, t] (any padding, every row >= 1 token) attend to its keys. The
+        cache holds what `prefill` of the whole prompts would hold (each row's tokens at the
+        end of its first p + t slots, pads first), so `decode_step` goes on unchanged.
+
+        A long shared prompt (a few-shot template) costs one prefix run plus b * t rows, where
+        `prefill` costs b * (p + t) rows and attention over (p + t)^2 per row.
+        """
+        p_ids, p_mask = left_align(prefix_ids[None], prefix_mask[None])
+        _, prefix_kvs = self.hidden_states(p_ids, p_mask)             # per layer [1, k, p, d]
+        ids, mask = left_align(input_ids, attention_mask)
+        b, t = ids.shape
+        p = p_ids.shape[1]
+        p_len = jnp.sum(p_mask).astype(jnp.int32)
+        valid = mask.astype(bool)
+        positions = (positions_from_mask(mask) + p_len) * mask            # [b, t]
+        key_pos = jnp.concatenate([jnp.broadcast_to(positions_from_mask(p_mask), (b, p)),
+                                   positions], axis=1)                    # [b, p + t]
+        causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+        attend = jnp.concatenate(
+            [jnp.broadcast_to(p_mask.astype(bool)[:, None, :], (b, t, p)),
+             causal[None] & valid[:, None, :]], axis=-1)                   # [b, t, p + t]
+        attend = self._window(attend, positions, key_pos)
+        cos, sin = self._rope(positions)
+        x = self.embed(ids, positions)
+        # The prompts in their written order, prefix first: every row's prefix keys are the
+        # shared ones; the layer writes the row's own keys at slot p and attends over all.
+        order = jnp.argsort(jnp.concatenate([jnp.broadcast_to(p_mask, (b, p)), mask], axis=1),
+                            axis=1, stable=True)[:, None, :, None]       # pads first, in order
+        keys, values = [], []
+        for layer, (pk, pv), ck, cv in zip(self.layers, prefix_kvs, cache.keys, cache.values):
+            shape = (b, pk.shape[1], p + t, pk.shape[3])
+            logical = (jnp.zeros(shape, ck.dtype).at[:, :, :p].set(pk.astype(ck.dtype)),
+                       jnp.zeros(shape, cv.dtype).at[:, :, :p].set(pv.astype(cv.dtype)))
+            x, (k, v) = layer(x, cos, sin, attend, logical, p)
+            keys.append(jax.lax.dynamic_update_slice(
+                ck, jnp.take_along_axis(k, order, axis=2), (0, 0, 0, 0)))
+            values.append(jax.lax.dynamic_update_slice(
+                cv, jnp.take_along_axis(v, order, axis=2), (0, 0, 0, 0)))
+        lengths = jnp.sum(mask, axis=-1).astype(jnp.int32) + p_len
+        cache = KVCache(tuple(keys), tuple(values), (p + t - lengths).astype(jnp.int32),
+                        lengths, jnp.int32(p + t))
+        return self.logits(x[:, -1]), cache
+
     def decode_step(self, token_ids: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """Feed token_ids [b] at slot `cache.index` -> (logits [b, V] float32, cache advanced)."""
         L = cache.keys[0].shape[2]
