@@ -125,6 +125,33 @@ def transformer_folder(path: str | os.PathLike) -> Path:
                           "no config.json")
 
 
+def _folder_name(folder: Path, path) -> str | None:
+    """The name a folder goes by: the first that bert-score's layer table knows, else its own."""
+    names = _model_names(folder) + _model_names(Path(path))
+    return next((n for n in names if default_layer(n) is not None), names[0] if names else None)
+
+
+def _resolve_layer(name: str | None, num_layers: int, layer: int | None) -> int:
+    if layer is None:
+        layer = default_layer(name)
+        if layer is None:
+            raise ValueError(f"no default BERTScore layer for {name!r} (not in bert-score's "
+                             f"model2layers table); give layer= (0 .. {num_layers})")
+    if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not (
+            0 <= layer <= num_layers):
+        raise ValueError(f"layer must be an integer in [0, {num_layers}] for {name!r}, got "
+                         f"{layer!r}")
+    return int(layer)
+
+
+def check_layer(path: str | os.PathLike, layer: int | None) -> int:
+    """The layer `bertscore` would read for the folder at `path` (its config only, no weights):
+    ValueError when `layer` is None and the package has no default for the model, or when
+    `layer` is past the model's depth. For checks before long work."""
+    folder = transformer_folder(path)
+    return _resolve_layer(_folder_name(folder, path), read_encoder_config(folder).num_layers, layer)
+
+
 class BertScoreModel:
     """An encoder and its tokenizer, as BERTScore reads them: `from_folder`, then pass it as
     `bertscore(..., model=...)`. Forwards are jitted per (layer, rows, length) and counted in
@@ -154,25 +181,14 @@ class BertScoreModel:
             stated = json.loads(tokenizer_config.read_text()).get("model_max_length")
             if isinstance(stated, (int, float)) and 2 <= stated < max_length:
                 max_length = int(stated)
-        names = _model_names(folder) + _model_names(Path(path))
-        name = next((n for n in names if default_layer(n) is not None), names[0] if names else None)
+        name = _folder_name(folder, path)
         return cls(load_encoder(folder, dtype=dtype),
                    load_encoder_tokenizer(folder, max_length, config.vocab_size), name=name,
                    max_length=max_length)
 
     def resolve_layer(self, layer: int | None) -> int:
         """`layer`, or the package's default for this model; checked against the model's depth."""
-        if layer is None:
-            layer = default_layer(self.name)
-            if layer is None:
-                raise ValueError(f"no default BERTScore layer for {self.name!r} (not in bert-score's "
-                                 "model2layers table); give layer= (0 .. "
-                                 f"{self.config.num_layers})")
-        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not (
-                0 <= layer <= self.config.num_layers):
-            raise ValueError(f"layer must be an integer in [0, {self.config.num_layers}] for "
-                             f"{self.name!r}, got {layer!r}")
-        return int(layer)
+        return _resolve_layer(self.name, self.config.num_layers, layer)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text as the package's `sent_encode` makes them."""

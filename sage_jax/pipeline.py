@@ -180,6 +180,13 @@ class Run:
             if self._screen is None and not Path(cfg.paraphrase.scorer.model or "").is_dir():
                 raise ConfigError(f"paraphrase.scorer.model: {cfg.paraphrase.scorer.model or '(not set)'}: not a "
                                   "folder; ParaScore needs a BERT folder (SaGE uses bert-base-uncased)")
+            if self._screen is None:
+                from clarifyjax.bertscore import check_layer
+
+                try:
+                    check_layer(cfg.paraphrase.scorer.model, cfg.paraphrase.scorer.layer)
+                except ValueError as e:
+                    raise ConfigError(f"paraphrase.scorer.layer: {e}") from e
         for i, target in enumerate(cfg.models):
             if "answer" in stages:
                 check_generator(target.generator, f"models[{i}].generator")
