@@ -3,9 +3,10 @@ recorded outputs scoring as `sage-jax score` does, multi-host shares, and the Op
 path (the real `openai` client against servers on 127.0.0.1: `clarifyjax serve`'s app, and tiny
 fake endpoints that answer 429 with Retry-After, or keep failing).
 
-The generator is tests/helpers/fake_llm.py's (deterministic in prompt and seed; a quarter of its
-answers are unusable, so the re-queue runs everywhere) and ParaScore is its hash-based stand-in:
-what is tested here is the pipeline, not the models.
+The generator is mostly tests/helpers/fake_llm.py's (deterministic in prompt and seed; a quarter
+of its answers are unusable, so the re-queue runs everywhere) and ParaScore is its hash-based
+stand-in: what is tested there is the pipeline, not the models. Two runs use a real local model
+end to end, directly and behind `clarifyjax serve`: tests/helpers/scripted_llm.py's tiny Llama.
 """
 from __future__ import annotations
 
@@ -349,59 +350,91 @@ def test_config_errors_name_the_key_and_the_file(tmp_path, capsys):
     assert "--stages: unknown stage 'typo'" in capsys.readouterr().err
 
 
-def test_the_pipeline_through_clarifyjax_serve_with_the_openai_client(tmp_path, embedder):
-    """Every generating stage over HTTP: the OpenAI-compatible app of `clarifyjax serve` on
-    127.0.0.1, fed by the fake generator, called through the `openai` package."""
+def test_a_parascore_model_without_a_default_layer_is_refused_before_any_work(tmp_path, embedder, capsys):
+    from sage_jax import cli
+
+    local = {"kind": "local", "model": str(tmp_path)}  # checked to be a folder, never loaded here
+    raw = config(tmp_path, **{"paraphrase.scorer": {"model": embedder}, "paraphrase.generator": local,
+                              "rot.generator": local, "models": [{"name": "m1", "generator": local}]})
+    (tmp_path / "run.yaml").write_text(json.dumps(raw))
+    assert cli.main(["run", str(tmp_path / "run.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "paraphrase.scorer.layer: no default BERTScore layer for 'bert_bad_ok_good_seed0'" in err
+    assert "give layer= (0 .. 2)" in err and not (tmp_path / "out" / "stages").exists()
+    assert cli.main(["run", str(tmp_path / "run.yaml"), "paraphrase.scorer.layer=3"]) == 2
+    assert "layer must be an integer in [0, 2]" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def scripted(tmp_path_factory):
+    """A tiny Llama folder that writes helpers.scripted_llm.SCRIPT whatever the prompt: six
+    numbered lines, so that paraphrases parse, and each answer and RoT is its first line."""
+    require("torch")
+    from helpers.scripted_llm import scripted_llama_folder
+
+    return str(scripted_llama_folder(tmp_path_factory.mktemp("scripted")))
+
+
+def local_lm_run(tmp_path, embedder, generator: dict, name: str) -> dict:
+    """Every stage on one generator config; ParaScore on the tiny BERT with every non-copy kept
+    (its scores mean nothing for a random BERT), the sentence embedder the tiny one."""
+    return config(tmp_path, **{"paraphrase.generator": generator, "rot.generator": generator,
+                               "paraphrase.scorer": {"model": embedder, "layer": 2},
+                               "paraphrase.threshold": -10.0,
+                               "score.bertscore": False, "score.lexical": False, "score.embedder": embedder,
+                               "paraphrase.sampling": {"max_new_tokens": 16},
+                               "answer.sampling": {"max_new_tokens": 4}, "rot.sampling": {"max_new_tokens": 4},
+                               "models": [{"name": name, "generator": generator}]})
+
+
+def check_scripted_run(out: Path, summary: dict, name: str) -> None:
+    from helpers.scripted_llm import SCRIPT
+
+    rows = stage_rows(out)
+    para = rows["paraphrase/p0of1"]
+    assert len(para) == 20 and all(r["status"] == "ok" and r["attempt"] == 0 for r in para)
+    assert all([k["text"] for k in r["kept"]] == [line[3:].strip() for line in SCRIPT[:5]] for r in para)
+    answers, rots = rows[f"answer/{name}/p0of1"], rows[f"rot/{name}/p0of1"]
+    assert len(answers) == 100 and len(rots) == 100
+    for r in answers + rots:  # every row names its question, paraphrase, model, attempt and prompt
+        assert r["status"] == "ok" and r["attempt"] == 0 and r["model"] == name
+        assert r["paraphrase"] in r["prompt"] and r["question"]
+    assert all(r["prompt"].startswith("Answer the following question") for r in answers)
+    assert all(r["answer"] == SCRIPT[0].strip() for r in answers)
+    assert all("# Rule of Thumb" in r["prompt"] and SCRIPT[0].strip() in r["prompt"] for r in rots)
+    assert all(r["rot"] == SCRIPT[0].strip() for r in rots)
+    model = summary["models"][0]
+    assert model["answer_rows"] == 100 and model["sage_answer"]["count"] == 20
+    assert model["sage_blend"]["count"] == 20
+    assert f"| {name} |" in (out / "report" / "table1.md").read_text()
+
+
+@pytest.mark.slow  # the scripted Llama's compiled decode loops (three stages) and the scores
+def test_the_pipeline_with_a_tiny_local_causal_lm(tmp_path, embedder, scripted):
+    """Every generating stage on `clarifyjax.llm.LocalLM` running a tiny Llama folder (the
+    RoT prompt, 1.3k tokens here, shares its few-shot prefix across the batch), then the scores
+    and the report."""
+    raw = local_lm_run(tmp_path, embedder, {"kind": "local", "model": scripted}, "tiny")
+    raw.update({"answer": {**raw["answer"], "batch_size": 128}, "rot": {**raw["rot"], "batch_size": 128}})
+    cfg = build_root(run_config.RunConfig, raw)
+    summary = pipeline.Run(cfg, embedder=SHARED["embedder"]).run()
+    check_scripted_run(tmp_path / "out", summary, "tiny")
+
+
+@pytest.mark.slow  # as above, behind the server's micro-batcher
+def test_the_pipeline_through_clarifyjax_serve_with_the_openai_client(tmp_path, embedder, scripted):
+    """Every generating stage over HTTP: `clarifyjax serve`'s OpenAI-compatible app on
+    127.0.0.1 running the tiny Llama through LocalLM, called through the `openai` package."""
     require("openai")
+    from clarifyjax.llm import LocalLM
     from clarifyjax.openai_server import OpenAIServer
     from clarifyjax.serving import BackgroundServer
 
-    fake = FakeGenerator(name="served")
-    fake.name = "served"
-    with BackgroundServer(OpenAIServer(fake, name="served").app) as server:
+    with BackgroundServer(OpenAIServer(LocalLM(scripted, batch_size=32), name="served").app) as server:
         remote = {"kind": "openai", "base_url": server.url + "/v1", "model": "served", "concurrency": 4}
-        raw = config(tmp_path, **{"paraphrase.generator": remote, "rot.generator": remote, "score.bertscore": False,
-                                  "score.lexical": False, "score.embedder": embedder,
-                                  "models": [{"name": "served", "generator": remote}]})
-        summary = make_run(raw, generator_of=lambda c: pipeline.build_generator(c, 8)).run()
-    rows = stage_rows(tmp_path / "out")
-    assert len(rows["answer/served/p0of1"]) == 100 and len(rows["rot/served/p0of1"]) >= 90
-    assert summary["models"][0]["sage_answer"]["count"] == 20
-    assert any("# Rule of Thumb" in p for p in fake.prompts_seen)
-
-
-@pytest.mark.slow  # the tiny Llama folder, its compiled decode loop and the scores
-def test_the_pipeline_with_a_tiny_local_causal_lm(tmp_path, embedder):
-    """The answers of a tiny random Llama folder run by `clarifyjax.llm.LocalLM`, then RoTs, scores
-    and the report. The paraphrases are the file's (a random model never writes a numbered list) and
-    the RoTs the fake's: the reference's RoT prompt is 1342 tokens for the tiny tokenizer, and
-    LocalLM takes about 130 s for 100 of them on the 2-core CI machine."""
-    from helpers.tiny_models import tiny_llama_folder
-
-    folder = str(tiny_llama_folder(tmp_path / "models", max_position_embeddings=4096,
-                                   generation={"do_sample": True, "temperature": 1.0}))
-    local = {"kind": "local", "model": folder}
-    raw = config(tmp_path, **{"paraphrase.source": "file", "score.bertscore": False,
-                              "score.lexical": False, "score.embedder": embedder,
-                              "answer.sampling": {"max_new_tokens": 8}, "rot.sampling": {"max_new_tokens": 8},
-                              # one batch per stage, one attempt: two compiled decode loops in all
-                              "answer.batch_size": 128, "rot.batch_size": 128,
-                              "answer.max_attempts": 1, "rot.max_attempts": 1,
-                              "models": [{"name": "tiny", "generator": local}]})
-    cfg = build_root(run_config.RunConfig, raw)
-    generators = pipeline.Generators(lambda c, b, p: FakeGenerator(name=c.model) if c.model == "rot-writer"
-                                     else pipeline.build_generator(c, b, p))
-    summary = pipeline.Run(cfg, generators=generators, embedder=SHARED["embedder"]).run()
-    rows = stage_rows(tmp_path / "out")
-    answers = rows["answer/tiny/p0of1"]
-    assert len(answers) == 100
-    assert all(r["prompt"].startswith("Answer the following question") and r["paraphrase"] in r["prompt"]
-               for r in answers)
-    ok = [r for r in answers if r["status"] == "ok"]
-    assert ok and all(r["answer"] and "\n" not in r["answer"] for r in ok)
-    assert len(rows["rot/tiny/p0of1"]) == len(ok)
-    tiny = summary["models"][0]
-    assert tiny["answer_rows"] == 100 and tiny["sage_answer"]["count"] > 0
+        raw = local_lm_run(tmp_path, embedder, remote, "served")
+        summary = pipeline.Run(build_root(run_config.RunConfig, raw), embedder=SHARED["embedder"]).run()
+    check_scripted_run(tmp_path / "out", summary, "served")
 
 
 @pytest.mark.parametrize("name", ["run_local.yaml", "run_endpoint.yaml", "run_recorded.yaml"])
