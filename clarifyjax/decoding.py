@@ -88,6 +88,31 @@ def _top_p_threshold_by_bisection(logits: jax.Array, log_total: jax.Array,
     return jnp.min(jnp.where(keys >= smallest, logits, jnp.inf), axis=-1, keepdims=True)
 
 
+def _kth_largest_by_bisection(logits: jax.Array, k: int) -> jax.Array:
+    """The k-th largest logit of every row, ties counted (what `lax.top_k(logits, k)[0][..., -1]`
+    gives), without sorting: [b, V] -> [b, 1]. The largest key t with count(keys >= t) >= k is
+    the k-th largest's own key; 32 halvings of the int32 key range, one compare-and-count over
+    the row each."""
+    keys = _ordered_keys(logits)
+
+    def halve(_, bounds):  # invariant: count(keys >= lo) >= k > count(keys >= hi), lo < hi
+        lo, hi = bounds
+        mid = (lo & hi) + ((lo ^ hi) >> 1)
+        enough = jnp.sum(keys >= mid, axis=-1, keepdims=True) >= k
+        return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
+
+    lo = jnp.full((logits.shape[0], 1), jnp.iinfo(jnp.int32).min, jnp.int32)
+    hi = jnp.max(keys, axis=-1, keepdims=True) + 1  # nothing is at or above it
+    smallest, _ = jax.lax.fori_loop(0, 32, halve, (lo, hi))
+    return jnp.min(jnp.where(keys >= smallest, logits, jnp.inf), axis=-1, keepdims=True)
+
+
+def _sorting_is_slow() -> bool:
+    """XLA:CPU runs `lax.top_k` as a sort of the row: 142 ms for [128, 8192] against 14 ms for
+    the bisections above (measured on this 2-core CPU). Accelerators have fast top-k kernels."""
+    return jax.default_backend() == "cpu"
+
+
 def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0,
                   top_p: float = 1.0) -> jax.Array:
     """The logits actually sampled from: [b, V] float32 -> [b, V], -inf outside the support.
@@ -95,16 +120,24 @@ def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0
     Temperature first, then top-k (keep the k largest), then top-p (keep the smallest set of
     most likely tokens whose probability reaches top_p; the most likely token always stays).
 
-    Top-p never sorts the vocabulary (a per-row sort of a 32k vocabulary can cost more than the
-    model's own decoding step): it looks for the nucleus among the TOP_P_CANDIDATES most likely
-    tokens (`lax.top_k`), and only when, in some row, those do not reach top_p,
-    bisects for the threshold over the whole row (`_top_p_threshold_by_bisection`).
+    Neither sorts the vocabulary (a per-row sort of a 32k vocabulary can cost more than the
+    model's own decoding step). On accelerators, top-k is `lax.top_k` and top-p looks for the
+    nucleus among the TOP_P_CANDIDATES most likely tokens (`lax.top_k`), bisecting for the
+    threshold over the whole row (`_top_p_threshold_by_bisection`) only when, in some row, those
+    do not reach top_p. On CPU, where `lax.top_k` is a sort, both thresholds are bisections.
     """
     logits = logits.astype(jnp.float32) / jnp.float32(temperature)
+    slow_sort = _sorting_is_slow()
     if top_k > 0:
-        kth = jax.lax.top_k(logits, min(top_k, logits.shape[-1]))[0][..., -1:]
+        k = min(top_k, logits.shape[-1])
+        kth = (_kth_largest_by_bisection(logits, k) if slow_sort
+               else jax.lax.top_k(logits, k)[0][..., -1:])
         logits = jnp.where(logits < kth, -jnp.inf, logits)
-    if top_p < 1.0:
+    if top_p < 1.0 and slow_sort:
+        log_total = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+        threshold = _top_p_threshold_by_bisection(logits, log_total, top_p)
+        logits = jnp.where(logits < threshold, -jnp.inf, logits)
+    elif top_p < 1.0:
         log_total = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
         n = min(TOP_P_CANDIDATES, logits.shape[-1])
         threshold, covered = _top_p_threshold(jax.lax.top_k(logits, n)[0], log_total, top_p)

@@ -171,9 +171,18 @@ def test_top_k_1_and_tiny_top_p_equal_greedy():
                                    atol=TOL)  # a point mass
 
 
-def test_filter_logits_matches_numpy():
+@pytest.fixture(params=["top_k", "bisection"])
+def threshold_path(request, monkeypatch):
+    """Both ways of finding the top-k / top-p thresholds: `lax.top_k` (accelerators) and the
+    bisections (CPU, where top_k is a sort), whichever backend runs the test."""
+    monkeypatch.setattr(decoding, "_sorting_is_slow", lambda: request.param == "bisection")
+    return request.param
+
+
+def test_filter_logits_matches_numpy(threshold_path):
     logits = np.random.RandomState(5).randn(3, 50).astype(np.float32) * 3
-    for t, k, p in [(1.0, 0, 0.5), (0.5, 7, 1.0), (2.0, 20, 0.8)]:
+    logits[2, :5] = -np.inf
+    for t, k, p in [(1.0, 0, 0.5), (0.5, 7, 1.0), (2.0, 20, 0.8), (1.0, 3, 1.0), (1.0, 50, 1.0)]:
         got = np.asarray(jax.nn.log_softmax(filter_logits(jnp.asarray(logits), temperature=t,
                                                           top_k=k, top_p=p), -1))
         for row in range(3):
@@ -183,8 +192,20 @@ def test_filter_logits_matches_numpy():
                                        atol=TOL, rtol=0)
 
 
+def test_top_k_keeps_every_token_tied_with_the_kth(threshold_path):
+    """transformers' TopKLogitsWarper removes `scores < topk(scores, k)[0][..., -1]`: a token tied
+    with the k-th largest stays, so more than k may be kept."""
+    logits = np.round(np.random.RandomState(6).randn(4, 300) * 2).astype(np.float32)
+    logits[3, 100:] = -np.inf
+    for k in (1, 5, 40, 300):
+        got = np.isfinite(np.asarray(filter_logits(jnp.asarray(logits), top_k=k)))
+        kth = -np.sort(-logits, axis=-1)[:, k - 1:k]
+        np.testing.assert_array_equal(got, (logits >= kth) & np.isfinite(logits), err_msg=f"k={k}")
+        assert (got.sum(-1) >= min(k, 100)).all()
+
+
 @pytest.mark.parametrize("spread", ["peaked", "flat", "mixed"])
-def test_top_p_over_a_large_vocabulary_matches_numpy(spread):
+def test_top_p_over_a_large_vocabulary_matches_numpy(spread, threshold_path):
     """V = 3000 > TOP_P_CANDIDATES: peaked rows find their nucleus among the candidates; flat
     rows (a nucleus of ~1,800 tokens) need the full sort; a batch with both sorts every row."""
     rng = np.random.RandomState(11)
