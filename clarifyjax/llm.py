@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-from clarifyjax.buckets import DEFAULT_BUCKETS, bucket_length, length_sorted_batches, pad_rows
+from clarifyjax.buckets import FINE_BUCKETS, bucket_length, length_sorted_batches, pad_rows
 from clarifyjax.models.safetensors_io import read_config
 from clarifyjax.textgen import Completion, Prompt, Sampling, cut_at_stop, per_prompt
 from clarifyjax.tokenizer import CHAT_TEMPLATES, CausalTokenizer
@@ -83,8 +83,8 @@ class LocalLM:
 
     def __init__(self, folder: str | os.PathLike, *, dtype: str = "float32", mesh=None,
                  chat_template: str = "model", batch_size: int = 32,
-                 buckets: Sequence[int] = DEFAULT_BUCKETS, name: str | None = None,
-                 shared_prefix: int = 64):
+                 buckets: Sequence[int] = FINE_BUCKETS, name: str | None = None,
+                 shared_prefix: int = 16):
         if chat_template not in CHAT_TEMPLATES:
             raise ValueError(f"chat_template must be one of {list(CHAT_TEMPLATES)}, got "
                              f"{chat_template!r}")
