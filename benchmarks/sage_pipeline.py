@@ -16,7 +16,13 @@
     questions of the corpus, copies, near-copies), `sage_jax.parascore.filter_paraphrases` per
     question against the reference's method: per candidate, the toolkit's `base_score([question],
     [para], [para])` (two `bert-score` calls and nltk's edit distance), on the same model.
-(d) the sentence embedder as a fraction of the matmul rate: NOT DONE here (left for later).
+(d) the sentence embedder (all-MiniLM-L6-v2) on the distinct answers and rules of thumb of the
+    vicuna pairs file: its matmul FLOP rate (counted at each text's real length, and at the padded
+    batch shapes) as a fraction of the jitted float32 matmul rate measured at the model's own shapes
+    (one layer's products on the batch shape carrying the median FLOP) in the same run, the square
+    1024^3 rate for comparison, the embed call split into its steps (tokenize, pad, dispatch,
+    forward, copy back), and the same forward in plain `transformers` (AutoModel + mean pooling) on
+    the same padded batches, same threads.
 (e) the SaGE metric on 100,000 x 5 x 384 as a fraction of the read-once bound: a jitted sum over
     the same array, timed in the same run (fraction = t_sum / t_sage).
 
@@ -25,12 +31,14 @@ rounds, best of each, PyTorch probed at all cores and at 1 thread (the reference
 the load average recorded. The machine is shared: read the figures with the load average.
 
 Usage: python benchmarks/sage_pipeline.py [--quick] [--skip-answer-stage] [--skip-bertscore] [--skip-filter]
-       [--skip-metric] [--prompts 250] [--reference-prompts 250]
-Writes benchmarks/results/sage_pipeline.json (or --out) atomically and prints it.
+       [--skip-embedder] [--skip-metric] [--prompts 250] [--reference-prompts 250]
+Updates benchmarks/results/sage_pipeline.json (or --out) atomically and prints it: the parts run
+replace their entries (each with its own load average and UTC time), the others are kept.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import tempfile
@@ -40,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import machine_info, write_results
+from _common import RESULTS_DIR, machine_info
 from sage import best_of, interleaved, load_average, sentences, torch_thread_settings
 
 TARGETS = {"answer_stage_speedup": 20.0, "bertscore_speedup": 2.0, "metric_read_fraction": 0.5}
@@ -157,6 +165,23 @@ def bench_filter(n_candidates: int, repeats: int, reference_repeats: int, thresh
             "torch_thread_probe_s": probe, "load_average": {"start": load_start, "end": load_average()}}
 
 
+# What the metric's profile showed (jax 0.10.2, XLA:CPU, 2 shared cores; 100,000 x 5 x 384; each
+# variant timed against a jitted sum in the same process, load 2-4.5, so read them as ratios).
+METRIC_FINDINGS = [
+    "the cosines (Gram) are ~90% of sage's time; SaGE from the [b, 5, 5] similarities is ~0.02 s",
+    "every Gram form is lowered to a YNNPACK fusion; the batched dot in blocks of 32 questions was the "
+    "fastest (0.12 s Gram alone vs 0.16-0.19 s for the former lanes-split multiply-reduce in blocks of "
+    "128-512; the sum was 0.03-0.04 s in the same runs)",
+    "the batched dot over all 100,000 questions at once (no block loop) takes 0.88 s, the broadcast "
+    "multiply-reduce 1.3 s: the block loop stays",
+    "upper-triangle pairs only (gather, static slices, rolled copies) leave YNNPACK for XLA's own loop "
+    "emitter and run 0.23-1.4 s; so does a variadic reduce that keeps the lanes split (0.19-0.46 s)",
+    "splitting cosines (block loop) and SaGE (one pass over all questions) was no faster than one loop",
+    "so the Gram runs at ~16 GFLOP/s (25 products of 384 per question) while the read runs at 20-40 GB/s: "
+    "the target of 0.5 needs the Gram at >= 2x this rate, which no jnp formulation reached here",
+]
+
+
 def bench_metric(n_questions: int, repeats: int) -> dict:
     import jax
     import jax.numpy as jnp
@@ -179,12 +204,181 @@ def bench_metric(n_questions: int, repeats: int) -> dict:
         read_times.append(best_of(read, 1)[0])
     nbytes = emb.size * emb.dtype.itemsize
     t_ours, t_read = min(ours_times), min(read_times)
+    # Where the time goes: the cosines alone (Gram, norms, the rescaling check; one entry per
+    # question kept so that all of it is computed) and SaGE from those similarities.
+    cosines = jax.jit(lambda e, m: metric._in_blocks(  # noqa: E731
+        lambda x, mm: metric.pairwise_cosine(x, mm)[0][:, 0, 1], (e, m)))
+    t_cosines = best_of(lambda: jax.block_until_ready(cosines(emb, mask)), repeats + 1)[0]
+    sim = jax.block_until_ready(metric.pairwise_cosine(emb[:metric.BLOCK * 8], mask[:metric.BLOCK * 8])[0])
+    sim = jax.block_until_ready(jnp.tile(sim, (n_questions // sim.shape[0] + 1, 1, 1))[:n_questions])
+    t_core = best_of(lambda: jax.block_until_ready(metric.sage_from_similarity(sim, mask)), repeats + 1)[0]
+    profile = {"cosines_s": t_cosines, "sage_from_similarity_s": t_core, "block": metric.BLOCK,
+               "gram_flops_per_question": 2 * n * n * d, "findings": METRIC_FINDINGS}
     return {"questions": n_questions, "texts_per_question": n, "dim": d, "embeddings_bytes": nbytes,
             "ours_s": t_ours, "ours_times_s": ours_times, "ours_compile_s": max(t_first - t_ours, 0.0),
             "sum_s": t_read, "sum_times_s": read_times, "sum_read_gb_per_s": nbytes / t_read / 1e9,
             "ours_read_gb_per_s": nbytes / t_ours / 1e9, "fraction_of_read": t_read / t_ours,
-            "target_fraction_of_read": TARGETS["metric_read_fraction"],
+            "target_fraction_of_read": TARGETS["metric_read_fraction"], "profile": profile,
             "load_average": {"start": load_start, "end": load_average()}}
+
+
+PAIRS_FILE = "../shared/data/sage-mcc/vicuna-7b-v1.5_pairs_0.csv"
+
+
+def pairs_file_texts(n_questions: int | None) -> list[str]:
+    """The distinct answers and rules of thumb of the vicuna pairs file (what SaGE embeds)."""
+    from clarifyjax.tables import resolve_data_path
+    from sage_jax import data
+
+    questions = data.read_questions(resolve_data_path(PAIRS_FILE), need=("answer", "rot"))[:n_questions]
+    return data.shared_texts(data.text_batch(questions, "answer"), data.text_batch(questions, "rot"))[0]
+
+
+def encoder_flops(config, rows: int, length: int) -> int:
+    """Matmul FLOPs (2 per multiply-add) of the encoder's forward on `rows` sequences of `length`
+    tokens: per layer and token, the Q, K, V and output projections (4 x 2 d^2) and the MLP
+    (2 x 2 d f); per layer and sequence, the attention scores and the context (2 x 2 s^2 d).
+    Embedding lookups, LayerNorm, softmax, GELU and pooling are not counted (no matmul)."""
+    d, f, s = config.hidden_size, config.intermediate_size, length
+    per_layer = 8 * s * d * d + 4 * s * d * f + 4 * s * s * d
+    return rows * config.num_layers * per_layer
+
+
+def matmul_rates(config, rows: int, length: int, repeats: int) -> dict:
+    """FLOP/s of jitted float32 matmuls: at the shapes of one encoder layer on a [rows, length]
+    batch (each product timed alone, best of `repeats`; the rate is the layer's FLOPs over the sum
+    of the times, i.e. weighted as the model weights them), and a square 1024^3 product."""
+    import jax
+    import jax.numpy as jnp
+
+    d, f, h = config.hidden_size, config.intermediate_size, config.num_heads
+    m = rows * length
+    key = iter(jax.random.split(jax.random.PRNGKey(0), 16))
+    arr = lambda *shape: jax.random.normal(next(key), shape, jnp.float32)  # noqa: E731
+    dot = jax.jit(jnp.dot)
+    scores = jax.jit(lambda q, k: jnp.einsum("bqhk,bshk->bhqs", q, k))
+    context = jax.jit(lambda p, v: jnp.einsum("bhqs,bshk->bqhk", p, v))
+    qkv = arr(rows, length, h, d // h)
+    cases = {  # name: (function, arguments, FLOPs, times per layer)
+        "projection [m, d] x [d, d]": (dot, (arr(m, d), arr(d, d)), 2 * m * d * d, 4),
+        "mlp in [m, d] x [d, f]": (dot, (arr(m, d), arr(d, f)), 2 * m * d * f, 1),
+        "mlp out [m, f] x [f, d]": (dot, (arr(m, f), arr(f, d)), 2 * m * f * d, 1),
+        "attention scores": (scores, (qkv, qkv), 2 * rows * length * length * d, 1),
+        "attention context": (context, (arr(rows, h, length, length), qkv), 2 * rows * length * length * d, 1),
+    }
+    out, total_flops, total_s = {}, 0, 0.0
+    for name, (fn, args, flops, count) in cases.items():
+        t, _, _ = best_of(lambda: jax.block_until_ready(fn(*args)), repeats + 1)
+        out[name] = {"flops": flops, "best_s": t, "gflop_per_s": flops / t / 1e9, "per_layer": count}
+        total_flops += count * flops
+        total_s += count * t
+    a, b = arr(1024, 1024), arr(1024, 1024)
+    t_square, _, _ = best_of(lambda: jax.block_until_ready(dot(a, b)), repeats + 1)
+    return {"batch_shape": [rows, length], "products": out, "model_shapes_flop_per_s": total_flops / total_s,
+            "square_1024_flop_per_s": 2 * 1024 ** 3 / t_square}
+
+
+def torch_peer(folder, batches, normalize: bool):
+    """The sentence-transformers-style forward in plain `transformers`: AutoModel on the same
+    padded batches, mean pooling over the mask, L2 normalization."""
+    import torch
+    import transformers
+
+    model = transformers.AutoModel.from_pretrained(str(folder), dtype=torch.float32).eval()
+    batches = [(index, torch.from_numpy(np.asarray(ids)), torch.from_numpy(np.asarray(mask)))
+               for index, ids, mask in batches]
+
+    def run():
+        out = []
+        with torch.inference_mode():
+            for index, ids, mask in batches:
+                hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state
+                m = mask[..., None].float()
+                vectors = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+                if normalize:
+                    vectors = torch.nn.functional.normalize(vectors, dim=-1)
+                out.append((index, vectors[:len(index)].numpy()))
+        return out
+    return run
+
+
+def bench_embedder(n_questions: int | None, repeats: int, reference_repeats: int, batch_size: int = 64) -> dict:
+    """(d): our sentence embedder on the pairs file's own texts, its FLOP rate against the jitted
+    matmul rate at the model's shapes, and the same forward in `transformers` on the same batches."""
+    import jax
+    import torch
+
+    from sage_jax.embed import SentenceEmbedder, default_embedder_path, read_sentence_transformers_folder
+
+    load_start = load_average()
+    texts = pairs_file_texts(n_questions)
+    embedder = SentenceEmbedder.from_pretrained()
+    config = embedder.config
+    t_first, _, _ = best_of(lambda: embedder.embed(texts, batch_size=batch_size), 1)  # compiles every bucket
+
+    # The embed call in its steps (the same work as embed(), timed apart).
+    def steps():
+        t0 = time.perf_counter()
+        encodings = embedder._encode(texts)
+        t1 = time.perf_counter()
+        batches = list(embedder._batches(encodings, batch_size))
+        t2 = time.perf_counter()
+        outs = [embedder._pooled(embedder._state, ids, mask) for _, ids, mask in batches]
+        t3 = time.perf_counter()
+        jax.block_until_ready(outs)
+        t4 = time.perf_counter()
+        vectors = [np.asarray(v) for v in outs]
+        t5 = time.perf_counter()
+        return {"tokenize_s": t1 - t0, "pad_batches_s": t2 - t1, "dispatch_s": t3 - t2,
+                "forward_wait_s": t4 - t3, "copy_to_host_s": t5 - t4}, batches, vectors
+
+    split, batches, _ = steps()
+    lengths = [len(e.ids) for e in embedder._encode(texts)]
+    padded = sum(encoder_flops(config, *ids.shape) for _, ids, _ in batches)
+    real = sum(encoder_flops(config, 1, n) for n in lengths)
+    folder, _, normalize = read_sentence_transformers_folder(default_embedder_path())
+    threads = os.cpu_count() or 1
+    torch.set_num_threads(threads)
+    peer = torch_peer(folder, batches, normalize)
+    forward = lambda: jax.block_until_ready(  # noqa: E731
+        [embedder._pooled(embedder._state, ids, mask) for _, ids, mask in batches])
+    ours_times, forward_times, peer_times = [], [], []
+    for r in range(max(repeats, reference_repeats)):  # interleaved: the same load for each
+        ours_times.append(best_of(lambda: embedder.embed(texts, batch_size=batch_size), 1)[0])
+        forward_times.append(best_of(forward, 1)[0])
+        if r < reference_repeats:
+            peer_times.append(best_of(peer, 1)[0])
+    # The batch shape that carries the median FLOP: the matmul rate is measured at it.
+    by_flops = sorted((encoder_flops(config, *ids.shape), ids.shape) for _, ids, _ in batches)
+    cumulative, median_shape = 0, by_flops[-1][1]
+    for flops, shape in by_flops:
+        cumulative += flops
+        if cumulative >= padded / 2:
+            median_shape = shape
+            break
+    rates = matmul_rates(config, *median_shape, repeats=max(repeats, 3))
+    t_ours, t_forward, t_peer = min(ours_times), min(forward_times), min(peer_times)
+    rate = rates["model_shapes_flop_per_s"]
+    return {
+        "part": "d", "texts": len(texts), "questions": n_questions or "all", "file": PAIRS_FILE,
+        "model": "all-MiniLM-L6-v2", "batch_size": batch_size, "batches": len(batches),
+        "tokens": sum(lengths), "padded_tokens": int(sum(ids.size for _, ids, _ in batches)),
+        "flops_counted": "matmuls only, 2 per multiply-add: per layer 8 s d^2 (Q, K, V, output) + "
+                         "4 s d f (MLP) + 4 s^2 d (scores, context) per sequence of s tokens; "
+                         "padded = at the batches' padded shapes, real = at each text's own length",
+        "flops_padded": padded, "flops_real": real,
+        "ours_embed_s": t_ours, "ours_embed_times_s": ours_times, "ours_compile_s": max(t_first - t_ours, 0.0),
+        "ours_forward_s": t_forward, "ours_forward_times_s": forward_times, "ours_split_s": split,
+        "matmul": rates,
+        "fraction_of_matmul_rate": real / t_ours / rate,
+        "fraction_padded_forward": padded / t_forward / rate,
+        "fraction_of_square_matmul_rate": real / t_ours / rates["square_1024_flop_per_s"],
+        "peer": "transformers AutoModel forward + mean pooling + normalize, same padded batches, "
+                f"torch threads {threads}",
+        "peer_forward_s": t_peer, "peer_forward_times_s": peer_times,
+        "speedup_forward_vs_peer": t_peer / t_forward,
+        "load_average": {"start": load_start, "end": load_average()},
+    }
 
 
 def _answer_prompts(count: int) -> list[str]:
@@ -385,35 +579,58 @@ def main(argv=None) -> dict:
     parser.add_argument("--skip-answer-stage", action="store_true")
     parser.add_argument("--skip-bertscore", action="store_true")
     parser.add_argument("--skip-filter", action="store_true")
+    parser.add_argument("--skip-embedder", action="store_true")
     parser.add_argument("--skip-metric", action="store_true")
+    parser.add_argument("--embedder-questions", type=int, default=None,
+                        help="(d) questions of the pairs file whose texts are embedded (default all)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     quick = args.quick
     pick = lambda value, full, small: value if value is not None else (small if quick else full)  # noqa: E731
     repeats, reference_repeats = pick(args.repeats, 3, 1), pick(args.reference_repeats, 2, 1)
-    results = {"mode": "quick" if quick else "full", "targets": TARGETS, "load_average_start": load_average(),
-               "embedder_matmul_fraction": "not done: left for later (part d)"}
+    parts = {}
     if not args.skip_answer_stage:
         args.prompts = pick(args.prompts, 250, 50)
         args.reference_prompts = min(args.reference_prompts or args.prompts, args.prompts)
         args.answer_repeats = pick(args.answer_repeats, 2, 1)
-        results["answer_stage"] = bench_answer_stage(args)
+        parts["answer_stage"] = lambda: bench_answer_stage(args)
     if not args.skip_bertscore:
-        results["bertscore"] = bench_bertscore(pick(args.pairs, 5000, 300), repeats, reference_repeats)
+        parts["bertscore"] = lambda: bench_bertscore(pick(args.pairs, 5000, 300), repeats, reference_repeats)
     if not args.skip_filter:
-        results["parascore_filter"] = bench_filter(pick(args.candidates, 1000, 100), repeats, reference_repeats)
+        parts["parascore_filter"] = lambda: bench_filter(pick(args.candidates, 1000, 100), repeats,
+                                                         reference_repeats)
+    if not args.skip_embedder:
+        parts["embedder"] = lambda: bench_embedder(pick(args.embedder_questions, None, 3), repeats,
+                                                   reference_repeats)
     if not args.skip_metric:
-        results["metric"] = bench_metric(pick(args.questions, 100_000, 20_000), max(repeats, 5))
-    results["load_average"] = load_average()
-    if args.out is None:
-        write_results("sage_pipeline", results)
-    else:
-        from clarifyjax.textfiles import atomic_write_bytes
+        parts["metric"] = lambda: bench_metric(pick(args.questions, 100_000, 20_000), max(repeats, 5))
+    results = {}
+    for name, run in parts.items():
+        results[name] = {"mode": "quick" if quick else "full", **run(), "measured_utc": utc_now()}
+    return merge_results(args.out or RESULTS_DIR / "sage_pipeline.json", results)
 
-        results = {"benchmark": "sage_pipeline", "machine": machine_info(), **results}
-        atomic_write_bytes(args.out, (json.dumps(results, indent=2) + "\n").encode())
-        print(json.dumps(results, indent=2))
-    return results
+
+def utc_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# Top-level keys of the one-run layout, before each part carried its own load average and time.
+_STALE_KEYS = ("mode", "load_average_start", "load_average", "embedder_matmul_fraction")
+
+
+def merge_results(path: Path, parts: dict) -> dict:
+    """Update `parts` in the JSON at `path`, keeping the other parts' entries as they were; the
+    file is replaced atomically (a temporary file, then a rename) and printed."""
+    from clarifyjax.textfiles import atomic_write_bytes
+
+    old = json.loads(path.read_text()) if path.exists() else {}
+    kept = {k: v for k, v in old.items() if k not in _STALE_KEYS}
+    merged = {**kept, "benchmark": "sage_pipeline", "machine": machine_info(), "targets": TARGETS,
+              "updated_utc": utc_now(), **parts}
+    atomic_write_bytes(path, (json.dumps(merged, indent=2) + "\n").encode())
+    print(json.dumps(merged, indent=2))
+    print(f"wrote {path} (updated: {', '.join(parts) or 'nothing'})")
+    return merged
 
 
 if __name__ == "__main__":

@@ -63,8 +63,7 @@ ALPHA_MAX = 1e6
 # Cosines computed in float32 reach 1 + 1.2e-7 (the SaGE pairs files hold 1.0000001192): tolerated
 # and clipped; anything further outside [-1, 1] is not a cosine.
 SIMILARITY_TOLERANCE = 1e-5
-BLOCK = 128  # questions per step of the jitted loop (see _in_blocks)
-LANES = 8  # vector width the Gram reduction is split by (see _gram)
+BLOCK = 32  # questions per step of the jitted loop (see _in_blocks)
 
 
 def _concrete(value, name: str):
@@ -109,16 +108,13 @@ def check_weight(weight, name: str = "weight"):
 def _gram(x: jax.Array) -> jax.Array:
     """[b, n, d] -> [b, n, n] inner products of each question's vectors.
 
-    As a fused multiply-and-reduce, not a batched matmul: XLA:CPU runs b tiny [n, d] x [d, n]
-    products one by one, while this reads each block of vectors once. d is split into
-    [d / LANES, LANES] and reduced over the outer part first, so the inner loop is a plain
-    vector add (benchmarks/results/sage.json has the measured rates).
+    A batched dot. On XLA:CPU (jax 0.10) it and the alternatives all go to the YNNPACK backend,
+    where, measured on 100,000 x 5 x 384 in blocks of BLOCK questions, the dot beats a
+    broadcast multiply-and-reduce (with or without a lanes split of d) by about 1.4x; forms that
+    slice pairs out (the C(n, 2) upper triangle, shifted copies) leave YNNPACK and run 2-8x slower
+    (benchmarks/results/sage_pipeline.json, metric.profile).
     """
-    b, n, d = x.shape
-    if d % LANES:
-        return jnp.einsum("bid,bjd->bij", x, x, precision=jax.lax.Precision.HIGHEST)
-    y = x.reshape(b, n, d // LANES, LANES)
-    return jnp.sum(jnp.sum(y[:, :, None] * y[:, None, :], axis=3), axis=-1)
+    return jnp.einsum("bid,bjd->bij", x, x, precision=jax.lax.Precision.HIGHEST)
 
 
 # Squared norms inside this range give float32 products that neither overflow nor lose precision.
@@ -260,8 +256,9 @@ def _sage_core(similarity: jax.Array, valid: jax.Array, groups: jax.Array | None
 def _in_blocks(fn, arrays: tuple, block: int = BLOCK) -> jax.Array:
     """fn(*arrays) for [batch, ...] arrays (None allowed), `block` questions at a time -> [batch].
 
-    XLA on CPU runs one huge batch of tiny [n, d] x [d, n] products poorly; a loop over
-    cache-sized blocks of questions keeps each block's vectors in cache while they are used.
+    XLA on CPU runs one huge batch of tiny [n, d] x [d, n] products poorly (7x slower on
+    100,000 x 5 x 384 than in blocks of 32); a loop over cache-sized blocks of questions keeps
+    each block's vectors in cache while they are used.
     Each step slices the inputs in place (dynamic_slice), so nothing is padded.
     """
     batch = next(a for a in arrays if a is not None).shape[0]

@@ -131,3 +131,40 @@ def test_reference_pairs_reproduces_the_files_own_cosines(bench):
         want.append(collapsed_reference(keys, pr))
     np.testing.assert_allclose(got, want, atol=1e-12)
     assert float(mean_sage(np.array(got))[0]) == pytest.approx(np.mean(want), abs=1e-6)  # float32 mean
+
+
+@pytest.fixture(scope="module")
+def pipeline_bench(bench):  # after `bench`, which puts benchmarks/ on sys.path
+    spec = importlib.util.spec_from_file_location("sage_pipeline_benchmark",
+                                                  REPO_ROOT / "benchmarks" / "sage_pipeline.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_pipeline_results_update_only_the_parts_run(pipeline_bench, tmp_path):
+    """A run of some parts replaces their entries and keeps every other part's as it was; the
+    one-run top-level keys (a single load average for all parts) go, each part has its own."""
+    out = tmp_path / "sage_pipeline.json"
+    old = {"benchmark": "sage_pipeline", "load_average": [9.0, 9.0, 9.0], "mode": "full",
+           "bertscore": {"speedup": 1.7, "load_average": {"start": [1, 1, 1]}},
+           "metric": {"fraction_of_read": 0.1}}
+    out.write_text(json.dumps(old))
+    merged = pipeline_bench.merge_results(out, {"metric": {"fraction_of_read": 0.2, "measured_utc": "now"}})
+    written = json.loads(out.read_text())
+    assert written == merged
+    assert written["bertscore"] == old["bertscore"] and written["metric"]["fraction_of_read"] == 0.2
+    assert "load_average" not in written and "mode" not in written
+    assert not [p for p in tmp_path.iterdir() if p.name != out.name]  # atomic: nothing left behind
+
+
+def test_encoder_flops_count_every_matmul_of_minilm(pipeline_bench):
+    """(d)'s FLOP count on all-MiniLM-L6-v2's shapes (d 384, f 1536, 6 layers), by hand: per token
+    and layer 4 projections 2 d^2 and the MLP 2 x 2 d f, per sequence 2 x 2 s^2 d of attention."""
+    from clarifyjax.models.encoder import EncoderConfig
+
+    config = EncoderConfig(hidden_size=384, num_layers=6, num_heads=12, intermediate_size=1536)
+    s = 10
+    by_hand = 6 * (s * (4 * 2 * 384 * 384 + 2 * 2 * 384 * 1536) + 2 * 2 * s * s * 384)
+    assert pipeline_bench.encoder_flops(config, 1, s) == by_hand
+    assert pipeline_bench.encoder_flops(config, 3, s) == 3 * by_hand
