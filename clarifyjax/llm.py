@@ -73,7 +73,9 @@ class LocalLM:
     Args:
       folder: config.json, safetensors weights, the tokenizer files, generation_config.json.
       dtype: parameter and compute dtype ("float32", "bfloat16").
-      mesh: shard the weights over it (each device reads its shard), or None.
+      mesh: shard the weights over it (each device reads its shard) and each batch's rows over
+        its data x fsdp devices (batch_size rounded up to a multiple of them), or None. One
+        process: on a multi-host run, give each process a mesh of its own devices.
       chat_template: how chats are rendered, one of `tokenizer.CHAT_TEMPLATES`.
       batch_size: most rows (prompts x n) per jitted batch.
       shared_prefix: when every row of a batch starts with the same run of at least this many
@@ -208,7 +210,14 @@ class LocalLM:
         # Every batch has batch_size rows (a short one repeats its last row): one program per
         # (prompt bucket, new-token bucket, settings), shared by the CLI and the server.
         rows = self.batch_size
-        out = generate(self.model, pad_rows(ids, rows), pad_rows(mask, rows),
+        ids, mask = pad_rows(ids, rows), pad_rows(mask, rows)
+        if self.mesh is not None:  # rows split over the mesh's data x fsdp devices
+            from clarifyjax.sharding import BATCH_AXES, shard_batch
+
+            split = int(np.prod([self.mesh.shape[a] for a in BATCH_AXES if a in self.mesh.shape]))
+            rows = -(-rows // split) * split
+            ids, mask = shard_batch((pad_rows(ids, rows), pad_rows(mask, rows)), self.mesh)
+        out = generate(self.model, ids, mask,
                        rng=jax.random.key(seed_state), max_new_tokens=max_new,
                        min_new_tokens=min_new, greedy=greedy,
                        temperature=1.0 if greedy else s.temperature,

@@ -123,3 +123,45 @@ def test_a_prefix_every_row_shares_runs_once_with_the_same_completions(tmp_path_
         if shared.tokenizer.eos_id in expected:
             expected = expected[: expected.index(shared.tokenizer.eos_id) + 1]
         assert list(completion.token_ids) == expected
+
+
+SHARDED_LM = """
+import tempfile
+import jax
+from clarifyjax.child_result import write_result
+from clarifyjax.llm import LocalLM
+from clarifyjax.models.tiny import tiny_llama_folder
+from clarifyjax.sharding import MeshConfig, make_mesh
+from clarifyjax.textgen import Sampling
+
+assert jax.device_count() == 8
+folder = tiny_llama_folder(tempfile.mkdtemp(), seed=3)
+mesh = make_mesh(MeshConfig(data=2, fsdp=2, model=2))
+template = "Rule of thumb for each: " + "be kind and honest with your friends, " * 2
+prompts = [template + t for t in ("lies", "stealing bread", "a gift")] + ["My friend lied", "Cheat?"]
+one, eight = LocalLM(folder, batch_size=8), LocalLM(folder, batch_size=8, mesh=mesh)
+out = {}
+for name, s in (("greedy", Sampling(max_new_tokens=8, temperature=0)),
+                ("sampled", Sampling(max_new_tokens=8, temperature=1.0, top_k=20))):
+    a, b = one.complete(prompts, s, n=2, seed=5), eight.complete(prompts, s, n=2, seed=5)
+    out[name] = [[list(x.token_ids) == list(y.token_ids) for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
+    out[name + "_logprob_diff"] = max(abs(p - q) for ra, rb in zip(a, b) for x, y in zip(ra, rb)
+                                      for p, q in zip(x.logprobs, y.logprobs))
+q = eight.model.layers[0].attention.query[...]
+out["query_spec"] = [list(a) if isinstance(a, tuple) else a for a in q.sharding.spec]
+write_result(out)
+"""
+
+
+@pytest.mark.slow  # a child with 8 fake devices compiling four programs
+def test_on_a_mesh_of_8_devices_the_completions_equal_one_device():
+    """LocalLM(mesh=...): weights sharded (fsdp x model), each batch's rows split over data x fsdp,
+    the shared-prefix path included: the same tokens, greedy and sampled with a seed."""
+    require("torch")
+    from helpers.children import run_with_fake_devices
+
+    r = run_with_fake_devices(SHARDED_LM, 8)
+    assert any(axis is not None for axis in r["query_spec"]), r  # the weights are sharded
+    for name in ("greedy", "sampled"):
+        assert all(all(row) for row in r[name]), r
+        assert r[name + "_logprob_diff"] < 1e-4, r
