@@ -1,7 +1,11 @@
 """Pairwise consistency baselines over a question's texts: BLEU, ROUGE-L and BERTScore.
 
-Per question, the score is the mean over the pairs i < j of its (non-empty) texts of a pair score,
-as in the SaGE paper's Table 1 (Elazar et al.'s consistency with sim = BLEU / ROUGE / BERTScore):
+Per question, the score is the mean over the pairs i < j of its (non-empty) texts of a pair score:
+the SaGE paper's Elazar et al. (2021) consistency (its section 5.1, the BLEU / ROUGE / BERTScore
+columns of Table 1), Cons(q) = 2 / (n (n - 1)) * sum over pairs of sim(a_i, a_j). The paper prints
+the sum over i != j, which with that factor would be twice the mean over ordered pairs (2 for
+identical answers, not a consistency in [0, 1]); the reference code averages the C(n,2) pairs
+i < j of its pairs files, and so do we:
 
 * BLEU: nltk `sentence_bleu([text_i.split()], text_j.split())` with `SmoothingFunction().method1`,
   whitespace tokens, text i the reference and text j the hypothesis. This reproduces the `bleu_*`
@@ -106,9 +110,11 @@ def _normalized(text: str) -> str:
 
 
 def exact_match_consistency(texts_per_question: Sequence[Sequence[str]]) -> np.ndarray:
-    """[batch] Elazar et al.'s consistency: the share of pairs i < j whose texts agree, here
-    exactly, after collapsing whitespace and case (the SaGE paper's Table 1 column). It is
-    `pairwise_mean` with a 0/1 pair score, so BLEU / ROUGE-L / BERTScore are its soft versions."""
+    """[batch] Elazar et al. (2021)'s own, strict consistency: the share of pairs i < j whose texts
+    agree exactly, after collapsing whitespace and case (their ParaRel measure compares the
+    predictions for paraphrased queries). It is `pairwise_mean` with a 0/1 pair score; the SaGE
+    paper's columns replace that score with BLEU / ROUGE-L / BERTScore (the functions above and
+    below). Not a column of the SaGE paper: free-text answers rarely agree exactly."""
     return pairwise_mean(texts_per_question, lambda a, b: float(_normalized(a) == _normalized(b)))
 
 

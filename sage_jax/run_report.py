@@ -4,8 +4,10 @@ score: per model, `report/<model>.answers.csv` in the SaGE release's long format
 question, paraphrased, score, model_output, rot) plus where each row came from (paraphrase index,
 sample, each stage's status, reason and attempts; a failed row's text is empty, so it is masked
 and counted), then scored through `sage_jax.scoring` like `sage-jax score` would: SaGE on the
-answers, on the RoTs and on the 0.8/0.2 blend, the pairwise BLEU / ROUGE-L / BERTScore baselines
-and Elazar et al.'s consistency (`lexical.exact_match_consistency`) on the answers. The scores go
+answers, on the RoTs and on the 0.8/0.2 blend; on the answers and on the RoTs, the SaGE paper's
+Elazar et al. consistency, Cons(q) = mean over the C(n,2) pairs i < j of sim(a_i, a_j), with sim
+BLEU, ROUGE-L and BERTScore (its Table 1 columns: `lexical`); and on the answers, Elazar et al.'s
+own strict measure, sim = exact agreement (`lexical.exact_match_consistency`). The scores go
 to `report/scores.json`, keyed by a hash of what they depend on, so a finished score stage is not
 computed again.
 
@@ -35,7 +37,10 @@ LONG_COLUMNS = ("question_id", "question", "paraphrased", "score", "model_output
                 "rot_attempts")
 # Column -> label of Table 1, in order.
 TABLE = {"sage_answer": "SaGE (answers)", "sage_rot": "SaGE (RoTs)", "sage_blend": "SaGE (0.8 answers + 0.2 RoTs)",
-         "bleu": "BLEU", "rouge_l": "ROUGE-L", "bertscore": "BERTScore", "elazar": "Elazar consistency"}
+         "bleu": "BLEU (answers)", "bleu_rot": "BLEU (RoTs)", "rouge_l": "ROUGE-L (answers)",
+         "rouge_l_rot": "ROUGE-L (RoTs)", "bertscore": "BERTScore (answers)", "bertscore_rot": "BERTScore (RoTs)",
+         "elazar": "exact-match consistency (answers)"}
+SCORES_VERSION = 2  # in the score stage's fingerprint: 2 added the RoT baselines
 
 
 def _merged(run, stage: str, model: str | None = None) -> list[dict]:
@@ -107,16 +112,20 @@ def score_model(run, target, embedder_fn, bertscore=None) -> dict:
     progress = lambda total, desc: _quiet_bar(run, total, desc)  # noqa: E731
     answers_args = _args(run, "answer", path, bertscore)
     answers = scoring.Loaded(path, target.name, answers_args)  # the baselines: answers, their own mask
+    nan = np.full(len(answers.questions), np.nan)
     if run.cfg.rot.generator is not None:
         both_args = _args(run, "blend", path)
         sage = scoring.sage_per_text(scoring.Loaded(path, target.name, both_args), both_args, embedder_fn, progress)
+        rot_args = _args(run, "rot", path, bertscore)
+        rot_baselines = scoring.baselines(scoring.Loaded(path, target.name, rot_args), rot_args, embedder_fn, progress)
     else:
-        nan = np.full(len(answers.questions), np.nan)
         sage = {"answer": scoring.sage_scores(answers, answers_args, embedder_fn, progress), "rot": nan, "blend": nan}
+        rot_baselines = {"bleu": nan, "rouge_l": nan, "bertscore": nan}
     return {"question_id": [q.question_id for q in answers.questions], "n_texts": answers.first.n_texts.tolist(),
             "n_valid": answers.mask.sum(axis=1).tolist(),
             **{f"sage_{text}": _floats(scores) for text, scores in sage.items()},
             **{key: _floats(v) for key, v in scoring.baselines(answers, answers_args, embedder_fn, progress).items()},
+            **{f"{key}_rot": _floats(v) for key, v in rot_baselines.items()},
             "elazar": _floats(lexical.exact_match_consistency(answers.lexical_texts))}
 
 
@@ -140,7 +149,7 @@ def score(run) -> dict:
     for target in run.cfg.models:
         rows, failures[target.name] = long_rows(run, target)
         files[target.name] = _csv_bytes(rows, LONG_COLUMNS)
-    digest = hashlib.sha256(json.dumps(dataclasses.asdict(run.cfg.score), sort_keys=True).encode())
+    digest = hashlib.sha256(json.dumps([SCORES_VERSION, dataclasses.asdict(run.cfg.score)], sort_keys=True).encode())
     for name, data in files.items():
         digest.update(name.encode() + b"\0" + data)
     scores_path = folder / "scores.json"

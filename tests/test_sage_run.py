@@ -114,9 +114,24 @@ def test_the_pipeline_runs_to_the_report_and_every_row_names_its_origin(tmp_path
                  "m2.answers.csv", "scores.json"):
         assert (report / name).stat().st_size > 0, name
     models = {m["model"]: m for m in summary["models"]}
-    for key in ("sage_answer", "sage_rot", "sage_blend", "bleu", "rouge_l", "bertscore", "elazar"):
+    for key in ("sage_answer", "sage_rot", "sage_blend", "bleu", "rouge_l", "bertscore", "bleu_rot", "rouge_l_rot",
+                "bertscore_rot", "elazar"):
         assert models["m1"][key]["count"] == 20, key
     assert -1 <= models["m1"]["sage_blend"]["mean"] <= 1
+    # the RoT columns of Table 1 score each question's RoTs, in paraphrase order, as the answers are
+    import csv
+
+    from sage_jax.lexical import bleu_consistency, rouge_l_consistency
+    with open(report / "m1.answers.csv", newline="") as f:
+        long = list(csv.DictReader(f))
+    with open(report / "m1.per_question.csv", newline="") as f:
+        per_question = list(csv.DictReader(f))
+    for row in per_question:
+        mine = sorted((r for r in long if r["question_id"] == row["question_id"] and r["rot"]),
+                      key=lambda r: (int(r["paraphrase_index"]), int(r["sample"])))
+        rots = [[r["rot"] for r in mine]]
+        assert float(row["bleu_rot"]) == pytest.approx(bleu_consistency(rots)[0], abs=1e-9)
+        assert float(row["rouge_l_rot"]) == pytest.approx(rouge_l_consistency(rots)[0], abs=1e-9)
     assert "| m1 |" in (report / "table1.md").read_text()
     assert (out / "config.yaml").exists() and (out / "prompts" / "rot.txt").read_text().startswith("\n# Instruction")
     # A second run recomputes nothing: no generator is even built.
