@@ -336,8 +336,10 @@ def generate(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Arr
 
 
 def _pad_left_to_bucket(ids: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Pad [b, s] on the left to the bucket length of s (mask 0), so prompt lengths repeat."""
-    extra = buckets.bucket_length(ids.shape[1]) - ids.shape[1]
+    """Pad [b, s] on the left to the bucket length of s (mask 0), so prompt lengths repeat. The
+    fine buckets: prefill is compute-bound, and a caller that bucketed its own way (LocalLM)
+    keeps its width (powers of two padded its 96 columns to 128)."""
+    extra = buckets.bucket_length(ids.shape[1], buckets.FINE_BUCKETS) - ids.shape[1]
     if extra == 0:
         return ids, mask
     return jnp.pad(ids, ((0, 0), (extra, 0))), jnp.pad(mask, ((0, 0), (extra, 0)))

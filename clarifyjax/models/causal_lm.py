@@ -29,6 +29,7 @@ import math
 from typing import NamedTuple
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 from flax import nnx
 
@@ -344,16 +345,21 @@ class KVCache(NamedTuple):
 
     keys, values: per layer, [b, k, L, d], preallocated; written with dynamic_update_slice.
       One array per layer: XLA:CPU copies a layer's slice out of a stacked cache every step.
-    start: [b] int32, the first valid slot of each row (prompts are stored left-aligned to the
-      prompt length P, so the pad slots of a row come first).
+    start: [b] int32, the first valid slot of each row's own tokens (prompts are stored
+      left-aligned to the prompt length P, so the pad slots of a row come first).
     positions: [b] int32, the position of each row's next token (its number of tokens so far).
     index: int32 scalar, the slot the next token is written to (the same for every row).
+    prefix_start, prefix_end: int32 scalars, the slots [prefix_start, prefix_end) of a prefix
+      that every row shares (`prefill_after_prefix`), at positions 0.. before each row's own
+      tokens; both 0 without one.
     """
     keys: tuple[jax.Array, ...]
     values: tuple[jax.Array, ...]
     start: jax.Array
     positions: jax.Array
     index: jax.Array
+    prefix_start: jax.Array = np.int32(0)
+    prefix_end: jax.Array = np.int32(0)
 
 
 def left_align(input_ids: jax.Array, attention_mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -475,8 +481,8 @@ class CausalLM(nnx.Module):
         """`prefill` of the prompts prefix + input_ids[i] for a prefix that every row shares:
         the prefix [p] (prefix_mask [p], any padding) runs once, not once per row, and each
         row's own tokens [b, t] (any padding, every row >= 1 token) attend to its keys. The
-        cache holds what `prefill` of the whole prompts would hold (each row's tokens at the
-        end of its first p + t slots, pads first), so `decode_step` goes on unchanged.
+        cache holds the prefix in slots [0, p) (its pads first) and each row's own tokens at the
+        end of slots [p, p + t); `decode_step` reads both ranges (`KVCache.prefix_start/end`).
 
         A long shared prompt (a few-shot template) costs one prefix run plus b * t rows, where
         `prefill` costs b * (p + t) rows and attention over (p + t)^2 per row.
@@ -498,33 +504,32 @@ class CausalLM(nnx.Module):
         attend = self._window(attend, positions, key_pos)
         cos, sin = self._rope(positions)
         x = self.embed(ids, positions)
-        # The prompts in their written order, prefix first: every row's prefix keys are the
-        # shared ones; the layer writes the row's own keys at slot p and attends over all.
-        order = jnp.argsort(jnp.concatenate([jnp.broadcast_to(p_mask, (b, p)), mask], axis=1),
-                            axis=1, stable=True)[:, None, :, None]       # pads first, in order
         keys, values = [], []
         for layer, (pk, pv), ck, cv in zip(self.layers, prefix_kvs, cache.keys, cache.values):
+            # slots [0, p + t): every row's prefix keys are the shared ones; the layer writes the
+            # row's own keys at slot p and attends over them all
             shape = (b, pk.shape[1], p + t, pk.shape[3])
-            logical = (jnp.zeros(shape, ck.dtype).at[:, :, :p].set(pk.astype(ck.dtype)),
-                       jnp.zeros(shape, cv.dtype).at[:, :, :p].set(pv.astype(cv.dtype)))
-            x, (k, v) = layer(x, cos, sin, attend, logical, p)
-            keys.append(jax.lax.dynamic_update_slice(
-                ck, jnp.take_along_axis(k, order, axis=2), (0, 0, 0, 0)))
-            values.append(jax.lax.dynamic_update_slice(
-                cv, jnp.take_along_axis(v, order, axis=2), (0, 0, 0, 0)))
-        lengths = jnp.sum(mask, axis=-1).astype(jnp.int32) + p_len
-        cache = KVCache(tuple(keys), tuple(values), (p + t - lengths).astype(jnp.int32),
-                        lengths, jnp.int32(p + t))
+            first = (jnp.zeros(shape, ck.dtype).at[:, :, :p].set(pk.astype(ck.dtype)),
+                     jnp.zeros(shape, cv.dtype).at[:, :, :p].set(pv.astype(cv.dtype)))
+            x, (k, v) = layer(x, cos, sin, attend, first, p)
+            keys.append(jax.lax.dynamic_update_slice(ck, k, (0, 0, 0, 0)))
+            values.append(jax.lax.dynamic_update_slice(cv, v, (0, 0, 0, 0)))
+        own = jnp.sum(mask, axis=-1).astype(jnp.int32)
+        cache = KVCache(tuple(keys), tuple(values), (p + t - own).astype(jnp.int32), own + p_len,
+                        jnp.int32(p + t), (p - p_len).astype(jnp.int32), jnp.int32(p))
         return self.logits(x[:, -1]), cache
 
     def decode_step(self, token_ids: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """Feed token_ids [b] at slot `cache.index` -> (logits [b, V] float32, cache advanced)."""
         L = cache.keys[0].shape[2]
-        slots = jnp.arange(L)
+        slots = jnp.arange(L)[None, :]
         positions = cache.positions[:, None]                                   # [b, 1]
-        key_pos = slots[None, :] - cache.start[:, None]                        # [b, L]
-        mask = ((slots[None, :] >= cache.start[:, None])
-                & (slots[None, :] <= cache.index))[:, None, :]                 # [b, 1, L]
+        in_prefix = (slots >= cache.prefix_start) & (slots < cache.prefix_end)  # [1, L]
+        key_pos = jnp.where(slots < cache.prefix_end, slots - cache.prefix_start,
+                            slots - cache.start[:, None]
+                            + (cache.prefix_end - cache.prefix_start))        # [b, L]
+        mask = (in_prefix | ((slots >= cache.start[:, None])
+                             & (slots <= cache.index)))[:, None, :]            # [b, 1, L]
         mask = self._window(mask, positions, key_pos)
         cos, sin = self._rope(positions)
         x = self.embed(token_ids[:, None], positions)
@@ -534,5 +539,5 @@ class CausalLM(nnx.Module):
             keys.append(k)
             values.append(v)
         cache = KVCache(tuple(keys), tuple(values), cache.start, cache.positions + 1,
-                        cache.index + 1)
+                        cache.index + 1, cache.prefix_start, cache.prefix_end)
         return self.logits(x[:, 0]), cache
