@@ -36,8 +36,8 @@ from _common import timeit, write_results
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from reward import (DEV, OriginalReward, build_folders, recording_shapes,  # noqa: E402
-                    stage_bound)
+from reward import (DEV, OriginalReward, add_model_size_args, build_folders,  # noqa: E402
+                    recording_shapes, stage_bound)
 
 from clarifyjax import baselines  # noqa: E402
 from clarifyjax import text as text_lib  # noqa: E402
@@ -55,17 +55,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--situations", type=int, default=64)
     p.add_argument("--chunk", type=int, default=16, help="situations per reward call (ours)")
     p.add_argument("--reference-situations", type=int, default=2)
-    p.add_argument("--d-model", type=int, default=512)
-    p.add_argument("--d-ff", type=int, default=2048)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--vocab", type=int, default=32128)
-    p.add_argument("--nli-hidden", type=int, default=768)
-    p.add_argument("--nli-layers", type=int, default=6)
-    p.add_argument("--nli-heads", type=int, default=12)
+    add_model_size_args(p)
     p.add_argument("--question-max-length", type=int, default=32)
-    p.add_argument("--answer-max-length", type=int, default=32)
-    p.add_argument("--fusion-max-length", type=int, default=64)
     p.add_argument("--judgment-max-length", type=int, default=32)
     p.add_argument("--reference-judgment-tokens", type=int, default=200)
     p.add_argument("--reference-judge-tokens", type=int, default=200)

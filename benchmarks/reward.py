@@ -73,9 +73,9 @@ from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline  # noqa: E
 DEV = REPO_ROOT.parent / "shared" / "data" / "delta-clarify" / "dev.tsv"
 
 
-def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--situations", type=int, default=64)
+def add_model_size_args(p: argparse.ArgumentParser) -> None:
+    """The sizes of the random reward models (T5s and the NLI encoder) and their output lengths,
+    shared with benchmarks/evaluate.py."""
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--d-ff", type=int, default=2048)
     p.add_argument("--layers", type=int, default=6)
@@ -86,6 +86,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--nli-heads", type=int, default=12)
     p.add_argument("--answer-max-length", type=int, default=32)
     p.add_argument("--fusion-max-length", type=int, default=64)
+
+
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--situations", type=int, default=64)
+    add_model_size_args(p)
     p.add_argument("--judgment-max-length", type=int, default=32,
                    help="ours: tokens of the judgment text (Delphi's are ~15 with the class)")
     p.add_argument("--reference-judgment-tokens", type=int, default=200,

@@ -417,32 +417,19 @@ def _answer_prompts(count: int) -> list[str]:
 TOKENIZER_TEXTS = "../shared/data/sage-mcc/moral100-high-ambiguity_gpt-3.5-turbo_rot.csv"
 
 
-def english_bpe(folder: Path, vocab_size: int = 8192):
-    """A byte-level BPE (Llama's specials, BOS added) trained on δ-CLARIFY and the moral100 file's
-    questions, paraphrases, answers and RoTs -- not on q100, whose paraphrases are the prompts --
-    so that a prompt takes about as many tokens as under a real model's vocabulary (the tests'
-    300-token BPE needs ~1.3 characters a token, which would make prefill, not decoding, the
-    stage's cost)."""
+def english_texts() -> list[str]:
+    """δ-CLARIFY and the moral100 file's questions, paraphrases, answers and RoTs -- not q100,
+    whose paraphrases are the prompts: what the benchmark's BPE learns from, so that a prompt
+    takes about as many tokens as under a real model's vocabulary (the tests' 300-token BPE needs
+    ~1.3 characters a token, which would make prefill, not decoding, the stage's cost)."""
     import csv
-
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
 
     from clarifyjax.models.tiny import corpus
     from clarifyjax.tables import resolve_data_path
 
     with open(resolve_data_path(TOKENIZER_TEXTS), newline="", encoding="utf-8") as f:
         extra = [r[k] for r in csv.DictReader(f) for k in ("question", "paraphrased", "model_output", "rot")]
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(corpus(None) + [t for t in extra if t], trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    fast.save_pretrained(str(folder))
-    return fast
+    return corpus(None) + [t for t in extra if t]
 
 
 LLAMA_30M = {"hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers": 7, "num_attention_heads": 8,
@@ -450,26 +437,14 @@ LLAMA_30M = {"hidden_size": 512, "intermediate_size": 1376, "num_hidden_layers":
 
 
 def llama_30m(root: Path) -> Path:
-    """A random Llama folder of about 30M parameters (hidden 512, 7 layers, MLP 1376, 8 heads, the
-    vocabulary of `english_bpe`), weights redrawn with std 0.2 as the tests' tiny models are."""
-    import torch
-    import transformers
+    """A random Llama folder of about 30M parameters (hidden 512, 7 layers, MLP 1376, 8 heads, an
+    8192-token BPE trained on `english_texts`), weights redrawn with std 0.2 as the tests' tiny
+    models are (`clarifyjax.models.tiny.tiny_llama_folder`)."""
+    from clarifyjax.models.tiny import tiny_llama_folder
 
-    folder = root / "llama_30m"
-    folder.mkdir(parents=True, exist_ok=True)
-    tok = english_bpe(folder)
-    config = transformers.LlamaConfig(vocab_size=len(tok), max_position_embeddings=1024, bos_token_id=1,
-                                      eos_token_id=2, tie_word_embeddings=False, **LLAMA_30M)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" not in name:
-                p.copy_(torch.randn(p.shape) * 0.2)
-    model.generation_config = transformers.GenerationConfig(bos_token_id=1, eos_token_id=2, do_sample=True,
-                                                            temperature=1.0, top_k=10)
-    model.save_pretrained(str(folder), safe_serialization=True)
-    return folder
+    return tiny_llama_folder(root, tokenizer={"vocab_size": 8192, "texts": english_texts()},
+                             max_position_embeddings=1024,
+                             generation={"do_sample": True, "temperature": 1.0, "top_k": 10}, **LLAMA_30M)
 
 
 def llama_flops(cfg: dict, vocab: int, prompt_tokens: list[int], new_tokens: int) -> float:

@@ -93,3 +93,21 @@ def pad_sequences(sequences: Sequence[Sequence[int]], rows: int, length: int,
     for i, seq in enumerate(sequences):
         out[i, : len(seq)] = seq
     return out
+
+
+def encoding_batches(encodings: Sequence, batch_size: int, max_length: int, pad_id: int, *,
+                     token_types: bool = True, shards: int = 1):
+    """The padded batches of tokenized texts or text pairs (`tokenizers` Encodings, with .ids,
+    .attention_mask and .type_ids): length-sorted, each padded to its length bucket (capped at
+    max_length) and to `bucket_rows` rows, a multiple of `shards`. Yields (index, chosen, ids,
+    mask, types): the inputs' positions, their Encodings, and [rows, length] int32 arrays
+    (types all 0 when the model has no token types)."""
+    lengths = [len(e.ids) for e in encodings]
+    for index in length_sorted_batches(lengths, batch_size):
+        length = bucket_length(max(lengths[i] for i in index), cap=max_length)
+        rows = -(-bucket_rows(len(index), batch_size) // shards) * shards
+        chosen = [encodings[i] for i in index]
+        ids = pad_sequences([e.ids for e in chosen], rows, length, pad_id)
+        mask = pad_sequences([e.attention_mask for e in chosen], rows, length, 0)
+        types = pad_sequences([e.type_ids for e in chosen], rows, length, 0)
+        yield index, chosen, ids, mask, types if token_types else np.zeros_like(types)

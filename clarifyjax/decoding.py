@@ -313,8 +313,8 @@ def generate(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Arr
             if bool(jnp.any(jnp.sum(attention_mask, axis=1) == 0)):
                 raise ValueError("generate: with prefix_ids, every row needs at least one "
                                  "token of its own after the prefix")
-            prefix = _pad_left_to_bucket(prefix[None], jnp.ones_like(prefix)[None])
-            prefix = (prefix[0][0], prefix[1][0])
+            ids, mask = _pad_left_to_bucket(prefix[None], jnp.ones_like(prefix)[None])
+            prefix = (ids[0], mask[0])
         if c.positions == "learned":  # a learned table has no row past its end (take clamps)
             longest = int(jnp.max(jnp.sum(attention_mask, axis=1))) + int(max_new_tokens)
             longest += 0 if prefix_ids is None else len(prefix_ids)

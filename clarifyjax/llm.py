@@ -212,11 +212,10 @@ class LocalLM:
         rows = self.batch_size
         ids, mask = pad_rows(ids, rows), pad_rows(mask, rows)
         if self.mesh is not None:  # rows split over the mesh's data x fsdp devices
-            from clarifyjax.sharding import BATCH_AXES, shard_batch
+            from clarifyjax.sharding import place_rows, row_shards
 
-            split = int(np.prod([self.mesh.shape[a] for a in BATCH_AXES if a in self.mesh.shape]))
-            rows = -(-rows // split) * split
-            ids, mask = shard_batch((pad_rows(ids, rows), pad_rows(mask, rows)), self.mesh)
+            rows = -(-rows // row_shards(self.mesh)) * row_shards(self.mesh)
+            ids, mask = (place_rows(pad_rows(x, rows), self.mesh) for x in (ids, mask))
         out = generate(self.model, ids, mask,
                        rng=jax.random.key(seed_state), max_new_tokens=max_new,
                        min_new_tokens=min_new, greedy=greedy,
@@ -250,11 +249,7 @@ class LocalLM:
 
 def _common_prefix(rows: list[tuple[int, ...]]) -> tuple[int, ...]:
     """The leading tokens every row shares, leaving each row at least one of its own."""
-    first, shortest = rows[0], min(len(r) for r in rows)
-    n = 0
-    while n < shortest - 1 and all(r[n] == first[n] for r in rows):
-        n += 1
-    return first[:n]
+    return tuple(os.path.commonprefix(rows))[:min(len(r) for r in rows) - 1]
 
 
 def _batch_seed(seed: int, batch: int) -> int:

@@ -22,7 +22,7 @@ from flax import nnx
 from clarifyjax import sharding as sharding_lib
 from clarifyjax.config import NLI_THRESHOLD
 from clarifyjax.models.safetensors_io import CheckpointError, check_folder, read_config
-from clarifyjax.buckets import bucket_length, bucket_rows, length_sorted_batches, pad_sequences
+from clarifyjax.buckets import encoding_batches
 from clarifyjax.models.encoder import SequenceClassifier, labels_from_hf
 from clarifyjax.models.hf import load_classifier, load_encoder_tokenizer
 from clarifyjax.textfiles import check_texts
@@ -156,19 +156,10 @@ class NLIFilter:
         if not premises:
             return out
         encodings = self.tokenizer.encode_batch(list(zip(premises, hypotheses)))
-        lengths = [len(e.ids) for e in encodings]
-        shards = sharding_lib.row_shards(self.mesh)
         pending = []
-        for index in length_sorted_batches(lengths, self.batch_size):
-            length = bucket_length(max(lengths[i] for i in index), cap=self.max_length)
-            rows = bucket_rows(len(index), self.batch_size)
-            rows = -(-rows // shards) * shards  # whole shards for the mesh's devices
-            chosen = [encodings[i] for i in index]
-            ids = pad_sequences([e.ids for e in chosen], rows, length, self.pad_token_id)
-            mask = pad_sequences([e.attention_mask for e in chosen], rows, length, 0)
-            types = pad_sequences([e.type_ids for e in chosen], rows, length, 0)
-            if not self.use_token_types:
-                types = np.zeros_like(types)
+        for index, _, ids, mask, types in encoding_batches(
+                encodings, self.batch_size, self.max_length, self.pad_token_id,
+                token_types=self.use_token_types, shards=sharding_lib.row_shards(self.mesh)):
             pending.append((index, self._probabilities(
                 self._state, *(sharding_lib.place_rows(x, self.mesh) for x in (ids, mask, types)))))
         for index, probs in pending:  # dispatched asynchronously above

@@ -18,7 +18,7 @@ from flax import nnx
 
 from clarifyjax import text as text_lib
 from clarifyjax.answer_spans import best_spans
-from clarifyjax.buckets import bucket_length, bucket_rows, length_sorted_batches, pad_sequences
+from clarifyjax.buckets import encoding_batches, pad_sequences
 from clarifyjax.models.hf import load_encoder_tokenizer, load_question_answering
 from clarifyjax.models.safetensors_io import check_folder, read_config
 from clarifyjax.textfiles import check_texts
@@ -48,18 +48,11 @@ class Unanswerable:
         if not asked:
             return out
         encodings = self.tokenizer.encode_batch([(questions[i], situations[i]) for i in asked])
-        lengths = [len(e.ids) for e in encodings]
-        for index in length_sorted_batches(lengths, self.batch_size):
-            length = bucket_length(max(lengths[i] for i in index), cap=self.max_length)
-            rows = bucket_rows(len(index), self.batch_size)
-            chosen = [encodings[i] for i in index]
-            ids = pad_sequences([e.ids for e in chosen], rows, length, self.pad_token_id)
-            mask = pad_sequences([e.attention_mask for e in chosen], rows, length, 0)
-            types = pad_sequences([e.type_ids for e in chosen], rows, length, 0)
-            if not self.use_token_types:
-                types = np.zeros_like(types)
+        for index, chosen, ids, mask, types in encoding_batches(
+                encodings, self.batch_size, self.max_length, self.pad_token_id,
+                token_types=self.use_token_types):
             context = pad_sequences([[int(s == 1) for s in e.sequence_ids] for e in chosen],
-                                    rows, length, 0)
+                                    *ids.shape, 0)
             flags = np.asarray(self._forward(self._state, ids, mask, types, context))
             out[[asked[i] for i in index]] = flags[: len(index)]
         return out

@@ -30,6 +30,7 @@ sentencepiece are imported when a builder needs them.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import math
 import os
@@ -336,16 +337,19 @@ TINY_CHAT_TEMPLATE = (
 
 
 def tiny_causal_tokenizer(folder: Path, *, vocab_size: int = 300,
-                          chat_template: str | None = TINY_CHAT_TEMPLATE):
-    """A byte-level BPE trained on the corpus with Llama's specials (<unk>=0 <s>=1 </s>=2), BOS
-    added to every text, saved into `folder` as transformers' fast tokenizer; returns it."""
+                          chat_template: str | None = TINY_CHAT_TEMPLATE,
+                          texts: Sequence[str] | None = None):
+    """A byte-level BPE trained on `texts` (None: the first 1000 rows of the corpus) with Llama's
+    specials (<unk>=0 <s>=1 </s>=2), BOS added to every text, saved into `folder` as
+    transformers' fast tokenizer; returns it. vocab_size 300 splits English into ~1.3
+    characters a token; a few thousand, trained on enough text, give a real model's ~3-4."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(corpus(1000), trainers.BpeTrainer(
+    tokenizer.train_from_iterator(corpus(1000) if texts is None else texts, trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -359,18 +363,20 @@ def tiny_causal_tokenizer(folder: Path, *, vocab_size: int = 300,
 
 
 def tiny_llama_folder(root, *, seed: int = 0, chat_template: str | None = TINY_CHAT_TEMPLATE,
-                      generation: dict | None = None, **overrides) -> Path:
+                      generation: dict | None = None, tokenizer: dict | None = None,
+                      **overrides) -> Path:
     """A random tiny `LlamaForCausalLM` folder (config.json, model.safetensors,
     generation_config.json, the tokenizer of `tiny_causal_tokenizer`). Weights are redrawn with
     std 0.2, so that the next token depends on the prompt; `generation` sets
-    generation_config.json fields (do_sample, temperature, top_k, top_p)."""
+    generation_config.json fields (do_sample, temperature, top_k, top_p); `tokenizer` is passed
+    to `tiny_causal_tokenizer` (vocab_size, texts)."""
 
     def build() -> Path:
         import torch
         import transformers
 
         folder = _new_dir(root, f"llama_seed{seed}_{len(_CACHE)}")
-        tok = tiny_causal_tokenizer(folder, chat_template=chat_template)
+        tok = tiny_causal_tokenizer(folder, chat_template=chat_template, **(tokenizer or {}))
         config = transformers.LlamaConfig(**{
             "vocab_size": len(tok), "hidden_size": 32,
             "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -388,6 +394,7 @@ def tiny_llama_folder(root, *, seed: int = 0, chat_template: str | None = TINY_C
         return folder
 
     key = (seed, chat_template, tuple(sorted((generation or {}).items())),
+           hashlib.sha256(repr(sorted((tokenizer or {}).items())).encode()).hexdigest(),
            tuple(sorted(overrides.items())))
     return _cached("llama", root, key, build)
 
