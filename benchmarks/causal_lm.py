@@ -32,7 +32,7 @@ import torch
 from flax import nnx
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from clarifyjax import buckets
+from clarifyjax.core import buckets
 from clarifyjax.decoding import generate
 from clarifyjax.models.hf import load_causal_lm
 

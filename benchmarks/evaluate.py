@@ -39,15 +39,15 @@ import torch  # noqa: E402
 from reward import (DEV, OriginalReward, add_model_size_args, build_folders,  # noqa: E402
                     recording_shapes, stage_bound)
 
-from clarifyjax import baselines  # noqa: E402
-from clarifyjax import text as text_lib  # noqa: E402
-from clarifyjax.delphi import DELPHI_CLASS_STEP, Judge  # noqa: E402
-from clarifyjax.eval_config import WH_STARTS  # noqa: E402
-from clarifyjax.evaluation import read_situations  # noqa: E402
+from clarifyjax.evaluation import baselines  # noqa: E402
+from clarifyjax.text import formats as text_lib  # noqa: E402
+from clarifyjax.reward.judge import DELPHI_CLASS_STEP, Judge  # noqa: E402
+from clarifyjax.config.evaluate import WH_STARTS  # noqa: E402
+from clarifyjax.evaluation.evaluate import read_situations  # noqa: E402
 from clarifyjax.models.tiny import save_t5_folder, tiny_spm_folder, tiny_t5_config  # noqa: E402
-from clarifyjax.nli import NLIFilter  # noqa: E402
-from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline  # noqa: E402
-from clarifyjax.seq2seq import Sampling, Seq2SeqModel  # noqa: E402
+from clarifyjax.reward.nli import NLIFilter  # noqa: E402
+from clarifyjax.reward.pipeline import PipelineConfig, RewardPipeline  # noqa: E402
+from clarifyjax.decoding.seq2seq import Sampling, Seq2SeqModel  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

@@ -16,12 +16,12 @@ import time
 
 from _common import write_results
 
-from clarifyjax import traces
-from clarifyjax.llm import LocalLM
+from clarifyjax.core import traces
+from clarifyjax.decoding.local_lm import LocalLM
 from clarifyjax.models.tiny import corpus, tiny_llama_folder
-from clarifyjax.openai_server import OpenAIServer, ServerLimits
-from clarifyjax.serving import BackgroundServer
-from clarifyjax.textgen import Sampling
+from clarifyjax.serve.openai_api import OpenAIServer, ServerLimits
+from clarifyjax.serve.http_server import BackgroundServer
+from clarifyjax.text.generator import Sampling
 
 
 def main() -> None:

@@ -58,18 +58,26 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from clarifyjax import optim, ppo, programs, traces, train  # noqa: E402
-from clarifyjax import sharding as sharding_lib  # noqa: E402
-from clarifyjax import text as text_lib  # noqa: E402
+from clarifyjax.training import optim  # noqa: E402
+
+from clarifyjax.rl import ppo
+
+from clarifyjax.training import programs
+
+from clarifyjax.core import traces
+
+from clarifyjax.training import loops as train
+from clarifyjax.core import sharding as sharding_lib  # noqa: E402
+from clarifyjax.text import formats as text_lib  # noqa: E402
 from clarifyjax.config import load_config  # noqa: E402
-from clarifyjax.models.t5_params import tensor_maps  # noqa: E402
+from clarifyjax.models.hf.t5_map import tensor_maps  # noqa: E402
 from clarifyjax.models.tiny import save_t5_folder, tiny_spm_folder, tiny_t5_config  # noqa: E402
-from clarifyjax.models.params import copy_params, split_model  # noqa: E402
+from clarifyjax.models.state import copy_params, split_model  # noqa: E402
 from clarifyjax.models.value import ValueModel  # noqa: E402
-from clarifyjax.policy import make_ppo_fns  # noqa: E402
-from clarifyjax.rollout import RolloutSampler  # noqa: E402
-from clarifyjax.reward import RewardNormalizer  # noqa: E402
-from clarifyjax.tokenizer import Tokenizer  # noqa: E402
+from clarifyjax.rl.policy import make_ppo_fns  # noqa: E402
+from clarifyjax.rl.rollout import RolloutSampler  # noqa: E402
+from clarifyjax.reward.jsd import RewardNormalizer  # noqa: E402
+from clarifyjax.text.tokenizer import Tokenizer  # noqa: E402
 from t5 import matmul_flops_per_s  # noqa: E402  (benchmarks/t5.py)
 
 DEV = REPO_ROOT.parent / "shared" / "data" / "delta-clarify" / "dev.tsv"

@@ -27,11 +27,11 @@ import numpy as np
 import optax
 from flax import nnx
 
-from clarifyjax import ppo
+from clarifyjax.rl import ppo
 from clarifyjax.models.t5 import T5, T5Config
-from clarifyjax.models.params import split_model
+from clarifyjax.models.state import split_model
 from clarifyjax.models.value import ValueModel
-from clarifyjax.policy import make_ppo_fns
+from clarifyjax.rl.policy import make_ppo_fns
 
 
 def bf16_matmul_flops_per_s(n: int = 8192) -> float:

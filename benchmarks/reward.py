@@ -59,16 +59,16 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from clarifyjax import delphi  # noqa: E402
-from clarifyjax import seq2seq as seq2seq_lib  # noqa: E402
-from clarifyjax import text as text_lib  # noqa: E402
-from clarifyjax.delphi import DELPHI_CLASS_STEP, Judge  # noqa: E402
-from clarifyjax.seq2seq import Sampling, Seq2SeqModel  # noqa: E402
+from clarifyjax.reward import judge as delphi  # noqa: E402
+from clarifyjax.decoding import seq2seq as seq2seq_lib  # noqa: E402
+from clarifyjax.text import formats as text_lib  # noqa: E402
+from clarifyjax.reward.judge import DELPHI_CLASS_STEP, Judge  # noqa: E402
+from clarifyjax.decoding.seq2seq import Sampling, Seq2SeqModel  # noqa: E402
 from clarifyjax.models.tiny import (WANLI_LABELS, save_classifier_folder,  # noqa: E402
                                     save_t5_folder, tiny_bpe_tokenizer, tiny_spm_folder,
                                     tiny_t5_config)
-from clarifyjax.nli import NLIFilter  # noqa: E402
-from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline  # noqa: E402
+from clarifyjax.reward.nli import NLIFilter  # noqa: E402
+from clarifyjax.reward.pipeline import PipelineConfig, RewardPipeline  # noqa: E402
 
 DEV = REPO_ROOT.parent / "shared" / "data" / "delta-clarify" / "dev.tsv"
 

@@ -211,7 +211,7 @@ def interleaved(ours, reference, threads: list[int], repeats: int, reference_rep
 def bench_embed(count: int, batch_size: int, repeats: int, reference_repeats: int, embedder) -> dict:
     from sentence_transformers import SentenceTransformer
 
-    from sage_jax.embed import default_embedder_path
+    from clarifyjax.models.embedder import default_embedder_path
 
     load_start = load_average()
     texts = sentences(count)
@@ -265,7 +265,7 @@ def bench_pairs(n_questions: int, n_reference: int, batch_size: int, repeats: in
     from sentence_transformers import SentenceTransformer
 
     from sage_jax import data, metric
-    from sage_jax.embed import default_embedder_path
+    from clarifyjax.models.embedder import default_embedder_path
 
     load_start = load_average()
     split = {}
@@ -345,7 +345,7 @@ def main(argv=None) -> dict:
                                          pick(args.reference_questions, 5_000, 1_000),
                                          max(repeats, 5), max(reference_repeats, 3))
     if not (args.skip_embed and args.skip_pairs):
-        from sage_jax.embed import SentenceEmbedder
+        from clarifyjax.models.embedder import SentenceEmbedder
 
         embedder = SentenceEmbedder.from_pretrained()  # one embedder: its compiled shapes are reused
     if not args.skip_embed:
@@ -359,7 +359,7 @@ def main(argv=None) -> dict:
     if args.out is None:
         write_results("sage", results)
     else:
-        from clarifyjax.textfiles import atomic_write_bytes
+        from clarifyjax.files.textfiles import atomic_write_bytes
 
         results = {"benchmark": "sage", "machine": machine_info(), **results}
         atomic_write_bytes(args.out, (json.dumps(results, indent=2) + "\n").encode())

@@ -3,13 +3,13 @@
 (a) the answer stage of `sage-jax run` for 250 prompts (the reference's answer prompt over the
     q100 file's paraphrases), 32 new tokens, top-k 10 sampling, on a random Llama-shaped model of
     about 30M parameters (hidden 512, 7 layers, an 8192-token BPE: `llama_30m`): the whole stage
-    (`sage_jax.stages.Stage` over `clarifyjax.llm.LocalLM`, parsing and batch files included;
+    (`sage_jax.run.stages.Stage` over `clarifyjax.decoding.local_lm.LocalLM`, parsing and batch files included;
     compiled by a first run on the same prompts) against the reference method, `transformers`
     `pipeline("text-generation")` called once per prompt (vnnm404/SaGE scripts/model_output.py),
     same weights, same threads. `--reference-prompts N` times the reference on the first N
     prompts and scales its time to all of them (the JSON says so). The bound: the FLOPs of every
     prompt and new token at the jitted matmul rate measured at the model's shapes.
-(b) BERTScore of N text pairs (δ-CLARIFY sentences) on all-MiniLM-L6-v2: `clarifyjax.bertscore`
+(b) BERTScore of N text pairs (δ-CLARIFY sentences) on all-MiniLM-L6-v2: `clarifyjax.evaluation.bertscore`
     against the `bert-score` package's `BERTScorer` (the model loaded once on both sides, so that
     only scoring is timed), same layer, same pairs; equal output is checked (max |diff| of P, R, F).
 (c) the ParaScore filter over N candidates: questions with 10 numbered candidates each (other
@@ -64,8 +64,8 @@ def _package_scorer(folder: Path, layer: int):
 
 
 def bench_bertscore(n_pairs: int, repeats: int, reference_repeats: int) -> dict:
-    from clarifyjax.bertscore import bertscore, load_model
-    from sage_jax.embed import default_embedder_path
+    from clarifyjax.evaluation.bertscore import bertscore, load_model
+    from clarifyjax.models.embedder import default_embedder_path
 
     load_start = load_average()
     texts = sentences(2 * n_pairs)
@@ -146,8 +146,8 @@ def reference_filter(inputs, scorer, threshold: float) -> list[list[str]]:
 
 
 def bench_filter(n_candidates: int, repeats: int, reference_repeats: int, threshold: float = 0.6) -> dict:
-    from clarifyjax.bertscore import load_model
-    from sage_jax.embed import default_embedder_path
+    from clarifyjax.evaluation.bertscore import load_model
+    from clarifyjax.models.embedder import default_embedder_path
     from sage_jax.parascore import filter_paraphrases
 
     load_start = load_average()
@@ -246,7 +246,7 @@ PAIRS_FILE = "../shared/data/sage-mcc/vicuna-7b-v1.5_pairs_0.csv"
 
 def pairs_file_texts(n_questions: int | None) -> list[str]:
     """The distinct answers and rules of thumb of the vicuna pairs file (what SaGE embeds)."""
-    from clarifyjax.tables import resolve_data_path
+    from clarifyjax.files.tables import resolve_data_path
     from sage_jax import data
 
     questions = data.read_questions(resolve_data_path(PAIRS_FILE), need=("answer", "rot"))[:n_questions]
@@ -327,7 +327,7 @@ def bench_embedder(n_questions: int | None, repeats: int, reference_repeats: int
     import jax
     import torch
 
-    from sage_jax.embed import SentenceEmbedder, default_embedder_path, read_sentence_transformers_folder
+    from clarifyjax.models.embedder import SentenceEmbedder, default_embedder_path, read_sentence_transformers_folder
 
     load_start = load_average()
     texts = pairs_file_texts(n_questions)
@@ -405,8 +405,8 @@ def bench_embedder(n_questions: int | None, repeats: int, reference_repeats: int
 def _answer_prompts(count: int) -> list[str]:
     import csv
 
-    from clarifyjax.tables import resolve_data_path
-    from sage_jax import prompts as P
+    from clarifyjax.files.tables import resolve_data_path
+    from sage_jax.run import prompts as P
 
     path = resolve_data_path("../shared/data/sage-mcc/q100_gpt-3.5-turbo_rot.csv")
     with open(path, newline="", encoding="utf-8") as f:
@@ -425,7 +425,7 @@ def english_texts() -> list[str]:
     import csv
 
     from clarifyjax.models.tiny import corpus
-    from clarifyjax.tables import resolve_data_path
+    from clarifyjax.files.tables import resolve_data_path
 
     with open(resolve_data_path(TOKENIZER_TEXTS), newline="", encoding="utf-8") as f:
         extra = [r[k] for r in csv.DictReader(f) for k in ("question", "paraphrased", "model_output", "rot")]
@@ -473,11 +473,11 @@ def bench_answer_stage(args) -> dict:
     import transformers
     from flax import nnx
 
-    from clarifyjax.llm import LocalLM
-    from clarifyjax.textgen import Sampling
+    from clarifyjax.decoding.local_lm import LocalLM
+    from clarifyjax.text.generator import Sampling
     from reward import matmul_flops_per_s
-    from sage_jax import prompts as P
-    from sage_jax.stages import Stage, Task
+    from sage_jax.run import prompts as P
+    from sage_jax.run.stages import Stage, Task
 
     load_start = load_average()
     threads = os.cpu_count()
@@ -617,7 +617,7 @@ _STALE_KEYS = ("mode", "load_average_start", "load_average", "embedder_matmul_fr
 def merge_results(path: Path, parts: dict) -> dict:
     """Update `parts` in the JSON at `path`, keeping the other parts' entries as they were; the
     file is replaced atomically (a temporary file, then a rename) and printed."""
-    from clarifyjax.textfiles import atomic_write_bytes
+    from clarifyjax.files.textfiles import atomic_write_bytes
 
     old = json.loads(path.read_text()) if path.exists() else {}
     kept = {k: v for k, v in old.items() if k not in _STALE_KEYS}

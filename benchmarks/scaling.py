@@ -4,7 +4,7 @@
 
 Each device count runs in its own subprocess (XLA_FLAGS=--xla_force_host_platform_device_count=N
 must be set before jax starts). The workload is fixed (strong scaling): one PPO update (4 epochs,
-1 minibatch: `clarifyjax.ppo.make_ppo_update` over `clarifyjax.policy.make_ppo_fns`) of a tiny
+1 minibatch: `clarifyjax.rl.ppo.make_ppo_update` over `clarifyjax.rl.policy.make_ppo_fns`) of a tiny
 random T5 policy and value model (d_model 64, 2 + 2 layers, vocab 256) on a global batch of
 `--batch` rows (query 16, response 12 tokens), data-parallel over a mesh ``data = N`` (the
 default rules: parameters replicated, the batch split).
@@ -37,7 +37,7 @@ from pathlib import Path
 
 from _common import REPO_ROOT, timeit, write_results
 
-from clarifyjax.child_result import RESULT_FILE_ENV, read_result, write_result
+from clarifyjax.files.child_result import RESULT_FILE_ENV, read_result, write_result
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -60,10 +60,12 @@ def worker(batch: int, repeats: int) -> dict:
     from flax import nnx
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from clarifyjax import policy, ppo
-    from clarifyjax.models.params import split_model
+    from clarifyjax.rl import policy
+
+    from clarifyjax.rl import ppo
+    from clarifyjax.models.state import split_model
     from clarifyjax.models.value import ValueModel
-    from clarifyjax import sharding as sh
+    from clarifyjax.core import sharding as sh
     from clarifyjax.models.t5 import T5, T5Config
 
     n = jax.device_count()

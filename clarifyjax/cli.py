@@ -26,7 +26,7 @@ What the command line promises (issue 11):
   never accepted.
 * `score-questions --out` is checked before any work (a directory, a device, an earlier run's
   results without --overwrite, an input file, a folder that cannot be written) and written once,
-  at the end, by a rename; finished chunks wait beside it (clarifyjax.chunkstore), so the same
+  at the end, by a rename; finished chunks wait beside it (clarifyjax.files.chunkstore), so the same
   command resumes a killed run.
 * Bad input - a usage error, `CLIError`, the project's CheckpointError / ConfigError / DataError /
   TextFormatError (which name the file, line and field), an OSError (named by its path) - is
@@ -42,9 +42,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from clarifyjax.ranges import number_type
-from clarifyjax.score_config import MAX_TOKENS, add_reward_options  # imports no JAX
-from clarifyjax.textfiles import atomic_write_bytes, describe_os_error
+from clarifyjax.core.ranges import number_type
+from clarifyjax.config.score import MAX_TOKENS, add_reward_options  # imports no JAX
+from clarifyjax.files.textfiles import atomic_write_bytes, describe_os_error
 
 
 class CLIError(ValueError):
@@ -135,10 +135,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(one_line(str(e)), file=sys.stderr)
         return 2
-    from clarifyjax.configlib import ConfigError
+    from clarifyjax.config.loader import ConfigError
     from clarifyjax.data import DataError
     from clarifyjax.models.safetensors_io import CheckpointError
-    from clarifyjax.text import TextFormatError
+    from clarifyjax.text.formats import TextFormatError
 
     try:
         return int(args.run(args) or 0)
@@ -224,7 +224,7 @@ def _score_options(p: argparse.ArgumentParser) -> None:
 def _check_score_options(args: argparse.Namespace):
     """What one option alone cannot say, and the `RewardConfig`; all before any file is read or
     model loaded."""
-    from clarifyjax import score_config
+    from clarifyjax.config import score as score_config
 
     if (args.gain is None) != (args.bias is None):
         raise CLIError("--gain and --bias go together")
@@ -240,7 +240,7 @@ def _check_score_options(args: argparse.Namespace):
 
 
 def _read_inputs(args) -> tuple[list[str], list[str], list[str], list[str]]:
-    from clarifyjax.text_inputs import read_texts
+    from clarifyjax.data.situations import read_texts
 
     situations, s_where = read_texts(args.situations, args.situation_column, limit=args.limit)
     questions, q_where = read_texts(args.questions, args.question_column, limit=args.limit)
@@ -251,9 +251,9 @@ def _read_inputs(args) -> tuple[list[str], list[str], list[str], list[str]]:
 
 
 def _load_pipeline(args, rewards):
-    from clarifyjax import reward_pipeline
+    from clarifyjax.reward import pipeline as reward_pipeline
     from clarifyjax.models.safetensors_io import CheckpointError
-    from clarifyjax.reward import RewardNormalizer
+    from clarifyjax.reward.jsd import RewardNormalizer
 
     judge_options = {"class_step": args.class_step}
     try:
@@ -291,14 +291,14 @@ _NOT_IN_FINGERPRINT = ("out", "overwrite", "run", "command")
 
 def _score_chunks(args, rewards, situations: list[str], questions: list[str]):
     """Every chunk's `RewardOutput`, resuming an interrupted run of the same command (see
-    clarifyjax.chunkstore); models are loaded only when a chunk is left to score."""
+    clarifyjax.files.chunkstore); models are loaded only when a chunk is left to score."""
     import jax
 
-    from clarifyjax import score_config
-    from clarifyjax.buckets import equal_chunks
-    from clarifyjax.chunkstore import ChunkStore, fingerprint
-    from clarifyjax.configlib import config_to_dict
-    from clarifyjax.reward_pipeline import RewardOutput
+    from clarifyjax.config import score as score_config
+    from clarifyjax.core.buckets import equal_chunks
+    from clarifyjax.files.chunkstore import ChunkStore, fingerprint
+    from clarifyjax.config.loader import config_to_dict
+    from clarifyjax.reward.pipeline import RewardOutput
 
     options = {k: v for k, v in vars(args).items() if k not in _NOT_IN_FINGERPRINT}
     options["rewards"] = config_to_dict(rewards)  # what --config and KEY=VALUE gave, too
@@ -327,8 +327,8 @@ def _score_chunks(args, rewards, situations: list[str], questions: list[str]):
 @subcommand("score-questions", "reward of each (situation, question): answers, fused situations, "
             "judge distributions, JSD; prints the paper's Table 4", _score_options)
 def run_score_questions(args: argparse.Namespace) -> int:
-    from clarifyjax.reward_pipeline import concat_outputs
-    from clarifyjax.textfiles import check_output
+    from clarifyjax.reward.pipeline import concat_outputs
+    from clarifyjax.files.textfiles import check_output
 
     rewards = _check_score_options(args)
     check_output(args.out, overwrite=args.overwrite, error=CLIError,
@@ -381,17 +381,17 @@ def _train_options(p: argparse.ArgumentParser) -> None:
             "resumes from the run's newest checkpoint", _train_options)
 def run_train(args: argparse.Namespace) -> int:
     from clarifyjax.config import ConfigError, load_config, parse_overrides
-    from clarifyjax.configlib import read_yaml
+    from clarifyjax.config.loader import read_yaml
 
     # The file itself (missing, a directory, not UTF-8, YAML syntax with its line) fails here,
     # before JAX starts; a dry run's own `dryrun.*` overrides are checked by dryrun.main.
     read_yaml(args.config)
     parse_overrides(args.overrides)
     if args.dry_run:
-        from clarifyjax import distributed  # before any other JAX call
+        from clarifyjax.core import distributed  # before any other JAX call
 
         distributed.initialize()
-        from clarifyjax import dryrun
+        from clarifyjax.training import dryrun
 
         try:
             dryrun.main(str(args.config), list(args.overrides),
@@ -402,10 +402,10 @@ def run_train(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_config(args.config, parse_overrides(args.overrides))  # fails fast: no JAX call
-        from clarifyjax import distributed  # before any other JAX call
+        from clarifyjax.core import distributed  # before any other JAX call
 
         distributed.initialize()
-        from clarifyjax import train
+        from clarifyjax.training import loops as train
 
         result = train.run(cfg, tensorboard=not args.no_tensorboard,
                            progress=not args.no_progress)
@@ -422,13 +422,13 @@ def run_train(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- generate, serve
 
 def _generate_options(p: argparse.ArgumentParser) -> None:
-    from clarifyjax.generation_job import add_generate_options
+    from clarifyjax.serve.batch_job import add_generate_options
 
     add_generate_options(p)
 
 
 def _local_lm(args):
-    from clarifyjax.llm import LocalLM
+    from clarifyjax.decoding.local_lm import LocalLM
 
     if not args.model.is_dir():
         raise CLIError(f"MODEL_DIR {args.model}: " + (
@@ -440,8 +440,8 @@ def _local_lm(args):
 @subcommand("generate", "complete every prompt of a JSONL file with a local causal LM (n samples "
             "each); resumes a killed run", _generate_options)
 def run_generate(args: argparse.Namespace) -> int:
-    from clarifyjax import generation_job
-    from clarifyjax.textfiles import check_output
+    from clarifyjax.serve import batch_job as generation_job
+    from clarifyjax.files.textfiles import check_output
 
     sampling = generation_job.sampling_of(args, error=CLIError)
     check_output(args.output, overwrite=args.overwrite, option="--output", error=CLIError,
@@ -466,8 +466,8 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def _serve_options(p: argparse.ArgumentParser) -> None:
-    from clarifyjax.generation_job import add_model_options
-    from clarifyjax.openai_server import add_server_options
+    from clarifyjax.serve.batch_job import add_model_options
+    from clarifyjax.serve.openai_api import add_server_options
 
     add_model_options(p)
     add_server_options(p)
@@ -476,8 +476,8 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
 @subcommand("serve", "an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, "
             "/v1/models) for a local causal LM, batching concurrent requests", _serve_options)
 def run_serve(args: argparse.Namespace) -> int:
-    from clarifyjax.openai_server import OpenAIServer, ServerLimits
-    from clarifyjax.serving import serve_forever
+    from clarifyjax.serve.openai_api import OpenAIServer, ServerLimits
+    from clarifyjax.serve.http_server import serve_forever
 
     lm = _local_lm(args)
     lm.load()
@@ -503,12 +503,12 @@ def _evaluate_options(p: argparse.ArgumentParser) -> None:
             "automatic tables (Table 4, informativeness, BERTScore, Table 3); resumes from OUT/cache",
             _evaluate_options)
 def run_evaluate(args: argparse.Namespace) -> int:
-    from clarifyjax.configlib import parse_overrides
-    from clarifyjax.eval_config import check_inputs, load_eval_config
+    from clarifyjax.config.loader import parse_overrides
+    from clarifyjax.config.evaluate import check_inputs, load_eval_config
 
     cfg = load_eval_config(args.config, parse_overrides(args.overrides))  # before JAX starts
     check_inputs(cfg, str(args.config))
-    from clarifyjax.evaluation import evaluate
+    from clarifyjax.evaluation.evaluate import evaluate
 
     summary = evaluate(cfg)
     print((Path(cfg.out) / "results.md").read_text(encoding="utf-8"))
@@ -537,15 +537,15 @@ def _discriminator_data_options(p: argparse.ArgumentParser) -> None:
             "table: gold questions and hard negatives from similar situations",
             _discriminator_data_options)
 def run_discriminator_data(args: argparse.Namespace) -> int:
-    from clarifyjax import discriminator
-    from clarifyjax.tables import read_table
-    from clarifyjax.textfiles import check_output
+    from clarifyjax.data import discriminator
+    from clarifyjax.files.tables import read_table
+    from clarifyjax.files.textfiles import check_output
 
     check_output(args.out, overwrite=args.overwrite, error=CLIError,
                  inputs=(("--input", args.input),))
     situations, questions = discriminator.gold_questions(
         read_table(args.input, ("situation", "question")))
-    from sage_jax.embed import SentenceEmbedder  # the embedder lives in sage_jax (above us)
+    from clarifyjax.models.embedder import SentenceEmbedder  # the embedder lives in sage_jax (above us)
 
     embeddings = SentenceEmbedder.from_pretrained(args.embedder).embed(situations)
     rows = discriminator.discriminator_rows(situations, questions, embeddings, args.neighbours)
@@ -557,7 +557,11 @@ def run_discriminator_data(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- ask, interact, web
-# Each lives in its own module (clarifyjax/ask.py, interact.py, web.py; their shared options in
+# Each lives in its own module (clarifyjax/app/ask.py, interact.py, web.py; their shared options in
 # clarify_options.py) and registers itself here.
 
-from clarifyjax import ask, interact, web  # noqa: E402,F401  (each registers its subcommand)
+from clarifyjax.app import ask  # noqa: E402,F401  (each registers its subcommand)
+
+from clarifyjax.app import interact
+
+from clarifyjax.app import web

@@ -89,10 +89,10 @@ def corpus(data: Path, max_rows: int = 6000) -> list[str]:
 def train_tokenizer(texts: Sequence[str], folder: Path, vocab_size: int = VOCAB) -> Path:
     """A SentencePiece unigram model trained on `texts` -> `folder` (spiece.model, plus the Hugging
     Face tokenizer.json made from it so that later loads are fast), checked for the judge."""
-    from clarifyjax import delphi
-    from clarifyjax.textfiles import atomic_write_bytes
+    from clarifyjax.reward import judge as delphi
+    from clarifyjax.files.textfiles import atomic_write_bytes
     from clarifyjax.models.tiny import train_spm_model
-    from clarifyjax.tokenizer import Tokenizer
+    from clarifyjax.text.tokenizer import Tokenizer
 
     model = train_spm_model([t.replace("<", " ") for t in texts], vocab_size, num_threads=2,
                             hard_vocab_limit=False)  # the small example files give fewer pieces
@@ -112,7 +112,7 @@ def train_tokenizer(texts: Sequence[str], folder: Path, vocab_size: int = VOCAB)
 def derive_judge_file(silver: Path, path: Path) -> Path:
     """(text, class) TSV from the silver answers: the judge's training file."""
     from clarifyjax import data as data_lib
-    from clarifyjax.textfiles import atomic_write_bytes
+    from clarifyjax.files.textfiles import atomic_write_bytes
 
     table = data_lib.silver_judge_rows(data_lib.read_table(silver, data_lib.SILVER_COLUMNS))
     out = io.StringIO()
@@ -235,9 +235,9 @@ def show_samples(cfg, before: Path, after: Path, data: Path, n: int = 5) -> None
     """Greedy questions of the SFT policy and of the PPO policy for dev situations, with what the
     answer generator, the fusion model and the judge make of them."""
     from clarifyjax import data as data_lib
-    from clarifyjax import text
-    from clarifyjax.seq2seq import Sampling, Seq2SeqModel
-    from clarifyjax.train import build_reward_fn
+    from clarifyjax.text import formats as text
+    from clarifyjax.decoding.seq2seq import Sampling, Seq2SeqModel
+    from clarifyjax.training.loops import build_reward_fn
 
     situations = data_lib.unique_situations(data_lib.read_table(data / "dev.tsv",
                                                                 ("situation",)))[:n]
@@ -260,7 +260,7 @@ def write_models_file(cfg, out: Path) -> Path:
     import dataclasses
 
     from clarifyjax.config import ModelsConfig, load_models_config
-    from clarifyjax.configlib import save_config
+    from clarifyjax.config.loader import save_config
 
     policy = dataclasses.replace(cfg.policy, init=str(out / "ppo_tiny" / "final"))
     path = save_config(ModelsConfig(policy=policy, rewards=cfg.rewards), out / "models.yaml")
@@ -271,8 +271,8 @@ def evaluation_config(ppo_cfg, out: Path, data: Path, plan: dict):
     why baselines (the demo trains no NLI filter, discriminator or QA model, so pipeline-nli,
     discriminator and informativeness are left out), with the PPO run's reward models, BERTScore
     on all-MiniLM-L6-v2 when it is installed, and Table 3 on the silver answers."""
-    from clarifyjax.configlib import config_to_dict
-    from clarifyjax.eval_config import eval_config_from_dict
+    from clarifyjax.config.loader import config_to_dict
+    from clarifyjax.config.evaluate import eval_config_from_dict
 
     wh = str(out / "sft_wh_question_tiny" / "final")
     raw = {
@@ -290,7 +290,7 @@ def evaluation_config(ppo_cfg, out: Path, data: Path, plan: dict):
         "table3": {"path": str(data / "sc_dev_questions_gpt.tsv"), "groups": 16,
                    "answerer": ppo_cfg.rewards.answerer.init}}
     try:
-        from sage_jax.embed import default_embedder_path
+        from clarifyjax.models.embedder import default_embedder_path
 
         raw["bertscore"] = {"model": str(default_embedder_path()), "layer": 6}
     except Exception:  # noqa: BLE001  (the metric is optional here; the table says "-")
@@ -299,7 +299,7 @@ def evaluation_config(ppo_cfg, out: Path, data: Path, plan: dict):
 
 
 def run_evaluation(ppo_cfg, out: Path, data: Path, plan: dict) -> dict:
-    from clarifyjax.evaluation import evaluate
+    from clarifyjax.evaluation.evaluate import evaluate
 
     cfg = evaluation_config(ppo_cfg, out, data, plan)
     print("\n=== clarifyjax evaluate: the PPO policy against the baselines ===", flush=True)
@@ -344,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
         jax.config.update("jax_compilation_cache_dir", str(out / ".jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    from clarifyjax import train
+    from clarifyjax.training import loops as train
 
     data, kind = find_data(args.data)
     if kind == "examples":

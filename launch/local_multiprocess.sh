@@ -6,7 +6,7 @@
 #   launch/local_multiprocess.sh 2 clarifyjax train configs/ppo_tiny.yaml run.steps=2
 #
 # Process i gets CLARIFYJAX_COORDINATOR=127.0.0.1:PORT, CLARIFYJAX_NUM_PROCESSES=N and
-# CLARIFYJAX_PROCESS_ID=i (read by clarifyjax.distributed.initialize), and, unless told otherwise,
+# CLARIFYJAX_PROCESS_ID=i (read by clarifyjax.core.distributed.initialize), and, unless told otherwise,
 # DEVICES_PER_PROCESS fake CPU devices (XLA_FLAGS, JAX_PLATFORMS=cpu). Output lines are prefixed
 # with "[i] ". Waits for all; if one fails, the others are stopped (TERM, then KILL) and the
 # script exits with the failing status. Ctrl-C stops them all.

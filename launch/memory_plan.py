@@ -5,7 +5,7 @@
     python launch/memory_plan.py configs/ppo_t5_large.yaml mesh.fsdp=8 --markdown plan.md
 
 For each hardware target (a TPU v4-32: 16 chips of 32 GiB; 8 H100s of 80 GiB) and each judge (the
-config's, and Delphi's size, T5-11B) the script prints `clarifyjax.memory_plan.plan`, which builds
+config's, and Delphi's size, T5-11B) the script prints `clarifyjax.training.memory_plan.plan`, which builds
 every model of the run abstractly (no devices, no weights) and adds up each device's shards; its
 docstring says what is counted.
 """
@@ -21,11 +21,11 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO_ROOT))
 
-# The plan itself is `clarifyjax.memory_plan`; this script prints it for a few scenarios.
+# The plan itself is `clarifyjax.training.memory_plan`; this script prints it for a few scenarios.
 from clarifyjax.config import config_from_dict, config_to_dict, load_config  # noqa: E402
-from clarifyjax.memory_plan import (  # noqa: E402,F401  (the tests read these names here)
+from clarifyjax.training.memory_plan import (  # noqa: E402,F401  (the tests read these names here)
     GiB, KNOWN_ARCHITECTURES, Hardware, PlanError, plan)
-from clarifyjax.textfiles import atomic_write_bytes  # noqa: E402
+from clarifyjax.files.textfiles import atomic_write_bytes  # noqa: E402
 
 HARDWARE = {
     "v4-32": Hardware("TPU v4-32 (16 chips x 32 GiB)", 16, 32 * GiB, 4),  # 4 hosts of 4 chips

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Train on a Cloud TPU pod slice: create (or reuse) the TPU VM, install this project on every
 # worker, and start `clarifyjax train CONFIG key=value...` on all workers at once. Each worker runs
-# one JAX process; clarifyjax.distributed.initialize() finds the others through the TPU metadata.
+# one JAX process; clarifyjax.core.distributed.initialize() finds the others through the TPU metadata.
 #
 #   launch/tpu_pod.sh [options] CONFIG [key=value...]
 #   launch/tpu_pod.sh --name my-v4 --zone us-central2-b --type v4-32 \
@@ -139,7 +139,7 @@ test -x .venv/bin/python || $py -m venv .venv
 .venv/bin/pip install -q -e .
 jax_version=\$(.venv/bin/python -c 'import jax; print(jax.__version__)')
 .venv/bin/pip install -q \"jax[tpu]==\$jax_version\" -f https://storage.googleapis.com/jax-releases/libtpu_releases.html
-.venv/bin/python -c 'import clarifyjax.distributed'"
+.venv/bin/python -c 'import clarifyjax.core.distributed'"
   if [[ -n $data_dir ]]; then
     on_all_workers "mkdir -p ~/shared"
     gc compute tpus tpu-vm scp --recurse "$data_dir" "$name:~/shared/data" "${common[@]}" --worker=all

@@ -2,14 +2,14 @@
 
   metric    pure, jitted SaGE over [batch, n, d] embeddings or [batch, n, n] similarities (jax only)
   embed     sentence embedder on clarifyjax.models.encoder (sentence-transformers folders)
-  lexical   pairwise BLEU / ROUGE-L / BERTScore consistency baselines (clarifyjax.bertscore)
+  lexical   pairwise BLEU / ROUGE-L / BERTScore consistency baselines (clarifyjax.evaluation.bertscore)
   parascore ParaScore (the toolkit's) and the paraphrase filter
-  data      long / pairs files (read by clarifyjax.tables) -> questions -> padded [batch, n]
+  data      long / pairs files (read by clarifyjax.files.tables) -> questions -> padded [batch, n]
             batches
   report    per-question CSV, summary JSON, table, PNG; the output folder, replaced as a whole
   scoring   one model's file scored (SaGE and the baselines), for `score` and `run` alike
   prompts   the `code` and `paper` presets of `sage-jax run` (the reference's prompts, fixed)
-  generators  OpenAI-compatible endpoints and recorded files as clarifyjax.textgen generators
+  generators  OpenAI-compatible endpoints and recorded files as clarifyjax.text.generator generators
   run_config, stages, pipeline, run_report   `sage-jax run`: config, resumable stages, report
   cli       `sage-jax score ...`, `sage-jax run ...`
 

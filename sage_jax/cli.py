@@ -26,7 +26,7 @@ import warnings
 from pathlib import Path
 from typing import Sequence
 
-from clarifyjax.textfiles import describe_os_error
+from clarifyjax.files.textfiles import describe_os_error
 from sage_jax.scoring import (MAX_TEXTS, TEXT_FIELDS, Loaded, load_bertscore_model,  # noqa: F401  (tests read and
                               score_loaded)  # patch them here)
 
@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="score one or more files (one per model) and compare them")
     r = sub.add_parser("run", allow_abbrev=False,
                        help="the whole pipeline from a questions file: paraphrases, answers, rules of thumb, "
-                            "scores and the report (see sage_jax.pipeline)")
-    r.add_argument("config", type=Path, help="YAML run config (sage_jax.run_config)")
+                            "scores and the report (see sage_jax.run.pipeline)")
+    r.add_argument("config", type=Path, help="YAML run config (sage_jax.run.config)")
     r.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. limit=20")
     r.add_argument("--stages", default="paraphrase,answer,rot,score,report",
                    help="comma-separated stages to run, of paraphrase,answer,rot,score,report")
@@ -126,7 +126,7 @@ def check_options(args) -> None:
 
 def check_inputs(files: Sequence[Path]) -> None:
     """Each input exists, is a file of a known type and is given once."""
-    from clarifyjax.tables import file_kind
+    from clarifyjax.files.tables import file_kind
 
     missing = [str(f) for f in files if not f.exists()]
     if missing:
@@ -168,7 +168,7 @@ def _load_all(args, names: Sequence[str]) -> list[Loaded]:
 def _check_embedder(args) -> None:
     """The embedder folder exists (cheap), when one will be loaded: before reading any input."""
     from clarifyjax.models.safetensors_io import check_folder
-    from sage_jax.embed import default_embedder_path
+    from clarifyjax.models.embedder import default_embedder_path
 
     if args.bertscore_model is not None and not args.no_bertscore:
         check_folder(args.bertscore_model)
@@ -204,7 +204,7 @@ def run_score(args) -> int:
 
         def embedder_fn():
             if "embedder" not in cache:
-                from sage_jax.embed import SentenceEmbedder
+                from clarifyjax.models.embedder import SentenceEmbedder
 
                 cache["embedder"] = SentenceEmbedder.from_pretrained(args.embedder)
             return cache["embedder"]
@@ -239,10 +239,11 @@ def run_score(args) -> int:
 
 
 def run_pipeline(args) -> int:
-    from clarifyjax.configlib import parse_overrides
-    from sage_jax import pipeline, run_config
-    from sage_jax.generators import GenerationError
-    from sage_jax.stages import StageError
+    from clarifyjax.config.loader import parse_overrides
+    from sage_jax.run import pipeline
+    from sage_jax.run import config as run_config
+    from sage_jax.run.generators import GenerationError
+    from sage_jax.run.stages import StageError
 
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = [s for s in stages if s not in pipeline.STAGES]

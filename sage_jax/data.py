@@ -12,7 +12,7 @@ Two layouts are read, each as CSV, TSV or JSONL (by the file's suffix):
   and must agree across the rows that mention them.
 
 A missing column is an error naming the file and the column; a malformed row names the file and the
-line (see `clarifyjax.tables` for the encoding, header and row rules). Empty texts are kept in the
+line (see `clarifyjax.files.tables` for the encoding, header and row rules). Empty texts are kept in the
 questions and masked out (and counted) when batching.
 
 Duplicates, each decided by whether the tool can know what was meant:
@@ -41,7 +41,7 @@ from typing import Sequence
 
 import numpy as np
 
-from clarifyjax.tables import NOT_TEXT, DataError, read_rows
+from clarifyjax.files.tables import NOT_TEXT, DataError, read_rows
 from sage_jax.metric import SIMILARITY_TOLERANCE
 
 __all__ = ["FIELDS", "Columns", "DataError", "DataWarning", "Question", "TextBatch", "detect_format",

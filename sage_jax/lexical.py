@@ -11,7 +11,7 @@ i < j of its pairs files, and so do we:
   whitespace tokens, text i the reference and text j the hypothesis. This reproduces the `bleu_*`
   columns of the reference pairs files exactly (paraphrase `_1` = reference, `_2` = hypothesis).
 * ROUGE-L: rouge-score's `rougeL` F-measure with `use_stemmer=True` (the `rouge_*` columns).
-* BERTScore F1: `clarifyjax.bertscore`, the `bert-score` package's computation exactly (the
+* BERTScore F1: `clarifyjax.evaluation.bertscore`, the `bert-score` package's computation exactly (the
   reference calls it with bert-base-uncased, layer 9, no idf, no rescaling), text i the reference
   and text j the candidate.
 
@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from clarifyjax.bertscore import bertscore
+from clarifyjax.evaluation.bertscore import bertscore
 
 
 def _clean(texts: Sequence[str]) -> list[str]:
@@ -126,7 +126,7 @@ def bertscore_consistency(texts_per_question: Sequence[Sequence[str]], *, model,
                           on_chunk: Callable[[int, int], None] | None = None) -> np.ndarray:
     """[batch] mean pairwise BERTScore F1 per question, as the reference scores its pairs.
 
-    Every pair i < j of a question's (non-empty) texts is scored by `clarifyjax.bertscore` with
+    Every pair i < j of a question's (non-empty) texts is scored by `clarifyjax.evaluation.bertscore` with
     text j the candidate and text i the reference, no idf and no rescaling: the `bert-score`
     package's F1 on the pairs listed question by question, in batches of `batch_size` pairs
     (whose padding the package lets into the scores; the reference calls it one pair at a time,

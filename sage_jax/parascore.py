@@ -7,7 +7,7 @@ The toolkit (shadowkiller33/parascore_toolkit, `ParaScorer.base_score(cands, sou
               = -1 + ((1 + gamma) / gamma) * NED     otherwise
     NED       = Levenshtein(cand, source) / max(len(cand), len(source))   (characters, raw strings)
 
-with gamma = 0.35 and omega = 0.05, F_BERT the `bert-score` package's F1 (`clarifyjax.bertscore`) and
+with gamma = 0.35 and omega = 0.05, F_BERT the `bert-score` package's F1 (`clarifyjax.evaluation.bertscore`) and
 the Levenshtein distance nltk's `edit_distance` (substitution 1, no transpositions), here computed
 row by row in numpy (the same numbers, without a Python loop over characters). Without references
 the score is `F_BERT(cand, source) + omega * DS` (the toolkit's `free_score` means this, but its
@@ -26,8 +26,8 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from clarifyjax.bertscore import bertscore
-from clarifyjax.textfiles import check_texts
+from clarifyjax.evaluation.bertscore import bertscore
+from clarifyjax.files.textfiles import check_texts
 
 GAMMA = 0.35
 OMEGA = 0.05
@@ -75,7 +75,7 @@ def parascore(sources: Sequence[str], candidates: Sequence[str], references: Seq
 
     Args:
       sources, candidates: N texts each; references: N texts or None (reference-free score).
-      model: a BERT / RoBERTa folder or `clarifyjax.bertscore.BertScoreModel`; layer: BERTScore's
+      model: a BERT / RoBERTa folder or `clarifyjax.evaluation.bertscore.BertScoreModel`; layer: BERTScore's
         hidden_states index (default the package's for the model).
       gamma: in (0, 1], the NED above which diversity no longer adds; omega: >= 0, its weight.
     """

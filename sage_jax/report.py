@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from clarifyjax.textfiles import atomic_write_bytes
+from clarifyjax.files.textfiles import atomic_write_bytes
 
 # Metric key -> label in the printed table, in display order.
 METRICS = {"sage": "SaGE", "bleu": "BLEU", "rouge_l": "ROUGE-L", "bertscore": "BERTScore"}

@@ -106,8 +106,8 @@ def sage_per_text(item: Loaded, args, embedder_fn, progress) -> dict[str, np.nda
 def load_bertscore_model(args):
     """(model, layer) of the BERTScore baseline: --bertscore-model (default the embedder folder)
     at --bertscore-layer (default bert-score's layer for the model, else its last layer)."""
-    from clarifyjax.bertscore import default_layer, load_model
-    from sage_jax.embed import default_embedder_path
+    from clarifyjax.evaluation.bertscore import default_layer, load_model
+    from clarifyjax.models.embedder import default_embedder_path
 
     model = load_model(args.bertscore_model or args.embedder or default_embedder_path())
     layer = args.bertscore_layer

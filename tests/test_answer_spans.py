@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clarifyjax.answer_spans import best_spans
+from clarifyjax.evaluation.answer_spans import best_spans
 
 NEG = -1e4
 

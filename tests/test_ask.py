@@ -24,7 +24,7 @@ ROW_KEYS = ("situation_at", "situation", "question", "reward", "raw_reward", "js
 # The child SIGKILLs itself when the second chunk starts: one chunk is saved, the file is not.
 KILLED_CHILD = """
 import os, signal, sys
-from clarifyjax import clarify
+from clarifyjax.app import clarifier as clarify
 from clarifyjax.cli import main
 original, calls = clarify.Clarifier.ask, []
 def ask(self, *args, **kwargs):

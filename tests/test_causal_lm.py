@@ -19,9 +19,10 @@ from flax import nnx
 
 from helpers.causal_lm_builders import VOCAB, make_hf_causal_lm, prompts, right_padded
 
-from clarifyjax import traces
+from clarifyjax.core import traces
 from clarifyjax.decoding import generate, score
-from clarifyjax.models import causal_lm_params, hf
+from clarifyjax.models import hf
+from clarifyjax.models.hf import causal_lm_map as causal_lm_params
 from clarifyjax.models.hf import load_causal_lm, read_generation_defaults
 from clarifyjax.models.safetensors_io import CheckpointError, SafetensorsFile, safetensors_bytes
 

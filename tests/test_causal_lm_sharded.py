@@ -23,11 +23,11 @@ SHARDED = textwrap.dedent("""
     import numpy as np, jax
     from flax import nnx
     from helpers.causal_lm_builders import make_hf_causal_lm, prompts, right_padded
-    from clarifyjax.child_result import write_result
+    from clarifyjax.files.child_result import write_result
     from clarifyjax.decoding import generate, score
     from helpers.read_spy import record_reads
     from clarifyjax.models.hf import load_causal_lm
-    from clarifyjax.sharding import FSDP_RULES, MeshConfig, make_mesh, shard_batch
+    from clarifyjax.core.sharding import FSDP_RULES, MeshConfig, make_mesh, shard_batch
 
     assert jax.device_count() == 8
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, model=2))

@@ -1,4 +1,4 @@
-"""Prompts of decoder-only models (clarifyjax.tokenizer.CausalTokenizer): a model's own chat
+"""Prompts of decoder-only models (clarifyjax.text.tokenizer.CausalTokenizer): a model's own chat
 template gives exactly transformers' `apply_chat_template` ids (one BOS, not two), FastChat's
 vicuna_v1.1 gives FastChat's prompt, and a raw prompt is tokenized as `transformers` does by
 default (as SaGE's `pipeline` calls send it)."""
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from clarifyjax.tokenizer import VICUNA_V1_1_SYSTEM, CausalTokenizer
+from clarifyjax.text.tokenizer import VICUNA_V1_1_SYSTEM, CausalTokenizer
 from conftest import require, shared_data
 
 CHAT = [{"role": "system", "content": "Be brief."},

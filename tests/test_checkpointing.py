@@ -1,4 +1,4 @@
-"""clarifyjax.checkpointing: orbax round trips, retention, sharded restore, SIGTERM and kill -9.
+"""clarifyjax.training.checkpointing: orbax round trips, retention, sharded restore, SIGTERM and kill -9.
 
 The preemption tests run a tiny training loop (LOOP below) in a subprocess; its state after n steps
 has a closed form (`expected_state`), so a resumed run is checked against arithmetic, not against
@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from clarifyjax.checkpointing import Checkpointer, PreemptionGuard, jsonable
+from clarifyjax.training.checkpointing import Checkpointer, PreemptionGuard, jsonable
 from clarifyjax.models.safetensors_io import CheckpointError
-from clarifyjax.child_result import RESULT_FILE_ENV, read_result
+from clarifyjax.files.child_result import RESULT_FILE_ENV, read_result
 from conftest import REPO_ROOT
 from helpers.children import child_failure, child_result, clean_env, run_with_fake_devices
 
@@ -124,8 +124,8 @@ def test_sharded_save_restores_into_other_shardings():
         import tempfile
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import NamedSharding, PartitionSpec as P
-        from clarifyjax.checkpointing import Checkpointer
-        from clarifyjax.child_result import write_result
+        from clarifyjax.training.checkpointing import Checkpointer
+        from clarifyjax.files.child_result import write_result
         auto = (jax.sharding.AxisType.Auto,) * 2
         mesh = jax.make_mesh((4, 1), ("a", "b"), axis_types=auto)
         x = jax.device_put(jnp.arange(32.0).reshape(8, 4), NamedSharding(mesh, P("a", None)))
@@ -155,8 +155,8 @@ def test_sharded_save_restores_into_other_shardings():
 LOOP = textwrap.dedent("""
     import sys, time
     import jax, jax.numpy as jnp, numpy as np
-    from clarifyjax.checkpointing import Checkpointer, PreemptionGuard
-    from clarifyjax.child_result import write_result
+    from clarifyjax.training.checkpointing import Checkpointer, PreemptionGuard
+    from clarifyjax.files.child_result import write_result
 
     directory, total, pause = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 

@@ -113,7 +113,7 @@ BAD_FILES = [
 @pytest.fixture
 def setup(tmp_path, monkeypatch):
     """Good inputs, empty model folders and an --out path; loading a model fails the test."""
-    from clarifyjax import reward_pipeline
+    from clarifyjax.reward import pipeline as reward_pipeline
 
     def no_models(*args, **kwargs):
         raise AssertionError("models were loaded before the bad input was reported")
@@ -380,7 +380,7 @@ def test_a_failed_write_is_one_line_and_leaves_the_earlier_file(tiny, tmp_path, 
 
 def _kill_on_call(monkeypatch, kill_at: int | None) -> list:
     """Count RewardPipeline calls; raise KeyboardInterrupt (the job is killed) on call `kill_at`."""
-    from clarifyjax.reward_pipeline import RewardPipeline
+    from clarifyjax.reward.pipeline import RewardPipeline
 
     calls, real = [], RewardPipeline.__call__
 
@@ -437,7 +437,7 @@ def test_chunks_of_other_inputs_are_not_reused(folders, rows, tmp_path, capsys, 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     from helpers.tiny_models import tiny_spm_folder
-    from clarifyjax.tokenizer import Tokenizer
+    from clarifyjax.text.tokenizer import Tokenizer
 
     return Tokenizer.from_pretrained(tiny_spm_folder(tmp_path_factory))
 
@@ -449,7 +449,7 @@ def tokenizer(tmp_path_factory):
     ("\x00", "a NUL character"),
 ])
 def test_unencodable_text_names_its_index(tokenizer, text, what):
-    from clarifyjax.tokenizer import TextEncodingError
+    from clarifyjax.text.tokenizer import TextEncodingError
 
     with pytest.raises(TextEncodingError, match=f"text 1 of the batch cannot be encoded: {what}"
                        ) as info:

@@ -15,9 +15,9 @@ import sys
 import numpy as np
 import pytest
 
-from clarifyjax.buckets import equal_chunks
+from clarifyjax.core.buckets import equal_chunks
 from clarifyjax.cli import SUBCOMMANDS, main
-from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline
+from clarifyjax.reward.pipeline import PipelineConfig, RewardPipeline
 from conftest import REPO_ROOT, shared_data
 from helpers.score_cli import N, args_for, folders, rows, write_lines  # noqa: F401 (fixtures)
 from helpers.tiny_models import tiny_nli_folder, tiny_t5_folder

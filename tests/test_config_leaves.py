@@ -32,9 +32,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clarifyjax.buckets import column_buckets
+from clarifyjax.core.buckets import column_buckets
 from clarifyjax.config import ConfigError, PPOConfig, RunConfig, config_from_dict, load_config
-from clarifyjax.configlib import read_yaml, within
+from clarifyjax.config.loader import read_yaml, within
 from conftest import REPO_ROOT
 
 CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
@@ -47,7 +47,7 @@ LOOP_KEYS = {f"run.{f.name}" for f in dataclasses.fields(RunConfig)} | {
 def test_loop_keys_cover_run_and_are_read_by_the_loops():
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     assert {k.split(".", 1)[1] for k in LOOP_KEYS if k.startswith("run.")} == run_fields
-    # The loops and the programs they compile (clarifyjax/programs.py) read these keys.
+    # The loops and the programs they compile (clarifyjax/training/programs.py) read these keys.
     source = "".join((REPO_ROOT / "clarifyjax" / f).read_text() for f in ("train.py", "programs.py"))
     for key in sorted(LOOP_KEYS):
         name = key.split(".", 1)[1]
@@ -145,8 +145,15 @@ def _pairs(n):
 @pytest.fixture(scope="module")
 def stubs():
     """Loaders that record their arguments instead of reading weights or files."""
-    from clarifyjax import data, delphi, nli, programs, reward_pipeline, seq2seq, sharding, train
+    from clarifyjax import data
 
+    from clarifyjax.reward import judge as delphi
+    from clarifyjax.reward import nli
+    from clarifyjax.training import programs
+    from clarifyjax.reward import pipeline as reward_pipeline
+    from clarifyjax.decoding import seq2seq
+    from clarifyjax.core import sharding
+    from clarifyjax.training import loops as train
     rec = _Recorder()
     mp = pytest.MonkeyPatch()
 
@@ -186,7 +193,7 @@ def _recorded(rec, fn, *args):
 
 
 def _t5(rec, model_cfg):
-    from clarifyjax import programs
+    from clarifyjax.training import programs
 
     if model_cfg is None:
         return None
@@ -201,7 +208,7 @@ def _optimizer_trace(opt, steps):
     norms 100, 1 and 10 (so clipping changes the moments), and the schedule over the run."""
     import jax.numpy as jnp
 
-    from clarifyjax import optim
+    from clarifyjax.training import optim
 
     schedule = optim.make_schedule(opt, steps)
     out = [float(schedule(c)) for c in np.linspace(0, steps - 1, 9)]
@@ -216,8 +223,11 @@ def _optimizer_trace(opt, steps):
 
 
 def _runtime(cfg, rec) -> dict:
-    from clarifyjax import data, programs, sharding, train
+    from clarifyjax import data
 
+    from clarifyjax.training import programs
+    from clarifyjax.core import sharding
+    from clarifyjax.training import loops as train
     rt = {"mesh": (cfg.mesh.axis_sizes(), sharding.RULES[cfg.mesh.rules]),
           "optimizer": _optimizer_trace(cfg.optimizer, cfg.run.steps)}
     if not isinstance(cfg, PPOConfig):
@@ -231,7 +241,7 @@ def _runtime(cfg, rec) -> dict:
     rt["policy"] = (_t5(rec, p), p.tokenizer_path,
                     column_buckets(cfg.data.length_buckets, p.max_input_length))
     rt["reference"], rt["value"] = _t5(rec, cfg.reference), _t5(rec, cfg.value.model)
-    from clarifyjax import ppo  # what make_ppo_update reads of the section: its PPOConfig fields
+    from clarifyjax.rl import ppo  # what make_ppo_update reads of the section: its PPOConfig fields
 
     rt["ppo"] = tuple(getattr(h, f.name) for f in dataclasses.fields(ppo.PPOConfig))
     rt["kl"] = programs.kl_controller(h)  # as train_ppo builds it

@@ -16,7 +16,7 @@ import pytest
 
 from clarifyjax import config as config_lib
 from clarifyjax.config import ConfigError, load_config
-from clarifyjax.configlib import numeric_fields, read_yaml, within
+from clarifyjax.config.loader import numeric_fields, read_yaml, within
 from conftest import REPO_ROOT
 
 CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
@@ -96,8 +96,14 @@ def test_meaningless_numbers_in_a_file_name_the_file_and_key(tmp_path, key, text
 def test_nli_threshold_has_one_default():
     import inspect
 
-    from clarifyjax import cli, nli, reward_pipeline, score_config
+    from clarifyjax import cli
 
+
+    from clarifyjax.reward import nli
+
+    from clarifyjax.reward import pipeline as reward_pipeline
+
+    from clarifyjax.config import score as score_config
     args = cli.parse_args(["score-questions", "--situations", "s", "--questions", "q",
                            "--answerer", "a", "--fusion", "f", "--judge", "j", "--nli", "n",
                            "--out", "o"])
@@ -121,7 +127,7 @@ def test_yaml_rewards_and_cli_flags_build_the_same_reward_config(tmp_path):
     """A `rewards:` section left at its defaults and `score-questions` without reward flags: one
     RewardConfig (so one pipeline and one NLI decision); and the flags, a --config file (the
     section alone or a whole PPO config) and KEY=VALUE items mean the same keys."""
-    from clarifyjax.score_config import reward_config
+    from clarifyjax.config.score import reward_config
 
     yaml_file = tmp_path / "run.yaml"
     yaml_file.write_text("kind: ppo\npolicy: p\nrewards:\n  answerer: a\n  fusion: f\n"
@@ -154,8 +160,9 @@ def test_yaml_rewards_and_cli_flags_build_the_same_reward_config(tmp_path):
 def test_score_questions_config_and_overrides_reach_the_pipeline(tmp_path, monkeypatch, capsys):
     """``score-questions --config x.yaml KEY=VALUE``: the pipeline is built from that RewardConfig;
     a bad key, or a flag and an item on one key, is one line naming it, before any model loads."""
-    from clarifyjax import cli, reward_pipeline
+    from clarifyjax import cli
 
+    from clarifyjax.reward import pipeline as reward_pipeline
     built = []
 
     def load_pipeline(rewards, **kwargs):
@@ -200,8 +207,11 @@ def test_score_questions_config_and_overrides_reach_the_pipeline(tmp_path, monke
 def test_each_setting_is_declared_once():
     """The YAML sections that lower modules consume are those modules' own dataclasses (or extend
     them): one default and one range per setting, no copy to keep in step."""
-    from clarifyjax import ppo, programs, reward_pipeline, sharding
+    from clarifyjax.rl import ppo
 
+    from clarifyjax.training import programs
+    from clarifyjax.reward import pipeline as reward_pipeline
+    from clarifyjax.core import sharding
     assert issubclass(config_lib.PPOHyperparams, ppo.PPOConfig)
     h = config_lib.PPOHyperparams()
     for f in dataclasses.fields(ppo.PPOConfig):
@@ -225,7 +235,7 @@ def test_score_questions_judge_kind_as_the_flags_always_gave_it(tmp_path):
     """With no file or item naming the judge's kind, a --judge classifier folder (config.json
     model_type roberta) is an encoder judge read without the T5 prefix, as the flags always
     meant; a kind the config gives wins."""
-    from clarifyjax.score_config import reward_config
+    from clarifyjax.config.score import reward_config
 
     judge = tmp_path / "judge"
     judge.mkdir()

@@ -3,7 +3,7 @@ started by `launch/local_multiprocess.sh`) restore on 1 process with 1 device an
 with 8 devices (another mesh: data=1 x fsdp=8) with bit-equal values (issue 6).
 
 The saved state is a tiny T5's parameters, an Adam state after one update (moments sharded like
-their parameters) and a step counter, written by `clarifyjax.checkpointing.Checkpointer` (orbax:
+their parameters) and a step counter, written by `clarifyjax.training.checkpointing.Checkpointer` (orbax:
 every process writes its own shards). Process 0 of the saving run dumps the gathered values to an
 .npz; each restoring run dumps what it restored; the test compares them exactly.
 """
@@ -18,16 +18,16 @@ from helpers.children import fake_device_env, run_child, run_launcher, run_with_
 
 DRIVER = r'''
 import sys
-from clarifyjax import distributed
-from clarifyjax.child_result import write_result
+from clarifyjax.core import distributed
+from clarifyjax.files.child_result import write_result
 distributed.initialize()
 
 import jax, jax.numpy as jnp, numpy as np, optax
 from flax import nnx
 from jax.experimental import multihost_utils
-from clarifyjax.models.params import split_model
-from clarifyjax import sharding as sh
-from clarifyjax.checkpointing import Checkpointer, to_abstract
+from clarifyjax.models.state import split_model
+from clarifyjax.core import sharding as sh
+from clarifyjax.training.checkpointing import Checkpointer, to_abstract
 from clarifyjax.models.t5 import T5, T5Config
 
 mode, ckpt_dir, out_path = sys.argv[1:4]

@@ -95,7 +95,7 @@ def test_no_intact_checkpoint_is_one_line_and_moves_nothing(base, tmp_path):
                                    PermissionError(13, "Permission denied"),
                                    TimeoutError("read timed out")])
 def test_a_failure_outside_the_files_is_not_damage(base, tmp_path, monkeypatch, error):
-    from clarifyjax.checkpointing import Checkpointer
+    from clarifyjax.training.checkpointing import Checkpointer
 
     run = R.copy_run(base[0], tmp_path)
     before = R.snapshot(run)

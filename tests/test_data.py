@@ -1,7 +1,7 @@
 """clarifyjax.data on the real δ-CLARIFY files: counts, formats, splits, batches, resume, host shards.
 
 Row counts are those documented in ../shared/data/README.md. Formats are checked against string
-templates written here (not through clarifyjax.text). Batching is checked with a toy word
+templates written here (not through clarifyjax.text.formats). Batching is checked with a toy word
 tokenizer defined here, and once end to end with the project's SentencePiece tokenizer.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from clarifyjax import data as D
-from clarifyjax.buckets import column_buckets
+from clarifyjax.core.buckets import column_buckets
 from clarifyjax.config import SFTDataConfig, load_config
 from conftest import REPO_ROOT, require, shared_data
 
@@ -326,7 +326,7 @@ def test_bucket_rules():
 @pytest.fixture(scope="module")
 def spm_tokenizer(tmp_path_factory):
     spm = require("sentencepiece")
-    from clarifyjax.tokenizer import Tokenizer
+    from clarifyjax.text.tokenizer import Tokenizer
 
     lines = ["question: " + r["situation"] for r in gold("train.tsv").rows[:6000]]
     lines += [r["question"] for r in gold("train.tsv").rows[:6000]]

@@ -24,7 +24,7 @@ from flax import nnx
 
 from clarifyjax.models.deberta import (DebertaConfig, DebertaSequenceClassifier,
                                        log_bucket_positions)
-from clarifyjax.models.deberta_params import deberta_config_from_hf
+from clarifyjax.models.hf.deberta_map import deberta_config_from_hf
 from clarifyjax.models.hf import (load_deberta, load_deberta_sequence_classifier,
                                   load_question_answering)
 from clarifyjax.models.safetensors_io import CheckpointError
@@ -220,9 +220,9 @@ SHARDED = """
 import json
 import numpy as np, jax, jax.numpy as jnp
 from flax import nnx
-from clarifyjax.child_result import write_result
+from clarifyjax.files.child_result import write_result
 from clarifyjax.models.hf import load_deberta_sequence_classifier
-from clarifyjax.sharding import FSDP_RULES, MeshConfig, make_mesh, shard_batch
+from clarifyjax.core.sharding import FSDP_RULES, MeshConfig, make_mesh, shard_batch
 from helpers.read_spy import record_reads
 
 folder, ids, mask = FOLDER, *json.loads(BATCH)

@@ -17,7 +17,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from clarifyjax import decoding, traces
+from clarifyjax import decoding
+
+from clarifyjax.core import traces
 from clarifyjax.decoding import Generation, filter_logits, generate, score
 from clarifyjax.models.t5 import T5, T5Config, shift_right
 from helpers.t5_builders import FAMILIES, TINY, random_t5

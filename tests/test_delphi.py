@@ -1,4 +1,4 @@
-"""The judge (`clarifyjax.delphi`) against the original's method on PyTorch, same weights.
+"""The judge (`clarifyjax.reward.judge`) against the original's method on PyTorch, same weights.
 
 T5 judge. The tiny tokenizer is Delphi-like (clarifyjax/models/tiny.py): "<" is not a piece, so the
 class prefix "<class>" is `▁ <unk> class >` and "1", "0", "-1" are single pieces. The original
@@ -23,10 +23,10 @@ import pytest
 
 from helpers.tiny_models import tiny_classifier_folder, tiny_t5_folder
 from conftest import require, shared_data
-from clarifyjax import traces
-from clarifyjax.delphi import DELPHI_CLASS_STEP, ClassifierJudge, Judge, load_judge
-from clarifyjax.seq2seq import Sampling
-from clarifyjax.text import parse_delphi_output
+from clarifyjax.core import traces
+from clarifyjax.reward.judge import DELPHI_CLASS_STEP, ClassifierJudge, Judge, load_judge
+from clarifyjax.decoding.seq2seq import Sampling
+from clarifyjax.text.formats import parse_delphi_output
 from clarifyjax.models.safetensors_io import CheckpointError
 
 TOL = 1e-5

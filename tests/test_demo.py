@@ -37,8 +37,9 @@ def test_example_files_are_small_and_readable():
 def test_demo_tokenizer_reads_delphi_classes(tmp_path):
     """The demo's SentencePiece model has no "<": the judge's prefix is `▁ <unk> class >` (as
     Delphi's in T5's vocabulary) and each class token is one piece after it."""
-    from clarifyjax import delphi, demo
-    from clarifyjax.tokenizer import Tokenizer
+    from clarifyjax import demo
+    from clarifyjax.reward import judge as delphi
+    from clarifyjax.text.tokenizer import Tokenizer
 
     folder = demo.train_tokenizer(demo.corpus(REPO_ROOT / "examples" / "delta-clarify"),
                                   tmp_path / "tok")

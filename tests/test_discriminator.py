@@ -1,4 +1,4 @@
-"""The discriminator's training data (clarifyjax.discriminator): hard negatives from the most
+"""The discriminator's training data (clarifyjax.data.discriminator): hard negatives from the most
 similar other situations, never a gold question of the same situation; the table it writes reads
 back as the SFT task's pairs ((situation, question), class id). Embeddings are hand-made here
 (the builder takes them as an argument); the real run uses all-MiniLM-L6-v2 through `clarifyjax
@@ -8,9 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from clarifyjax import data, discriminator
-from clarifyjax import text as fmt
-from clarifyjax.tables import Table, read_table
+from clarifyjax import data
+
+from clarifyjax.data import discriminator
+from clarifyjax.text import formats as fmt
+from clarifyjax.files.tables import Table, read_table
 from conftest import require, shared_data
 
 

@@ -36,8 +36,8 @@ STEPS = 30
 def write_rows(out_dir, situations: int = 60, seed: int = 0):
     """train.tsv / dev.tsv of discriminator rows from the first `situations` δ-CLARIFY train
     situations (dev: the last fifth of the situations)."""
-    from clarifyjax import discriminator
-    from clarifyjax.tables import read_table
+    from clarifyjax.data import discriminator
+    from clarifyjax.files.tables import read_table
     from conftest import shared_data
 
     table = read_table(shared_data("delta-clarify/train.tsv"), ("situation", "question"))
@@ -80,7 +80,7 @@ def losses(run_dir) -> list[float]:
 
 @pytest.fixture(scope="module")
 def trained(setup, tmp_path_factory):
-    from clarifyjax.train import train_sft
+    from clarifyjax.training.loops import train_sft
 
     folder, rows = setup
     run_dir = tmp_path_factory.mktemp("discriminator_run")
@@ -144,9 +144,9 @@ SHARDED = textwrap.dedent("""
     import json
     from pathlib import Path
     import jax
-    from clarifyjax.child_result import write_result
+    from clarifyjax.files.child_result import write_result
     from clarifyjax.config import load_config
-    from clarifyjax.train import train_sft
+    from clarifyjax.training.loops import train_sft
     from test_discriminator_train import tiny_config
 
     assert jax.device_count() == 8
@@ -164,7 +164,7 @@ SHARDED = textwrap.dedent("""
 
 @pytest.mark.slow  # a child with 8 fake devices compiling the step: ~20-40 s on 2 busy cores
 def test_sharded_run_equals_one_device(setup, tmp_path):
-    from clarifyjax.train import train_sft
+    from clarifyjax.training.loops import train_sft
 
     folder, rows = setup
     one = train_sft(tiny_config(folder, rows, tmp_path / "one", "run.steps=6", "run.eval_every=6",
@@ -180,7 +180,7 @@ def test_sharded_run_equals_one_device(setup, tmp_path):
 
 
 def test_a_folder_that_is_not_a_classifier_names_the_key(setup, tmp_path):
-    from clarifyjax.train import train_sft
+    from clarifyjax.training.loops import train_sft
 
     folder, rows = setup
     bare = tmp_path / "bare"
@@ -202,7 +202,7 @@ def test_a_folder_that_is_not_a_classifier_names_the_key(setup, tmp_path):
 def test_resume_continues_as_the_uninterrupted_run(setup, tmp_path):
     """Stopped after 3 steps (checkpoint) and restarted for 6: steps 4-6 have the losses of an
     uninterrupted 6-step run (the classifier's state, RNG and data position come back)."""
-    from clarifyjax.train import train_sft
+    from clarifyjax.training.loops import train_sft
 
     folder, rows = setup
 

@@ -1,4 +1,4 @@
-"""clarifyjax.distributed: how a process was started (pure detection), and a real 2-process start.
+"""clarifyjax.core.distributed: how a process was started (pure detection), and a real 2-process start.
 
 The detection tests feed environments as dicts (no JAX call). The multi-process test starts two
 interpreters on 127.0.0.1 with 4 fake CPU devices each (gloo collectives), configured only through
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from clarifyjax import distributed as dist
+from clarifyjax.core import distributed as dist
 from helpers.children import clean_env, run_child, run_processes
 
 SLURM_STEP = {"SLURM_JOB_ID": "4242", "SLURM_STEP_NODELIST": "gpu[01-02]", "SLURM_NTASKS": "16",
@@ -102,8 +102,8 @@ def test_single_process_initialize_is_a_no_op_and_idempotent():
     """In this (single) test process: no jax.distributed, same answer twice, conflicts raise."""
     code = r'''
 import jax
-from clarifyjax import distributed as dist
-from clarifyjax.child_result import write_result
+from clarifyjax.core import distributed as dist
+from clarifyjax.files.child_result import write_result
 a = dist.initialize()
 b = dist.initialize()
 assert a is b and a.source == "single" and not jax.distributed.is_initialized(), a
@@ -122,13 +122,13 @@ except dist.DistributedError as e:
 # ------------------------------------------------------------------ two processes on 127.0.0.1
 
 TWO_PROCESS_SCRIPT = r'''
-from clarifyjax import distributed as dist
-from clarifyjax.child_result import write_result
+from clarifyjax.core import distributed as dist
+from clarifyjax.files.child_result import write_result
 launch = dist.initialize()            # everything from CLARIFYJAX_* (set by the test)
 again = dist.initialize()             # idempotent
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import PartitionSpec as P
-from clarifyjax import sharding as sh
+from clarifyjax.core import sharding as sh
 
 pid = jax.process_index()
 mesh = sh.make_mesh(sh.MeshConfig(data=2, fsdp=2, model=2))       # all 8 devices, both hosts

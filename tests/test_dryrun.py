@@ -18,8 +18,8 @@ MiB = 2 ** 20
 
 CODE = r'''
 import json
-from clarifyjax import dryrun
-from clarifyjax.child_result import write_result
+from clarifyjax.training import dryrun
+from clarifyjax.files.child_result import write_result
 lines = []
 report = dryrun.main("configs/ppo_t5_large.yaml", ["dryrun.num_layers=2"], say=lines.append)
 report["printed"] = lines
@@ -92,7 +92,7 @@ def test_dry_run_through_the_cli():
     result = run_with_fake_devices(
         "import contextlib, io\n"
         "from clarifyjax.cli import main\n"
-        "from clarifyjax.child_result import write_result\n"
+        "from clarifyjax.files.child_result import write_result\n"
         "printed = io.StringIO()  # what main says, away from native libraries' output\n"
         "with contextlib.redirect_stdout(printed):\n"
         "    status = main(['train', 'configs/ppo_t5_large.yaml', 'dryrun.compile=none',\n"
@@ -107,7 +107,8 @@ def test_dry_run_through_the_cli():
 SAME_PROGRAM = r'''
 import hashlib, json, sys
 import numpy as np
-from clarifyjax import dryrun, train
+from clarifyjax.training import dryrun
+from clarifyjax.training import loops as train
 from clarifyjax.config import load_config
 
 spm, out, train_tsv, dev_tsv = sys.argv[1:5]
@@ -138,7 +139,7 @@ real = train.train_ppo(load_config("configs/ppo_tiny.yaml", ppo + [
     f"policy.tokenizer={spm}", f"run.output_dir={out}/ppo"]),
     reward_fn=lambda s, q: np.zeros(len(q)), tensorboard=False, progress=False, export=False)
 hashes["ppo"] = (dry["compiled"]["lowered_sha256"], sha(real["program"].lowered_text()))
-from clarifyjax.child_result import write_result
+from clarifyjax.files.child_result import write_result
 write_result(hashes)
 '''
 

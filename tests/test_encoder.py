@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from clarifyjax.buckets import bucket_length, bucket_rows, length_sorted_batches, pad_sequences
+from clarifyjax.core.buckets import bucket_length, bucket_rows, length_sorted_batches, pad_sequences
 from clarifyjax.models.safetensors_io import CheckpointError
 from clarifyjax.models.encoder import (EncoderConfig, SequenceClassifier,
                                        roberta_position_ids)

@@ -161,8 +161,8 @@ def test_evaluate_six_systems_tables_match_independent_computations(tmp_path, co
         assert row["unanswerable_pct"] == pytest.approx(
             100 * np.mean([r["unanswerable"] for r in mine]))
         assert row["bertscore_f1"] == pytest.approx(np.mean([r["bertscore_f1"] for r in mine]))
-    from clarifyjax.bertscore import bertscore
-    from clarifyjax.evaluation import read_situations
+    from clarifyjax.evaluation.bertscore import bertscore
+    from clarifyjax.evaluation.evaluate import read_situations
 
     cfg_lines = path.read_text().splitlines()
     _, gold = read_situations(cfg_lines[2].split("situations_path: ")[1].split(",")[0], None)
@@ -234,8 +234,8 @@ def test_evaluate_six_systems_tables_match_independent_computations(tmp_path, co
     assert (out2 / "questions.jsonl").read_text() == (out / "questions.jsonl").read_text()
 
     # again, and with one more system: only that system's stages run
-    from clarifyjax.eval_config import load_eval_config
-    from clarifyjax.evaluation import Evaluation
+    from clarifyjax.config.evaluate import load_eval_config
+    from clarifyjax.evaluation.evaluate import Evaluation
 
     assert Evaluation(load_eval_config(path2)).run()["computed"] == {}
     path3 = tmp_path / "more.yaml"
@@ -247,8 +247,8 @@ def test_evaluate_six_systems_tables_match_independent_computations(tmp_path, co
 
 
 def test_config_errors_name_the_key_and_file(tmp_path):
-    from clarifyjax.configlib import ConfigError
-    from clarifyjax.eval_config import WH_STARTS, load_eval_config
+    from clarifyjax.config.loader import ConfigError
+    from clarifyjax.config.evaluate import WH_STARTS, load_eval_config
 
     base = ("kind: evaluate\nsystems:\n  - {name: a, kind: t5, model: m}\n"
             "rewards: {answerer: x, fusion: y, judge: {model: z}}\n")
@@ -278,7 +278,7 @@ def test_config_errors_name_the_key_and_file(tmp_path):
 
     path.write_text(base + "data: {situations: -3}\n")
     assert cli.main(["evaluate", str(path)]) == 2
-    from clarifyjax.eval_config import check_inputs
+    from clarifyjax.config.evaluate import check_inputs
 
     with pytest.raises(ConfigError, match=r"systems\[0\]\.model: m: no such folder"):
         check_inputs(load_eval_config(tmp_path / "e.yaml", ["data.situations=3"]))
@@ -290,7 +290,7 @@ def test_unanswerable_reads_the_situation_as_context(tmp_path):
     CLS; unanswerable when the best span starts at CLS."""
     import torch
 
-    from clarifyjax.qa_metric import load_unanswerable
+    from clarifyjax.evaluation.qa_metric import load_unanswerable
 
     folder, model, tokenizer = tiny_qa_folder(tmp_path)
     with open(shared_data("delta-clarify/dev.tsv"), newline="", encoding="utf-8") as f:
@@ -323,7 +323,7 @@ def test_discriminator_relevance_matches_transformers(tmp_path_factory):
     import torch
     import transformers
 
-    from clarifyjax.baselines import Discriminator, best_candidates
+    from clarifyjax.evaluation.baselines import Discriminator, best_candidates
     from helpers.tiny_models import tiny_deberta_classifier_folder
 
     folder = tiny_deberta_classifier_folder(tmp_path_factory, seed=45)

@@ -23,10 +23,14 @@ import numpy as np
 import pytest
 import yaml
 
-from clarifyjax import nli, ppo, rollout
-from clarifyjax import text as text_lib
+from clarifyjax.reward import nli
+
+from clarifyjax.rl import ppo
+
+from clarifyjax.rl import rollout
+from clarifyjax.text import formats as text_lib
 from clarifyjax.config import load_config
-from clarifyjax.seq2seq import GeneratedText, Sampling
+from clarifyjax.decoding.seq2seq import GeneratedText, Sampling
 from conftest import REPO_ROOT, require
 from helpers.tiny_models import tiny_spm_folder
 
@@ -105,9 +109,9 @@ def _prefix_in_judge_and_fusion():
 
 
 def _class_token_not_one_piece(root):
-    from clarifyjax.delphi import class_token_ids
+    from clarifyjax.reward.judge import class_token_ids
     from clarifyjax.models.safetensors_io import CheckpointError
-    from clarifyjax.tokenizer import Tokenizer
+    from clarifyjax.text.tokenizer import Tokenizer
 
     tok = Tokenizer.from_pretrained(tiny_spm_folder(root, minus_one=False))
     try:
@@ -118,7 +122,7 @@ def _class_token_not_one_piece(root):
 
 
 def _logprob_distribution():
-    from clarifyjax import policy
+    from clarifyjax.rl import policy
 
     source = inspect.getsource(policy.response_logprobs)
     params = inspect.signature(policy.response_logprobs).parameters
@@ -196,7 +200,7 @@ def _score_args(*extra):
 
 
 def test_argmax_rule_from_yaml_and_the_cli(tmp_path):
-    from clarifyjax.score_config import reward_config
+    from clarifyjax.config.score import reward_config
 
     original = PRESETS["original"]
     assert reward_config(_score_args("--config", original)).nli_threshold is None
@@ -259,7 +263,7 @@ class _StubNLI:
 def test_reward_pipeline_runs_each_preset_as_its_rows_say(presets, name):
     """Answer sampling, judgment length, NLI premise, fusion situation and an empty fusion, on
     two questions about a situation without a final period (the second fuses to nothing)."""
-    from clarifyjax.reward_pipeline import RewardPipeline
+    from clarifyjax.reward.pipeline import RewardPipeline
 
     cfg = presets[name].rewards
     answerer = _StubSeq2Seq(lambda t: "they were in danger")
@@ -324,7 +328,7 @@ def test_adam_steps_equal_the_originals_torch_adam(presets, name):
     import jax.numpy as jnp
     import optax
 
-    from clarifyjax import optim
+    from clarifyjax.training import optim
 
     cfg = presets[name].optimizer
     grads = [np.full(4, 1e-6, np.float32) * (k + 1) for k in range(3)]
@@ -355,9 +359,9 @@ def test_minus_one_not_one_piece_is_refused_where_the_original_read_unk(tmp_path
     (model/delphi.py:71) returns the <unk> id, so the original would read P(<unk>) as P(bad);
     `delphi.class_token_ids` refuses, naming the token, its pieces and the prefix."""
     transformers = require("transformers")
-    from clarifyjax.delphi import class_token_ids
+    from clarifyjax.reward.judge import class_token_ids
     from clarifyjax.models.safetensors_io import CheckpointError
-    from clarifyjax.tokenizer import Tokenizer
+    from clarifyjax.text.tokenizer import Tokenizer
 
     folder = tiny_spm_folder(tmp_path_factory, minus_one=False)
     hf = transformers.T5TokenizerFast.from_pretrained(str(folder), extra_ids=0)

@@ -9,9 +9,9 @@ import json
 import pytest
 
 from clarifyjax import cli
-from clarifyjax.generation_job import generate_records, read_prompts
-from clarifyjax.tables import DataError
-from clarifyjax.textgen import Completion, Sampling, per_prompt
+from clarifyjax.serve.batch_job import generate_records, read_prompts
+from clarifyjax.files.tables import DataError
+from clarifyjax.text.generator import Completion, Sampling, per_prompt
 
 
 def _write(path, lines):
@@ -71,7 +71,7 @@ class CountingTokens:
 
 
 def test_rows_that_do_not_fit_are_named_before_anything_is_generated(tmp_path):
-    from clarifyjax.generation_job import check_fit
+    from clarifyjax.serve.batch_job import check_fit
 
     rows = read_prompts(_write(tmp_path / "p.jsonl", [
         {"id": 0, "prompt": "x" * 12}, {"id": 1, "prompt": "x" * 12, "max_new_tokens": 9},

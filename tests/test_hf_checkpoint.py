@@ -18,7 +18,7 @@ from helpers.t5_builders import HF_TINY as TINY, make_hf_t5, padded_batch
 
 from clarifyjax.models.safetensors_io import CheckpointError
 from clarifyjax.models.hf import load_t5, save_t5
-from clarifyjax.models.t5_params import tensor_maps
+from clarifyjax.models.hf.t5_map import tensor_maps
 from clarifyjax.models.t5 import T5Config
 
 

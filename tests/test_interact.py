@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from clarifyjax.clarify import MAX_TURNS, Session, SessionError, run_steps
+from clarifyjax.app.clarifier import MAX_TURNS, Session, SessionError, run_steps
 from conftest import REPO_ROOT
 from helpers.children import clean_env
 from helpers.clarify_models import QUESTION_OPTIONS, FakeClarifier, models_yaml  # noqa: F401
@@ -22,7 +22,7 @@ ANSWERS = ["she was in the hospital", "I was driving on the highway", "I called 
 def test_three_turns_through_a_pipe_judged_as_the_judge_judges_directly(models_yaml, tmp_path):
     import yaml
 
-    from clarifyjax import delphi
+    from clarifyjax.reward import judge as delphi
 
     transcript = tmp_path / "transcript.jsonl"
     # After three turns the session stops; the empty line then ends the program.

@@ -46,12 +46,12 @@ def test_scripts_parse_and_are_executable(script):
 # ------------------------------------------------------------------- local_multiprocess.sh
 
 PSUM_COMMAND = r'''
-from clarifyjax import distributed as dist
-from clarifyjax.child_result import write_result
+from clarifyjax.core import distributed as dist
+from clarifyjax.files.child_result import write_result
 launch = dist.initialize()
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import PartitionSpec as P
-from clarifyjax import sharding as sh
+from clarifyjax.core import sharding as sh
 mesh = sh.make_mesh({"data": -1})                                  # all devices of both processes
 rows = np.full((jax.local_device_count(), 2), jax.process_index() + 1, np.float32)
 x = sh.shard_batch(rows, mesh)

@@ -1,4 +1,4 @@
-"""`clarifyjax.llm.LocalLM` on a tiny random Llama: greedy completions of raw prompts and chats
+"""`clarifyjax.decoding.local_lm.LocalLM` on a tiny random Llama: greedy completions of raw prompts and chats
 equal PyTorch `transformers` `generate` on the same folder (ids and text); a row's own
 max_new_tokens and stop strings cut where they should, with the right finish reason; sampled
 completions repeat with their seed and differ between samples; prompts that cannot be run are
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from clarifyjax.textgen import Sampling, TextGenerator, TokenCounter
+from clarifyjax.text.generator import Sampling, TextGenerator, TokenCounter
 from conftest import require
 from helpers.tiny_models import tiny_llama_folder
 
@@ -18,7 +18,7 @@ MAX_NEW = 12
 @pytest.fixture(scope="module")
 def lm(tmp_path_factory):
     require("torch")
-    from clarifyjax.llm import LocalLM
+    from clarifyjax.decoding.local_lm import LocalLM
 
     # one prompt bucket: every call below runs one of two programs (greedy, sampled)
     return LocalLM(tiny_llama_folder(tmp_path_factory, seed=3), batch_size=4, buckets=(32,))
@@ -98,7 +98,7 @@ def test_a_prefix_every_row_shares_runs_once_with_the_same_completions(tmp_path_
     import torch
     import transformers
 
-    from clarifyjax.llm import LocalLM
+    from clarifyjax.decoding.local_lm import LocalLM
 
     folder = tiny_llama_folder(tmp_path_factory, seed=3)
     template = "Rule of thumb for each: " + "be kind and honest with your friends, " * 3
@@ -128,11 +128,11 @@ def test_a_prefix_every_row_shares_runs_once_with_the_same_completions(tmp_path_
 SHARDED_LM = """
 import tempfile
 import jax
-from clarifyjax.child_result import write_result
-from clarifyjax.llm import LocalLM
+from clarifyjax.files.child_result import write_result
+from clarifyjax.decoding.local_lm import LocalLM
 from clarifyjax.models.tiny import tiny_llama_folder
-from clarifyjax.sharding import MeshConfig, make_mesh
-from clarifyjax.textgen import Sampling
+from clarifyjax.core.sharding import MeshConfig, make_mesh
+from clarifyjax.text.generator import Sampling
 
 assert jax.device_count() == 8
 folder = tiny_llama_folder(tempfile.mkdtemp(), seed=3)

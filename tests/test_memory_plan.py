@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from clarifyjax.memory_plan import abstract_state
+from clarifyjax.training.memory_plan import abstract_state
 from conftest import REPO_ROOT
 
 GiB = 2 ** 30

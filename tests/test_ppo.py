@@ -1,4 +1,4 @@
-"""PPO math (clarifyjax.ppo) against plain numpy written here, and the whole update on a toy bandit."""
+"""PPO math (clarifyjax.rl.ppo) against plain numpy written here, and the whole update on a toy bandit."""
 import functools
 
 import jax
@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from clarifyjax import ppo
+from clarifyjax.rl import ppo
 from helpers.ppo_bandit import B, T, TARGET, V, bandit_values, make_rollout, policy_logprobs
 
 
@@ -351,8 +351,8 @@ _SHARDED_CODE = r"""
 import jax, jax.numpy as jnp, numpy as np, optax
 from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
 import helpers.ppo_bandit as tp
-from clarifyjax import ppo
-from clarifyjax.child_result import write_result
+from clarifyjax.rl import ppo
+from clarifyjax.files.child_result import write_result
 
 mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
 tx = optax.adam(0.05)

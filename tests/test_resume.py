@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clarifyjax.child_result import RESULT_FILE_ENV
+from clarifyjax.files.child_result import RESULT_FILE_ENV
 from conftest import REPO_ROOT
 from helpers.children import child_result, clean_env
 from helpers.resume_runs import committed_steps
@@ -25,10 +25,10 @@ SCRIPT = textwrap.dedent("""
     import sys, time
     import jax, numpy as np
     from helpers.ppo_runs import lower_half_share, ppo_config
-    from clarifyjax import train
-    from clarifyjax.checkpointing import Checkpointer
-    from clarifyjax.child_result import write_result
-    from clarifyjax.tokenizer import Tokenizer
+    from clarifyjax.training import loops as train
+    from clarifyjax.training.checkpointing import Checkpointer
+    from clarifyjax.files.child_result import write_result
+    from clarifyjax.text.tokenizer import Tokenizer
 
     out, spm = sys.argv[1], sys.argv[2]
     reward = lower_half_share(Tokenizer.from_pretrained(spm))
@@ -157,7 +157,7 @@ def test_kill_sigterm_and_resume_equal_an_uninterrupted_run(tmp_path_factory, tm
         assert ra[key] == pytest.approx(rb[key], abs=1e-6), key
 
     # the same folder with a wider policy: the checkpoint is refused, naming a tensor and shapes
-    from clarifyjax import train
+    from clarifyjax.training import loops as train
     from clarifyjax.models.safetensors_io import CheckpointError
     from helpers.ppo_runs import ppo_config
 

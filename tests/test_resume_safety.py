@@ -21,7 +21,9 @@ import numpy as np
 import pytest
 
 import helpers.resume_runs as R
-from clarifyjax import cli, run_record, train
+from clarifyjax import cli
+from clarifyjax.training import run_record
+from clarifyjax.training import loops as train
 from clarifyjax.config import ConfigError, dump_config, load_config
 from clarifyjax.data import DataError
 from conftest import REPO_ROOT, shared_data

@@ -1,4 +1,4 @@
-"""The pure reward math (clarifyjax.reward): JSD, the defeasibility reward, the normalizer and the
+"""The pure reward math (clarifyjax.reward.jsd): JSD, the defeasibility reward, the normalizer and the
 paper's Table 4 quantities, against scipy and plain numpy loops written here."""
 import json
 import math
@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from clarifyjax.reward import (ORIGINAL_BIAS, ORIGINAL_GAIN, RewardNormalizer, average_jsd,
+from clarifyjax.reward.jsd import (ORIGINAL_BIAS, ORIGINAL_GAIN, RewardNormalizer, average_jsd,
                                defeasibility_reward, flip_rate, jsd, judgment_flips)
 from conftest import require
 

@@ -20,12 +20,12 @@ import pytest
 
 from helpers.tiny_models import tiny_classifier_folder, tiny_nli_folder, tiny_t5_folder
 from conftest import require, shared_data
-from clarifyjax import text as text_lib
-from clarifyjax.delphi import ClassifierJudge, Judge
-from clarifyjax.seq2seq import Sampling, Seq2SeqModel
-from clarifyjax.nli import NLIFilter, NLIResult
-from clarifyjax.reward import RewardNormalizer
-from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline, stage_sampling
+from clarifyjax.text import formats as text_lib
+from clarifyjax.reward.judge import ClassifierJudge, Judge
+from clarifyjax.decoding.seq2seq import Sampling, Seq2SeqModel
+from clarifyjax.reward.nli import NLIFilter, NLIResult
+from clarifyjax.reward.jsd import RewardNormalizer
+from clarifyjax.reward.pipeline import PipelineConfig, RewardPipeline, stage_sampling
 
 B = 64
 CONFIG = PipelineConfig(answer_max_length=10, fusion_max_length=14, judgment_max_length=6)

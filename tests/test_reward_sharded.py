@@ -17,7 +17,7 @@ import textwrap
 
 import pytest
 
-from clarifyjax import sharding
+from clarifyjax.core import sharding
 from conftest import shared_data
 from helpers.children import run_with_fake_devices
 from helpers.tiny_models import tiny_classifier_folder, tiny_nli_folder, tiny_t5_folder
@@ -45,10 +45,10 @@ CHILD = r"""
 import csv, json
 import numpy as np, jax
 from flax import nnx
-from clarifyjax import sharding
-from clarifyjax.child_result import write_result
-from clarifyjax.delphi import ClassifierJudge
-from clarifyjax.reward_pipeline import PipelineConfig, RewardPipeline
+from clarifyjax.core import sharding
+from clarifyjax.files.child_result import write_result
+from clarifyjax.reward.judge import ClassifierJudge
+from clarifyjax.reward.pipeline import PipelineConfig, RewardPipeline
 
 F = json.loads(FOLDERS)
 with open(F["dev"], newline="", encoding="utf-8") as f:

@@ -128,7 +128,7 @@ ENCODER_BAD = [("layer_norm_eps", float("nan")), ("layer_norm_eps", -1e-5),
 
 @pytest.mark.parametrize("field, value", ENCODER_BAD, ids=[f"{f}={v}" for f, v in ENCODER_BAD])
 def test_encoder_config_json_numbers_are_checked(tmp_path, field, value):
-    from clarifyjax.models.encoder_params import read_encoder_config
+    from clarifyjax.models.hf.encoder_map import read_encoder_config
 
     hf = {"model_type": "roberta", "vocab_size": 50, "hidden_size": 8, "num_hidden_layers": 1,
           "num_attention_heads": 2, "intermediate_size": 16, "max_position_embeddings": 40,

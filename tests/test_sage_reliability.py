@@ -31,7 +31,7 @@ def long_rows(n_questions=2, n=3):
 @pytest.fixture
 def no_model(monkeypatch):
     """Fail the test if a model is loaded."""
-    from sage_jax.embed import SentenceEmbedder
+    from clarifyjax.models.embedder import SentenceEmbedder
 
     def refuse(*a, **k):
         raise AssertionError("a model was loaded")
@@ -364,7 +364,7 @@ class FakeEmbedder:
 
 
 def test_the_cli_prints_data_warnings_as_one_line_each(tmp_path, capsys, monkeypatch):
-    from sage_jax.embed import SentenceEmbedder
+    from clarifyjax.models.embedder import SentenceEmbedder
 
     monkeypatch.setattr(SentenceEmbedder, "from_pretrained", lambda *a, **k: FakeEmbedder())
     rows = long_rows()

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from sage_jax.data import Columns, pair_matrix, read_questions, text_batch
-from clarifyjax.textfiles import check_texts
+from clarifyjax.files.textfiles import check_texts
 from sage_jax.metric import (mean_sage, pairwise_cosine, sage, sage_blend, sage_chunked,
                              sage_from_similarity)
 from helpers.sage_files import pairs_file

@@ -21,12 +21,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from clarifyjax.configlib import build_root
+from clarifyjax.config.loader import build_root
 from conftest import REPO_ROOT, require, shared_data
 from helpers.children import clean_env
 from helpers.fake_llm import FakeGenerator, fake_screen
-from sage_jax import pipeline, run_config
-from sage_jax.stages import KEY_FIELDS, read_jsonl
+from sage_jax.run import pipeline
+from sage_jax.run import config as run_config
+from sage_jax.run.stages import KEY_FIELDS, read_jsonl
 
 Q100 = "sage-mcc/q100_gpt-3.5-turbo_rot.csv"
 GEN = ("paraphrase", "answer", "rot")
@@ -44,7 +45,7 @@ def embedder(tmp_path_factory):
 @pytest.fixture(scope="module")
 def loaded_embedder(embedder):
     """One SentenceEmbedder for every run of this module: its jitted shapes compile once."""
-    from sage_jax.embed import SentenceEmbedder
+    from clarifyjax.models.embedder import SentenceEmbedder
 
     return SentenceEmbedder.from_pretrained(embedder)
 
@@ -252,7 +253,7 @@ def _csv(path):
 
 
 def test_two_processes_take_their_shares_and_the_report_merges_them(tmp_path, embedder):
-    from sage_jax.stages import StageError
+    from sage_jax.run.stages import StageError
 
     shares = [config(tmp_path, **{"hosts": {"process_index": i, "process_count": 2}, "score.bertscore": False, "score.embedder": embedder,
                                   "score.lexical": False}) for i in range(2)]
@@ -293,9 +294,9 @@ def _choice(text):
 
 def test_a_429_with_retry_after_is_waited_for(monkeypatch):
     require("openai")
-    from clarifyjax.serving import BackgroundServer
-    from clarifyjax.textgen import Sampling
-    from sage_jax import generators
+    from clarifyjax.serve.http_server import BackgroundServer
+    from clarifyjax.text.generator import Sampling
+    from sage_jax.run import generators
 
     app, seen = _endpoint(lambda count, body: (429, {"Retry-After": "2"}, {"error": {"message": "slow down"}})
                           if count == 1 else (200, {}, _choice("fine")))
@@ -313,9 +314,10 @@ def test_a_429_with_retry_after_is_waited_for(monkeypatch):
 def test_an_endpoint_that_keeps_failing_ends_the_stage_with_a_clear_error_and_keeps_finished_rows(
         tmp_path, monkeypatch, capsys):
     require("openai")
-    from clarifyjax.serving import BackgroundServer
-    from sage_jax import cli, generators
+    from clarifyjax.serve.http_server import BackgroundServer
+    from sage_jax import cli
 
+    from sage_jax.run import generators
     monkeypatch.setattr(generators, "BACKOFF_BASE", 0.01)
     app, seen = _endpoint(lambda count, body: (200, {}, _choice("An answer.")) if count <= 40
                           else (503, {}, {"error": {"message": "overloaded"}}))
@@ -426,7 +428,7 @@ def check_scripted_run(out: Path, summary: dict, name: str) -> None:
 
 @pytest.mark.slow  # the scripted Llama's compiled decode loops (three stages) and the scores
 def test_the_pipeline_with_a_tiny_local_causal_lm(tmp_path, embedder, scripted):
-    """Every generating stage on `clarifyjax.llm.LocalLM` running a tiny Llama folder (the
+    """Every generating stage on `clarifyjax.decoding.local_lm.LocalLM` running a tiny Llama folder (the
     RoT prompt, 1.3k tokens here, shares its few-shot prefix across the batch), then the scores
     and the report."""
     raw = local_lm_run(tmp_path, embedder, {"kind": "local", "model": scripted}, "tiny")
@@ -441,9 +443,9 @@ def test_the_pipeline_through_clarifyjax_serve_with_the_openai_client(tmp_path, 
     """Every generating stage over HTTP: `clarifyjax serve`'s OpenAI-compatible app on
     127.0.0.1 running the tiny Llama through LocalLM, called through the `openai` package."""
     require("openai")
-    from clarifyjax.llm import LocalLM
-    from clarifyjax.openai_server import OpenAIServer
-    from clarifyjax.serving import BackgroundServer
+    from clarifyjax.decoding.local_lm import LocalLM
+    from clarifyjax.serve.openai_api import OpenAIServer
+    from clarifyjax.serve.http_server import BackgroundServer
 
     with BackgroundServer(OpenAIServer(LocalLM(scripted, batch_size=32), name="served").app) as server:
         remote = {"kind": "openai", "base_url": server.url + "/v1", "model": "served", "concurrency": 4}
@@ -460,7 +462,7 @@ def test_the_example_configs_load(name):
 
 
 def test_the_presets_parse_as_the_reference_with_its_bugs_fixed():
-    from sage_jax import prompts as P
+    from sage_jax.run import prompts as P
 
     # first line kept, an "Answer:" prefix stripped; "Answering..." (no colon) no longer crashes
     assert P.parse_answer("Answer: Be kind.\nmore") == ("Be kind.", None)

@@ -27,17 +27,19 @@ TOL = 1e-5
 
 DRIVER = r'''
 import sys
-from clarifyjax import distributed
-from clarifyjax.child_result import write_result
+from clarifyjax.core import distributed
+from clarifyjax.files.child_result import write_result
 distributed.initialize()  # reads CLARIFYJAX_* from local_multiprocess.sh; one process otherwise
 
 import jax, jax.numpy as jnp, numpy as np, optax
 from flax import nnx
 from jax.experimental import multihost_utils
-from clarifyjax import ppo, sft, policy
-from clarifyjax.models.params import split_model
+from clarifyjax.rl import ppo
+from clarifyjax.training import sft
+from clarifyjax.rl import policy
+from clarifyjax.models.state import split_model
 from clarifyjax.models.value import ValueModel
-from clarifyjax import sharding as sh
+from clarifyjax.core import sharding as sh
 from clarifyjax.models.t5 import T5, T5Config
 
 out_path, layout = sys.argv[1], sys.argv[2]

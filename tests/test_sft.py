@@ -1,5 +1,5 @@
-"""Supervised fine-tuning: the pure step (clarifyjax.sft) against numpy written here, and the SFT
-loop (clarifyjax.train.train_sft, `clarifyjax train`) on δ-CLARIFY: the dev loss must fall, bad
+"""Supervised fine-tuning: the pure step (clarifyjax.training.sft) against numpy written here, and the SFT
+loop (clarifyjax.training.loops.train_sft, `clarifyjax train`) on δ-CLARIFY: the dev loss must fall, bad
 input must fail clearly."""
 import json
 import math
@@ -11,9 +11,11 @@ import optax
 import pytest
 from flax import nnx
 
-from clarifyjax import optim, sft
+from clarifyjax.training import optim
+
+from clarifyjax.training import sft
 from clarifyjax.models.t5 import T5, T5Config
-from clarifyjax.models.params import split_model
+from clarifyjax.models.state import split_model
 from conftest import shared_data
 
 V = 37
@@ -219,12 +221,12 @@ def test_sft_on_2000_rows_lowers_the_dev_loss(tmp_path_factory, tmp_path):
     uniform distribution's is log(608) = 6.4); token accuracy above 15%. Measured on CPU:
     18.4 -> 4.15 nats, accuracy 0 -> 0.26, ROUGE-L 1.0 -> 26.8."""
     from helpers.tiny_models import tiny_spm_folder
-    from clarifyjax.train import train_sft
+    from clarifyjax.training.loops import train_sft
 
     spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
     cfg = _sft_config(tmp_path, spm, ["run.steps=80", "run.eval_every=80", "run.save_every=80",
                                     "optimizer.schedule=constant", "optimizer.lr=5e-3"])
-    from clarifyjax import traces
+    from clarifyjax.core import traces
 
     before = traces.count("sft_step")
     result = train_sft(cfg, tensorboard=False, progress=False)
@@ -249,7 +251,7 @@ def test_sft_bad_inputs_fail_clearly(tmp_path_factory, tmp_path):
     from helpers.tiny_models import tiny_spm_folder
     from clarifyjax.config import ConfigError
     from clarifyjax.data import DataError
-    from clarifyjax.train import train_sft
+    from clarifyjax.training.loops import train_sft
 
     spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
     with pytest.raises(ConfigError, match="unknown key 'optimizer.learning_rate'"):

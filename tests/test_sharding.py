@@ -1,4 +1,4 @@
-"""clarifyjax.sharding: mesh construction, logical axis rules, placing models and batches.
+"""clarifyjax.core.sharding: mesh construction, logical axis rules, placing models and batches.
 
 Rules and mesh-size errors are checked in-process against an abstract mesh; placement runs once in
 a subprocess with 8 fake CPU devices (XLA_FLAGS must be set before jax is imported) and reports
@@ -10,7 +10,7 @@ import jax
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
-from clarifyjax import sharding as sh
+from clarifyjax.core import sharding as sh
 from helpers.children import run_processes, run_with_fake_devices
 
 MESH_222 = AbstractMesh((2, 2, 2), sh.MESH_AXES)
@@ -94,8 +94,8 @@ def test_single_device_default_mesh():
 PLACEMENT_SCRIPT = r'''
 import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
-from clarifyjax import sharding as sh
-from clarifyjax.child_result import write_result
+from clarifyjax.core import sharding as sh
+from clarifyjax.files.child_result import write_result
 
 out = {}
 out["fill"] = {k: dict(sh.make_mesh(c).shape) for k, c in {
@@ -227,14 +227,14 @@ def test_shard_batch_splits_leading_dim_over_data_and_fsdp(placement):
 TWO_PROCESS_SCRIPT = r'''
 import os
 import jax
-# jax's own initialize, not clarifyjax.distributed's: the launch variables passed by hand
+# jax's own initialize, not clarifyjax.core.distributed's: the launch variables passed by hand
 pid = int(os.environ["CLARIFYJAX_PROCESS_ID"])
 jax.distributed.initialize(coordinator_address=os.environ["CLARIFYJAX_COORDINATOR"],
                            num_processes=2, process_id=pid)
 import numpy as np
 from jax.experimental import multihost_utils
-from clarifyjax import sharding as sh
-from clarifyjax.child_result import write_result
+from clarifyjax.core import sharding as sh
+from clarifyjax.files.child_result import write_result
 
 out = {}
 mesh = sh.make_mesh(sh.MeshConfig(data=2, fsdp=2, model=2))      # 8 devices, 4 per process

@@ -50,11 +50,11 @@ SHARDED = textwrap.dedent("""
     from flax import nnx
     from jax.sharding import PartitionSpec as P
     from helpers.t5_builders import random_t5
-    from clarifyjax.child_result import write_result
+    from clarifyjax.files.child_result import write_result
     from helpers.read_spy import record_reads
     from clarifyjax.models.hf import load_t5, save_t5
     from clarifyjax.models.t5 import T5Config
-    from clarifyjax.sharding import FSDP_RULES, MeshConfig, make_mesh, shard_batch
+    from clarifyjax.core.sharding import FSDP_RULES, MeshConfig, make_mesh, shard_batch
     from clarifyjax.decoding import generate, score
 
     assert jax.device_count() == 8

@@ -1,10 +1,10 @@
-"""Every model's input format (clarifyjax.text), checked against the strings the original code
+"""Every model's input format (clarifyjax.text.formats), checked against the strings the original code
 builds (allenai/clarifydelphi: reward.py, model/delphi.py) and against the released data files."""
 import csv
 
 import pytest
 
-from clarifyjax import text as T
+from clarifyjax.text import formats as T
 from conftest import shared_data
 
 SITUATION = "lying to a friend"

@@ -1,4 +1,4 @@
-"""clarifyjax.tokenizer: both backends against SentencePiece itself, on δ-CLARIFY.
+"""clarifyjax.text.tokenizer: both backends against SentencePiece itself, on δ-CLARIFY.
 
 A unigram SentencePiece model (vocab 2,000; pad/eos/unk = 0/1/2 as in T5) is trained once per
 module on the situations and questions of train.tsv. The reference for encoding is written here
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from clarifyjax.models.safetensors_io import CheckpointError
-from clarifyjax.buckets import bucket_length
-from clarifyjax.tokenizer import Tokenizer
+from clarifyjax.core.buckets import bucket_length
+from clarifyjax.text.tokenizer import Tokenizer
 from conftest import require, shared_data
 
 MAX_LENGTH = 16  # truncates roughly one dev situation in seven (with EOS)

@@ -19,7 +19,9 @@ import sys
 import numpy as np
 import pytest
 
-from clarifyjax import cli, train
+from clarifyjax import cli
+
+from clarifyjax.training import loops as train
 from clarifyjax.config import ConfigError, load_config
 from clarifyjax.data import DataError
 from clarifyjax.models.safetensors_io import CheckpointError

@@ -1,6 +1,6 @@
-"""The PPO adapters (clarifyjax.policy, clarifyjax.models.value, clarifyjax.rollout) against
+"""The PPO adapters (clarifyjax.rl.policy, clarifyjax.models.value, clarifyjax.rl.rollout) against
 independent code paths, and the PPO loop
-(clarifyjax.train.train_ppo) on a toy reward: the mean reward must rise, the KL stay bounded."""
+(clarifyjax.training.loops.train_ppo) on a toy reward: the mean reward must rise, the KL stay bounded."""
 import json
 
 import jax
@@ -8,8 +8,16 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from clarifyjax import decoding, policy, rollout, traces, train
-from clarifyjax.models.params import copy_params, split_model
+from clarifyjax import decoding
+
+from clarifyjax.rl import policy
+
+from clarifyjax.rl import rollout
+
+from clarifyjax.core import traces
+
+from clarifyjax.training import loops as train
+from clarifyjax.models.state import copy_params, split_model
 from clarifyjax.models.value import ValueModel
 from clarifyjax.models.t5 import T5, T5Config, shift_right
 from conftest import shared_data
@@ -135,7 +143,7 @@ def test_ppo_raises_a_toy_reward_with_bounded_kl(tmp_path_factory, tmp_path):
     5 steps), dev 0.40 -> 0.79, per-token KL 2-3 nats from step 8 on (largest 5-step mean 3.8,
     largest single step 4.2; the exact path depends on the installed sentencepiece and numpy)."""
     from helpers.tiny_models import tiny_spm_folder
-    from clarifyjax.tokenizer import Tokenizer
+    from clarifyjax.text.tokenizer import Tokenizer
 
     spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
     reward = lower_half_share(Tokenizer.from_pretrained(spm))
@@ -196,10 +204,10 @@ def test_ppo_and_sft_steps_on_a_sharded_mesh(tmp_path_factory, tmp_path):
     code = f"""
 import jax, numpy as np
 from helpers.ppo_runs import lower_half_share, ppo_config
-from clarifyjax import train
-from clarifyjax.child_result import write_result
+from clarifyjax.training import loops as train
+from clarifyjax.files.child_result import write_result
 from clarifyjax.config import load_config
-from clarifyjax.tokenizer import Tokenizer
+from clarifyjax.text.tokenizer import Tokenizer
 
 spm = {str(spm)!r}
 reward = lower_half_share(Tokenizer.from_pretrained(spm))

@@ -16,7 +16,7 @@ import urllib.request
 
 import pytest
 
-from clarifyjax.serving import BackgroundServer
+from clarifyjax.serve.http_server import BackgroundServer
 from helpers.browser import artifacts_dir, chromium_driver
 from helpers.clarify_models import FakeClarifier, models_yaml  # noqa: F401 (fixture)
 
@@ -41,8 +41,8 @@ def request(url, method="GET", body=None, *, raw: bytes | None = None):
 
 @pytest.fixture(scope="module")
 def server(models_yaml):
-    from clarifyjax import web
-    from clarifyjax.clarify_options import load_clarifier, load_models
+    from clarifyjax.app import web
+    from clarifyjax.app.options import load_clarifier, load_models
     from clarifyjax.cli import parse_args
 
     models = os.environ.get("CLARIFYJAX_WEB_MODELS", models_yaml)
@@ -128,7 +128,7 @@ def test_the_page_needs_nothing_from_outside(server):
 
 
 def test_a_failing_model_is_a_500_without_a_trace():
-    from clarifyjax import web
+    from clarifyjax.app import web
 
     class Broken:
         def step(self, requests, rng):
@@ -140,7 +140,7 @@ def test_a_failing_model_is_a_500_without_a_trace():
 
 
 def test_steps_of_sessions_that_arrive_together_run_as_one_batch():
-    from clarifyjax.web import ClarifyApp
+    from clarifyjax.app.web import ClarifyApp
 
     fake = FakeClarifier()
 
@@ -163,9 +163,9 @@ def test_steps_of_sessions_that_arrive_together_run_as_one_batch():
 def test_a_text_the_models_refuse_fails_its_own_session_only():
     """"question:" alone is empty once the policy prefix is stripped: that session gets a 422,
     the one batched with it its turn."""
-    from clarifyjax.serving import ApiError
-    from clarifyjax.text import TextFormatError
-    from clarifyjax.web import ClarifyApp
+    from clarifyjax.serve.http_server import ApiError
+    from clarifyjax.text.formats import TextFormatError
+    from clarifyjax.app.web import ClarifyApp
 
     class Picky(FakeClarifier):
         def step(self, requests, rng):

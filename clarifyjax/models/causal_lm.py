@@ -33,7 +33,7 @@ import numpy as np
 import jax.numpy as jnp
 from flax import nnx
 
-from clarifyjax.models.params import set_dtype_fields
+from clarifyjax.models.state import set_dtype_fields
 
 ACTIVATIONS = {
     "silu": jax.nn.silu,

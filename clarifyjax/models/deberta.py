@@ -18,7 +18,7 @@ this file reuses):
   query row has every score masked and attends uniformly to all positions (its output is computed
   and returned, as theirs); the embeddings are multiplied by the mask before the first layer.
 
-Not supported (refused by `clarifyjax.models.deberta_params` with the config field named): the
+Not supported (refused by `clarifyjax.models.hf.deberta_map` with the config field named): the
 convolution layer of deberta-v2-xlarge/xxlarge (`conv_kernel_size`), and `pooler_hidden_size`
 different from `hidden_size` (Hugging Face's own head breaks on it).
 
@@ -124,7 +124,7 @@ def relative_positions(length: int, config: DebertaConfig) -> np.ndarray:
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], names: tuple, config: DebertaConfig
            ) -> nnx.Param:
     """A truncated-normal parameter with logical axis `names` (mapped onto a mesh later, by
-    `clarifyjax.sharding`)."""
+    `clarifyjax.core.sharding`)."""
     init = nnx.initializers.truncated_normal(config.initializer_range)
     init = nnx.with_partitioning(init, names, eager_sharding=False)
     return nnx.Param(init(rngs.params(), shape, jnp.dtype(config.param_dtype)))

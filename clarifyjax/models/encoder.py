@@ -3,7 +3,7 @@
 One implementation serves both families: they differ only in how position ids are made
 (RoBERTa counts from `pad_token_id + 1` and skips padding, as Hugging Face's
 `create_position_ids_from_input_ids`) and in the checkpoint names of the head, which
-`clarifyjax.models.encoder_params` maps. Layers are post-LN (attention -> add -> LayerNorm,
+`clarifyjax.models.hf.encoder_map` maps. Layers are post-LN (attention -> add -> LayerNorm,
 MLP -> add -> LayerNorm), as the original BERT.
 
 Every parameter carries logical axis names (`nnx.with_partitioning`) from the set shared with the
@@ -157,7 +157,7 @@ def _param(rngs: nnx.Rngs, init, shape: tuple[int, ...], names: tuple, dtype) ->
     """A parameter initialized by `init` and annotated with logical axis `names`.
 
     Eager sharding is off: the names are logical, mapped onto a mesh later by
-    `clarifyjax.sharding` (flax 0.12 would otherwise try to use them as mesh axes at creation).
+    `clarifyjax.core.sharding` (flax 0.12 would otherwise try to use them as mesh axes at creation).
     """
     init = nnx.with_partitioning(init, names, eager_sharding=False)
     return nnx.Param(init(rngs.params(), shape, dtype))

@@ -15,8 +15,8 @@ from typing import Iterator, Mapping
 
 import numpy as np
 
-from clarifyjax.ranges import within
-from clarifyjax.textfiles import atomic_write_bytes
+from clarifyjax.core.ranges import within
+from clarifyjax.files.textfiles import atomic_write_bytes
 
 
 class CheckpointError(ValueError):
@@ -178,7 +178,7 @@ def read_config(path: str | os.PathLike) -> dict:
 
 def check_config_numbers(hf: Mapping, path, ranges: Mapping[str, str]) -> None:
     """The numeric fields of a model's config.json against `ranges` (field -> bound, as
-    `clarifyjax.ranges.within`; an "int" prefix also asks for an integer): a NaN epsilon or a
+    `clarifyjax.core.ranges.within`; an "int" prefix also asks for an integer): a NaN epsilon or a
     zero size would otherwise load and give NaN outputs or a shape error far from the file.
     Absent or null fields pass (the model's defaults apply)."""
     for name, bound in ranges.items():

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from clarifyjax.models.params import set_dtype_fields
+from clarifyjax.models.state import set_dtype_fields
 
 from clarifyjax.models.t5_layers import (DecoderLayer, EncoderLayer, RelativePositionBias,
                                          RMSNorm, make_param, parse_feed_forward_proj)

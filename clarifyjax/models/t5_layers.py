@@ -5,7 +5,7 @@ Conventions (shared with `t5.py`):
   Parameters are stored in `param_dtype` and cast to the compute `dtype` when used; the layer
   norm, the attention softmax and the logits are computed in float32.
   Every parameter carries logical axis names (`nnx.with_partitioning`), mapped onto a mesh by
-  `clarifyjax.sharding`. Eager sharding is off: names are metadata until a mesh is chosen.
+  `clarifyjax.core.sharding`. Eager sharding is off: names are metadata until a mesh is chosen.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 * `env`: REPO_ROOT, optional packages and the shared data (fail under CI=true, skip locally).
 * `children`: start child interpreters (fake CPU devices, several processes, the launch script)
-  and read the result each one writes with `clarifyjax.child_result.write_result`.
+  and read the result each one writes with `clarifyjax.files.child_result.write_result`.
 * `tiny_models`: the tiny random model folders of `clarifyjax.models.tiny`, test-flavoured.
 * `t5_builders`: random T5s drawn on the host, and torch T5 checkpoints.
 * `ppo_runs`: the tiny PPO configuration and toy reward of the training-loop tests.

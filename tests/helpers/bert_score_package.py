@@ -1,5 +1,5 @@
 """The `bert-score` package (0.3.13) as it ran under transformers 4, the reference of
-clarifyjax.bertscore and sage_jax.parascore.
+clarifyjax.evaluation.bertscore and sage_jax.parascore.
 
 Under transformers 5 two of its tokenizer calls changed meaning, and `package_score` restores
 transformers 4's behaviour for the duration of a call:

@@ -1,6 +1,6 @@
 """Child interpreters for tests, and the results they write.
 
-A child reports with `clarifyjax.child_result.write_result(dict)` into the file its parent names
+A child reports with `clarifyjax.files.child_result.write_result(dict)` into the file its parent names
 in ``$CLARIFYJAX_RESULT_FILE``; the parent reads it here. Nothing is parsed from a child's stdout
 or stderr (native libraries write there too, even onto the child's own lines): those only go into
 failure messages.
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from clarifyjax.child_result import RESULT_FILE_ENV, read_result, result_path
+from clarifyjax.files.child_result import RESULT_FILE_ENV, read_result, result_path
 from helpers.env import REPO_ROOT
 
 TESTS = REPO_ROOT / "tests"

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from clarifyjax.clarify import StepResult
+from clarifyjax.app.clarifier import StepResult
 from helpers.tiny_models import tiny_nli_folder, tiny_t5_folder
 
 QUESTION_OPTIONS = ["--max-question-length", "8"]

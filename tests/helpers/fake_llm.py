@@ -1,7 +1,7 @@
 """A fake text generator and ParaScore for pipeline tests: deterministic in (prompt, seed), fast,
 and able to misbehave on purpose (unusable text, SIGKILL of its own process after k calls).
 
-It recognizes the three prompts of `sage_jax.prompts` and answers each in the shape the parser
+It recognizes the three prompts of `sage_jax.run.prompts` and answers each in the shape the parser
 expects, except that about a quarter of the answers are unusable ('# ...' lines), so that the
 re-queue path runs in every test.
 """
@@ -50,7 +50,7 @@ class FakeGenerator:
         return f"Answer: {' '.join(rng.sample(WORDS, 8))}.\nA second line that is dropped."
 
     def complete(self, prompts, sampling, n=1, seed=None):
-        from clarifyjax.textgen import Completion, per_prompt
+        from clarifyjax.text.generator import Completion, per_prompt
 
         self.calls += 1
         if self.kill_after_calls is not None and self.calls > self.kill_after_calls:

@@ -15,9 +15,10 @@ from helpers.fake_llm import FakeGenerator, fake_screen
 
 
 def main(config_path: str, kill_after: str) -> None:
-    from clarifyjax.configlib import build_root
-    from sage_jax import pipeline, run_config
+    from clarifyjax.config.loader import build_root
+    from sage_jax.run import pipeline
 
+    from sage_jax.run import config as run_config
     cfg = build_root(run_config.RunConfig, json.loads(open(config_path).read()), source=config_path)
     limit = None if kill_after == "none" else int(kill_after)
     calls = [0]

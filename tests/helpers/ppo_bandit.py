@@ -7,7 +7,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from clarifyjax import ppo
+from clarifyjax.rl import ppo
 
 V, T, B = 8, 4, 64
 TARGET = 3

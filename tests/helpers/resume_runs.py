@@ -40,7 +40,7 @@ def sft_config(run_dir, model, *overrides):
 
 
 def train(cfg):
-    from clarifyjax import train as train_lib
+    from clarifyjax.training import loops as train_lib
 
     return train_lib.train_sft(cfg, tensorboard=False, progress=False, export=False)
 

@@ -1,0 +1,250 @@
+"""`clarifyjax web MODELS.yaml --host 127.0.0.1 --port N`: ClarifyDelphi as a web page.
+
+The page (clarifyjax/app/web_static/: HTML, JS and CSS served by the project, nothing from outside)
+runs the flow of `clarifyjax.app.clarifier` through a JSON API, one endpoint per step:
+
+    POST /api/sessions                  {"situation": "..."}  -> 201 the session (turn 0 judged,
+                                                                  the first question asked)
+    GET  /api/sessions/{id}                                   -> the session
+    POST /api/sessions/{id}/answer      {"answer": "..."}     -> the session, one turn more
+    POST /api/sessions/{id}/skip                              -> one turn more, the situation kept
+    POST /api/sessions/{id}/another                           -> another question for this turn
+
+A session is {"id", "situation", "max_turns", "done", "turns": [{"situation", "probabilities"
+[bad, ok, good], "judgment", "question", "answer", "fused", "skipped", "questions_asked"}]}.
+Sessions live in the server's memory by a random id (`clarify.Session`); the steps of the
+sessions whose requests arrive together run as one batch (`serving.MicroBatcher`: one
+`Clarifier.step`, so one call per model, in a worker thread, so the server keeps answering).
+Bad input is `serving`'s error body, ``{"error": {"message", "type", "param", "code"}}``, with
+a 4xx status, never a stack trace: malformed JSON, a non-object, an unknown or missing field
+(400), an unknown session (404), a session that is busy or over (409), a body over
+`MAX_BODY_BYTES` (413), an empty, too long or unencodable text (422). The plumbing (body limits,
+batching, uvicorn bound to 127.0.0.1 unless told otherwise) is `clarifyjax.serve.http_server`'s.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+from typing import Any
+
+from clarifyjax.app.options import add_models_options, load_clarifier, load_models
+from clarifyjax.cli import subcommand
+
+STATIC = Path(__file__).resolve().parent / "web_static"
+MAX_BODY_BYTES = 64 * 1024
+MAX_SITUATION_CHARS = 2000
+MAX_ANSWER_CHARS = 1000
+MAX_SESSIONS = 10000  # the oldest are forgotten beyond this
+
+
+class ClarifyApp:
+    """The sessions and the steps of the page's API, around one `clarify.Clarifier`: the steps
+    of sessions that arrive together run as one `Clarifier.step` (`serving.MicroBatcher`, one
+    row per session)."""
+
+    def __init__(self, clarifier, *, seed: int = 0, window_s: float = 0.01, max_batch: int = 32,
+                 max_queued: int = 1024, max_sessions: int = MAX_SESSIONS):
+        import jax
+
+        from clarifyjax.serve.http_server import MicroBatcher
+
+        self.clarifier, self.max_sessions = clarifier, max_sessions
+        self.sessions: collections.OrderedDict[str, Any] = collections.OrderedDict()
+        self._key, self._batches = jax.random.key(seed), 0
+        self.batcher = MicroBatcher(self._run_batch, window_s=window_s, max_batch_rows=max_batch,
+                                    max_queued_rows=max_queued)
+
+    def _run_batch(self, sessions: list) -> list:
+        """In the batcher's one worker thread: one `Clarifier.step` for all `sessions`."""
+        import jax
+
+        from clarifyjax.app.clarifier import run_steps
+        from clarifyjax.serve.http_server import ApiError
+        from clarifyjax.text.formats import TextFormatError
+
+        key, self._batches = jax.random.fold_in(self._key, self._batches), self._batches + 1
+        try:
+            run_steps(self.clarifier, sessions, key)
+            return [None] * len(sessions)
+        except TextFormatError:  # one session's text: the others must not fail with it
+            pass
+        except Exception:
+            for s in sessions:
+                s.fail()
+            raise
+        results = []
+        for i, session in enumerate(sessions):
+            try:
+                run_steps(self.clarifier, [session], jax.random.fold_in(key, i))
+                results.append(None)
+            except TextFormatError as e:
+                session.fail()
+                results.append(ApiError(422, str(e)))
+        return results
+
+    def session(self, session_id: str):
+        from clarifyjax.serve.http_server import ApiError
+
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise ApiError(404, f"no session {session_id!r} (unknown, or forgotten: start again)",
+                           code="unknown_session")
+        return session
+
+    async def start(self, situation: str):
+        from clarifyjax.app.clarifier import Session
+
+        session = Session.start(situation)
+        self.sessions[session.id] = session
+        while len(self.sessions) > self.max_sessions:
+            self.sessions.popitem(last=False)
+        try:
+            await self.batcher.submit(session)
+        except BaseException:  # a session that never started is not kept
+            self.sessions.pop(session.id, None)
+            raise
+        return session
+
+    async def act(self, session_id: str, action: str, answer: str | None = None):
+        from clarifyjax.app.clarifier import SessionError
+        from clarifyjax.serve.http_server import ApiError
+
+        session = self.session(session_id)
+        try:
+            if action == "answer":
+                session.answer(answer)
+            elif action == "skip":
+                session.skip()
+            else:
+                session.another_question()
+        except SessionError as e:
+            raise ApiError(409, str(e), code="session_state") from None
+        await self.batcher.submit(session)
+        return session
+
+
+def _text_field(body: dict, name: str, limit: int) -> str:
+    """`body[name]`: a non-empty, encodable string of at most `limit` characters (ApiError 422
+    otherwise, naming the field)."""
+    from clarifyjax.serve.http_server import ApiError, check_keys
+    from clarifyjax.text.tokenizer import TextEncodingError, check_encodable
+
+    check_keys(body, (name,), (name,))
+    value = body[name]
+    if not isinstance(value, str):
+        raise ApiError(422, f"field {name!r} must be a string, got {type(value).__name__}",
+                       param=name)
+    text = " ".join(value.split())
+    if not text:
+        raise ApiError(422, f"field {name!r} is empty", param=name)
+    if len(text) > limit:
+        raise ApiError(422, f"field {name!r} has {len(text)} characters; at most {limit}",
+                       param=name)
+    try:
+        check_encodable([text])
+    except TextEncodingError as e:
+        raise ApiError(422, f"field {name!r}: {e.reason}", param=name) from None
+    return text
+
+
+def build_app(clarifier, *, seed: int = 0, window_s: float = 0.01, max_batch: int = 32):
+    """The Starlette application of the page and its API (`app.state.clarify`: the
+    `ClarifyApp`)."""
+    import contextlib
+
+    from starlette.applications import Starlette
+    from starlette.exceptions import HTTPException
+    from starlette.responses import FileResponse, JSONResponse
+    from starlette.routing import Mount, Route
+    from starlette.staticfiles import StaticFiles
+
+    from clarifyjax.serve.http_server import ApiError, error_response, read_json_object
+
+    state = ClarifyApp(clarifier, seed=seed, window_s=window_s, max_batch=max_batch)
+
+    def guarded(handler, status: int = 200):
+        async def endpoint(request):
+            try:
+                return JSONResponse((await handler(request)).to_dict(), status_code=status)
+            except ApiError as e:
+                return error_response(e)
+            except Exception as e:  # logged here; the client gets no trace
+                print(f"clarifyjax web: {request.method} {request.url.path}: "
+                      f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                return error_response(ApiError(500, "the server failed on this request (see "
+                                                    "its log)"))
+        return endpoint
+
+    async def index(request):
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    async def create(request):
+        body = await read_json_object(request, max_bytes=MAX_BODY_BYTES)
+        return await state.start(_text_field(body, "situation", MAX_SITUATION_CHARS))
+
+    async def show(request):
+        return state.session(request.path_params["id"])
+
+    async def answer(request):
+        state.session(request.path_params["id"])  # 404 before reading the body
+        body = await read_json_object(request, max_bytes=MAX_BODY_BYTES)
+        text = _text_field(body, "answer", MAX_ANSWER_CHARS)
+        return await state.act(request.path_params["id"], "answer", text)
+
+    def bodiless(action: str):
+        async def handler(request):
+            return await state.act(request.path_params["id"], action)
+        return handler
+
+    async def stats(request):
+        return JSONResponse({"sessions": len(state.sessions),
+                             "batches": len(state.batcher.batches),
+                             "largest_batch": max(state.batcher.batches, default=0)})
+
+    async def http_error(request, exc: HTTPException):
+        return error_response(ApiError(exc.status_code, f"{request.method} {request.url.path}: "
+                                                        f"{exc.detail}"))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        state.batcher.close()
+
+    routes = [
+        Route("/", index),
+        Route("/api/sessions", guarded(create, 201), methods=["POST"]),
+        Route("/api/sessions/{id}", guarded(show), methods=["GET"]),
+        Route("/api/sessions/{id}/answer", guarded(answer), methods=["POST"]),
+        Route("/api/sessions/{id}/skip", guarded(bodiless("skip")), methods=["POST"]),
+        Route("/api/sessions/{id}/another", guarded(bodiless("another")), methods=["POST"]),
+        Route("/api/stats", stats, methods=["GET"]),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={HTTPException: http_error})
+    app.state.clarify = state
+    return app
+
+
+def _web_options(p: argparse.ArgumentParser) -> None:
+    from clarifyjax.serve.http_server import add_listen_options
+
+    add_models_options(p)
+    add_listen_options(p)
+
+
+@subcommand("web", "ClarifyDelphi as a web page: a situation, its judgment as P(bad, ok, good) "
+            "bars, the questions and your answers, three turns", _web_options)
+def run_web(args: argparse.Namespace) -> int:
+    from clarifyjax.serve.http_server import serve_forever
+
+    cfg = load_models(args)
+    clarifier = load_clarifier(args, cfg)
+    app = build_app(clarifier, seed=args.seed, window_s=args.window_ms / 1000)
+    serve_forever(app, args.host, args.port,
+                  announce=lambda url: print(f"ClarifyDelphi at {url}/ (Ctrl-C stops)",
+                                             flush=True))
+    return 0
+

@@ -1,0 +1,66 @@
+"""The numbers of `clarifyjax evaluate`, from what its stages saved (arrays and texts in, floats
+out; no model here).
+
+* `table4`: the paper's Table 4, average JSD between the judge's distributions of the weakener-
+  and strengthener-updated situations (over the valid pairs), and judgment flips under both
+  readings: ``base`` (an answer's updated situation changes the judge's argmax from the base
+  situation's; share of the answers kept and fused) and ``pair`` (the weakener's and the
+  strengthener's argmax classes differ; share of the valid pairs).
+* `update_generation`: Table 3's BLEU-4 (nltk ``corpus_bleu``, whitespace tokens as written,
+  every reference of the hypothesis's group) and ROUGE-L (rouge-score ``rougeL`` F1, Porter
+  stemmer, the best reference per hypothesis, averaged), both x 100.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Sequence
+
+import numpy as np
+
+from clarifyjax.reward import jsd as reward_lib
+
+FLIP_READINGS = ("base", "pair")
+
+
+def table4(p_base, p_weak, p_strong, valid, answered) -> dict[str, float]:
+    """p_base, p_weak, p_strong [n, 3]; valid [n] bool (the pair was fused and judged);
+    answered [n, 2] bool (that answer was kept and fused). Rates in [0, 1], NaN when empty."""
+    p_base, p_weak, p_strong = (np.asarray(p, np.float64) for p in (p_base, p_weak, p_strong))
+    valid = np.asarray(valid, bool)
+    answered = np.asarray(answered, bool) & valid[:, None]
+    if not len(valid):
+        return {"avg_jsd": float("nan"), "flips_base": float("nan"),
+                "flips_pair": float("nan"), "pairs": 0, "answers": 0}
+    p_updated = np.stack([p_weak, p_strong], axis=1)
+    pair_flips = p_weak.argmax(-1) != p_strong.argmax(-1)
+    return {
+        "avg_jsd": float(reward_lib.average_jsd(p_weak, p_strong, valid)),
+        "flips_base": float(reward_lib.flip_rate(p_base, p_updated, answered)),
+        "flips_pair": float(pair_flips[valid].mean()) if valid.any() else float("nan"),
+        "pairs": int(valid.sum()), "answers": int(answered.sum())}
+
+
+def update_generation(hypotheses: Sequence[str], references: Sequence[Sequence[str]]
+                      ) -> dict[str, float]:
+    """BLEU-4 and ROUGE-L (x 100) of generated updates against their groups' references."""
+    from nltk.translate.bleu_score import corpus_bleu
+    from rouge_score import rouge_scorer
+
+    if len(hypotheses) != len(references) or not hypotheses:
+        raise ValueError(f"update_generation: {len(hypotheses)} hypotheses for "
+                         f"{len(references)} reference groups")
+    with warnings.catch_warnings():  # nltk warns when a higher-order n-gram never matches
+        warnings.simplefilter("ignore")
+        bleu = corpus_bleu([[r.split() for r in refs] for refs in references],
+                           [h.split() for h in hypotheses])
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    rouge = [scorer.score_multi(list(refs), h)["rougeL"].fmeasure
+             for h, refs in zip(hypotheses, references)]
+    return {"bleu4": 100.0 * float(bleu), "rouge_l": 100.0 * float(np.mean(rouge)),
+            "hypotheses": len(hypotheses)}
+
+
+def percent(flags) -> float:
+    """100 x the share of True entries (NaN when empty)."""
+    flags = np.asarray(flags, bool)
+    return 100.0 * float(flags.mean()) if flags.size else float("nan")

@@ -1,0 +1,222 @@
+"""What `clarifyjax evaluate` writes into its ``out`` folder, each file whole (a temporary file,
+then a rename):
+
+* ``results.md``: Table 4 with informativeness and BERTScore per system (the flip reading
+  named), Table 3, and the data-size ablation when systems declare ``data_fraction``;
+* ``systems.csv``, ``table3.csv`` and ``results.json`` (every number, both flip readings, the
+  implementations used);
+* ``systems.png``: the systems side by side on each metric; ``ablation.png`` for the ablation;
+* ``questions.jsonl``: per system and situation, the question, its candidates and their scores,
+  the judge's probabilities (p_base, p_weak, p_strong), valid / answered, unanswerable and the
+  BERTScore F1: what every table is computed from; ``updates.jsonl``: Table 3's texts.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+
+from clarifyjax.evaluation import metrics as eval_metrics
+from clarifyjax.config.loader import config_to_dict
+from clarifyjax.files.textfiles import atomic_write_bytes
+
+COLUMNS = ("system", "kind", "situations", "avg_jsd", "flips", "flips_base", "flips_pair",
+           "unanswerable_pct", "bertscore_f1", "data_fraction")
+
+
+def system_rows(outputs, flip: str) -> list[dict]:
+    """One row of numbers per system (`evaluation.SystemOutput`)."""
+    rows = []
+    for out in outputs:
+        j = out.judgments
+        t4 = eval_metrics.table4([r["p_base"] for r in j], [r["p_weak"] for r in j],
+                                 [r["p_strong"] for r in j], [r["valid"] for r in j],
+                                 [r["answered"] for r in j])
+        rows.append({
+            "system": out.system.name, "kind": out.system.kind, "situations": len(out.questions),
+            "avg_jsd": t4["avg_jsd"], "flips": 100 * t4[f"flips_{flip}"],
+            "flips_base": 100 * t4["flips_base"], "flips_pair": 100 * t4["flips_pair"],
+            "pairs": t4["pairs"], "answers": t4["answers"],
+            "unanswerable_pct": (eval_metrics.percent(out.unanswerable)
+                                 if out.unanswerable is not None else float("nan")),
+            "bertscore_f1": (float(np.mean(out.bertscore)) if out.bertscore is not None
+                             else float("nan")),
+            "data_fraction": out.system.data_fraction})
+    return rows
+
+
+def table3_rows(updates) -> list[dict]:
+    if not updates:
+        return []
+    refs = [u["references"] for u in updates]
+    return [{"setting": setting.replace("_", " "), **eval_metrics.update_generation(
+        [u[setting] for u in updates], refs)} for setting in ("with_question",
+                                                               "without_question")]
+
+
+def _fmt(value, digits: int) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+def markdown(rows, t3, flip: str, n: int) -> str:
+    reading = {"base": "an answer's updated situation changes the judge's class from the base "
+                       "situation's (% of the answers kept and fused)",
+               "pair": "the weakener's and the strengthener's classes differ (% of the valid "
+                       "pairs)"}[flip]
+    lines = [f"## Table 4 and question quality ({n} situations)", "",
+             f"Judgment flips, reading `{flip}`: {reading}.", "",
+             "| system | kind | avg. JSD | judgment flips (%) | unanswerable (%) | BERTScore F1 |",
+             "|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['system']} | {r['kind']} | {_fmt(r['avg_jsd'], 4)} | "
+                     f"{_fmt(r['flips'], 1)} | {_fmt(r['unanswerable_pct'], 1)} | "
+                     f"{_fmt(r['bertscore_f1'], 4)} |")
+    if t3:
+        lines += ["", f"## Table 3: update generation ({t3[0]['hypotheses']} groups)", "",
+                  "| setting | BLEU-4 | ROUGE-L |", "|---|---|---|"]
+        lines += [f"| {r['setting']} | {_fmt(r['bleu4'], 2)} | {_fmt(r['rouge_l'], 2)} |"
+                  for r in t3]
+    ablation = sorted((r for r in rows if r["data_fraction"] is not None),
+                      key=lambda r: r["data_fraction"])
+    if ablation:
+        lines += ["", "## Data-size ablation", "",
+                  "| training situations | system | unanswerable (%) | BERTScore F1 |",
+                  "|---|---|---|---|"]
+        lines += [f"| {100 * r['data_fraction']:.0f}% | {r['system']} | "
+                  f"{_fmt(r['unanswerable_pct'], 1)} | {_fmt(r['bertscore_f1'], 4)} |"
+                  for r in ablation]
+    return "\n".join(lines) + "\n"
+
+
+def _csv(rows, columns) -> bytes:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(columns), extrasaction="ignore",
+                            lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue().encode("utf-8")
+
+
+def _save_figure(fig, path: Path) -> None:
+    tmp = path.with_name(f".{path.stem}.tmp.png")
+    fig.savefig(tmp)
+    os.replace(tmp, path)
+
+
+def plot_systems(rows, flip: str, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metrics = [("avg_jsd", "avg. JSD"), ("flips", f"judgment flips % ({flip})"),
+               ("unanswerable_pct", "unanswerable %"), ("bertscore_f1", "BERTScore F1")]
+    names = [r["system"] for r in rows]
+    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.6), dpi=100)
+    for ax, (key, title) in zip(axes, metrics):
+        values = [r[key] if r[key] is not None else float("nan") for r in rows]
+        ax.bar(range(len(names)), [0 if math.isnan(v) else v for v in values],
+               color=[f"C{i}" for i in range(len(names))])
+        ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
+        ax.set_title(title, fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle("clarifyjax evaluate: systems compared")
+    fig.tight_layout()
+    _save_figure(fig, path)
+    plt.close(fig)
+    return path
+
+
+def plot_ablation(rows, path: Path) -> Path | None:
+    points = sorted((r for r in rows if r["data_fraction"] is not None),
+                    key=lambda r: r["data_fraction"])
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = [100 * r["data_fraction"] for r in points]
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3.4), dpi=100)
+    for ax, (key, title) in zip(axes, (("unanswerable_pct", "unanswerable %"),
+                                       ("bertscore_f1", "BERTScore F1"))):
+        ax.plot(x, [r[key] for r in points], "o-")
+        ax.set_xlabel("% of training situations")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    fig.suptitle("Data-size ablation: supervised question generators")
+    fig.tight_layout()
+    _save_figure(fig, path)
+    plt.close(fig)
+    return path
+
+
+def _json_safe(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def question_records(outputs) -> list[dict]:
+    records = []
+    for out in outputs:
+        for i, question in enumerate(out.questions):
+            j = out.judgments[i]
+            records.append({
+                "system": out.system.name, "situation_index": i, "question": question,
+                "candidates": out.candidates[i] if out.candidates is not None else None,
+                "candidate_scores": (out.candidate_scores[i] if out.candidate_scores is not None
+                                     else None),
+                **{k: j[k] for k in ("p_base", "p_weak", "p_strong", "valid", "answered", "jsd",
+                                     "weak_answer", "strong_answer", "weak_situation",
+                                     "strong_situation")},
+                "unanswerable": out.unanswerable[i] if out.unanswerable is not None else None,
+                "bertscore_f1": out.bertscore[i] if out.bertscore is not None else None})
+    return records
+
+
+def _jsonl(records) -> bytes:
+    return "".join(json.dumps(_json_safe(r), ensure_ascii=False) + "\n"
+                   for r in records).encode("utf-8")
+
+
+def write_report(cfg, run: dict) -> dict:
+    """Write every file of the module docstring into ``cfg.out``; returns results.json's data."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    flip = cfg.table4.flip
+    rows = system_rows(run["outputs"], flip)
+    t3 = table3_rows(run["updates"])
+    n = len(run["outputs"][0].questions) if run["outputs"] else 0
+    atomic_write_bytes(out / "questions.jsonl", _jsonl(question_records(run["outputs"])))
+    if run["updates"]:
+        atomic_write_bytes(out / "updates.jsonl", _jsonl(run["updates"]))
+        atomic_write_bytes(out / "table3.csv", _csv(t3, ("setting", "bleu4", "rouge_l",
+                                                         "hypotheses")))
+    atomic_write_bytes(out / "systems.csv", _csv(rows, COLUMNS))
+    atomic_write_bytes(out / "results.md", markdown(rows, t3, flip, n).encode("utf-8"))
+    figures = {"systems": str(plot_systems(rows, flip, out / "systems.png"))}
+    ablation = plot_ablation(rows, out / "ablation.png")
+    if ablation is not None:
+        figures["ablation"] = str(ablation)
+    summary = {"flip_reading": flip, "situations": n, "systems": rows, "table3": t3,
+               "figures": figures,
+               "implementations": {
+                   "bertscore": "clarifyjax.evaluation.bertscore" if cfg.bertscore.model else None,
+                   "qa": "clarifyjax.evaluation.qa_metric" if cfg.informativeness.qa else None},
+               "config": config_to_dict(cfg)}
+    atomic_write_bytes(out / "results.json", (json.dumps(_json_safe(summary), indent=2,
+                                                         ensure_ascii=False) + "\n").encode())
+    return summary

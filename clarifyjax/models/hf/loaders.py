@@ -1,0 +1,336 @@
+"""The one way in and out of Hugging Face checkpoint folders (safetensors), for every model
+family: `load_t5` / `save_t5` for the T5, `load_encoder` / `load_sequence_classifier` /
+`load_encoder_tokenizer` for BERT and RoBERTa, `load_causal_lm` / `read_generation_defaults` for
+the decoder-only LLMs, `load_deberta` / `load_deberta_sequence_classifier` for DeBERTa-v2/v3, and
+`load_question_answering` for the extractive QA head on any of the encoders, and
+`load_classifier` / `save_sequence_classifier` for a sequence classifier of either encoder family
+(picked by config.json `model_type`; the trained discriminator is exported through them).
+Each family's tensor map lives in its own `*_params` module (`t5_params`, `encoder_params`,
+`causal_lm_params`, `deberta_params`).
+
+With a mesh, every parameter is built with `jax.make_array_from_callback`: each device's
+callback reads only its own slice of the tensor from the safetensors file, so no device (and,
+for a sharded dimension, no host buffer) ever holds the whole tensor.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from clarifyjax.core import sharding as sharding_lib
+from clarifyjax.models.hf import causal_lm_map as causal_lm_params
+from clarifyjax.models.causal_lm import CausalLM, CausalLMConfig
+from clarifyjax.models.hf.causal_lm_map import GenerationDefaults
+from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, check_folder,
+                                             read_config, write_checkpoint)
+from clarifyjax.models.deberta import (DebertaEncoder, DebertaQuestionAnswering,
+                                       DebertaSequenceClassifier)
+from clarifyjax.models.hf.deberta_map import read_deberta, read_deberta_config
+from clarifyjax.models.hf.deberta_map import tensor_maps as deberta_tensor_maps
+from clarifyjax.models.encoder import Encoder, QuestionAnswering, SequenceClassifier
+from clarifyjax.models.hf.encoder_map import checkpoint_rules, read_encoder_config, read_params
+from clarifyjax.models.t5 import T5, T5Config
+from clarifyjax.models.hf.t5_map import check_tensors, resolve_config, tensor_maps
+
+# --------------------------------------------------------------------------- T5
+
+
+def load_t5(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str | None = None,
+            mesh: jax.sharding.Mesh | None = None, rules=None,
+            allow_pickle: bool = False) -> tuple[T5Config, T5]:
+    """Read a Hugging Face T5 folder (config.json + model.safetensors or a sharded index).
+
+    Args:
+      dtype: compute dtype; param_dtype: storage dtype (None: same as `dtype`).
+      mesh, rules: place every parameter on `mesh` by the logical axis `rules`
+        (default `clarifyjax.core.sharding.DEFAULT_RULES`), reading per device only its slice.
+      allow_pickle: accept a folder that holds only `pytorch_model.bin` (a pickle).
+    Raises:
+      CheckpointError: a missing folder/config/tensor, a wrong shape (names the tensor and both
+        shapes), an unknown config value (names the field), tensors the config does not explain.
+    """
+    source = TensorSource(path, allow_pickle=allow_pickle)  # checks the folder, refuses pickles
+    folder = source.folder
+    config = resolve_config(folder, read_config(folder), source, dtype=dtype,
+                             param_dtype=param_dtype or dtype)
+    maps = tensor_maps(config)
+    check_tensors(folder, source, maps, config.tie_word_embeddings)
+
+    abstract = nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))
+    return config, _read_into(abstract, maps, source, config.param_dtype, mesh, rules)
+
+
+def _read_into(abstract: nnx.Module, maps: dict, source: TensorSource, param_dtype: str,
+               mesh: jax.sharding.Mesh | None, rules) -> nnx.Module:
+    """`abstract` (a model from `nnx.eval_shape`) with every parameter read through its tensor
+    map (`maps[path].read(source, index)`); with a mesh, each device's callback reads only its
+    own block."""
+    graphdef, abstract_state = nnx.split(abstract)
+    flat = list(nnx.to_flat_state(abstract_state))
+    unmapped = [p for p, _ in flat if p not in maps]
+    if unmapped:  # a bug in the tensor map, not in the checkpoint
+        raise AssertionError(f"{type(abstract).__name__} parameters without a Hugging Face "
+                             f"name: {unmapped}")
+    np_dtype = jnp.dtype(param_dtype)
+
+    if mesh is None:
+        values = {p: jnp.asarray(maps[p].read(source).astype(np_dtype)) for p, _ in flat}
+    else:
+
+        shardings = sharding_lib.flat_shardings(abstract_state, mesh, rules)
+        values = {}
+        for p, var in flat:
+            tm, memo = maps[p], {}
+
+            def read(index, tm=tm, memo=memo):
+                key = tuple((s.start, s.stop) for s in index)
+                if key not in memo:  # replicated dims: several devices ask for the same block
+                    memo[key] = tm.read(source, index).astype(np_dtype)
+                return memo[key]
+
+            values[p] = jax.make_array_from_callback(tm.shape, shardings[p], read)
+    state = nnx.from_flat_state([(p, var.replace(values[p])) for p, var in flat])
+    return nnx.merge(graphdef, state)
+
+
+def _host_params(model: nnx.Module):
+    """(path, float32 numpy value) of every parameter, gathered from all hosts if sharded."""
+    for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        value = var.get_value()
+        if isinstance(value, jax.Array) and not value.is_fully_addressable:
+            from jax.experimental import multihost_utils
+
+            value = multihost_utils.process_allgather(value, tiled=True)
+        yield p, np.asarray(jax.device_get(value), np.float32)
+
+
+def save_t5(model: T5, config: T5Config, path: str | os.PathLike, *,
+            dtype: str = "float32") -> Path:
+    """Write `model` as a Hugging Face folder (model.safetensors in torch layout + config.json)
+    that `transformers.T5ForConditionalGeneration.from_pretrained` and `load_t5` read.
+
+    dtype: of the written tensors ("float32", "bfloat16" or "float16"). On several hosts only
+    process 0 writes.
+    """
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"save_t5: dtype {dtype!r}; allowed: float32, bfloat16, float16")
+    structural = ("dtype", "param_dtype")
+    mine = {k: v for k, v in dataclasses.asdict(model.config).items() if k not in structural}
+    given = {k: v for k, v in dataclasses.asdict(config).items() if k not in structural}
+    if mine != given:
+        diff = sorted(k for k in mine if mine[k] != given[k])
+        raise ValueError(f"save_t5: config differs from the model's config in {diff}")
+    maps = tensor_maps(config)
+    tensors: dict[str, np.ndarray] = {}
+    for p, value in _host_params(model):
+        tensors[maps[p].hf_name] = maps[p].to_hf(value).astype(jnp.dtype(dtype))
+    hf_config = dict(config.to_hf(), dtype=dtype)
+    if jax.process_index() != 0:
+        return Path(path)
+    return write_checkpoint(path, tensors, hf_config)
+
+
+# --------------------------------------------------------------------------- BERT / RoBERTa
+
+
+def load_encoder(path, *, dtype: str = "float32", param_dtype: str = "float32",
+                 allow_pickle: bool = False, mesh=None, rules=None) -> Encoder:
+    """An `Encoder` from a Hugging Face BERT / RoBERTa folder (config.json + safetensors).
+
+    Works on bare model folders and on `...ForSequenceClassification` / `...ForMaskedLM` folders
+    (names prefixed "bert." / "roberta."); head tensors are ignored. With `mesh`, each parameter
+    is placed in its shards by the logical axis `rules` (default `sharding.DEFAULT_RULES`): no
+    device receives more than its slice.
+    Raises:
+      CheckpointError: unsupported model_type, a missing tensor, or a tensor whose shape differs
+        (the message names the tensor and both shapes).
+    """
+    config = read_encoder_config(path, dtype=dtype, param_dtype=param_dtype)
+    return read_params(Encoder, path, config, allow_pickle, mesh, rules)
+
+
+def load_sequence_classifier(path, *, dtype: str = "float32", param_dtype: str = "float32",
+                             allow_pickle: bool = False, mesh=None,
+                             rules=None) -> SequenceClassifier:
+    """A `SequenceClassifier` from a Hugging Face `BertForSequenceClassification` or
+    `RobertaForSequenceClassification` folder; labels come from config.json `id2label`;
+    `mesh`, `rules` as `load_encoder`."""
+    config = read_encoder_config(path, dtype=dtype, param_dtype=param_dtype)
+    if config.num_labels < 1:
+        raise CheckpointError(f"{path}/config.json has no 'id2label' or 'num_labels': not a "
+                              "sequence-classification checkpoint")
+    return read_params(SequenceClassifier, path, config, allow_pickle, mesh, rules)
+
+
+def load_encoder_tokenizer(folder, max_length: int, vocab_size: int | None = None):
+    """The folder's `tokenizer.json` (`tokenizers` library) with its own padding turned off (we
+    pad to buckets) and longest-first truncation at max_length (pairs included).
+
+    With vocab_size, a tokenizer that can emit ids outside the embedding table is refused (a jax
+    gather would silently clamp them).
+    """
+    from tokenizers import Tokenizer
+
+    file = Path(folder) / "tokenizer.json"
+    if not file.exists():
+        raise CheckpointError(f"no tokenizer.json in {folder}: save the model's fast tokenizer "
+                              "there (tokenizer.save_pretrained)")
+    try:
+        tokenizer = Tokenizer.from_file(str(file))
+    except Exception as e:  # the Rust error says what is wrong in the file
+        raise CheckpointError(f"{file}: not a tokenizers file ({e})") from e
+    n = tokenizer.get_vocab_size(with_added_tokens=True)
+    if vocab_size is not None and n > vocab_size:
+        raise CheckpointError(f"{file} has {n} tokens but the model's embedding table "
+                              f"(config.json vocab_size) has only {vocab_size} rows")
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_length, strategy="longest_first")
+    return tokenizer
+
+
+# --------------------------------------------------------------------------- decoder-only LMs
+
+
+def load_causal_lm(path: str | os.PathLike, *, dtype: str = "float32",
+                   param_dtype: str | None = None, mesh: jax.sharding.Mesh | None = None,
+                   rules=None) -> tuple[CausalLMConfig, CausalLM]:
+    """Read a Hugging Face decoder-only folder (llama, mistral, qwen2, qwen3, opt, falcon:
+    config.json + model.safetensors or a sharded index) -> (config, `CausalLM`).
+
+    The config's `eos_token_ids` are those of config.json together with those of
+    generation_config.json, so that `decoding.generate` stops where transformers does.
+    Args:
+      dtype: compute dtype; param_dtype: storage dtype (None: same as `dtype`).
+      mesh, rules: place every parameter on `mesh` by the logical axis `rules`
+        (default `clarifyjax.core.sharding.DEFAULT_RULES`), each device reading only its block.
+    Raises:
+      CheckpointError: naming the field (unknown model_type, unsupported switch such as falcon
+        `alibi: true`, a bad number) or the tensor (missing, unmapped, wrong shape).
+    """
+    source = TensorSource(path)
+    folder = source.folder
+    hf_config = read_config(folder)
+    where = folder / "config.json"
+    config = causal_lm_params.config_from_hf(hf_config, where, dtype=dtype,
+                                             param_dtype=param_dtype or dtype)
+    generation = causal_lm_params.read_generation_defaults(folder, config.eos_token_ids)
+    eos = tuple(dict.fromkeys(config.eos_token_ids + generation.eos_token_ids))
+    config = dataclasses.replace(config, eos_token_ids=eos)
+    maps = causal_lm_params.tensor_maps(config)
+    causal_lm_params.check_tensors(folder, source, maps, config)
+    abstract = nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0)))
+    return config, _read_into(abstract, maps, source, config.param_dtype, mesh, rules)
+
+
+def read_generation_defaults(path: str | os.PathLike) -> GenerationDefaults:
+    """The model's own sampling defaults: generation_config.json read as transformers reads it
+    (its `GenerationConfig` defaults where the file is missing or silent: greedy, temperature
+    1, top_k 50, top_p 1, max_length 20), eos ids falling back to config.json's."""
+    folder = check_folder(path)
+    eos = ()
+    if (folder / "config.json").exists():
+        eos = causal_lm_params.eos_ids(read_config(folder).get("eos_token_id"))
+    return causal_lm_params.read_generation_defaults(folder, eos)
+# --------------------------------------------------------------------------- DeBERTa-v2/v3, QA heads
+# (one section, so that merges with the other families' additions stay simple)
+
+
+def load_deberta(path, *, dtype: str = "float32", param_dtype: str = "float32",
+                 allow_pickle: bool = False, mesh=None, rules=None):
+    """A `deberta.DebertaEncoder` from a Hugging Face DeBERTa-v2/v3 folder (a bare
+    `DebertaV2Model` or any `DebertaV2For...` folder, whose head tensors are ignored).
+
+    dtype: compute; param_dtype: storage. With `mesh`, each device reads only its slice of each
+    tensor, placed by the logical axis `rules` (default `sharding.DEFAULT_RULES`).
+    Raises:
+      CheckpointError: a missing tensor, a wrong shape (names the tensor and both shapes), a
+        trunk tensor the config does not account for, an unsupported config.json field.
+    """
+    config = read_deberta_config(path, dtype=dtype, param_dtype=param_dtype)
+    return read_deberta(DebertaEncoder, path, config, allow_pickle, mesh, rules)
+
+
+def load_deberta_sequence_classifier(path, *, dtype: str = "float32",
+                                     param_dtype: str = "float32", allow_pickle: bool = False,
+                                     mesh=None, rules=None):
+    """A `deberta.DebertaSequenceClassifier` from a `DebertaV2ForSequenceClassification` folder
+    (ContextPooler + classifier); labels from config.json `id2label`; the rest as
+    `load_deberta`."""
+    config = read_deberta_config(path, dtype=dtype, param_dtype=param_dtype)
+    if config.num_labels < 1:
+        raise CheckpointError(f"{path}/config.json has no 'id2label' or 'num_labels': not a "
+                              "sequence-classification checkpoint")
+    return read_deberta(DebertaSequenceClassifier, path, config, allow_pickle, mesh, rules)
+
+
+def load_question_answering(path, *, dtype: str = "float32", param_dtype: str = "float32",
+                            allow_pickle: bool = False, mesh=None, rules=None):
+    """An extractive QA model (start / end logits) from a `BertForQuestionAnswering`,
+    `RobertaForQuestionAnswering` or `DebertaV2ForQuestionAnswering` folder, by config.json
+    `model_type`: `encoder.QuestionAnswering` or `deberta.DebertaQuestionAnswering`. The
+    unanswerable rule over its logits is `clarifyjax.evaluation.answer_spans`. Other arguments as
+    `load_encoder`."""
+    if read_config(path).get("model_type") == "deberta-v2":
+        config = read_deberta_config(path, dtype=dtype, param_dtype=param_dtype)
+        return read_deberta(DebertaQuestionAnswering, path, config, allow_pickle, mesh, rules)
+    config = read_encoder_config(path, dtype=dtype, param_dtype=param_dtype)
+    return read_params(QuestionAnswering, path, config, allow_pickle, mesh, rules)
+
+
+# --------------------------------------------------------------------------- classifiers of
+# either encoder family (the discriminator trained by `clarifyjax train`)
+
+
+def load_classifier(path, *, dtype: str = "float32", param_dtype: str = "float32", mesh=None,
+                    rules=None):
+    """A sequence classifier by config.json `model_type`: `load_deberta_sequence_classifier`
+    for "deberta-v2", else `load_sequence_classifier` (BERT / RoBERTa; any other model_type is
+    refused there, naming the field)."""
+    load = (load_deberta_sequence_classifier if read_config(path).get("model_type") == "deberta-v2"
+            else load_sequence_classifier)
+    return load(path, dtype=dtype, param_dtype=param_dtype, mesh=mesh, rules=rules)
+
+
+def _classifier_tensors(model) -> dict[str, np.ndarray]:
+    """Hugging Face name -> torch-layout float32 tensor of every parameter of `model`."""
+    params = dict(_host_params(model))
+    if isinstance(model, DebertaSequenceClassifier):
+        maps = deberta_tensor_maps(DebertaSequenceClassifier, model.config, "deberta.")
+        return {maps[p].hf_name: maps[p].to_hf(v) for p, v in params.items()}
+    out = {}
+    for ours, name, kind in checkpoint_rules(model.config, prefix=f"{model.config.model_type}.",
+                                             classifier=True):
+        value = params[ours]
+        if kind.startswith("linear:"):  # ours [*in, *out] -> torch [out, in]
+            n_in = int(kind.split(":")[1])
+            value = value.reshape(int(np.prod(value.shape[:n_in])), -1).T
+        elif kind == "vector":
+            value = value.reshape(-1)
+        out[name] = value
+    return out
+
+
+def save_sequence_classifier(model, path: str | os.PathLike, source: str | os.PathLike) -> Path:
+    """Write a `SequenceClassifier` or `DebertaSequenceClassifier` as a Hugging Face folder
+    (model.safetensors in torch layout, float32, + config.json) that `load_classifier` and
+    transformers' `AutoModelForSequenceClassification` read. config.json is the one of the
+    `source` folder the model was loaded from (same architecture), with the model's labels.
+    On several hosts only process 0 writes."""
+    if not isinstance(model, (SequenceClassifier, DebertaSequenceClassifier)):
+        raise TypeError(f"save_sequence_classifier: {type(model).__name__} is not a sequence "
+                        "classifier")
+    tensors = _classifier_tensors(model)
+    labels = model.config.labels
+    hf_config = dict(read_config(source), dtype="float32",
+                     id2label={str(i): label for i, label in enumerate(labels)},
+                     label2id={label: i for i, label in enumerate(labels)})
+    hf_config.pop("torch_dtype", None)
+    if jax.process_index() != 0:
+        return Path(path)
+    return write_checkpoint(path, tensors, hf_config)

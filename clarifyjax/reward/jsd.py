@@ -1,0 +1,225 @@
+"""ClarifyDelphi's reward: Jensen-Shannon divergence between two judge distributions.
+
+The pure part (this section) takes arrays and returns arrays: jax + numpy only, jit/vmap friendly.
+
+    reward(s, q) = gain * JSD_2(P(j | s + a_weak) || P(j | s + a_strong)) + bias     (paper eq. 3, 5)
+
+The JSD is the divergence (not the distance, its square root) in base 2, so it lies in [0, 1].
+Judge distributions are `[..., 3]` over (bad, ok, good); the reward does not depend on the order
+as long as both sides use the same one.
+
+`clarifyjax.reward.pipeline.RewardPipeline` (answerer -> NLI filter -> fusion -> judge ->
+`defeasibility_reward`) composes the models on top of these functions.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, NamedTuple
+
+import jax.numpy as jnp
+import numpy as np
+
+# The original's normalization, measured for Delphi (t5-11b) on its training situations:
+# gain = 1 / sigma0, bias = -mu0 / sigma0.
+ORIGINAL_GAIN = 4.0725
+ORIGINAL_BIAS = -0.45726
+
+
+# --------------------------------------------------------------------------- divergences
+
+
+def _xlogy_ratio(p: jnp.ndarray, m: jnp.ndarray) -> jnp.ndarray:
+    """p * log(p / m) with 0 * log 0 = 0, and finite gradients where p = 0 (double where)."""
+    positive = p > 0
+    safe_p = jnp.where(positive, p, 1.0)
+    safe_m = jnp.where(positive, m, 1.0)  # m >= p / 2 > 0 wherever p > 0
+    return jnp.where(positive, safe_p * (jnp.log(safe_p) - jnp.log(safe_m)), 0.0)
+
+
+def _normalize(p: jnp.ndarray, axis: int) -> jnp.ndarray:
+    total = jnp.sum(p, axis=axis, keepdims=True)
+    return p / jnp.where(total > 0, total, 1.0)
+
+
+def jsd(p, q, axis: int = -1, base: float | None = 2.0, normalize: bool = True) -> jnp.ndarray:
+    """Jensen-Shannon divergence between distributions along `axis`.
+
+    Args:
+      p, q: `[..., k, ...]` non-negative arrays (probabilities, or unnormalized scores when
+        `normalize`, as the original's scipy-derived version and `scipy...jensenshannon` do).
+      axis: the distribution axis.
+      base: logarithm base (2 gives a value in [0, 1]); None for nats.
+    Returns:
+      `p`'s shape without `axis`: 0.5 * KL(p || m) + 0.5 * KL(q || m), m = (p + q) / 2, clipped
+      at 0 against rounding. An all-zero row counts as an all-zero distribution.
+    """
+    p = jnp.asarray(p)
+    q = jnp.asarray(q)
+    dtype = jnp.promote_types(jnp.result_type(p, q), jnp.float32)
+    p, q = p.astype(dtype), q.astype(dtype)
+    if p.shape != q.shape:
+        raise ValueError(f"jsd: p and q must have the same shape, got {p.shape} and {q.shape}")
+    if normalize:
+        p, q = _normalize(p, axis), _normalize(q, axis)
+    m = 0.5 * (p + q)
+    div = 0.5 * jnp.sum(_xlogy_ratio(p, m) + _xlogy_ratio(q, m), axis=axis)
+    if base is not None:
+        div = div / math.log(base)
+    return jnp.maximum(div, 0.0)
+
+
+def defeasibility_reward(p_weak, p_strong, valid, invalid_reward: float = 0.0) -> jnp.ndarray:
+    """The raw (unnormalized) reward of each question: JSD between the two updated judgments.
+
+    Args:
+      p_weak, p_strong: `[batch, 3]` judge distributions of the weakener- and strengthener-updated
+        situations.
+      valid: `[batch]` bool, False where the pair was dropped (an answer filtered by NLI, an empty
+        question); those rows get `invalid_reward`.
+    Returns:
+      `[batch]` float32.
+    """
+    div = jsd(p_weak, p_strong, axis=-1)
+    valid = jnp.asarray(valid, dtype=bool)
+    if valid.shape != div.shape:
+        raise ValueError(f"defeasibility_reward: valid has shape {valid.shape}, expected {div.shape}")
+    return jnp.where(valid, div, jnp.asarray(invalid_reward, div.dtype))
+
+
+# --------------------------------------------------------------------------- the paper's Table 4
+
+
+def _masked_rate(values, valid) -> jnp.ndarray:
+    """Mean of `values` over `valid`; NaN when nothing is valid (no silent 0)."""
+    valid = jnp.asarray(valid, dtype=bool)
+    count = jnp.sum(valid)
+    total = jnp.sum(jnp.where(valid, values, 0.0))
+    return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.nan)
+
+
+def average_jsd(p_weak, p_strong, valid=None) -> jnp.ndarray:
+    """Table 4's "avg. JSD": mean over valid pairs of JSD_2(p_weak, p_strong).
+
+    `p_weak`, `p_strong`: `[batch, 3]`; `valid`: `[batch]` bool (all True when None). Scalar.
+    """
+    div = jsd(p_weak, p_strong, axis=-1)
+    if valid is None:
+        valid = jnp.ones(div.shape, bool)
+    return _masked_rate(div, valid)
+
+
+def judgment_flips(p_base, p_updated) -> jnp.ndarray:
+    """True where the judge's argmax on an updated situation differs from the base situation's.
+
+    `p_base`: `[batch, 3]`; `p_updated`: `[batch, 3]` or `[batch, n_answers, 3]` (e.g. the
+    weakener and strengthener answers stacked). Returns `p_updated.shape[:-1]` bool.
+    """
+    p_base = jnp.asarray(p_base)
+    p_updated = jnp.asarray(p_updated)
+    base = jnp.argmax(p_base, axis=-1)
+    extra = p_updated.ndim - p_base.ndim
+    if extra < 0 or p_updated.shape[:p_base.ndim - 1] != p_base.shape[:-1] \
+            or p_updated.shape[-1] != p_base.shape[-1]:
+        raise ValueError(f"judgment_flips: p_updated {p_updated.shape} does not extend p_base "
+                         f"{p_base.shape} by answer axes")
+    base = base.reshape(base.shape + (1,) * extra)
+    return jnp.argmax(p_updated, axis=-1) != base
+
+
+def flip_rate(p_base, p_updated, valid=None) -> jnp.ndarray:
+    """Table 4's "Judgment Flips": the share of valid answers whose updated situation changes the
+    judge's argmax against the base situation. Shapes as `judgment_flips`; `valid` has
+    `p_updated.shape[:-1]` (all True when None). Scalar in [0, 1]; NaN when nothing is valid."""
+    flips = judgment_flips(p_base, p_updated)
+    if valid is None:
+        valid = jnp.ones(flips.shape, bool)
+    valid = jnp.asarray(valid, bool)
+    if valid.shape != flips.shape:
+        raise ValueError(f"flip_rate: valid has shape {valid.shape}, expected {flips.shape}")
+    return _masked_rate(flips.astype(jnp.float32), valid)
+
+
+# --------------------------------------------------------------------------- normalization
+
+
+class RewardNormalizer(NamedTuple):
+    """normalized = gain * raw + bias, i.e. (raw - mu0) / sigma0 (paper eq. 5).
+
+    A NamedTuple, hence a pytree: it can ride inside a jitted step or a checkpoint.
+    """
+
+    gain: float = 1.0
+    bias: float = 0.0
+
+    def __call__(self, raw):
+        return self.gain * raw + self.bias
+
+    @property
+    def mu0(self) -> float:
+        return -float(self.bias) / float(self.gain)
+
+    @property
+    def sigma0(self) -> float:
+        return 1.0 / float(self.gain)
+
+    @classmethod
+    def fit(cls, raw_rewards, valid=None, *, target_mean: float = 0.0, target_std: float = 1.0
+            ) -> "RewardNormalizer":
+        """Fit to one pass of raw rewards (a question per training situation, before training).
+
+        Population statistics (ddof=0), as the original: gain = target_std / std,
+        bias = target_mean - gain * mean. `valid` (bool, same shape) excludes dropped rows.
+        Raises ValueError on fewer than 2 values, non-finite values or zero spread.
+        """
+        raw = np.asarray(raw_rewards, dtype=np.float64).reshape(-1)
+        if valid is not None:
+            valid = np.asarray(valid, dtype=bool).reshape(-1)
+            if valid.shape != raw.shape:
+                raise ValueError(f"RewardNormalizer.fit: valid has {valid.size} entries, "
+                                 f"raw_rewards {raw.size}")
+            raw = raw[valid]
+        if raw.size < 2:
+            raise ValueError(f"RewardNormalizer.fit needs at least 2 rewards, got {raw.size}")
+        if not np.all(np.isfinite(raw)):
+            bad = int(np.flatnonzero(~np.isfinite(raw))[0])
+            raise ValueError(f"RewardNormalizer.fit: raw reward #{bad} is {raw[bad]}")
+        mean, std = float(raw.mean()), float(raw.std())
+        if not std > 0:
+            raise ValueError(f"RewardNormalizer.fit: all {raw.size} rewards equal {mean}; "
+                             "cannot normalize a constant reward")
+        gain = target_std / std
+        return cls(gain=gain, bias=target_mean - gain * mean)
+
+    @classmethod
+    def from_original(cls) -> "RewardNormalizer":
+        """The original's constants (mu0 ~ 0.1123, sigma0 ~ 0.2456), valid only for their Delphi."""
+        return cls(gain=ORIGINAL_GAIN, bias=ORIGINAL_BIAS)
+
+    @classmethod
+    def from_mean_std(cls, mu0: float, sigma0: float) -> "RewardNormalizer":
+        if not sigma0 > 0:
+            raise ValueError(f"RewardNormalizer: sigma0 must be > 0, got {sigma0}")
+        return cls(gain=1.0 / sigma0, bias=-mu0 / sigma0)
+
+    def to_dict(self) -> dict[str, float]:
+        """JSON-ready; mu0/sigma0 are informative (from_dict reads gain and bias)."""
+        return {"gain": float(self.gain), "bias": float(self.bias),
+                "mu0": self.mu0, "sigma0": self.sigma0}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "reward normalizer") -> "RewardNormalizer":
+        missing = [k for k in ("gain", "bias") if k not in data]
+        if missing:
+            raise ValueError(f"{where}: missing field(s) {missing}; has {sorted(data)}")
+        try:
+            gain, bias = float(data["gain"]), float(data["bias"])
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{where}: gain/bias must be numbers ({e})") from e
+        if not (math.isfinite(gain) and math.isfinite(bias)) or gain <= 0:
+            raise ValueError(f"{where}: need a finite gain > 0 and a finite bias, "
+                             f"got gain={gain}, bias={bias}")
+        return cls(gain=gain, bias=bias)
+
+
+# --------------------------------------------------------------------------- RewardPipeline
+# (models composed over the pure functions above: added with the judge, NLI and fusion models.)

@@ -1,0 +1,98 @@
+"""The policy and value functions of the PPO update, over plain parameter dicts.
+
+* `response_logprobs`, `response_values`: teacher-forced log-probabilities of the sampled
+  responses under a T5, and a `models.value.ValueModel`'s values, at every response position.
+* `make_ppo_fns`: the (policy_logprobs_fn, value_fn) pair `ppo.make_ppo_update` takes.
+* `make_rollout_scorer`, `make_reference_nll`: what `rollout.RolloutSampler` computes on device
+  (log-probs under the policy and the frozen reference, values; the reference's NLL in evaluation).
+
+Which distribution the log-probabilities are of: the model's own (temperature 1, untruncated), as
+in the original trainer (`Policy.forward_pass`). Questions are *sampled* at temperature 0.7 and
+top-p 0.6, so the PPO ratio is the usual approximation of the sampling distribution by the model's;
+the KL penalty compares policy and reference under the same convention, and is exactly 0 at the
+start. (A ratio under the truncated distribution can be -inf for a token that leaves the top-p
+set after an update, which gives NaN gradients.)
+
+Shapes: b = batch, s = query length, t = response length, m = d_model, V = vocabulary.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from clarifyjax.rl import ppo
+from clarifyjax.models.state import Params, merge_model
+from clarifyjax.models.t5 import T5, shift_right
+from clarifyjax.models.value import ValueModel
+
+
+# --------------------------------------------------------------------------- forward passes
+
+
+def response_logprobs(model: T5, query_ids, query_mask, response_ids, response_mask, *,
+                      with_entropy: bool = False):
+    """log p(response_ids[:, i] | query, response_<i) [b, t] float32 under the model's own
+    distribution (0 on padding); with_entropy also returns the per-token entropy [b, t]."""
+    decoder_input_ids = shift_right(response_ids, model.config.decoder_start_token_id)
+    logits = model(query_ids, query_mask, decoder_input_ids)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    ids = response_ids[..., None].astype(jnp.int32)
+    token_logp = jnp.take_along_axis(logp, ids, axis=-1)[..., 0]
+    valid = response_mask > 0
+    token_logp = jnp.where(valid, token_logp, 0.0)
+    if not with_entropy:
+        return token_logp
+    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    return token_logp, jnp.where(valid, entropy, 0.0)
+
+
+def response_values(model: ValueModel, query_ids, query_mask, response_ids, response_mask):
+    """V at every response position [b, t] float32 (0 on padding)."""
+    decoder_input_ids = shift_right(response_ids, model.config.decoder_start_token_id)
+    values = model(query_ids, query_mask, decoder_input_ids)
+    return jnp.where(response_mask > 0, values, 0.0)
+
+
+def make_ppo_fns(policy_graphdef, value_graphdef
+                 ) -> tuple[Callable[[Params, ppo.Rollout], tuple], Callable[[Params, ppo.Rollout],
+                                                                           jax.Array]]:
+    """(policy_logprobs_fn, value_fn) with the signatures `ppo.make_ppo_update` takes:
+    (params, rollout minibatch) -> (log-probs, entropy) [b, t] / values [b, t]."""
+    def policy_logprobs_fn(params: Params, mb: ppo.Rollout):
+        model = merge_model(policy_graphdef, params)
+        return response_logprobs(model, mb.query_ids, mb.query_mask, mb.response_ids,
+                                 mb.response_mask, with_entropy=True)
+
+    def value_fn(params: Params, mb: ppo.Rollout) -> jax.Array:
+        model = merge_model(value_graphdef, params)
+        return response_values(model, mb.query_ids, mb.query_mask, mb.response_ids,
+                               mb.response_mask)
+
+    return policy_logprobs_fn, value_fn
+
+
+def make_rollout_scorer(policy_graphdef, value_graphdef) -> Callable[..., tuple]:
+    """`score(policy_params, ref_params, value_params, query_ids, query_mask, response_ids,
+    response_mask) -> (logprobs, ref_logprobs, values)`, each [b, t] float32: what a `Rollout`
+    records at sampling time. Pure; the caller jits it."""
+    def score(policy_params, ref_params, value_params, query_ids, query_mask, response_ids,
+              response_mask):
+        policy = merge_model(policy_graphdef, policy_params)
+        reference = merge_model(policy_graphdef, ref_params)
+        value = merge_model(value_graphdef, value_params)
+        args = (query_ids, query_mask, response_ids, response_mask)
+        return (response_logprobs(policy, *args), response_logprobs(reference, *args),
+                response_values(value, *args))
+    return score
+
+
+def make_reference_nll(policy_graphdef) -> Callable[..., tuple[jax.Array, jax.Array]]:
+    """`nll(ref_params, query_ids, query_mask, response_ids, response_mask) -> (sum, tokens)`:
+    the reference policy's negative log-likelihood of given responses (evaluation)."""
+    def nll(ref_params, query_ids, query_mask, response_ids, response_mask):
+        reference = merge_model(policy_graphdef, ref_params)
+        logp = response_logprobs(reference, query_ids, query_mask, response_ids, response_mask)
+        return -jnp.sum(logp), jnp.sum(response_mask.astype(jnp.float32))
+    return nll

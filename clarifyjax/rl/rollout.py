@@ -1,0 +1,130 @@
+"""PPO rollouts: one batch of questions sampled on device, rewarded on the host, scored on device.
+
+* `RolloutSampler`: questions sampled by `decoding.generate` (jitted once per shape), decoded and
+  rewarded on the host (`reward_fields` reads any reward function's output; the normalizer gives
+  the reward), then scored on device (log-probs under the policy and the reference, values:
+  `policy.make_rollout_scorer`) -> `ppo.Rollout`.
+* `host_rows`: this process's rows of a batch-sharded global array.
+
+The reward is named as in `reward_pipeline.RewardOutput`: ``raw_reward`` is what the reward
+function gave (the JSD), ``reward`` the normalized one that PPO pays at the last token.
+"""
+from __future__ import annotations
+
+import inspect
+import time
+
+import jax
+import numpy as np
+
+from clarifyjax import decoding
+
+from clarifyjax.rl import ppo
+from clarifyjax.core import sharding as sharding_lib
+from clarifyjax.models.state import merge_model
+from clarifyjax.rl.policy import make_reference_nll, make_rollout_scorer
+
+MIN_QUESTION_TOKENS = 2  # the original sampled with min_length=3, counting the start token
+
+
+def host_rows(x, mesh) -> np.ndarray:
+    """This process's rows of a batch-sharded global array (all of them on one process)."""
+    if jax.process_count() == 1:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    spec = sharding_lib.batch_sharding(mesh, x.ndim).spec
+    return np.asarray(multihost_utils.global_array_to_host_local_array(x, mesh, spec))
+
+
+def reward_fields(output, n: int) -> dict[str, np.ndarray]:
+    """A reward function's output -> {"raw_reward": [n] float64, optional "valid", "jsd",
+    "p_base", "p_weak", "p_strong"}.
+
+    Accepts an array of raw rewards, or an object with a ``raw_reward`` or ``reward`` field (e.g.
+    `reward_pipeline.RewardOutput`, whose ``raw_reward`` is taken: the loop normalizes).
+    """
+    if isinstance(output, (np.ndarray, jax.Array, list, tuple)):
+        fields = {"raw_reward": output}
+    else:
+        raw = getattr(output, "raw_reward", None)
+        raw = getattr(output, "reward", None) if raw is None else raw
+        if raw is None:
+            raise TypeError(f"the reward function returned a {type(output).__name__} without a "
+                            "'reward' or 'raw_reward' field")
+        fields = {k: getattr(output, k) for k in ("valid", "jsd", "p_weak", "p_strong", "p_base")
+                  if getattr(output, k, None) is not None}
+        fields["raw_reward"] = raw
+    out = {k: np.asarray(v) for k, v in fields.items()}
+    raw = out["raw_reward"] = out["raw_reward"].astype(np.float64)
+    if raw.shape != (n,):
+        raise ValueError(f"the reward function returned rewards of shape {raw.shape} "
+                         f"for {n} questions")
+    if not np.all(np.isfinite(raw)):
+        raise ValueError(f"the reward function returned non-finite rewards: {raw}")
+    return out
+
+
+def _takes_rng(fn) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "rng" or p.kind == p.VAR_KEYWORD for p in params)
+
+
+class RolloutSampler:
+    """PPO rollouts: questions sampled on device (`decoding.generate`, jitted once per shape),
+    decoded and rewarded on the host (`reward_fn(situations, questions[, rng=key])` -> raw
+    rewards, see `reward_fields`; the normalizer gives the reward), then scored on device
+    (log-probs under the policy and the reference, values) into a `ppo.Rollout`.
+
+    Batches are `clarifyjax.data` batches (input_ids, input_mask [b, s], host-local rows); arrays
+    are placed on `mesh` with the batch split over its data axes.
+    """
+
+    def __init__(self, tokenizer, policy_graphdef, value_graphdef, reward_fn, mesh, *,
+                 max_new_tokens: int, temperature: float = 0.7, top_k: int = 0,
+                 top_p: float = 0.6, min_new_tokens: int = MIN_QUESTION_TOKENS):
+        self.tokenizer, self.reward_fn, self.mesh = tokenizer, reward_fn, mesh
+        self.sampling = dict(max_new_tokens=int(max_new_tokens), min_new_tokens=int(min_new_tokens),
+                             temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+        self._rng = _takes_rng(reward_fn)
+        self.graphdef = policy_graphdef
+        self.scorer = jax.jit(make_rollout_scorer(policy_graphdef, value_graphdef))
+        self.ref_nll = jax.jit(make_reference_nll(policy_graphdef))
+
+    def questions(self, params, batch, key, *, greedy: bool = False):
+        """(ids, mask on the mesh, `decoding.Generation`, decoded questions of this host's rows)."""
+        ids, mask = sharding_lib.shard_batch((batch["input_ids"], batch["input_mask"]), self.mesh)
+        gen = decoding.generate(merge_model(self.graphdef, params), ids, mask, rng=key,
+                                greedy=greedy, **self.sampling)
+        texts = self.tokenizer.decode_batch(host_rows(gen.tokens, self.mesh))
+        return ids, mask, gen, texts
+
+    def rewards(self, situations, questions, key, normalizer=None) -> dict[str, np.ndarray]:
+        """`reward_fields` of the reward function's output, plus "reward" =
+        normalizer(raw_reward) [n] float32 when a normalizer is given."""
+        args = (list(situations), list(questions))
+        out = self.reward_fn(*args, rng=key) if self._rng else self.reward_fn(*args)
+        fields = reward_fields(out, len(questions))
+        if normalizer is not None:
+            fields["reward"] = np.asarray(normalizer(fields["raw_reward"]), np.float32)
+        return fields
+
+    def rollout(self, state: ppo.PPOState, ref_params, batch, situations, key, normalizer):
+        """(`ppo.Rollout`, questions, reward fields, host timings) for one batch of situations."""
+        k_sample, k_reward = jax.random.split(key)
+        t0 = time.perf_counter()
+        ids, mask, gen, questions = self.questions(state.policy_params, batch, k_sample)
+        t1 = time.perf_counter()
+        fields = self.rewards(situations, questions, k_reward, normalizer)
+        t2 = time.perf_counter()
+        logprobs, ref_logprobs, values = self.scorer(state.policy_params, ref_params,
+                                                     state.value_params, ids, mask, gen.tokens,
+                                                     gen.mask)
+        rewards = sharding_lib.shard_batch(fields["reward"], self.mesh)
+        rollout = ppo.Rollout(query_ids=ids, query_mask=mask, response_ids=gen.tokens,
+                              response_mask=gen.mask, logprobs=logprobs,
+                              ref_logprobs=ref_logprobs, values=values, rewards=rewards)
+        return rollout, questions, fields, {"time/sample": t1 - t0, "time/reward": t2 - t1}

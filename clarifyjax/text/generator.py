@@ -1,0 +1,175 @@
+"""The one interface of every text generator: prompts in, `n` completions per prompt out.
+
+A generator may be a local causal LM (`clarifyjax.decoding.local_lm.LocalLM`), an OpenAI-compatible endpoint or
+a file of outputs written earlier; whoever needs texts (`clarifyjax generate`, `clarifyjax serve`,
+SaGE's pipeline) holds a `TextGenerator` and does not know which.
+
+* A prompt is a `str` (sent as it is: a raw completion prompt) or a list of chat messages
+  (``{"role": ..., "content": ...}``), which the generator renders with the model's chat template.
+* `Sampling` holds the settings of one prompt; a field left None means "the generator's default"
+  (for a local model, its ``generation_config.json``, as in `transformers`). Temperature 0 is
+  greedy decoding.
+* `Completion` is one sampled text with its token ids, the log-probability of each token under the
+  distribution it was drawn from, and why it ended ("stop": end of text or a stop string;
+  "length": `max_new_tokens` reached).
+
+This module imports no JAX and no model code, so a generator that only calls a web service can
+implement it cheaply.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping, Protocol, Sequence, Union, runtime_checkable
+
+Message = Mapping[str, str]
+Prompt = Union[str, Sequence[Message]]
+ROLES = ("system", "user", "assistant")
+MAX_STOP_STRINGS = 4  # as OpenAI's API
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How one prompt is sampled; None = the generator's default.
+
+    max_new_tokens: most tokens generated (>= 1). min_new_tokens: no end of text before this many.
+    temperature: 0 = greedy, else > 0. top_k: 0 = off. top_p: in (0, 1]. stop: strings that end
+    the completion (not included in its text).
+    """
+
+    max_new_tokens: int | None = None
+    min_new_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        object.__setattr__(self, "stop", tuple(self.stop))
+        problem = self.problem()
+        if problem is not None:
+            raise ValueError(f"sampling: {problem[0]}: {problem[1]}")
+
+    def problem(self) -> tuple[str, str] | None:
+        """(field, what is wrong) of the first invalid setting, or None."""
+        checks = (
+            ("max_new_tokens", _int(self.max_new_tokens, 1), "an integer >= 1"),
+            ("min_new_tokens", _int(self.min_new_tokens, 0), "an integer >= 0"),
+            ("temperature", _number(self.temperature) and self.temperature >= 0, "a number >= 0"),
+            ("top_k", _int(self.top_k, 0), "an integer >= 0 (0 = off)"),
+            ("top_p", _number(self.top_p) and 0 < self.top_p <= 1, "a number in (0, 1]"),
+        )
+        for name, ok, expected in checks:
+            value = getattr(self, name)
+            if value is not None and not ok:
+                return name, f"must be {expected}, got {value!r}"
+        if (self.min_new_tokens is not None and self.max_new_tokens is not None
+                and self.min_new_tokens > self.max_new_tokens):
+            return "min_new_tokens", (f"{self.min_new_tokens} is more than max_new_tokens "
+                                      f"({self.max_new_tokens})")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            return "stop", f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}"
+        if not all(isinstance(s, str) and s for s in self.stop):
+            return "stop", f"must be non-empty strings, got {list(self.stop)!r}"
+        return None
+
+    def with_defaults(self, defaults: "Sampling") -> "Sampling":
+        """These settings, each None filled from `defaults` (stop strings are added)."""
+        values = {f.name: getattr(self, f.name) if getattr(self, f.name) is not None
+                  else getattr(defaults, f.name) for f in dataclasses.fields(self)}
+        values["stop"] = tuple(dict.fromkeys(defaults.stop + self.stop))
+        return Sampling(**values)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def _int(value, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _number(value) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """One completion: its text, token ids [n] and their log-probs [n], and "stop" or "length"."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str
+    token_texts: tuple[str, ...] = ()  # each token's own text, where the generator knows it
+
+
+@runtime_checkable
+class TextGenerator(Protocol):
+    """Prompts in, `n` completions per prompt out.
+
+    `complete(prompts, sampling, n, seed)` returns one list of `n` completions per prompt, in the
+    order of `prompts`. `sampling` is one `Sampling` for all prompts or one per prompt; `n` one
+    count or one per prompt. The same call with the same `seed` gives the same completions (a
+    local model: whatever else runs; a remote endpoint: as far as it promises).
+    """
+
+    name: str
+
+    def complete(self, prompts: Sequence[Prompt], sampling: Sampling | Sequence[Sampling],
+                 n: int | Sequence[int] = 1, seed: int | None = None
+                 ) -> list[list[Completion]]:
+        ...
+
+
+@runtime_checkable
+class TokenCounter(Protocol):
+    """What a generator that knows its tokenizer adds: a server checks prompts against the
+    context before queueing them, and reports token usage."""
+
+    context_length: int
+
+    def count_tokens(self, prompt: Prompt) -> int:
+        """Tokens of `prompt` as the generator would feed it (a chat rendered); ValueError when
+        it cannot be rendered or encoded."""
+        ...
+
+
+def per_prompt(value, count: int, name: str) -> list:
+    """`value` repeated `count` times when it is one setting, else checked to have `count` items."""
+    if isinstance(value, (Sampling, int)):
+        return [value] * count
+    values = list(value)
+    if len(values) != count:
+        raise ValueError(f"{name}: {len(values)} values for {count} prompts")
+    return values
+
+
+def check_messages(messages, where: str = "messages") -> list[dict[str, str]]:
+    """A chat as a list of {"role", "content"} dicts (roles system/user/assistant, text content);
+    ValueError naming `where`, the message index and the field otherwise."""
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence) or not messages:
+        raise ValueError(f"{where}: must be a non-empty list of messages")
+    checked = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise ValueError(f"{where}[{i}]: must be an object with role and content")
+        extra = sorted(set(message) - {"role", "content", "name"})
+        if extra:
+            raise ValueError(f"{where}[{i}]: unknown field(s) {extra}")
+        if message.get("role") not in ROLES:
+            raise ValueError(f"{where}[{i}].role: must be one of {list(ROLES)}, got "
+                             f"{message.get('role')!r}")
+        if not isinstance(message.get("content"), str):
+            raise ValueError(f"{where}[{i}].content: must be a string")
+        checked.append({"role": message["role"], "content": message["content"]})
+    return checked
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> int | None:
+    """Where `text` is cut: the start of the earliest stop string in it, or None."""
+    found = [at for at in (text.find(s) for s in stop) if at >= 0]
+    return min(found) if found else None

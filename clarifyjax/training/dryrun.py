@@ -1,0 +1,224 @@
+"""`clarifyjax train CONFIG --dry-run`: the sharded layout and one compiled step, with no weights.
+
+What it does, on whatever devices this process sees (e.g. 8 fake CPU devices):
+
+1. reads the config and builds the run's mesh and rules table (`clarifyjax.core.sharding`);
+2. builds the policy's and the value model's *abstract* state with `jax.eval_shape` (shapes,
+   dtypes and logical axis names; not one parameter is allocated, so a T5-large plan runs on a
+   laptop), and prints every parameter with its shape, dtype, `PartitionSpec` and bytes per device;
+3. reports the bytes per device of the whole run (every model, Adam moments, gradients,
+   activations) with `clarifyjax.training.memory_plan.plan` (the same numbers as the README's table);
+4. lowers and compiles one training step (the PPO update for ``kind: ppo``, the SFT step for
+   ``kind: sft``) on abstract inputs carrying their shardings, without running it, and prints
+   XLA's memory analysis of the compiled step. The step is the run's own: `clarifyjax.training.programs`
+   assembles it (state, shardings, batch layout, jitted step) for `clarifyjax.training.loops` and for the
+   dry run alike, so the dry run lowers the program that the run executes (batches padded to the
+   longest length bucket, as the report's ``lowered_sha256`` of its StableHLO lets one check).
+
+Dry-run options are given like config overrides, with the prefix ``dryrun.``:
+
+* ``dryrun.compile=ppo|sft|none``: which step to compile (default: the config's kind);
+* ``dryrun.num_layers=N``: compile the step with N encoder and N decoder layers of the same width
+  (the listing and the bytes stay those of the full model). Compiling the full T5-large PPO update
+  (24 + 24 layers, policy + value, 4 epochs) on a small CPU takes minutes; the tests use
+  ``dryrun.num_layers=2``;
+* ``dryrun.rows=N``: batch rows of the compiled step (default: the config's batch size).
+
+    main("configs/ppo_t5_large.yaml", ["mesh.fsdp=4", "dryrun.num_layers=2"]) -> dict
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import jax
+
+from clarifyjax.training import memory_plan
+
+from clarifyjax.training import programs
+from clarifyjax.core import sharding as sharding_lib
+from clarifyjax.config import CLASSIFIER_TASKS, ConfigError, PPOConfig, load_config
+from clarifyjax.models.t5 import T5Config
+
+DRYRUN_KEYS = ("compile", "num_layers", "rows")
+
+
+def split_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str]]:
+    """(config overrides, dry-run options) from ``key=value`` strings."""
+    config_overrides, options = [], {}
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if key.startswith("dryrun."):
+            name = key[len("dryrun."):]
+            if not sep or name not in DRYRUN_KEYS:
+                raise ValueError(f"dry-run option {item!r}: expected dryrun.KEY=VALUE with KEY in "
+                                 f"{DRYRUN_KEYS}")
+            options[name] = value
+        else:
+            config_overrides.append(item)
+    return config_overrides, options
+
+
+def _t5_config(model_cfg, role: str, configs_dir: Path, num_layers: int | None = None
+               ) -> tuple[str, T5Config]:
+    """(architecture name, T5Config) of a config's model, without reading any weights."""
+    name, hf = memory_plan.resolve_architecture(model_cfg, role, configs_dir)
+    config = programs.t5_config(model_cfg, hf)
+    if num_layers is not None:
+        config = dataclasses.replace(config, num_layers=num_layers, num_decoder_layers=num_layers)
+    return name, config
+
+
+def parameter_table(role: str, params) -> list[dict]:
+    """One row per parameter: name, shape, dtype, spec, bytes (whole) and bytes per device."""
+    rows = []
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+        size = math.prod(leaf.shape) * leaf.dtype.itemsize
+        shard = leaf.sharding.shard_shape(leaf.shape)
+        rows.append({"name": f"{role}{jax.tree_util.keystr(path)}", "shape": list(leaf.shape),
+                     "dtype": str(leaf.dtype), "spec": str(leaf.sharding.spec),
+                     "bytes": int(size),
+                     "bytes_per_device": int(math.prod(shard) * leaf.dtype.itemsize)})
+    return rows
+
+
+def lower_ppo_update(cfg, mesh, rules, policy_config: T5Config, value_config: T5Config, rows: int
+                     ) -> jax.stages.Lowered:
+    """One PPO update of `cfg`, lowered on abstract arguments: the `programs.PPOProgram` that
+    `train.train_ppo` runs, for a rollout of `rows` rows of full-length queries."""
+    graphdef, params = programs.abstract_model("t5", policy_config, mesh, rules)
+    value_graphdef, value_params = programs.abstract_model("value", value_config, mesh, rules)
+    program = programs.PPOProgram.build(cfg, mesh, graphdef, params, value_graphdef, value_params)
+    rollout = program.abstract_batch(rows, cfg.policy.max_input_length, cfg.ppo.max_question_length)
+    return program.lower(program.abstract_state()["ppo"], rollout, program.abstract_key())
+
+
+def lower_sft_step(cfg, mesh, rules, model_config: T5Config, model_cfg, rows: int
+                   ) -> jax.stages.Lowered:
+    """One SFT step of `cfg`, lowered on abstract arguments: the `programs.SFTProgram` that
+    `train.train_sft` runs, for ``grad_accum`` micro-batches of `rows` full-length rows."""
+    graphdef, params = programs.abstract_model("t5", model_config, mesh, rules)
+    program = programs.SFTProgram.build(cfg, mesh, graphdef, params,
+                                        dropout=model_config.dropout_rate > 0)
+    batch = program.abstract_batch(rows, model_cfg.max_input_length, model_cfg.max_target_length)
+    return program.lower(program.abstract_state(), batch)
+
+
+def _fmt_bytes(n: float) -> str:
+    return f"{n / 2 ** 20:.2f} MiB" if n < 2 ** 30 else f"{n / 2 ** 30:.2f} GiB"
+
+
+def _models(cfg, configs_dir: Path, num_layers: int | None = None
+            ) -> list[tuple[str, str, str, T5Config]]:
+    """[(role, kind, architecture, T5Config)] of the trained models: the policy and the value
+    model of a PPO config, the model of an SFT config."""
+    if not isinstance(cfg, PPOConfig):
+        return [("model", "t5", *_t5_config(cfg.model, "model", configs_dir, num_layers))]
+    value_cfg = cfg.value.model or cfg.policy
+    return [("policy", "t5", *_t5_config(cfg.policy, "policy", configs_dir, num_layers)),
+            ("value", "value", *_t5_config(value_cfg, "value", configs_dir, num_layers))]
+
+
+def _list_parameters(models, mesh, rules, say) -> list[dict]:
+    table = []
+    for role, kind, _, config in models:
+        table += parameter_table(role, programs.abstract_model(kind, config, mesh, rules)[1])
+    width = max(len(r["name"]) for r in table)
+    for r in table:
+        say(f"  {r['name']:<{width}}  {str(tuple(r['shape'])):>16}  {r['dtype']:<8}  "
+            f"{r['spec']:<40}  {_fmt_bytes(r['bytes_per_device'])}/device")
+    n_params = sum(math.prod(r["shape"]) for r in table)
+    say(f"[dry-run] {len(table)} parameters ({n_params:,} values, {models[0][2]}); "
+        f"{_fmt_bytes(sum(r['bytes_per_device'] for r in table))} per device of "
+        f"{_fmt_bytes(sum(r['bytes'] for r in table))}")
+    return table
+
+
+def _plan(cfg, configs_dir: Path, say) -> dict | None:
+    """`memory_plan.plan` of a PPO config on this process's devices (None when it cannot size
+    the run, e.g. tiny random models: said why)."""
+    hardware = memory_plan.Hardware(f"this mesh ({jax.device_count()} {jax.default_backend()})",
+                                    jax.device_count(), 1, jax.local_device_count())
+    try:
+        plan = memory_plan.plan(cfg, hardware, configs_dir)
+    except memory_plan.PlanError as e:
+        say(f"[dry-run] no memory plan: {e}")
+        return None
+    plan.pop("hbm_bytes"), plan.pop("fraction_of_hbm")
+    for key, value in plan["components"].items():
+        say(f"  {key:<40} {_fmt_bytes(value)}")
+    say(f"[dry-run] total per device: {_fmt_bytes(plan['total_bytes'])}")
+    return plan
+
+
+def _compile(cfg, step_kind: str, options: dict, mesh, rules, configs_dir: Path, say) -> dict:
+    """Lower and compile (not run) one step; its XLA memory analysis and the program's hash."""
+    layers = int(options["num_layers"]) if "num_layers" in options else None
+    models = _models(cfg, configs_dir, layers)
+    config = models[0][3]
+    rows = int(options.get("rows", cfg.ppo.batch_size if isinstance(cfg, PPOConfig)
+                           else cfg.data.batch_size))
+    start = time.perf_counter()
+    if step_kind == "ppo":
+        lowered = lower_ppo_update(cfg, mesh, rules, config, models[1][3], rows)
+    else:
+        model_cfg = cfg.policy if isinstance(cfg, PPOConfig) else cfg.model
+        lowered = lower_sft_step(cfg, mesh, rules, config, model_cfg, rows)
+    text = lowered.as_text()
+    analysis = lowered.compile().memory_analysis()
+    seconds = time.perf_counter() - start
+    memory = {field: int(getattr(analysis, field)) for field in (
+        "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
+        "generated_code_size_in_bytes") if analysis is not None and hasattr(analysis, field)}
+    say(f"[dry-run] compiled one {step_kind} step ({config.num_layers} + "
+        f"{config.num_decoder_layers} layers, {rows} rows) in {seconds:.1f} s; not run. "
+        f"XLA per device: " + ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in memory.items()))
+    return {"step": step_kind, "num_layers": config.num_layers, "rows": rows, "seconds": seconds,
+            "memory": memory, "lowered_sha256": hashlib.sha256(text.encode()).hexdigest()}
+
+
+def main(config_path: str, overrides: Sequence[str] = (), *, say: Callable[[str], None] = print
+         ) -> dict:
+    """Run the dry run; print the report (through `say`) and return it as a JSON-ready dict:
+    ``{config, devices, mesh, rules, parameters: [{name, shape, dtype, spec, bytes,
+    bytes_per_device}], plan (memory_plan.plan, PPO only), compiled: {step, num_layers, rows,
+    seconds, memory, lowered_sha256 (of the step's StableHLO text)}}``."""
+    config_overrides, options = split_overrides(overrides)
+    cfg = load_config(config_path, config_overrides)
+    configs_dir = Path(config_path).resolve().parent
+    mesh = sharding_lib.make_mesh(cfg.mesh)
+    rules = sharding_lib.RULES[cfg.mesh.rules]
+    is_ppo = isinstance(cfg, PPOConfig)
+    if not is_ppo and cfg.task in CLASSIFIER_TASKS:
+        raise ConfigError(f"task: {cfg.task!r} trains an encoder classifier, which the dry run "
+                          "does not size yet (it lowers T5 programs); run it without --dry-run",
+                          key="task")
+    step_kind = options.get("compile", "ppo" if is_ppo else "sft")
+    if step_kind not in ("ppo", "sft", "none"):
+        raise ValueError(f"dryrun.compile={step_kind!r}: expected ppo, sft or none")
+    if step_kind == "ppo" and not is_ppo:
+        raise ValueError(f"dryrun.compile=ppo needs a PPO config; {config_path} is kind "
+                         f"{cfg.kind!r}")
+    say(f"[dry-run] {config_path}: {jax.device_count()} {jax.default_backend()} device(s), mesh "
+        f"{dict(mesh.shape)}, rules {cfg.mesh.rules}")
+    models = _models(cfg, configs_dir)  # 1. every parameter of the trained models, sharded
+    report: dict[str, Any] = {"config": str(config_path), "devices": jax.device_count(),
+                              "mesh": dict(mesh.shape), "rules": cfg.mesh.rules,
+                              "architecture": models[0][2],
+                              "parameters": _list_parameters(models, mesh, rules, say)}
+    if is_ppo:  # 2. bytes per device of the whole run (memory_plan's accounting)
+        report["plan"] = _plan(cfg, configs_dir, say)
+    if step_kind != "none":  # 3. the step the run executes, compiled and not run
+        report["compiled"] = _compile(cfg, step_kind, options, mesh, rules, configs_dir, say)
+    return report
+
+
+if __name__ == "__main__":  # python -m clarifyjax.training.dryrun CONFIG [key=value ...]
+    result = main(sys.argv[1], sys.argv[2:])
+    print(json.dumps({k: v for k, v in result.items() if k != "parameters"}, default=str)[:2000])

@@ -1,0 +1,272 @@
+"""Bytes per device of a PPO run: every model's parameters, Adam state, gradients, activations.
+
+    plan(cfg, Hardware("8 x H100 80GB", 8, 81559 * 2 ** 20, 8), configs_dir) -> dict
+
+`launch/memory_plan.py` prints it as a table for a few hardware targets and judges, and
+`clarifyjax train CONFIG --dry-run` for the devices it sees. For one hardware target `plan`
+builds every model of the run *abstractly* (`nnx.eval_shape`: shapes and logical axis names, no
+memory), resolves the config's mesh layout for that many devices on a `jax.sharding.AbstractMesh`
+(no devices needed), shards each parameter by the config's rules table
+(`clarifyjax.core.sharding.model_shardings`, the rules the training uses), and adds up the bytes of
+each device's shards.
+
+Models come from the config: a model folder with a config.json is read; ``runs/<sft run>/final``
+is traced to the SFT config that writes it (configs/sft_*.yaml) and to that run's ``init``; a
+folder that is not here is looked up by its last name in `KNOWN_ARCHITECTURES` (Hugging Face
+config.json values, since there is no model hub here).
+
+Per device:
+* parameters of policy, value, reference, answerer, fusion, judge and NLI in their ``param_dtype``:
+  policy, value and reference on the run's mesh; the reward models (answerer, fusion, judge, NLI)
+  on each host's own devices (`sharding.process_mesh`: the run's fsdp x model layout where it
+  fits in one host, as `train.build_reward_fn` places them);
+* optimizer: Adam's two moments (optax keeps them in the parameters' dtype), for policy + value;
+* gradients of policy + value, sharded like the parameters;
+* activations, an upper bound: every intermediate of one PPO minibatch's forward pass that a
+  backward pass could need, for policy and value together (one loss), in the compute dtype with
+  the attention softmax and logits in float32, as if nothing were fused or rematerialized. XLA
+  keeps much less: compiled for one H100 (jax 0.11.2), the T5-large policy + value gradient of 4
+  and 8 rows (128 source / 30 target tokens, bfloat16) needed 0.45 and 0.97 GiB of temporaries
+  against this bound's 1.70 and 3.41 GiB. The rollout's inference (sampling, reward models) needs
+  less still, since nothing is kept for a backward pass;
+* the FSDP all-gather buffer: the largest layer of any model, unsharded (transient).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from flax import nnx
+from jax.sharding import AbstractMesh
+
+from clarifyjax.core import sharding
+from clarifyjax.config import ModelConfig, PPOConfig, TinyModelSpec, load_config
+from clarifyjax.models.safetensors_io import read_config
+from clarifyjax.models.state import shape_only
+
+# Model folders written relative to the repository (as the configs write them) are found from any
+# working directory.
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GiB = 2 ** 30
+_T5 = {"model_type": "t5", "vocab_size": 32128, "relative_attention_num_buckets": 32,
+       "relative_attention_max_distance": 128, "num_layers": 24}
+_T5_V1_1 = dict(_T5, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+_ROBERTA_LARGE = {"model_type": "roberta", "vocab_size": 50265, "hidden_size": 1024,
+                  "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096,
+                  "hidden_act": "gelu", "max_position_embeddings": 514, "type_vocab_size": 1,
+                  "layer_norm_eps": 1e-5, "pad_token_id": 1}
+# The fields of the Hugging Face config.json files that fix the parameter shapes.
+KNOWN_ARCHITECTURES: dict[str, dict[str, Any]] = {
+    "t5-small": dict(_T5, d_model=512, d_kv=64, d_ff=2048, num_heads=8, num_layers=6),
+    "t5-base": dict(_T5, d_model=768, d_kv=64, d_ff=3072, num_heads=12, num_layers=12),
+    "t5-large": dict(_T5, d_model=1024, d_kv=64, d_ff=4096, num_heads=16),
+    "t5-3b": dict(_T5, d_model=1024, d_kv=128, d_ff=16384, num_heads=32),
+    "t5-11b": dict(_T5, d_model=1024, d_kv=128, d_ff=65536, num_heads=128),  # Delphi's size
+    "t5-v1_1-large": dict(_T5_V1_1, d_model=1024, d_kv=64, d_ff=2816, num_heads=16),
+    "flan-t5-large": dict(_T5_V1_1, d_model=1024, d_kv=64, d_ff=2816, num_heads=16),
+    "t5-v1_1-xxl": dict(_T5_V1_1, d_model=4096, d_kv=64, d_ff=10240, num_heads=64),
+    "flan-t5-xxl": dict(_T5_V1_1, d_model=4096, d_kv=64, d_ff=10240, num_heads=64),
+    "roberta-large": _ROBERTA_LARGE,
+    "roberta-large-wanli": dict(_ROBERTA_LARGE, id2label={
+        "0": "contradiction", "1": "entailment", "2": "neutral"}),
+    "roberta-large-mnli": dict(_ROBERTA_LARGE, id2label={
+        "0": "CONTRADICTION", "1": "NEUTRAL", "2": "ENTAILMENT"}),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Hardware:
+    name: str
+    devices: int
+    hbm_bytes: int
+    devices_per_host: int
+
+
+class PlanError(ValueError):
+    """A model the plan cannot size; the message names the role and the path."""
+
+
+# --------------------------------------------------------------------------- architectures
+
+
+@functools.lru_cache(maxsize=None)
+def _sft_outputs(configs_dir: Path) -> dict[str, tuple[Path, ModelConfig]]:
+    """``runs/<name>/final`` -> (the SFT config that writes it, its model), for configs_dir."""
+    out = {}
+    for path in sorted(configs_dir.glob("sft_*.yaml")):
+        sft = load_config(path)
+        out[f"{sft.run.directory}/final"] = (path, sft.model)
+    return out
+
+
+def resolve_architecture(model: ModelConfig, role: str, configs_dir: Path,
+                         seen: tuple[Path, ...] = ()) -> tuple[str, dict]:
+    """(name, Hugging Face config dict) of a model of the config, without loading weights."""
+    if model.tiny is not None:
+        return "tiny", {"tiny": dataclasses.asdict(model.tiny)}
+    init = str(model.init).rstrip("/")
+    for folder in (Path(init), REPO_ROOT / init):
+        if (folder / "config.json").exists():
+            return folder.name, read_config(folder)
+    sft = _sft_outputs(configs_dir).get(init)  # the final export of an SFT run
+    if sft is not None and sft[0] not in seen:
+        return resolve_architecture(sft[1], f"{role} <- {sft[0].name}", configs_dir,
+                                    seen + (sft[0],))
+    name = init.split("/")[-1]
+    if name in KNOWN_ARCHITECTURES:
+        return name, KNOWN_ARCHITECTURES[name]
+    raise PlanError(f"{role}: cannot size model {init!r}: no config.json there, no SFT config "
+                    f"in {configs_dir} writes it, and {name!r} is not one of "
+                    f"{sorted(KNOWN_ARCHITECTURES)}")
+
+
+def _is_encoder(hf: dict) -> bool:
+    return hf.get("model_type") in ("bert", "roberta")
+
+
+@functools.lru_cache(maxsize=None)
+def abstract_state(kind: str, hf_json: str, param_dtype: str):
+    """The abstract (shape-only) state of one model ("t5", "value" or "encoder"), flattened:
+    [(path, Variable holding a ShapeDtypeStruct)]; cached per architecture."""
+    from clarifyjax.models.encoder import EncoderConfig, SequenceClassifier
+    from clarifyjax.models.t5 import T5, T5Config
+    from clarifyjax.models.value import ValueModel
+
+    hf = json.loads(hf_json)
+    if kind == "encoder":
+        cfg = EncoderConfig.from_hf(hf, param_dtype=param_dtype)
+        return nnx.to_flat_state(nnx.state(shape_only(SequenceClassifier, cfg)))
+    if "tiny" in hf:
+        cfg = T5Config(**TinyModelSpec(**hf["tiny"]).t5_kwargs(), param_dtype=param_dtype)
+    else:
+        cfg = T5Config.from_hf(hf, param_dtype=param_dtype)
+    return nnx.to_flat_state(nnx.state(shape_only(ValueModel if kind == "value" else T5, cfg)))
+
+
+# --------------------------------------------------------------------------- sizes
+
+
+@dataclasses.dataclass
+class ModelPlan:
+    role: str
+    architecture: str
+    trainable: bool
+    n_params: int
+    bytes_total: int
+    bytes_per_device: int
+    largest_layer_bytes: int  # one layer (or top-level parameter), unsharded
+
+
+def mesh_sizes(layout, n_devices: int) -> dict[str, int]:
+    """The config's (data, fsdp, model) sizes for `n_devices`, the -1 axis filled."""
+    try:
+        return sharding.resolve_sizes(layout, n_devices)
+    except ValueError as e:
+        raise PlanError(f"{e} (of the hardware)") from e
+
+
+def size_model(role: str, model: ModelConfig, kind: str, mesh: AbstractMesh, rules,
+               configs_dir: Path, trainable: bool) -> ModelPlan:
+    name, hf = resolve_architecture(model, role, configs_dir)
+    if kind != "encoder" and _is_encoder(hf):
+        kind = "encoder"
+    flat = abstract_state(kind, json.dumps(hf, sort_keys=True), model.param_dtype)
+    state = nnx.from_flat_state(flat)
+    shardings = dict(nnx.to_flat_state(sharding.model_shardings(state, mesh, rules)))
+    n = total = per_device = 0
+    layers: dict[tuple, int] = {}
+    for path, var in flat:
+        value = var.get_value()
+        size, itemsize = math.prod(value.shape), value.dtype.itemsize
+        n += size
+        total += size * itemsize
+        shard = shardings[path].get_value().shard_shape(value.shape)
+        per_device += math.prod(shard) * itemsize
+        # a layer = the path up to its index in a layer list (e.g. encoder/layers/3)
+        cut = next((i + 1 for i, p in enumerate(path) if isinstance(p, int)), len(path))
+        layers[path[:cut]] = layers.get(path[:cut], 0) + size * itemsize
+    return ModelPlan(role, name, trainable, n, total, per_device, max(layers.values()))
+
+
+def activation_bytes(hf: dict, rows: int, source: int, target: int, compute_bytes: int,
+                     logits: bool) -> int:
+    """Saved activations of one T5 forward for backward, `rows` sequences (an estimate).
+
+    Per encoder token: norms (2 x 2d), q k v and context (4 x inner), attention output (d),
+    MLP input (d), wi (1 or 2 x d_ff), activation (d_ff), wo output (d); per decoder token the
+    same with a cross-attention block, whose keys and values span the source; attention scores
+    and weights in float32; vocabulary logits and log-softmax in float32 when `logits`.
+    """
+    d, f, heads = hf["d_model"], hf["d_ff"], hf["num_heads"]
+    inner = heads * hf["d_kv"]
+    gated = 2 if hf.get("feed_forward_proj", "relu").startswith("gated") else 1
+    layers, dec_layers = hf["num_layers"], hf.get("num_decoder_layers") or hf["num_layers"]
+    enc = source * (6 * d + 4 * inner + (gated + 1) * f) * compute_bytes \
+        + 2 * heads * source * source * 4
+    dec = (target * (9 * d + 6 * inner + (gated + 1) * f) + 2 * inner * source) * compute_bytes \
+        + 2 * heads * (target * target + target * source) * 4
+    per_row = layers * enc + dec_layers * dec + (source + target) * d * compute_bytes
+    if logits:
+        per_row += 2 * target * hf["vocab_size"] * 4
+    return rows * per_row
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+def plan(cfg: PPOConfig, hardware: Hardware, configs_dir: Path) -> dict:
+    """Bytes per device of every component of `cfg` on `hardware` (a JSON-ready dict)."""
+    if not isinstance(cfg, PPOConfig):
+        raise PlanError(f"the memory plan is for PPO configs (kind: ppo), got kind {cfg.kind!r}")
+    sizes = mesh_sizes(cfg.mesh, hardware.devices)
+    mesh = AbstractMesh(tuple(sizes[a] for a in sharding.MESH_AXES), sharding.MESH_AXES)
+    # the reward models live on each host's own devices (`train.build_reward_fn`)
+    local = sharding.process_sizes(sizes, hardware.devices_per_host)
+    host_mesh = AbstractMesh(tuple(local[a] for a in sharding.MESH_AXES), sharding.MESH_AXES)
+    rules = sharding.RULES[cfg.mesh.rules]
+    value_model = cfg.value.model or cfg.policy
+    roles = [("policy", cfg.policy, "t5", True),
+             ("value", value_model, "value", True),
+             ("reference", cfg.reference or cfg.policy, "t5", False),
+             ("answerer", cfg.rewards.answerer, "t5", False),
+             ("fusion", cfg.rewards.fusion, "t5", False),
+             ("judge", cfg.rewards.judge.model,
+              "encoder" if cfg.rewards.judge.kind == "encoder" else "t5", False)]
+    if cfg.rewards.nli is not None:
+        roles.append(("nli", cfg.rewards.nli, "encoder", False))
+    models = [size_model(r, m, k, mesh if r in ("policy", "value", "reference") else host_mesh,
+                         rules, configs_dir, t) for r, m, k, t in roles]
+
+    trainable_per_device = sum(m.bytes_per_device for m in models if m.trainable)
+    if cfg.optimizer.name not in ("adam", "adamw"):
+        raise PlanError(f"optimizer.name = {cfg.optimizer.name!r}: the plan counts Adam's two "
+                        f"moments; other optimizers are not modelled")
+    batch_shards = sizes["data"] * sizes["fsdp"]
+    minibatch = cfg.ppo.batch_size // cfg.ppo.minibatches
+    rows = math.ceil(minibatch / batch_shards)
+    compute_bytes = 2 if cfg.policy.dtype in ("bfloat16", "float16") else 4
+    source, target = cfg.policy.max_input_length, cfg.ppo.max_question_length
+    _, policy_hf = resolve_architecture(cfg.policy, "policy", configs_dir)
+    _, value_hf = resolve_architecture(value_model, "value", configs_dir)
+    if "tiny" in policy_hf or "tiny" in value_hf:
+        raise PlanError("activation estimates need Hugging Face T5 architectures, not tiny specs")
+    activations = activation_bytes(policy_hf, rows, source, target, compute_bytes, True) + \
+        activation_bytes(value_hf, rows, source, target, compute_bytes, False)
+    components = {f"params: {m.role}": m.bytes_per_device for m in models}
+    components["Adam moments (policy + value)"] = 2 * trainable_per_device
+    components["gradients (policy + value)"] = trainable_per_device
+    components["activations (PPO minibatch, bound)"] = activations
+    gathers = cfg.mesh.rules == "fsdp" and sizes["fsdp"] > 1  # else no weight is all-gathered
+    components["FSDP all-gather (largest layer)"] = (
+        max(m.largest_layer_bytes for m in models) if gathers else 0)
+    total = sum(components.values())
+    return {"hardware": hardware.name, "devices": hardware.devices, "hbm_bytes": hardware.hbm_bytes,
+            "mesh": sizes, "reward_models_mesh": local, "rules": cfg.mesh.rules,
+            "minibatch_rows_per_device": rows, "source_length": source, "target_length": target,
+            "models": [dataclasses.asdict(m) for m in models],
+            "components": components, "total_bytes": total,
+            "fraction_of_hbm": total / hardware.hbm_bytes}

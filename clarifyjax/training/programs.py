@@ -1,0 +1,364 @@
+"""The training programs, assembled once: what `clarifyjax.training.loops` runs and `clarifyjax.training.dryrun`
+compiles.
+
+A program is a run's jitted step with everything it is compiled for: the train state and its
+shardings, the batch's layout and shardings, and the initial state. `SFTProgram` is one optimizer
+step of supervised fine-tuning over ``grad_accum`` micro-batches; `PPOProgram` one PPO update (GAE
+and the PPO epochs over a rollout batch). Both are built from a model's graphdef and parameters,
+which are either real arrays (`build_t5`, `build_ppo_models`: the run) or `jax.ShapeDtypeStruct`s
+carrying their shardings (`abstract_model` of a `t5_config`: the dry run, which allocates nothing,
+so a T5-large plan runs on a laptop). The step, the shardings and the state's structure are the
+same either way, so a dry run lowers the very program that the run executes:
+
+    program = SFTProgram.build(cfg, mesh, graphdef, params, dropout=False)
+    state = program.init_state()                     # real arrays, placed (the run)
+    state, metrics = program(state, program.place_batch(micro_batches))
+    program.lower(program.abstract_state(),          # ShapeDtypeStructs (the dry run)
+                  program.abstract_batch(rows, source_len, target_len)).compile()
+
+A program records the abstract signature of its first call (`signature`); `lowered_text()` lowers
+the step again for it, which is how the tests compare the dry run with a real step.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from clarifyjax.training import optim
+
+from clarifyjax.rl import ppo
+
+from clarifyjax.training import sft
+
+from clarifyjax.core import traces
+from clarifyjax.core import sharding as sharding_lib
+from clarifyjax.config import ConfigError
+from clarifyjax.models.hf import load_t5
+from clarifyjax.models.t5 import T5, T5Config
+from clarifyjax.models.state import copy_params, shape_only, split_model
+from clarifyjax.models.value import ValueModel
+from clarifyjax.rl.policy import make_ppo_fns
+from clarifyjax.text.tokenizer import Tokenizer
+
+
+# --------------------------------------------------------------------------- models
+
+
+def tiny_t5_config(model_cfg) -> T5Config:
+    """The T5Config of a tiny random model (``model.tiny``): no dropout unless the config says."""
+    return T5Config(**model_cfg.tiny.t5_kwargs(), dtype=model_cfg.dtype,
+                    param_dtype=model_cfg.param_dtype, dropout_rate=model_cfg.dropout_rate or 0.0)
+
+
+def with_dropout(config: T5Config, model_cfg) -> T5Config:
+    """`config` with the run's ``dropout_rate`` (when set; else the checkpoint's)."""
+    if model_cfg.dropout_rate is None or model_cfg.dropout_rate == config.dropout_rate:
+        return config
+    return dataclasses.replace(config, dropout_rate=model_cfg.dropout_rate)
+
+
+def t5_config(model_cfg, hf: dict) -> T5Config:
+    """The T5Config `train.build_t5` gives `model_cfg`, from its architecture alone: a Hugging Face
+    config.json dict, or ``{"tiny": ...}`` (`memory_plan.resolve_architecture`)."""
+    if model_cfg.tiny is not None:
+        return tiny_t5_config(model_cfg)
+    return with_dropout(T5Config.from_hf(hf, dtype=model_cfg.dtype,
+                                         param_dtype=model_cfg.param_dtype), model_cfg)
+
+
+def abstract_model(kind: str, config: T5Config, mesh, rules) -> tuple[Any, Any]:
+    """(graphdef, params) of a T5 ("t5") or a value model ("value") built with `nnx.eval_shape`:
+    params is a pure dict of `jax.ShapeDtypeStruct`s carrying the rules' `NamedSharding`s."""
+    graphdef, state = nnx.split(shape_only(ValueModel if kind == "value" else T5, config))
+    shardings = nnx.to_pure_dict(sharding_lib.model_shardings(state, mesh, rules))
+    return graphdef, _abstract(nnx.to_pure_dict(state), shardings)
+
+
+def build_t5(model_cfg, *, seed: int, mesh, rules, tokenizer: Tokenizer | None = None,
+             where: str = "model") -> tuple[T5Config, T5]:
+    """A T5 from a `ModelConfig`: a Hugging Face folder (``init``) or a tiny random one (``tiny``),
+    placed on `mesh`; ``dropout_rate`` (when set) overrides the checkpoint's."""
+    def check_vocab(config: T5Config) -> None:  # before anything is built on the config
+        if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
+            raise ConfigError(f"{where}: the tokenizer {tokenizer.folder} has "
+                              f"{tokenizer.vocab_size} tokens but the model's vocab_size is "
+                              f"{config.vocab_size}")
+
+    if model_cfg.init is None:
+        config = tiny_t5_config(model_cfg)
+        check_vocab(config)
+        return config, sharding_lib.create_sharded(lambda: T5(config, rngs=nnx.Rngs(seed)),
+                                                   mesh, rules)
+    loaded, model = load_t5(model_cfg.init, dtype=model_cfg.dtype, mesh=mesh, rules=rules,
+                            param_dtype=model_cfg.param_dtype)
+    check_vocab(loaded)
+    config = with_dropout(loaded, model_cfg)
+    if config != loaded:
+        graphdef, _ = nnx.split(nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0))))
+        model = nnx.merge(graphdef, nnx.state(model))
+    return config, model
+
+
+def build_classifier(model_cfg, *, mesh, rules, num_labels: int = 2, where: str = "model"):
+    """(classifier, tokenizer) from a `ModelConfig` naming a Hugging Face sequence-classification
+    folder (``init``): DeBERTa-v2/v3, BERT or RoBERTa by config.json model_type
+    (`hf.load_classifier`), placed on `mesh`, with `num_labels` classes; the folder's
+    tokenizer.json truncating pairs to ``max_input_length``. Any problem with the folder is one
+    `ConfigError` naming ``{where}.init``. The classifier is called without token type ids (all
+    0): DeBERTa-v3 and RoBERTa have no segment embeddings, but a BERT trains and exports with
+    its second segment read as type 0 (not what transformers' pair encoding feeds it)."""
+    from clarifyjax.models.hf import CheckpointError, load_classifier, load_encoder_tokenizer
+
+    try:
+        model = load_classifier(model_cfg.init, dtype=model_cfg.dtype,
+                                param_dtype=model_cfg.param_dtype, mesh=mesh, rules=rules)
+        tokenizer = load_encoder_tokenizer(model_cfg.init, model_cfg.max_input_length,
+                                           vocab_size=model.config.vocab_size)
+    except (CheckpointError, OSError) as e:
+        raise ConfigError(f"{where}.init: {e}", key=f"{where}.init") from e
+    if model.config.num_labels != num_labels:
+        raise ConfigError(f"{where}.init: {model_cfg.init} has {model.config.num_labels} labels "
+                          f"{list(model.config.labels)}; the discriminator needs {num_labels} "
+                          "(0 irrelevant, 1 relevant)", key=f"{where}.init")
+    return model, tokenizer
+
+
+class PPOModels(NamedTuple):
+    """The policy (its T5Config, graphdef and parameters), the frozen reference's parameters and
+    the value model (graphdef, parameters), placed on the run's mesh."""
+
+    config: T5Config
+    graphdef: Any
+    params: Any
+    ref_params: Any
+    value_graphdef: Any
+    value_params: Any
+
+
+def build_ppo_models(cfg, mesh, rules, tokenizer: Tokenizer) -> PPOModels:
+    """The models of a `PPOConfig`: the policy, its reference (a copy unless ``reference`` is
+    set) and the value model (a copy of the policy, or of ``value.model``, with a new head)."""
+    seed = cfg.run.seed
+    p_config, policy = build_t5(cfg.policy, seed=seed, mesh=mesh, rules=rules, tokenizer=tokenizer,
+                                where="policy")
+    graphdef, params = split_model(policy)
+    if cfg.reference is None:
+        ref_params = copy_params(params)
+    else:
+        _, reference = build_t5(cfg.reference, seed=seed, mesh=mesh, rules=rules, where="reference")
+        ref_graphdef, ref_params = split_model(reference)
+        if ref_graphdef != graphdef:
+            raise ConfigError("reference: the reference model's architecture differs from the "
+                              "policy's")
+    trunk = policy if cfg.value.model is None else build_t5(
+        cfg.value.model, seed=seed + 1, mesh=mesh, rules=rules, where="value.model")[1]
+    value = ValueModel.from_t5(trunk, seed=seed + 2)  # a copy of the trunk, and a new head
+    value_graphdef, value_params = split_model(value)
+    value_params = jax.device_put(value_params, nnx.to_pure_dict(sharding_lib.model_shardings(
+        nnx.state(value), mesh, rules)))
+    return PPOModels(p_config, graphdef, params, ref_params, value_graphdef, value_params)
+
+
+# --------------------------------------------------------------------------- shardings
+
+
+def replicated(mesh) -> NamedSharding:
+    return NamedSharding(mesh, PartitionSpec())
+
+
+def param_shardings(params, mesh):
+    """Each parameter's own NamedSharding (set when it was built), replicated otherwise."""
+    return jax.tree.map(lambda x: x.sharding if isinstance(getattr(x, "sharding", None),
+                                                            NamedSharding) else replicated(mesh),
+                        params)
+
+
+def opt_state_shardings(tx, opt_state, params, p_shardings, mesh):
+    """Optimizer-state leaves shaped like their parameter share its sharding; others replicate."""
+    import optax
+
+    return optax.tree_map_params(
+        tx, lambda leaf, p, s: s if leaf.shape == p.shape else replicated(mesh), opt_state,
+        params, p_shardings, transform_non_params=lambda _: replicated(mesh),
+        is_leaf=lambda x: isinstance(x, (jax.Array, jax.ShapeDtypeStruct)))
+
+
+def _abstract(tree, shardings=None):
+    """`jax.ShapeDtypeStruct`s of `tree`'s arrays, with `shardings` (a matching tree) or theirs."""
+    def spec(x, sharding=None):
+        return jax.ShapeDtypeStruct(np.shape(x), x.dtype, weak_type=bool(getattr(x, "weak_type",
+                                                                               False)),
+                                    sharding=getattr(x, "sharding", None) if sharding is None
+                                    else sharding)
+    return jax.tree.map(spec, tree) if shardings is None else jax.tree.map(spec, tree, shardings)
+
+
+# --------------------------------------------------------------------------- programs
+
+
+@dataclasses.dataclass
+class Program:
+    """A jitted step, the shardings it is compiled for, and its initial state.
+
+    models: the parameter trees the initial state is made of (arrays or ShapeDtypeStructs);
+    initial: ``initial(*models) -> state`` (pure); step: the jitted step, called as
+    ``program(state, batch, ...)`` with arguments placed as `in_shardings` (the batch second);
+    signature: the first call's arguments as ShapeDtypeStructs with those shardings.
+    """
+
+    mesh: Any
+    models: tuple
+    initial: Callable
+    state_shardings: Any
+    in_shardings: tuple
+    step: Callable
+    signature: tuple | None = None
+
+    @property
+    def batch_shardings(self):
+        return self.in_shardings[1]
+
+    def init_state(self):
+        """The initial state, real arrays placed with `state_shardings`."""
+        return jax.device_put(self.initial(*self.models), self.state_shardings)
+
+    def abstract_state(self):
+        """The initial state as `jax.ShapeDtypeStruct`s carrying `state_shardings` (no memory)."""
+        return _abstract(jax.eval_shape(self.initial, *self.models), self.state_shardings)
+
+    def __call__(self, *args):
+        if self.signature is None:
+            self.signature = _abstract(args, self.in_shardings)
+        return self.step(*args)
+
+    def lower(self, *args) -> jax.stages.Lowered:
+        return self.step.lower(*args)
+
+    def lowered_text(self, *args) -> str:
+        """The step's StableHLO for `args` (default: the first call's `signature`)."""
+        return self.lower(*(args or self.signature)).as_text()
+
+
+def sft_batch_shardings(mesh) -> dict:
+    """Micro-batch stacks travel batch-major, [b, a, ...], so that the batch axis is split over
+    the data axes like any batch (`shard_batch`, process-local rows on several hosts)."""
+    return {k: sharding_lib.batch_sharding(mesh, 2 if k == "example_mask" else 3)
+            for k in sft.BATCH_KEYS}
+
+
+def _batch_major_step(step_fn):
+    def step(state, batch_major):
+        micro = jax.tree.map(lambda x: jnp.swapaxes(x, 0, 1), batch_major)  # -> [a, b, ...]
+        new_state, metrics = step_fn(sft.SFTState(**state), micro)
+        return new_state._asdict(), metrics
+    return step
+
+
+@dataclasses.dataclass
+class SFTProgram(Program):
+    """One SFT optimizer step; state {"params", "opt_state", "step", "rng"}; batch `sft.BATCH_KEYS`
+    batch-major: [rows, grad_accum, length] ([rows, grad_accum] for example_mask)."""
+
+    grad_accum: int = 1
+
+    @classmethod
+    def build(cls, cfg, mesh, graphdef, params, *, dropout: bool) -> "SFTProgram":
+        opt = cfg.optimizer
+        tx = optim.make_optimizer(opt, cfg.run.steps)
+
+        def initial(p):
+            return sft.init_state(p, tx, cfg.run.seed)._asdict()
+
+        p_sh, rep = param_shardings(params, mesh), replicated(mesh)
+        opt_state = jax.eval_shape(initial, params)["opt_state"]
+        state_sh = {"params": p_sh, "opt_state": opt_state_shardings(tx, opt_state, params, p_sh,
+                                                                     mesh),
+                    "step": rep, "rng": rep}
+        batch_sh = sft_batch_shardings(mesh)
+        step_fn = sft.make_train_step(graphdef, tx, label_smoothing=opt.label_smoothing,
+                                      dropout=dropout)
+        step = jax.jit(traces.counted("sft_step")(_batch_major_step(step_fn)),
+                       in_shardings=(state_sh, batch_sh), out_shardings=(state_sh, rep))
+        return cls(mesh, (params,), initial, state_sh, (state_sh, batch_sh), step,
+                   grad_accum=opt.grad_accum)
+
+    def place_batch(self, micro_batches) -> dict:
+        """``grad_accum`` host batches -> one batch-major stack on the mesh."""
+        stack = sft.stack_micro_batches(micro_batches)
+        return sharding_lib.shard_batch({k: np.swapaxes(v, 0, 1) for k, v in stack.items()},
+                                        self.mesh)
+
+    def abstract_batch(self, rows: int, source: int, target: int) -> dict:
+        lengths = {"input_ids": source, "input_mask": source, "target_ids": target,
+                   "target_mask": target, "example_mask": None}
+        return {k: jax.ShapeDtypeStruct((rows, self.grad_accum) + ((n,) if n else ()), jnp.int32,
+                                        sharding=self.batch_shardings[k])
+                for k, n in lengths.items()}
+
+
+def kl_controller(h):
+    return (ppo.AdaptiveKL(h.kl_coef, h.kl_target, float(h.kl_horizon)) if h.adaptive_kl
+            else ppo.FixedKL(h.kl_coef))
+
+
+@dataclasses.dataclass
+class PPOProgram(Program):
+    """One PPO update (`ppo.make_ppo_update`); state {"ppo": `ppo.PPOState`, "rng": key data};
+    called as ``program(state["ppo"], rollout, key) -> (ppo state, metrics)``; batch: a
+    `ppo.Rollout` of [rows, query_len] queries and [rows, response_len] responses."""
+
+    @classmethod
+    def build(cls, cfg, mesh, graphdef, params, value_graphdef, value_params,
+              hyper: ppo.PPOConfig | None = None) -> "PPOProgram":
+        """`hyper`: the update's hyperparameters (default: ``cfg.ppo``, a `ppo.PPOConfig`)."""
+        tx = optim.make_optimizer(cfg.optimizer, cfg.run.steps)  # policy and value alike
+        hyper = cfg.ppo if hyper is None else hyper
+        kl_ctl = kl_controller(cfg.ppo)
+
+        def initial(p, v):
+            return {"ppo": ppo.init_ppo_state(p, v, tx, tx, kl_ctl),
+                    "rng": jax.random.key_data(jax.random.key(cfg.run.seed))}
+
+        rep = replicated(mesh)
+        p_sh, v_sh = param_shardings(params, mesh), param_shardings(value_params, mesh)
+        shapes = jax.eval_shape(initial, params, value_params)["ppo"]
+        ppo_sh = ppo.PPOState(
+            policy_params=p_sh, value_params=v_sh,
+            policy_opt_state=opt_state_shardings(tx, shapes.policy_opt_state, params, p_sh, mesh),
+            value_opt_state=opt_state_shardings(tx, shapes.value_opt_state, value_params, v_sh,
+                                                mesh),
+            kl_ctl=jax.tree.map(lambda _: rep, shapes.kl_ctl), step=rep)
+        b1, b2 = sharding_lib.batch_sharding(mesh, 1), sharding_lib.batch_sharding(mesh, 2)
+        rollout_sh = ppo.Rollout(query_ids=b2, query_mask=b2, response_ids=b2, response_mask=b2,
+                                 logprobs=b2, ref_logprobs=b2, values=b2, rewards=b1)
+        update = ppo.make_ppo_update(*make_ppo_fns(graphdef, value_graphdef), tx, tx, hyper)
+        in_sh = (ppo_sh, rollout_sh, rep)
+        step = jax.jit(traces.counted("ppo_update")(update), in_shardings=in_sh,
+                       out_shardings=(ppo_sh, rep),
+                       donate_argnums=(0,) if jax.default_backend() != "cpu" else ())
+        return cls(mesh, (params, value_params), initial, {"ppo": ppo_sh, "rng": rep}, in_sh,
+                   step)
+
+    def abstract_batch(self, rows: int, query_len: int, response_len: int) -> ppo.Rollout:
+        def spec(sharding, dtype, *shape):
+            return jax.ShapeDtypeStruct((rows,) + shape, dtype, sharding=sharding)
+        sh, i32, f32 = self.batch_shardings, jnp.int32, jnp.float32
+        return ppo.Rollout(
+            query_ids=spec(sh.query_ids, i32, query_len),
+            query_mask=spec(sh.query_mask, i32, query_len),
+            response_ids=spec(sh.response_ids, i32, response_len),
+            response_mask=spec(sh.response_mask, i32, response_len),
+            logprobs=spec(sh.logprobs, f32, response_len),
+            ref_logprobs=spec(sh.ref_logprobs, f32, response_len),
+            values=spec(sh.values, f32, response_len), rewards=spec(sh.rewards, f32))
+
+    def abstract_key(self) -> jax.ShapeDtypeStruct:
+        """The update's RNG key (a typed key, replicated)."""
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        return jax.ShapeDtypeStruct(key.shape, key.dtype, sharding=replicated(self.mesh))

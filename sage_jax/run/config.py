@@ -1,0 +1,213 @@
+"""The config of `sage-jax run` (YAML + ``key=value`` overrides, read by `clarifyjax.config.loader`).
+
+    preset: code                      # or paper (sage_jax.run.prompts)
+    questions: questions.csv          # question_id, question (CSV, TSV or JSONL)
+    out: runs/q20
+    limit: 20                         # first N questions (null: all)
+    seed: 0
+    paraphrase:
+      source: generate                # or file: the paraphrases of a long-format questions file
+      generator: {kind: local, model: path/to/vicuna}
+      scorer: {model: path/to/bert-base-uncased}
+    models:                           # every target model answers the same paraphrases
+      - name: llama-2-7b
+        generator: {kind: openai, base_url: http://127.0.0.1:8000/v1, model: llama-2-7b}
+    rot:
+      generator: {kind: local, model: path/to/vicuna}
+    score: {embedder: null}           # null: all-MiniLM-L6-v2
+
+Every number has a range; an unknown key or a bad value is one line naming the key and the file
+(or the override). Nothing here imports JAX.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import ClassVar, Literal, Optional, Sequence
+
+from clarifyjax.config.loader import ConfigError, build_root, read_yaml
+
+MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratorConfig:
+    """Where texts come from. local: `model` is a causal LM folder; openai: `model` is the
+    endpoint's model name at `base_url`; file: `model` is a long-format file and `column` the
+    column of its texts (model_output for answers, rot for rules of thumb)."""
+
+    kind: Literal["local", "openai", "file"] = "local"
+    model: str = ""
+    base_url: Optional[str] = None
+    api: Literal["completions", "chat"] = "completions"
+    api_key_env: Optional[str] = None  # the NAME of the variable holding the key, never the key
+    concurrency: int = 8
+    timeout_s: float = 120.0
+    max_retries: int = 5
+    chat_template: Literal["model", "vicuna_v1.1"] = "model"  # local: how chat prompts are rendered
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    column: str = "model_output"
+
+    _bounds: ClassVar = {"concurrency": "[1, 1024]", "timeout_s": "(0, 86400]", "max_retries": "[0, 100]"}
+
+    def check(self, at: str) -> None:
+        if not self.model.strip():
+            raise ConfigError(f"{at}.model: must name the model (a folder, an endpoint's model, or a file)",
+                              key=f"{at}.model")
+        if self.kind == "openai" and not (self.base_url or "").strip():
+            raise ConfigError(f"{at}.base_url: an openai generator needs the endpoint's URL "
+                              "(e.g. http://127.0.0.1:8000/v1)", key=f"{at}.base_url")
+        if self.api_key_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.api_key_env):
+            raise ConfigError(f"{at}.api_key_env: must be the name of an environment variable, got a value "
+                              "that is not one (the key itself belongs in the environment)",
+                              key=f"{at}.api_key_env")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """None: the preset's value (top_k, max_new_tokens), else the model's own default."""
+
+    max_new_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
+
+    _bounds: ClassVar = {"max_new_tokens": "[1, 32768]", "temperature": "[0, 100]", "top_k": ">= 1",
+                         "top_p": "(0, 1]"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScorerConfig:
+    """ParaScore's model (bert-base-uncased in SaGE) and settings (sage_jax.parascore)."""
+
+    model: str = ""
+    layer: Optional[int] = None
+    gamma: float = 0.35
+    omega: float = 0.05
+
+    _bounds: ClassVar = {"layer": "[0, 1000]", "gamma": "(0, 1]", "omega": "[0, 10]"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ParaphraseConfig:
+    source: Literal["generate", "file"] = "generate"
+    paraphrase_column: str = "paraphrased"  # source: file
+    generator: Optional[GeneratorConfig] = None
+    scorer: ScorerConfig = ScorerConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    count: int = 5
+    threshold: Optional[float] = None  # None: the preset's (code 0.6, paper 0.8)
+    max_attempts: int = 5
+    batch_size: int = 8
+
+    _bounds: ClassVar = {"count": "[2, 100]", "threshold": "[-10, 10]", "max_attempts": "[1, 1000]",
+                         "batch_size": "[1, 4096]"}
+
+    def check(self, at: str) -> None:
+        if self.source == "generate" and self.generator is None:
+            raise ConfigError(f"{at}.generator: paraphrase.source generate needs a generator",
+                              key=f"{at}.generator")
+        if self.source == "generate" and self.generator.kind == "file":
+            raise ConfigError(f"{at}.generator.kind: paraphrases of a file are read with "
+                              f"{at}.source: file (the questions file's paraphrase column)",
+                              key=f"{at}.generator.kind")
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetConfig:
+    """One model under test."""
+
+    name: str = ""
+    generator: GeneratorConfig = GeneratorConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    chat: bool = False  # send the reference's chat messages (its GPT prompt) instead of the raw prompt
+
+    def check(self, at: str) -> None:
+        if not MODEL_NAME.match(self.name):
+            raise ConfigError(f"{at}.name: {self.name!r} must be 1-100 letters, digits, '.', '_' or '-' "
+                              "(it names the output files)", key=f"{at}.name")
+
+
+@dataclasses.dataclass(frozen=True)
+class StageConfig:
+    """The answer and RoT stages' shared settings."""
+
+    generator: Optional[GeneratorConfig] = None  # rot only: the RoT writer (answers use each model's)
+    sampling: SamplingConfig = SamplingConfig()
+    samples: int = 1
+    max_attempts: int = 5
+    batch_size: int = 16
+
+    _bounds: ClassVar = {"samples": "[1, 100]", "max_attempts": "[1, 1000]", "batch_size": "[1, 4096]"}
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreConfig:
+    embedder: Optional[str] = None  # sentence-transformers folder; None: all-MiniLM-L6-v2
+    alpha: float = 10.0
+    blend_weight: float = 0.8
+    bertscore: bool = True
+    bertscore_model: Optional[str] = None  # BERT / RoBERTa folder (the reference: bert-base-uncased); None: embedder
+    bertscore_layer: Optional[int] = None  # None: bert-score's default layer for the model, else its last
+    lexical: bool = True
+    batch_size: int = 64
+
+    _bounds: ClassVar = {"alpha": "(0, 1e6]", "blend_weight": "[0, 1]", "batch_size": "[1, 4096]",
+                         "bertscore_layer": "[0, 1000]"}
+
+
+@dataclasses.dataclass(frozen=True)
+class HostsConfig:
+    """Multi-host runs: process i of n takes questions i, i + n, ... (None: from jax.distributed)."""
+
+    process_index: Optional[int] = None
+    process_count: Optional[int] = None
+
+    _bounds: ClassVar = {"process_index": ">= 0", "process_count": ">= 1"}
+
+    def check(self, at: str) -> None:
+        if (self.process_index is None) != (self.process_count is None):
+            raise ConfigError(f"{at}: set both process_index and process_count, or neither", key=at)
+        if self.process_index is not None and self.process_index >= self.process_count:
+            raise ConfigError(f"{at}.process_index: {self.process_index} must be below process_count "
+                              f"{self.process_count}", key=f"{at}.process_index")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    questions: str = ""
+    out: str = ""
+    preset: Literal["code", "paper"] = "code"
+    question_id_column: str = "question_id"
+    question_column: str = "question"
+    limit: Optional[int] = None
+    seed: int = 0
+    quiet: bool = False
+    paraphrase: ParaphraseConfig = ParaphraseConfig()
+    models: tuple[TargetConfig, ...] = ()
+    answer: StageConfig = StageConfig()
+    rot: StageConfig = StageConfig()
+    score: ScoreConfig = ScoreConfig()
+    hosts: HostsConfig = HostsConfig()
+
+    _bounds: ClassVar = {"limit": ">= 1", "seed": "[0, 4294967295]"}
+
+    def check(self, at: str) -> None:
+        for key in ("questions", "out"):
+            if not getattr(self, key).strip():
+                raise ConfigError(f"{key}: must name a {'file' if key == 'questions' else 'folder'}", key=key)
+        if not self.models:
+            raise ConfigError("models: name at least one model under test", key="models")
+        names = [m.name for m in self.models]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"models: {twice[0]!r} is named twice; each model needs its own name", key="models")
+
+
+def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """The config of `path` with overrides applied. Paths are as in every config of the project:
+    data files (`questions`, a recorded generator's file) are found by
+    `clarifyjax.files.tables.resolve_data_path` (the working folder, the repository, the shared data),
+    folders relative to the working folder."""
+    return build_root(RunConfig, read_yaml(path), overrides, source=str(path))

@@ -1,0 +1,233 @@
+"""The text generators of `sage-jax run` that `clarifyjax` does not have, behind its one interface
+(`clarifyjax.text.generator.TextGenerator`: prompts in, `n` completions per prompt out, one seed per call).
+The local one is `clarifyjax.decoding.local_lm.LocalLM`, used as it is.
+
+* `OpenAIGenerator`: any OpenAI-compatible endpoint (vLLM, a hosted API, `clarifyjax serve`)
+  through the `openai` package: `/v1/completions` for string prompts, `/v1/chat/completions` for
+  chats. At most `concurrency` requests in flight; a request that fails for a reason worth another
+  try (429, 408, 5xx, a time-out, a dropped connection) is retried up to `max_retries` times with
+  exponential backoff that waits at least what the server's `Retry-After` asks. Prompt i of a call
+  seeded s is sent with seed hash(s, i). The API key comes from the environment variable the config
+  names; it is never part of a message, a log line or an output (`describe` names the variable).
+* `RecordedGenerator`: the texts of an existing long-format file (the published SaGE files),
+  looked up by the prompt each row would have been given: published outputs go through the same
+  stages and scoring as generated ones.
+
+A generator that cannot get an answer after its retries raises `GenerationError` naming the
+endpoint or file and the last error; the pipeline keeps the rows finished before it.
+"""
+from __future__ import annotations
+
+import email.utils
+import hashlib
+import json
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Mapping, Sequence
+
+from clarifyjax.text.generator import Completion, Prompt, Sampling, per_prompt
+
+# Backoff between retries of one request, in seconds: BACKOFF_BASE * 2**attempt, at most BACKOFF_CAP,
+# and never less than the server's Retry-After (itself capped at RETRY_AFTER_CAP: a server asking
+# for an hour would stall the run without a word).
+BACKOFF_BASE = 1.0
+BACKOFF_CAP = 30.0
+RETRY_AFTER_CAP = 300.0
+
+
+class GenerationError(RuntimeError):
+    """A generator gave up on a request; the message names the endpoint or file and why."""
+
+
+def as_messages(prompt: Prompt) -> list[dict]:
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else [dict(m) for m in prompt]
+
+
+def prompt_seed(seed: int | None, index: int) -> int | None:
+    if seed is None:
+        return None
+    return int.from_bytes(hashlib.sha256(f"{seed}/{index}".encode()).digest()[:4], "little") & 0x7FFFFFFF
+
+
+def _completion(text: str, finish_reason: str | None) -> Completion:
+    return Completion(text, (), (), finish_reason or "stop")
+
+
+# ----------------------------------------------------------------------------- HTTP
+
+
+def retry_after_seconds(headers) -> float | None:
+    """The wait a response asks for: `retry-after-ms`, or `Retry-After` as seconds or an HTTP date."""
+    if headers is None:
+        return None
+    value = headers.get("retry-after-ms")
+    if value:
+        try:
+            return max(0.0, float(value) / 1000.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        return max(0.0, when.timestamp() - time.time())
+
+
+def backoff_seconds(attempt: int, retry_after: float | None) -> float:
+    wait = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** attempt)
+    if retry_after is not None:
+        wait = max(wait, min(retry_after, RETRY_AFTER_CAP))
+    return wait
+
+
+def read_api_key(variable: str | None) -> str:
+    """The key from environment variable `variable` (None: a local server that wants none)."""
+    if variable is None:
+        return "none"
+    key = os.environ.get(variable, "")
+    if not key.strip():
+        raise GenerationError(f"api_key_env: environment variable {variable} is not set or empty")
+    return key.strip()
+
+
+class OpenAIGenerator:
+    """An OpenAI-compatible endpoint; see the module docstring for retries and the key."""
+
+    def __init__(self, *, base_url: str, model: str, api: str = "completions", api_key_env: str | None = None,
+                 concurrency: int = 8, timeout_s: float = 120.0, max_retries: int = 5, sleep=time.sleep):
+        import openai
+
+        if api not in ("completions", "chat"):
+            raise ValueError(f"api must be 'completions' or 'chat', got {api!r}")
+        self.base_url, self.model, self.api = base_url, model, api
+        self.api_key_env, self.concurrency, self.timeout_s, self.max_retries = (
+            api_key_env, concurrency, timeout_s, max_retries)
+        self._sleep = sleep
+        # The client's own retries are off: ours honour Retry-After and are counted per request.
+        self._client = openai.OpenAI(base_url=base_url, api_key=read_api_key(api_key_env),
+                                     timeout=timeout_s, max_retries=0)
+        self._openai = openai
+        self.retries = 0  # requests retried so far (all threads)
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.model
+
+    def describe(self) -> dict:
+        return {"kind": "openai", "base_url": self.base_url, "model": self.model, "api": self.api,
+                "api_key_env": self.api_key_env}
+
+    def _retryable(self, error: Exception) -> bool:
+        o = self._openai
+        if isinstance(error, (o.APITimeoutError, o.APIConnectionError, o.RateLimitError)):
+            return True
+        return isinstance(error, o.APIStatusError) and (error.status_code >= 500 or error.status_code == 408)
+
+    def _once(self, prompt: Prompt, n: int, sampling: Sampling, seed: int | None) -> list[Completion]:
+        extra = {"top_k": sampling.top_k} if sampling.top_k else {}  # vLLM's extension; 0 / None: off
+        common = dict(model=self.model, n=n, extra_body=extra or None)
+        for key, value in (("seed", seed), ("max_tokens", sampling.max_new_tokens),
+                           ("temperature", sampling.temperature), ("top_p", sampling.top_p)):
+            if value is not None:
+                common[key] = value
+        if sampling.stop:
+            common["stop"] = list(sampling.stop)
+        if self.api == "completions":
+            if not isinstance(prompt, str):
+                raise GenerationError(f"{self.base_url}: api completions takes text prompts; this stage "
+                                      "gives chat messages (set api: chat)")
+            response = self._client.completions.create(prompt=prompt, **common)
+            out = [_completion(c.text or "", c.finish_reason) for c in sorted(response.choices, key=lambda c: c.index)]
+        else:
+            response = self._client.chat.completions.create(messages=as_messages(prompt), **common)
+            out = [_completion(c.message.content or "", c.finish_reason)
+                   for c in sorted(response.choices, key=lambda c: c.index)]
+        if len(out) != n:
+            raise GenerationError(f"{self.base_url}: asked for {n} choices, the server returned {len(out)}")
+        return out
+
+    def _request(self, prompt: Prompt, n: int, sampling: Sampling, seed: int | None) -> list[Completion]:
+        for attempt in range(self.max_retries + 1):
+            try:
+                return self._once(prompt, n, sampling, seed)
+            except self._openai.OpenAIError as e:
+                if not self._retryable(e) or attempt == self.max_retries:
+                    status = getattr(e, "status_code", None)
+                    tries = f"after {attempt + 1} attempt{'s' if attempt else ''}"
+                    raise GenerationError(
+                        f"{self.base_url} ({self.api}, model {self.model}): "
+                        f"{type(e).__name__}{f' {status}' if status else ''} {tries}: "
+                        f"{str(e).splitlines()[0][:200] if str(e) else ''}") from None
+                with self._lock:
+                    self.retries += 1
+                response = getattr(e, "response", None)
+                self._sleep(backoff_seconds(attempt, retry_after_seconds(getattr(response, "headers", None))))
+        raise AssertionError("unreachable")
+
+    def complete(self, prompts: Sequence[Prompt], sampling: Sampling | Sequence[Sampling], n: int | Sequence[int] = 1,
+                 seed: int | None = None) -> list[list[Completion]]:
+        jobs = list(zip(prompts, per_prompt(n, len(prompts), "n"), per_prompt(sampling, len(prompts), "sampling"),
+                        (prompt_seed(seed, i) for i in range(len(prompts)))))
+        if len(jobs) <= 1 or self.concurrency == 1:
+            return [self._request(*job) for job in jobs]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(jobs))) as pool:
+            return list(pool.map(lambda job: self._request(*job), jobs))
+
+
+# ----------------------------------------------------------------------------- recorded outputs
+
+
+class RecordedGenerator:
+    """Texts of an existing long-format file (one row per paraphrase; the SaGE release's columns),
+    returned for the prompt `prompt_of(row)` each row would have been given. Several rows with one
+    prompt (the release repeats some paraphrases) are that prompt's samples, in file order; a
+    prompt the file lacks is a `GenerationError` naming it."""
+
+    def __init__(self, path, *, column: str, prompt_of: Callable[[Mapping[str, str]], Prompt]):
+        from clarifyjax.files.tables import DataError, read_rows
+
+        self.path, self.column = str(path), column
+        header, rows = read_rows(path)
+        if column not in header:
+            raise DataError(f"{path}: missing column {column!r} (the file has: {', '.join(header)})")
+        self._texts: dict[str, list[str]] = {}
+        for line, row in rows:
+            try:
+                prompt = prompt_of(row)
+            except KeyError as e:
+                raise DataError(f"{path}:{line}: missing field {e.args[0]!r}") from None
+            self._texts.setdefault(_prompt_key(prompt), []).append(row[column])
+        self._served: dict[str, int] = {}
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)
+
+    def describe(self) -> dict:
+        return {"kind": "file", "path": self.path, "column": self.column}
+
+    def complete(self, prompts, sampling, n=1, seed=None):
+        out = []
+        for prompt, count in zip(prompts, per_prompt(n, len(prompts), "n")):
+            key = _prompt_key(prompt)
+            texts = self._texts.get(key)
+            if texts is None:
+                shown = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+                raise GenerationError(f"{self.path}: no row gives the prompt {shown.strip()[-120:]!r}")
+            first = self._served.get(key, 0)  # the next call for the same prompt: its next sample
+            self._served[key] = first + count
+            out.append([_completion(texts[(first + i) % len(texts)], "stop") for i in range(count)])
+        return out
+
+
+def _prompt_key(prompt: Prompt) -> str:
+    return json.dumps(prompt if isinstance(prompt, str) else [dict(m) for m in prompt], sort_keys=True)

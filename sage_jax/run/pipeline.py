@@ -1,0 +1,353 @@
+"""`sage-jax run`: questions -> paraphrases -> answers (per model) -> rules of thumb -> scores -> report.
+
+Stages (each resumable, see `sage_jax.run.stages`), with what they write under `out/`:
+
+    paraphrase  stages/paraphrase/p<i>of<n>/rows.jsonl   one row per question: its kept paraphrases
+    answer      stages/answer/<model>/p<i>of<n>/...       one row per (question, paraphrase, sample)
+    rot         stages/rot/<model>/p<i>of<n>/...          one row per answered row
+    score       report/<model>.answers.csv, scores.json   every process's rows merged
+    report      report/table1.md, table1.csv, <model>.per_question.csv, summary.json, PNG
+
+`config.yaml` (the resolved config) and `prompts/` (every template) are written beside them. Every
+output row names its question, paraphrase, model, sample, attempt and prompt. Several models share
+one paraphrase stage and are answered one after the other. Process i of n (`hosts`) takes questions
+i, i + n, ...; the score stage needs every process's rows and merges them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Callable, Sequence
+
+from clarifyjax.config.loader import ConfigError, dump_config
+from clarifyjax.files.textfiles import atomic_write_bytes
+from sage_jax.run import prompts as P
+from clarifyjax.text.generator import Sampling
+from sage_jax.run.config import GeneratorConfig, RunConfig, SamplingConfig
+from sage_jax.run.stages import Stage, StageError, Task
+
+STAGES = ("paraphrase", "answer", "rot", "score", "report")
+PARAPHRASER = "paraphraser"  # the model field of paraphrase rows
+
+
+@dataclasses.dataclass
+class Question:
+    question_id: str
+    question: str
+    paraphrases: list[str] | None = None  # paraphrase.source: file
+    scores: list[float] | None = None
+
+
+def read_questions(cfg: RunConfig) -> list[Question]:
+    """The questions file: one question per id (a long-format file's repeated ids are one question,
+    its paraphrase column the paraphrases when paraphrase.source is file); first `limit`."""
+    from clarifyjax.files.tables import DataError, read_rows, resolve_data_path
+
+    header, rows = read_rows(resolve_data_path(cfg.questions, "questions"))
+    need = [cfg.question_id_column, cfg.question_column]
+    if cfg.paraphrase.source == "file":
+        need.append(cfg.paraphrase.paraphrase_column)
+    missing = [c for c in need if c not in header]
+    if missing:
+        raise DataError(f"{cfg.questions}: missing column{'s' if len(missing) > 1 else ''} "
+                        f"{', '.join(map(repr, missing))} (the file has: {', '.join(header)})")
+    by_id: dict[str, Question] = {}
+    for line, row in rows:
+        qid, text = row[cfg.question_id_column].strip(), row[cfg.question_column].strip()
+        if not qid or not text:
+            raise DataError(f"{cfg.questions}:{line}: empty {cfg.question_id_column if not qid else cfg.question_column!r}")
+        q = by_id.get(qid)
+        if q is None:
+            if cfg.limit is not None and len(by_id) == cfg.limit:
+                continue
+            q = by_id[qid] = Question(qid, text, [] if cfg.paraphrase.source == "file" else None,
+                                      [] if cfg.paraphrase.source == "file" else None)
+        elif q.question != text:
+            raise DataError(f"{cfg.questions}:{line}: question id {qid!r} has another question text than "
+                            "its first row; two questions share one id")
+        if cfg.paraphrase.source == "file":
+            q.paraphrases.append(row[cfg.paraphrase.paraphrase_column].strip())
+            try:
+                q.scores.append(float(row.get("score") or "nan"))
+            except ValueError:
+                q.scores.append(float("nan"))
+    if not by_id:
+        raise DataError(f"{cfg.questions}: no questions")
+    return list(by_id.values())
+
+
+def process_share(cfg: RunConfig) -> tuple[int, int]:
+    if cfg.hosts.process_index is not None:
+        return cfg.hosts.process_index, cfg.hosts.process_count
+    import jax
+
+    return jax.process_index(), jax.process_count()
+
+
+def sampling(cfg: SamplingConfig, *, top_k: int | None, max_new_tokens: int, temperature=None) -> Sampling:
+    return Sampling(max_new_tokens=cfg.max_new_tokens or max_new_tokens,
+                    temperature=cfg.temperature if cfg.temperature is not None else temperature,
+                    top_k=cfg.top_k if cfg.top_k is not None else top_k, top_p=cfg.top_p)
+
+
+class Generators:
+    """Each distinct generator config built once (a local paraphraser that also writes the RoTs is
+    loaded once)."""
+
+    def __init__(self, build: Callable[..., object] | None = None):
+        self._build = build or build_generator
+        self._made: dict = {}
+
+    def __call__(self, cfg: GeneratorConfig, batch_size: int, prompt_of=None):
+        key = (cfg, batch_size, prompt_of if cfg.kind == "file" else None)
+        if key not in self._made:
+            self._made[key] = self._build(cfg, batch_size, prompt_of)
+        return self._made[key]
+
+
+def build_generator(cfg: GeneratorConfig, batch_size: int, prompt_of=None):
+    """The generator a config names; `prompt_of(row)`: the prompt a recorded file's row answers."""
+    from sage_jax.run import generators as G
+
+    if cfg.kind == "openai":
+        return G.OpenAIGenerator(base_url=cfg.base_url, model=cfg.model, api=cfg.api, api_key_env=cfg.api_key_env,
+                                 concurrency=cfg.concurrency, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
+    if cfg.kind == "file":
+        from clarifyjax.files.tables import resolve_data_path
+
+        return G.RecordedGenerator(resolve_data_path(cfg.model), column=cfg.column, prompt_of=prompt_of)
+    from clarifyjax.decoding.local_lm import LocalLM
+
+    return LocalLM(cfg.model, dtype=cfg.dtype, chat_template=cfg.chat_template, batch_size=batch_size)
+
+
+def check_generator(cfg: GeneratorConfig | None, at: str) -> None:
+    """Cheap checks before any work: files and folders exist, the API key's variable is set."""
+    from sage_jax.run.generators import read_api_key
+
+    if cfg is None:
+        return
+    if cfg.kind == "local" and not Path(cfg.model).is_dir():
+        raise ConfigError(f"{at}.model: {cfg.model}: no such folder")
+    if cfg.kind == "file":
+        from clarifyjax.files.tables import resolve_data_path
+
+        resolve_data_path(cfg.model, f"{at}.model")
+    if cfg.kind == "openai":
+        try:
+            read_api_key(cfg.api_key_env)
+        except Exception as e:
+            raise ConfigError(f"{at}.{e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class AnswerPromptOf:
+    """The answer prompt a recorded file's row answered (its `paraphrased` column)."""
+
+    chat: bool
+
+    def __call__(self, row) -> object:
+        return P.answer_prompt(row["paraphrased"].strip(), self.chat)
+
+
+def rot_prompt_of(row) -> str:
+    """The RoT prompt a recorded file's row answered (its paraphrase and answer)."""
+    return P.rot_prompt(row["paraphrased"].strip(), row["model_output"].strip())
+
+
+class Run:
+    """One `sage-jax run`: the resolved config, the output folder and the stages."""
+
+    def __init__(self, cfg: RunConfig, *, generators: Generators | None = None, screen=None, embedder=None):
+        """generators, embedder, and `screen(question, generation, exclude) -> parascore.Screened` (the
+        paraphrase filter): built from the config when None (tests pass their own)."""
+        self.cfg, self.out = cfg, Path(cfg.out)
+        self.embedder = embedder
+        self.preset = P.PRESETS[cfg.preset]
+        self.generators = generators or Generators()
+        self._screen = screen
+        self.index, self.count = process_share(cfg)
+        self.share = f"p{self.index}of{self.count}"
+
+    def check(self, stages: Sequence[str]) -> None:
+        """Bad input before long work: the questions file (read whole), every generator the asked
+        stages use (paths, the API key's variable), ParaScore's and the embedder's folders."""
+        self.questions()
+        cfg = self.cfg
+        if "paraphrase" in stages and cfg.paraphrase.source == "generate":
+            check_generator(cfg.paraphrase.generator, "paraphrase.generator")
+            if self._screen is None and not Path(cfg.paraphrase.scorer.model or "").is_dir():
+                raise ConfigError(f"paraphrase.scorer.model: {cfg.paraphrase.scorer.model or '(not set)'}: not a "
+                                  "folder; ParaScore needs a BERT folder (SaGE uses bert-base-uncased)")
+            if self._screen is None:
+                from clarifyjax.evaluation.bertscore import check_layer
+
+                try:
+                    check_layer(cfg.paraphrase.scorer.model, cfg.paraphrase.scorer.layer)
+                except ValueError as e:
+                    raise ConfigError(f"paraphrase.scorer.layer: {e}") from e
+        for i, target in enumerate(cfg.models):
+            if "answer" in stages:
+                check_generator(target.generator, f"models[{i}].generator")
+        if "rot" in stages:
+            check_generator(cfg.rot.generator, "rot.generator")
+        for key in ("embedder", "bertscore_model"):
+            folder = getattr(cfg.score, key)
+            if "score" in stages and folder is not None and not Path(folder).is_dir():
+                raise ConfigError(f"score.{key}: {folder}: not a folder")
+
+    # ------------------------------------------------------------------ records
+
+    def save_records(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.out / "config.yaml", dump_config(self.cfg).encode())
+        for name, text in P.templates(self.preset).items():
+            (self.out / "prompts").mkdir(exist_ok=True)
+            atomic_write_bytes(self.out / "prompts" / name, text.encode())
+
+    def questions(self) -> list[Question]:
+        return read_questions(self.cfg)[self.index::self.count]
+
+    def _stage(self, name: str, folder: Path, tasks, fingerprint: dict, settings) -> Stage:
+        return Stage(name, folder, tasks, fingerprint={"stage": name, **fingerprint}, seed=self.cfg.seed,
+                     max_attempts=settings.max_attempts, batch_size=settings.batch_size)
+
+    # ------------------------------------------------------------------ paraphrase
+
+    def threshold(self) -> float:
+        t = self.cfg.paraphrase.threshold
+        return self.preset.parascore_threshold if t is None else t
+
+    def screen(self):
+        """The paraphrase filter (`parascore.filter_paraphrases` on the scorer's BERT folder, loaded once)."""
+        if self._screen is None:
+            from clarifyjax.evaluation.bertscore import load_model
+            from sage_jax.parascore import filter_paraphrases
+
+            s = self.cfg.paraphrase.scorer
+            model = load_model(s.model)
+            self._screen = lambda question, generation, exclude: filter_paraphrases(
+                question, generation, model=model, layer=s.layer, threshold=self.threshold(), gamma=s.gamma,
+                omega=s.omega, exclude=exclude)
+        return self._screen
+
+    def _paraphrase_judge(self, tasks, texts, previous):
+        """Each row's candidates screened (numbered lines, copies of the question and repeats of
+        anything kept before dropped, ParaScore at the threshold; the paper's preset is strict),
+        added to what earlier attempts kept, up to `count`."""
+        want, threshold, inclusive = self.cfg.paraphrase.count, self.threshold(), self.preset.parascore_inclusive
+        out = []
+        for task, text, prev in zip(tasks, texts, previous):
+            kept = list(prev["kept"]) if prev else []
+            screened = self.screen()(task.context["question"], text, [k["text"] for k in kept])
+            passing = [p for p in screened.kept if P.passes(p.score, threshold, inclusive)]
+            kept += [{"text": p.text, "parascore": p.score} for p in passing[:max(0, want - len(kept))]]
+            ok = len(kept) >= want
+            reason = None if ok else (f"{len(kept)} of {want} paraphrases passed ParaScore "
+                                      f"{'>=' if inclusive else '>'} {threshold:g} "
+                                      f"({len(screened.kept) + len(screened.rejected)} new candidates)")
+            out.append({"ok": ok, "reason": reason, "kept": kept,
+                        "rejected": [[c, why] for c, why in screened.rejected]})
+        return out
+
+    def paraphrase(self) -> list[dict]:
+        cfg = self.cfg.paraphrase
+        questions = self.questions()
+        folder = self.out / "stages" / "paraphrase" / self.share
+        if cfg.source == "file":
+            rows = [{"question_id": q.question_id, "paraphrase_index": -1, "model": PARAPHRASER, "sample": 0,
+                     "attempt": 0, "prompt": None, "output": None, "status": "ok", "reason": None,
+                     "question": q.question, "kept": [{"text": t, "parascore": s} for t, s in zip(q.paraphrases, q.scores)]}
+                    for q in questions]
+            folder.mkdir(parents=True, exist_ok=True)
+            atomic_write_bytes(folder / "rows.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
+            return rows
+        tasks = [Task((q.question_id, -1, PARAPHRASER, 0), P.paraphrase_prompt(self.preset, q.question),
+                      {"question_id": q.question_id, "question": q.question})
+                 for q in questions]
+        s = sampling(cfg.sampling, top_k=self.preset.paraphrase_top_k,
+                     max_new_tokens=self.preset.paraphrase_max_new_tokens)
+        stage = self._stage("paraphrase", folder, tasks, {
+            "questions": [(q.question_id, q.question) for q in questions], "generator": cfg.generator,
+            "scorer": cfg.scorer, "sampling": s, "count": cfg.count, "threshold": self.threshold(),
+            "template": self.preset.paraphrase_template, "seed": self.cfg.seed}, cfg)
+        return stage.run(lambda: self.generators(cfg.generator, cfg.batch_size), self._paraphrase_judge,
+                         n=1, sampling=s, quiet=self.cfg.quiet)
+
+    def finished_rows(self, stage: str, model: str | None = None, share: str | None = None) -> list[dict]:
+        folder = self.out / "stages" / stage / (model or "") / (share or self.share)
+        path = folder / "rows.jsonl"
+        if not path.exists():
+            raise StageError(f"stage {stage}{f' ({model})' if model else ''} has not finished for process "
+                             f"{share or self.share} ({path} is missing); run it first (--stages {stage})")
+        from sage_jax.run.stages import read_jsonl
+
+        return read_jsonl(path)
+
+    # ------------------------------------------------------------------ answer, rot
+
+    def _text_stage(self, name: str, target, tasks, generator_cfg: GeneratorConfig, settings, s: Sampling,
+                    parse, field: str, prompt_of) -> list[dict]:
+        """An answer or rot stage: one text per row, checked by `parse` (a recorded file's texts are
+        taken as they are, stripped: they were parsed when they were written)."""
+        recorded = generator_cfg.kind == "file"
+
+        def judge(tasks, texts, previous):
+            out = []
+            for text in texts:
+                value, reason = (text.strip(), None if text.strip() else f"empty {field}") if recorded else parse(text)
+                out.append({"ok": reason is None, "reason": reason, field: value})
+            return out
+
+        stage = self._stage(name, self.out / "stages" / name / target.name / self.share, tasks, {
+            "tasks": [(t.key, t.prompt) for t in tasks], "generator": generator_cfg, "sampling": s,
+            "seed": self.cfg.seed}, settings)
+        return stage.run(lambda: self.generators(generator_cfg, settings.batch_size, prompt_of), judge, sampling=s,
+                         quiet=self.cfg.quiet, describe=f" ({target.name})")
+
+    def answer(self, target) -> list[dict]:
+        settings = self.cfg.answer
+        tasks = []
+        for row in self.finished_rows("paraphrase"):
+            if row["status"] != "ok":
+                continue
+            for i, k in enumerate(row["kept"][:self.cfg.paraphrase.count]):
+                for sample in range(settings.samples):
+                    tasks.append(Task((row["question_id"], i, target.name, sample), P.answer_prompt(k["text"], target.chat),
+                                      {"question_id": row["question_id"], "question": row["question"],
+                                       "paraphrase": k["text"], "parascore": k["parascore"], "sample": sample}))
+        s = sampling(dataclasses.replace(settings.sampling, **{f: getattr(target.sampling, f) for f in (
+            "max_new_tokens", "temperature", "top_k", "top_p") if getattr(target.sampling, f) is not None}),
+            top_k=self.preset.answer_top_k, max_new_tokens=self.preset.answer_max_new_tokens,
+            temperature=0.8 if target.chat else None)  # the reference's GPT temperature
+        return self._text_stage("answer", target, tasks, target.generator, settings, s, P.parse_answer, "answer",
+                                AnswerPromptOf(target.chat))
+
+    def rot(self, target) -> list[dict]:
+        settings = self.cfg.rot
+        tasks = [Task((r["question_id"], r["paraphrase_index"], target.name, r["sample"]),
+                      P.rot_prompt(r["paraphrase"], r["answer"]),
+                      {"question_id": r["question_id"], "question": r["question"], "paraphrase": r["paraphrase"],
+                       "parascore": r["parascore"], "sample": r["sample"]})
+                 for r in self.finished_rows("answer", target.name) if r["status"] == "ok"]
+        s = sampling(settings.sampling, top_k=self.preset.rot_top_k, max_new_tokens=self.preset.rot_max_new_tokens)
+        return self._text_stage("rot", target, tasks, settings.generator, settings, s, P.parse_rot, "rot",
+                                rot_prompt_of)
+
+    # ------------------------------------------------------------------ all
+
+    def run(self, stages: Sequence[str] = STAGES) -> dict | None:
+        self.save_records()
+        if "paraphrase" in stages:
+            self.paraphrase()
+        for target in self.cfg.models:
+            if "answer" in stages:
+                self.answer(target)
+            if "rot" in stages and self.cfg.rot.generator is not None:
+                self.rot(target)
+        if self.index != 0 or not ({"score", "report"} & set(stages)):
+            return None
+        from sage_jax.run import report as run_report
+
+        return run_report.score_and_report(self, stages)

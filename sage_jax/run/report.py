@@ -1,0 +1,242 @@
+"""The score and report stages of `sage-jax run`: every process's rows merged, scored, reported.
+
+score: per model, `report/<model>.answers.csv` in the SaGE release's long format (question_id,
+question, paraphrased, score, model_output, rot) plus where each row came from (paraphrase index,
+sample, each stage's status, reason and attempts; a failed row's text is empty, so it is masked
+and counted), then scored through `sage_jax.scoring` like `sage-jax score` would: SaGE on the
+answers, on the RoTs and on the 0.8/0.2 blend; on the answers and on the RoTs, the SaGE paper's
+Elazar et al. consistency, Cons(q) = mean over the C(n,2) pairs i < j of sim(a_i, a_j), with sim
+BLEU, ROUGE-L and BERTScore (its Table 1 columns: `lexical`); and on the answers, Elazar et al.'s
+own strict measure, sim = exact agreement (`lexical.exact_match_consistency`). The scores go
+to `report/scores.json`, keyed by a hash of what they depend on, so a finished score stage is not
+computed again.
+
+report: per model `report/<model>.per_question.csv`; for all models `report/table1.md` and
+`report/table1.csv` (one row per model, as the SaGE paper's Table 1), `report/summary.json` (every
+metric's mean, std and count, the failed rows of each stage, the settings) and
+`report/sage_distribution.png`.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+
+from clarifyjax.files.textfiles import atomic_write_bytes
+from sage_jax import report
+from sage_jax.run.stages import StageError
+
+LONG_COLUMNS = ("question_id", "question", "paraphrased", "score", "model_output", "rot", "paraphrase_index",
+                "sample", "answer_status", "answer_reason", "answer_attempts", "rot_status", "rot_reason",
+                "rot_attempts")
+# Column -> label of Table 1, in order.
+TABLE = {"sage_answer": "SaGE (answers)", "sage_rot": "SaGE (RoTs)", "sage_blend": "SaGE (0.8 answers + 0.2 RoTs)",
+         "bleu": "BLEU (answers)", "bleu_rot": "BLEU (RoTs)", "rouge_l": "ROUGE-L (answers)",
+         "rouge_l_rot": "ROUGE-L (RoTs)", "bertscore": "BERTScore (answers)", "bertscore_rot": "BERTScore (RoTs)",
+         "elazar": "exact-match consistency (answers)"}
+SCORES_VERSION = 2  # in the score stage's fingerprint: 2 added the RoT baselines
+
+
+def _merged(run, stage: str, model: str | None = None) -> list[dict]:
+    rows = []
+    for i in range(run.count):
+        rows.extend(run.finished_rows(stage, model, f"p{i}of{run.count}"))
+    return rows
+
+
+def _csv_bytes(rows: list[dict], columns) -> bytes:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(columns), lineterminator="\n", extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue().encode()
+
+
+def long_rows(run, target) -> tuple[list[dict], dict]:
+    """The model's rows in the long format, and the failures of each stage."""
+    paraphrases = _merged(run, "paraphrase")
+    answers = _merged(run, "answer", target.name)
+    rots = {(r["question_id"], r["paraphrase_index"], r["sample"]): r for r in _merged(run, "rot", target.name)} \
+        if run.cfg.rot.generator is not None else {}
+    rows = []
+    for a in answers:
+        r = rots.get((a["question_id"], a["paraphrase_index"], a["sample"]))
+        ok = a["status"] == "ok"
+        rows.append({"question_id": a["question_id"], "question": a["question"], "paraphrased": a["paraphrase"],
+                     "score": a["parascore"], "model_output": a["answer"] if ok else "",
+                     "rot": r["rot"] if r is not None and r["status"] == "ok" else "",
+                     "paraphrase_index": a["paraphrase_index"], "sample": a["sample"],
+                     "answer_status": a["status"], "answer_reason": a["reason"] or "",
+                     "answer_attempts": a["attempt"] + 1,
+                     "rot_status": r["status"] if r else ("" if not rots else "not asked"),
+                     "rot_reason": (r["reason"] or "") if r else "", "rot_attempts": r["attempt"] + 1 if r else 0})
+    failed = {"paraphrase_questions_failed": sum(p["status"] != "ok" for p in paraphrases),
+              "paraphrase_questions": len(paraphrases),
+              "answer_rows_failed": sum(a["status"] != "ok" for a in answers), "answer_rows": len(answers),
+              "rot_rows_failed": sum(r["status"] != "ok" for r in rots.values()), "rot_rows": len(rots),
+              "failure_reasons": _reasons(paraphrases + answers + list(rots.values()))}
+    return rows, failed
+
+
+def _reasons(rows: list[dict]) -> dict:
+    out: dict = {}
+    for r in rows:
+        if r["status"] != "ok":
+            out[r["reason"]] = out.get(r["reason"], 0) + 1
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def _args(run, text: str, path, bertscore=None):
+    """`sage-jax score`'s options for one of the run's files (`bertscore`: the loaded (model, layer))."""
+    from sage_jax.data import Columns
+
+    s = run.cfg.score
+    return SimpleNamespace(text=text, format="long", columns=Columns(), edge_weights=None, collapse_identical=False,
+                           question_id_column="question_id", alpha=s.alpha, blend_weight=s.blend_weight,
+                           chunk_size=8192, batch_size=s.batch_size, no_lexical=not s.lexical,
+                           no_bertscore=not s.bertscore, embedder=s.embedder, files=[path],
+                           bertscore_model=s.bertscore_model, bertscore_layer=s.bertscore_layer, bertscore=bertscore)
+
+
+def score_model(run, target, embedder_fn, bertscore=None) -> dict:
+    """Per-question columns of one model (lists), from its long-format file."""
+    from sage_jax import lexical, scoring
+
+    path = run.out / "report" / f"{target.name}.answers.csv"
+    progress = lambda total, desc: _quiet_bar(run, total, desc)  # noqa: E731
+    answers_args = _args(run, "answer", path, bertscore)
+    answers = scoring.Loaded(path, target.name, answers_args)  # the baselines: answers, their own mask
+    nan = np.full(len(answers.questions), np.nan)
+    if run.cfg.rot.generator is not None:
+        both_args = _args(run, "blend", path)
+        sage = scoring.sage_per_text(scoring.Loaded(path, target.name, both_args), both_args, embedder_fn, progress)
+        rot_args = _args(run, "rot", path, bertscore)
+        rot_baselines = scoring.baselines(scoring.Loaded(path, target.name, rot_args), rot_args, embedder_fn, progress)
+    else:
+        sage = {"answer": scoring.sage_scores(answers, answers_args, embedder_fn, progress), "rot": nan, "blend": nan}
+        rot_baselines = {"bleu": nan, "rouge_l": nan, "bertscore": nan}
+    return {"question_id": [q.question_id for q in answers.questions], "n_texts": answers.first.n_texts.tolist(),
+            "n_valid": answers.mask.sum(axis=1).tolist(),
+            **{f"sage_{text}": _floats(scores) for text, scores in sage.items()},
+            **{key: _floats(v) for key, v in scoring.baselines(answers, answers_args, embedder_fn, progress).items()},
+            **{f"{key}_rot": _floats(v) for key, v in rot_baselines.items()},
+            "elazar": _floats(lexical.exact_match_consistency(answers.lexical_texts))}
+
+
+def _floats(values) -> list[float]:
+    return [float(x) for x in values]
+
+
+def _quiet_bar(run, total, desc):
+    import sys
+
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, disable=run.cfg.quiet, leave=False, file=sys.stderr, dynamic_ncols=True)
+
+
+def score(run) -> dict:
+    """The score stage; its result is reused while the answers files and settings are unchanged."""
+    folder = run.out / "report"
+    folder.mkdir(parents=True, exist_ok=True)
+    files, failures = {}, {}
+    for target in run.cfg.models:
+        rows, failures[target.name] = long_rows(run, target)
+        files[target.name] = _csv_bytes(rows, LONG_COLUMNS)
+    digest = hashlib.sha256(json.dumps([SCORES_VERSION, dataclasses.asdict(run.cfg.score)], sort_keys=True).encode())
+    for name, data in files.items():
+        digest.update(name.encode() + b"\0" + data)
+    scores_path = folder / "scores.json"
+    if scores_path.exists():
+        saved = json.loads(scores_path.read_text())
+        if saved.get("fingerprint") == digest.hexdigest():
+            return saved
+    for name, data in files.items():
+        atomic_write_bytes(folder / f"{name}.answers.csv", data)
+    cache: dict = {} if run.embedder is None else {"embedder": run.embedder}
+
+    def embedder_fn():
+        if "embedder" not in cache:
+            from clarifyjax.models.embedder import SentenceEmbedder
+
+            cache["embedder"] = SentenceEmbedder.from_pretrained(run.cfg.score.embedder)
+        return cache["embedder"]
+
+    bertscore = None
+    if run.cfg.score.bertscore:
+        from sage_jax.scoring import load_bertscore_model
+
+        bertscore = load_bertscore_model(_args(run, "answer", None))
+    models = {}
+    for target in run.cfg.models:
+        if not files[target.name].count(b"\n") > 1:  # no answered row at all
+            models[target.name] = {"per_question": None, "failures": failures[target.name]}
+            continue
+        models[target.name] = {"per_question": score_model(run, target, embedder_fn, bertscore),
+                               "failures": failures[target.name]}
+    result = {"fingerprint": digest.hexdigest(), "models": models}
+    atomic_write_bytes(scores_path, json.dumps(_finite(result), indent=1).encode())
+    return json.loads(scores_path.read_text())
+
+
+def _finite(value):
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _column(values) -> np.ndarray:
+    return np.array([np.nan if v is None else v for v in values], np.float64)
+
+
+def write_report(run, scores: dict) -> dict:
+    folder = run.out / "report"
+    summaries, table_rows, distributions = [], [], {}
+    for name, entry in scores["models"].items():
+        pq = entry["per_question"]
+        columns = {k: _column(v) for k, v in pq.items() if k in TABLE} if pq else {k: np.array([]) for k in TABLE}
+        if pq:
+            report.write_per_question_csv(folder / f"{name}.per_question.csv",
+                                          {"question_id": pq["question_id"], "n_texts": pq["n_texts"],
+                                           "n_valid": pq["n_valid"], **columns})
+        distributions[name] = columns["sage_answer"]
+        stats = {k: report.statistics(v) for k, v in columns.items()}
+        summaries.append({"model": name, **stats, **entry["failures"],
+                          "n_questions": len(pq["question_id"]) if pq else 0})
+        table_rows.append({"model": name, **{label: "" if stats[k]["mean"] is None else f"{stats[k]['mean']:.4f}"
+                                             for k, label in TABLE.items()},
+                           "questions": len(pq["question_id"]) if pq else 0,
+                           "failed rows (answer/rot)": f"{entry['failures']['answer_rows_failed']}/"
+                                                       f"{entry['failures']['rot_rows_failed']}",
+                           "failed questions (paraphrase)": entry["failures"]["paraphrase_questions_failed"]})
+    header = list(table_rows[0]) if table_rows else ["model"]
+    atomic_write_bytes(folder / "table1.csv", _csv_bytes(table_rows, header))
+    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md += ["| " + " | ".join(str(r[h]) for h in header) + " |" for r in table_rows]
+    atomic_write_bytes(folder / "table1.md", ("\n".join(md) + "\n").encode())
+    summary = {"preset": run.cfg.preset, "parascore_threshold": run.threshold(), "models": summaries,
+               "settings": _finite(dataclasses.asdict(run.cfg.score))}
+    report.write_summary_json(folder / "summary.json", _finite(summary))
+    report.plot_distributions(folder / "sage_distribution.png", distributions, title="SaGE per question (answers)")
+    return summary
+
+
+def score_and_report(run, stages) -> dict | None:
+    if "score" in stages:
+        scores = score(run)
+    else:
+        path = run.out / "report" / "scores.json"
+        if not path.exists():
+            raise StageError(f"stage score has not finished ({path} is missing); run it first (--stages score)")
+        scores = json.loads(path.read_text())
+    return write_report(run, scores) if "report" in stages else None

@@ -1,0 +1,217 @@
+"""One generating stage of `sage-jax run`: batches of rows to a generator, checked, failed rows
+re-queued in the next batch, every finished batch saved at once, resumable after kill -9.
+
+A stage has a list of `Task`s (one row each, keyed by question id, paraphrase index, model and
+sample). Batch k takes the rows that failed in batch k-1 and are under `max_attempts` first, then
+fresh rows in task order, up to `batch_size`. The generator's seed is a hash of the run's seed, the
+stage and the batch's number: the schedule is a pure function of the outcomes, so batch k holds the
+same rows, in the same order, in a resumed run as in an uninterrupted one, and gets the same texts.
+
+Files, in `folder` (one per stage, model and process):
+
+    stage.json            what the rows depend on (fingerprint); another run's folder is refused
+    batch-000000.jsonl    every attempt of batch 0, written whole (temporary file, then rename)
+    ...
+    rows.jsonl            the final row of every task, in task order, written when the stage ends
+
+A killed stage replays its batch files (the schedule is a pure function of the outcomes, so the
+replay rebuilds the queue exactly) and goes on from the first missing batch; a stage whose
+rows.jsonl exists is not run again at all. A row that still fails after `max_attempts` is kept with
+status "failed" and the reason of its last attempt.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from clarifyjax.files.textfiles import atomic_write_bytes
+
+KEY_FIELDS = ("question_id", "paraphrase_index", "model", "sample")
+
+
+class StageError(RuntimeError):
+    """A stage stopped (its generator gave up); finished rows are kept on disk."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One row: `key` (question_id, paraphrase_index, model, sample), its prompt, and the context a
+    recorded generator looks its text up by."""
+
+    key: tuple
+    prompt: object
+    context: dict = field(default_factory=dict)
+
+
+def batch_seed(seed: int, stage: str, k: int) -> int:
+    """The generator's seed for batch k of a stage (a batch holds the same rows in every run)."""
+    digest = hashlib.sha256(json.dumps([seed, stage, k]).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def _jsonl(rows: Sequence[dict]) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in rows).encode()
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    text = path.read_text(encoding="utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def _key(record: dict) -> tuple:
+    return tuple(record[k] for k in KEY_FIELDS)
+
+
+def _unfit(generator, tasks: Sequence[Task], sampling) -> dict[int, str]:
+    """Rows whose prompt the generator can tell will not fit its context (a `TokenCounter`): they
+    fail at once, with the reason, instead of stopping the stage."""
+    from clarifyjax.text.generator import TokenCounter
+
+    if not isinstance(generator, TokenCounter):
+        return {}
+    budget = sampling.max_new_tokens or 0
+    out = {}
+    for i, task in enumerate(tasks):
+        try:
+            tokens = generator.count_tokens(task.prompt)
+        except ValueError as e:
+            out[i] = f"prompt cannot be encoded: {e}"
+            continue
+        if tokens + budget > generator.context_length:
+            out[i] = (f"prompt of {tokens} tokens + {budget} new tokens does not fit the context of "
+                      f"{generator.context_length}")
+    return out
+
+
+# Judge: (tasks, texts, previous records or None) -> per task {"ok": bool, "reason": str | None, ...fields}
+Judge = Callable[[Sequence[Task], Sequence[str], Sequence[dict | None]], list[dict]]
+
+
+class Stage:
+    def __init__(self, name: str, folder: Path, tasks: Sequence[Task], *, fingerprint: dict,
+                 max_attempts: int, batch_size: int, seed: int):
+        self.name, self.folder, self.tasks = name, Path(folder), list(tasks)
+        self.fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
+        self.max_attempts, self.batch_size, self.seed = max_attempts, batch_size, seed
+        self.rows_path = self.folder / "rows.jsonl"
+        keys = [t.key for t in self.tasks]
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"stage {name}: two tasks share a key")
+
+    # ------------------------------------------------------------------ files
+
+    def _start(self) -> None:
+        marker = self.folder / "stage.json"
+        if marker.exists():
+            on_disk = json.loads(marker.read_text())
+            if on_disk != self.fingerprint:
+                changed = sorted(k for k in set(on_disk) | set(self.fingerprint)
+                                 if on_disk.get(k) != self.fingerprint.get(k))
+                raise StageError(f"{self.folder}: holds stage {self.name} of a run with other settings "
+                                 f"({', '.join(changed[:4])} differ); use another out folder or remove it")
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(marker, json.dumps(self.fingerprint, indent=1, sort_keys=True).encode())
+
+    def _batch_path(self, k: int) -> Path:
+        return self.folder / f"batch-{k:06d}.jsonl"
+
+    def finished(self) -> bool:
+        return self.rows_path.exists()
+
+    def rows(self) -> list[dict]:
+        return read_jsonl(self.rows_path)
+
+    # ------------------------------------------------------------------ run
+
+    def run(self, generator_fn, judge: Judge, *, sampling, n: int = 1, quiet: bool = False,
+            describe: str = "") -> list[dict]:
+        """The final rows, in task order: from rows.jsonl when the stage finished before, else by
+        generating (what batches a killed run left are replayed first). `generator_fn()` builds
+        the generator only when a row is left to generate."""
+        self._start()
+        if self.finished():
+            return self.rows()
+        by_key = {t.key: t for t in self.tasks}
+        order = {t.key: i for i, t in enumerate(self.tasks)}
+        queue: deque = deque(t.key for t in self.tasks)
+        retry: list = []
+        attempts: dict = {}
+        last: dict = {}
+        final: dict = {}
+
+        def schedule() -> list:
+            batch = list(retry)
+            while queue and len(batch) < self.batch_size:
+                batch.append(queue.popleft())
+            return batch
+
+        def apply(batch: list, records: list[dict]) -> None:
+            retry.clear()
+            for key, record in zip(batch, records):
+                attempts[key] = record["attempt"] + 1
+                last[key] = record
+                if record["status"] == "retry":
+                    retry.append(key)
+                else:
+                    final[key] = record
+
+        k = 0
+        while self._batch_path(k).exists():  # replay what a killed run finished
+            batch = schedule()
+            records = read_jsonl(self._batch_path(k))
+            if [_key(r) for r in records] != [tuple(b) for b in batch]:
+                raise StageError(f"{self._batch_path(k)}: does not hold the rows this run schedules "
+                                 "for that batch; was the folder written by another version?")
+            apply(batch, records)
+            k += 1
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(self.tasks), initial=len(final), desc=f"{self.name}{describe}", unit="row",
+                   disable=quiet, file=sys.stderr, dynamic_ncols=True, leave=False)
+        generator = None
+        try:
+            while True:
+                batch = schedule()
+                if not batch:
+                    break
+                generator = generator or generator_fn()
+                tasks = [by_key[key] for key in batch]
+                tries = [attempts.get(key, 0) for key in batch]
+                unfit = _unfit(generator, tasks, sampling)  # row index -> why (no attempt can change it)
+                asked = [t for i, t in enumerate(tasks) if i not in unfit]
+                try:
+                    outputs = generator.complete([t.prompt for t in asked], sampling, n,
+                                                 batch_seed(self.seed, self.name + describe, k)) if asked else []
+                except Exception as e:
+                    raise StageError(f"stage {self.name}{describe}: {e}; {len(final)} of {len(self.tasks)} rows "
+                                     f"are finished and kept in {self.folder}; run the same command again to go on "
+                                     "from there") from e
+                texts = [o[0].text if n == 1 else [c.text for c in o] for o in outputs]
+                verdicts = judge(asked, texts, [last.get(t.key) for t in asked]) if asked else []
+                answered = iter(zip(texts, verdicts))
+                records = []
+                for i, (task, attempt) in enumerate(zip(tasks, tries)):
+                    if i in unfit:
+                        text, verdict, status = None, {"reason": unfit[i]}, "failed"
+                    else:
+                        text, verdict = next(answered)
+                        verdict = dict(verdict)
+                        ok = verdict.pop("ok")
+                        status = "ok" if ok else ("retry" if attempt + 1 < self.max_attempts else "failed")
+                    records.append({**task.context, **dict(zip(KEY_FIELDS, task.key)), "attempt": attempt,
+                                    "prompt": task.prompt, "output": text, "status": status, **verdict})
+                atomic_write_bytes(self._batch_path(k), _jsonl(records))
+                apply(batch, records)
+                bar.update(sum(r["status"] != "retry" for r in records))
+                k += 1
+        finally:
+            bar.close()
+        rows = sorted(final.values(), key=lambda r: order[_key(r)])
+        atomic_write_bytes(self.rows_path, _jsonl(rows))
+        return rows
