@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup browser demo test test-fast bench clean
+.PHONY: setup browser demo lint test test-fast durations bench clean
 
 setup: $(STAMP) browser
 
@@ -40,9 +40,20 @@ PYTEST_WORKERS ?= 2
 test: setup
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
-# Everything but the tests marked slow (for local iteration).
+# pyflakes, pycodestyle, bugbear and pyupgrade over the whole tree ([tool.ruff] in pyproject.toml).
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+# For iteration: everything but the tests marked slow, child (starts processes), e2e (whole
+# commands) and reference (PyTorch / reference packages); markers derived in tests/helpers/tiers.py.
 test-fast: setup
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile \
+	  -m "not slow and not child and not e2e and not reference" $(PYTEST_ARGS)
+
+# The whole suite, writing each test's time to tests/durations.json (tests/test_durations.py
+# checks every recorded time against its tier's budget).
+durations: setup
+	CLARIFYJAX_DURATIONS=tests/durations.json $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: setup
 	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done

@@ -34,9 +34,10 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from clarifyjax.files.tables import REPO_ROOT
+
 EXAMPLES = REPO_ROOT / "examples"
 DATA_FILES = ("train.tsv", "dev.tsv", "sc_dev_questions_gpt.tsv", "fusion_dev.csv")
 VOCAB = 1999  # + the "-1" piece: the 2,000 of the tiny configs' models
@@ -236,13 +237,13 @@ def show_samples(cfg, before: Path, after: Path, data: Path, n: int = 5) -> None
     answer generator, the fusion model and the judge make of them."""
     from clarifyjax import data as data_lib
     from clarifyjax.text import formats as text
-    from clarifyjax.decoding.seq2seq import Sampling, Seq2SeqModel
+    from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
     from clarifyjax.training.loops import build_reward_fn
 
     situations = data_lib.unique_situations(data_lib.read_table(data / "dev.tsv",
                                                                 ("situation",)))[:n]
     reward = build_reward_fn(cfg)
-    sampling = Sampling(max_new_tokens=cfg.ppo.max_question_length)
+    sampling = Seq2SeqSampling(max_new_tokens=cfg.ppo.max_question_length)
     for label, folder in (("SFT policy", before), ("PPO policy", after)):
         questions = Seq2SeqModel.from_pretrained(folder).generate(
             [text.policy_input(s) for s in situations], sampling).texts
@@ -317,7 +318,7 @@ def run_sage(out: Path) -> int:
     return sage_cli.main(args)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m clarifyjax.demo", description=__doc__.split(
         "\n\n")[0])
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "runs")
@@ -330,7 +331,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--progress", action="store_true", help="progress bars")
     parser.add_argument("--tokenizer-only", action="store_true",
                         help="make OUT/tokenizer_tiny (the tiny configs' tokenizer) and stop")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     start = time.time()
     out = args.out.resolve()
     if args.fresh:

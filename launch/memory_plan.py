@@ -15,7 +15,6 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Optional
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script from anywhere
@@ -120,7 +119,7 @@ DEFAULT_HARDWARE = "v4-32,8xH100"
 DEFAULT_JUDGES = "config,t5-11b"
 
 
-def main(argv: Optional[list[str]] = None) -> list[tuple[str, dict]]:
+def main(argv: list[str] | None = None) -> list[tuple[str, dict]]:
     """Print the table (and write Markdown / JSON when asked); returns [(column name, plan)]."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("config", nargs="?", default=str(REPO_ROOT / DEFAULT_CONFIG),

@@ -24,8 +24,9 @@ import argparse
 import sys
 import warnings
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
+from clarifyjax.core.commands import UsageError  # a bad option or input, before any work (exit 2)
 from clarifyjax.files.textfiles import describe_os_error
 from sage_jax.scoring import (MAX_TEXTS, TEXT_FIELDS, Loaded, load_bertscore_model,  # noqa: F401  (tests read and
                               score_loaded)  # patch them here)
@@ -38,17 +39,14 @@ COLUMN_OPTIONS = {"question_id": "--question-id-column", "paraphrase": "--paraph
                   "answer": "--answer-column", "rot": "--rot-column", "question": "--question-column"}
 
 
-class UsageError(ValueError):
-    """A bad option or input, found before the work started (exit status 2)."""
-
-
 class RunFailure(RuntimeError):
     """The work failed after every check passed (exit status 1); the message names the file."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_sage_parser() -> argparse.ArgumentParser:
     # allow_abbrev=False: a misspelt option must not run as the option it is a prefix of.
-    parser = argparse.ArgumentParser(prog="sage-jax", allow_abbrev=False, description="SaGE moral-consistency scores (JAX), "
+    parser = argparse.ArgumentParser(prog="sage-jax", allow_abbrev=False,
+                                     description="SaGE moral-consistency scores (JAX), "
                                      "with BLEU / ROUGE-L / BERTScore baselines, for one or more models")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("score", allow_abbrev=False,
@@ -266,7 +264,7 @@ def run_pipeline(args) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = build_sage_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command == "run" and all("=" in e and not e.startswith("-") for e in extra):
         args.overrides = [*args.overrides, *extra]  # overrides after --stages

@@ -37,7 +37,7 @@ import itertools
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -45,7 +45,7 @@ from clarifyjax.files.tables import NOT_TEXT, DataError, read_rows
 from sage_jax.metric import SIMILARITY_TOLERANCE
 
 __all__ = ["FIELDS", "Columns", "DataError", "DataWarning", "Question", "TextBatch", "detect_format",
-           "gather", "pair_matrix", "read_long", "read_pairs", "read_questions", "read_rows",
+           "gather", "pair_matrix", "read_long_format", "read_pairs_format", "read_questions", "read_rows",
            "shared_texts", "text_batch"]
 
 FIELDS = ("paraphrase", "answer", "rot")
@@ -201,7 +201,7 @@ def detect_format(header: Sequence[str], columns: Columns = Columns()) -> str:
     return "long"
 
 
-def read_long(path, columns: Columns = Columns(), need: Sequence[str] = ("answer",), *,
+def read_long_format(path, columns: Columns = Columns(), need: Sequence[str] = ("answer",), *,
               _header_rows=None) -> list[Question]:
     """Long format: one row per paraphrase; rows of a question need not be contiguous.
 
@@ -292,7 +292,7 @@ def _pairs_question(path, qid: str, pairs: list, present: list, text_cols: dict,
                     lines=[seen_at[p] for p in range(n)], pair_values=values, pair_lines=pair_lines)
 
 
-def read_pairs(path, columns: Columns = Columns(), need: Sequence[str] = ("answer",),
+def read_pairs_format(path, columns: Columns = Columns(), need: Sequence[str] = ("answer",),
                weight_columns: Sequence[str] | None = None, *, _header_rows=None) -> list[Question]:
     """Reference pairs format: one row per pair (i < j) of paraphrases, in combinations order.
 
@@ -355,8 +355,8 @@ def read_questions(path, *, format: str = "auto", columns: Columns | None = None
     if format == "long":
         if weight_columns:
             raise DataError(f"{path}: edge-weight columns {list(weight_columns)} need a pairs file")
-        return read_long(path, columns, need, _header_rows=(header, rows))
-    return read_pairs(path, columns, need, weight_columns, _header_rows=(header, rows))
+        return read_long_format(path, columns, need, _header_rows=(header, rows))
+    return read_pairs_format(path, columns, need, weight_columns, _header_rows=(header, rows))
 
 
 # ----------------------------------------------------------------------------- batching

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 from functools import lru_cache
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

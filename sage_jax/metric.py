@@ -2,7 +2,7 @@
 
 This module imports jax alone, so it can be pasted into research code.
 
-The definition is the one the published numbers came from (the reference code, DESIGN §5), not the
+The definition is the one the published numbers came from (the reference code, docs/originals.md, SaGE), not the
 paper's equations (4)-(7). Per question with k texts and similarities W (cosine of their
 embeddings):
 

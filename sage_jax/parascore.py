@@ -22,7 +22,8 @@ the reference's bugs fixed (see its docstring).
 from __future__ import annotations
 
 import re
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Sequence
 
 import numpy as np
 

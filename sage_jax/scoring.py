@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -53,7 +53,8 @@ class Loaded:
         self.mask = np.logical_and.reduce([b.mask for b in self.batches.values()])
         # Nodes keyed by text when collapsing identical texts: the reference keys them by the RoT
         # whenever RoTs are used (its use_rots graph), else by the answer.
-        self.groups = self.batches["rot" if "rot" in self.need else "answer"].groups if args.collapse_identical else None
+        text = "rot" if "rot" in self.need else "answer"
+        self.groups = self.batches[text].groups if args.collapse_identical else None
         self.weights = data.pair_matrix(self.questions, args.edge_weights, self.n_max) if args.edge_weights else None
         lexical_field = "rot" if args.text == "rot" else "answer"
         self.lexical_texts = [[t if ok else "" for t, ok in zip(q.texts(lexical_field), self.mask[b])]

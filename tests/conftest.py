@@ -1,5 +1,25 @@
 """pytest's hook file for tests/. The helpers live in the `helpers` package; the names below stay
-importable as ``from conftest import ...``."""
+importable as ``from conftest import ...``.
+
+Markers by cost are derived here, from the source of each test, of the fixtures it uses and of the
+module's helper functions it calls (`helpers.tiers`): ``child`` (starts processes), ``e2e`` (runs a
+whole command), ``reference`` (compares with PyTorch or a reference package). ``make test-fast``
+deselects them and ``slow``. Each test's time is recorded; ``CLARIFYJAX_DURATIONS=FILE`` writes the
+times to FILE at the end (``make durations``), and the summary names any test over its tier's budget.
+"""
 from helpers.env import REPO_ROOT, in_ci, require, shared_data, shared_data_dir
+from helpers import tiers
 
 __all__ = ["REPO_ROOT", "in_ci", "require", "shared_data", "shared_data_dir"]
+
+
+def pytest_collection_modifyitems(config, items):
+    tiers.mark_items(items)
+
+
+def pytest_runtest_logreport(report):
+    tiers.record(report)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    tiers.summary(terminalreporter, config)

@@ -82,9 +82,9 @@ def roberta(tmp_path_factory):
 def test_equals_the_package_on_a_tiny_roberta(roberta, layer, idf):
     """Prefix space, <s> and </s> in the matching, and the package's zero floor on best matches
     (its padding): at layer 0 this random model has tokens whose every cosine is negative."""
-    from clarifyjax.models.tiny import corpus
+    from clarifyjax.models.tiny import tiny_corpus
 
-    texts = corpus(200)[:60]
+    texts = tiny_corpus(200)[:60]
     cands = texts[:30] + ["", "hello"]
     refs = [texts[30 + i].split()[0] if i % 3 == 0 else texts[30 + i] for i in range(30)] + ["x", ""]
     ours = bertscore(cands, refs, model=roberta, layer=layer, idf=idf, batch_size=4)
@@ -99,9 +99,9 @@ def test_padding_floor_is_exercised(roberta, monkeypatch):
     """Without the package's zero floor the tiny RoBERTa's layer-0 precision differs: the test
     above reaches that branch."""
     import clarifyjax.evaluation.bertscore as module
-    from clarifyjax.models.tiny import corpus
+    from clarifyjax.models.tiny import tiny_corpus
 
-    texts = corpus(200)[:60]
+    texts = tiny_corpus(200)[:60]
     cands, refs = texts[:30], [texts[30 + i].split()[0] if i % 3 == 0 else texts[30 + i] for i in range(30)]
     with_floor = bertscore(cands, refs, model=roberta, layer=0, batch_size=4)[0]
     monkeypatch.setattr(module, "_floors", lambda c, r, b: (np.zeros(len(c), bool),) * 2)

@@ -93,14 +93,14 @@ def test_tensor_errors_name_the_tensor(folder, tmp_path):
 
 
 def test_a_parameter_left_unset_is_named(folder, monkeypatch):
-    maps = causal_lm_params.tensor_maps
+    maps = causal_lm_params.causal_lm_tensor_maps
 
     def incomplete(config):
         out = maps(config)
         del out[("layers", 0, "mlp", "down")]
         return out
-    monkeypatch.setattr(causal_lm_params, "tensor_maps", incomplete)
-    monkeypatch.setattr(causal_lm_params, "check_tensors", lambda *args: None)
+    monkeypatch.setattr(causal_lm_params, "causal_lm_tensor_maps", incomplete)
+    monkeypatch.setattr(causal_lm_params, "check_causal_lm_tensors", lambda *args: None)
     with pytest.raises(AssertionError, match=r"'layers', 0, 'mlp', 'down'"):
         hf.load_causal_lm(folder)
 

@@ -120,7 +120,7 @@ def test_extra_must_be_json(tmp_path):
 
 def test_sharded_save_restores_into_other_shardings():
     """Saved from a 4-way sharded array, restored into a 2x2 mesh and onto 1 device."""
-    result = run_with_fake_devices(textwrap.dedent(f"""
+    result = run_with_fake_devices(textwrap.dedent("""
         import tempfile
         import jax, jax.numpy as jnp, numpy as np
         from jax.sharding import NamedSharding, PartitionSpec as P
@@ -131,21 +131,21 @@ def test_sharded_save_restores_into_other_shardings():
         x = jax.device_put(jnp.arange(32.0).reshape(8, 4), NamedSharding(mesh, P("a", None)))
         d = tempfile.mkdtemp()
         with Checkpointer(d) as ckpt:
-            ckpt.save(1, {{"w": x}})
+            ckpt.save(1, {"w": x})
         mesh2 = jax.make_mesh((2, 2), ("a", "b"), axis_types=auto)
         target = NamedSharding(mesh2, P("b", "a"))
         with Checkpointer(d) as ckpt:
             step, got, _ = ckpt.restore_latest(
-                {{"w": jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=target)}})
+                {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=target)})
             one = jax.sharding.SingleDeviceSharding(jax.devices()[3])
             _, single, _ = ckpt.restore_latest(
-                {{"w": jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=one)}})
+                {"w": jax.ShapeDtypeStruct((8, 4), jnp.float32, sharding=one)})
         assert got["w"].sharding == target, got["w"].sharding
-        assert {{s.data.shape for s in got["w"].addressable_shards}} == {{(4, 2)}}
+        assert {s.data.shape for s in got["w"].addressable_shards} == {(4, 2)}
         np.testing.assert_array_equal(np.asarray(got["w"]), np.arange(32.0).reshape(8, 4))
         assert single["w"].sharding == one
         np.testing.assert_array_equal(np.asarray(single["w"]), np.arange(32.0).reshape(8, 4))
-        write_result({{"step": step}})
+        write_result({"step": step})
     """), n_devices=4, timeout=300)
     assert result == {"step": 1}
 

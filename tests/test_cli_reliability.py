@@ -26,6 +26,8 @@ import json
 import pytest
 
 from clarifyjax import cli
+from clarifyjax.core import commands
+from clarifyjax.reward import command as score_command
 from clarifyjax.cli import main, parse_args
 from conftest import REPO_ROOT
 from helpers.score_cli import args_for, folders, rows, write_lines  # noqa: F401 (fixtures)
@@ -219,7 +221,7 @@ def test_os_errors_and_non_finite_scores_are_one_line(capsys):
     assert cli.describe_os_error(OSError(18, "Invalid cross-device link", "/a", None, "/b")) == \
         "/a -> /b: Invalid cross-device link"
     with pytest.raises(cli.CLIError, match=r"q.txt:4: score\(s\) \['jsd', 'p_weak'\] are not"):
-        cli._json_line({"jsd": float("nan"), "p_weak": [0.5, float("inf")], "ok": 1.0}, "q.txt:4")
+        commands.json_line({"jsd": float("nan"), "p_weak": [0.5, float("inf")], "ok": 1.0}, "q.txt:4")
     assert cli.one_line("a\n  b\n\nc") == "a; b; c"
 
 
@@ -361,7 +363,6 @@ def test_overwrite_replaces_an_earlier_longer_run_whole(tiny, tmp_path, capsys):
 
 def test_a_failed_write_is_one_line_and_leaves_the_earlier_file(tiny, tmp_path, capsys,
                                                                 monkeypatch):
-    from clarifyjax import cli
 
     models, situations, questions = tiny
     sit = write_lines(tmp_path / "s.txt", situations)
@@ -372,7 +373,7 @@ def test_a_failed_write_is_one_line_and_leaves_the_earlier_file(tiny, tmp_path, 
     def disk_full(path, data):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(cli, "atomic_write_bytes", disk_full)  # the writer of --out
+    monkeypatch.setattr(score_command, "atomic_write_bytes", disk_full)  # the writer of --out
     fails_with_one_line(args_for(models, sit, qs, out, "--overwrite"), capsys, out,
                         "No space left on device")
     assert out.read_text() == "earlier\n"

@@ -40,7 +40,7 @@ def test_every_config_loads_and_round_trips(path, tmp_path):
 
 
 def test_paper_hyperparameters_in_t5_large_config():
-    """DESIGN §4 and the paper's App. A.4."""
+    """docs/originals.md (ClarifyDelphi) and the paper's App. A.4."""
     cfg = load_config(REPO_ROOT / "configs" / "ppo_t5_large.yaml")
     p = cfg.ppo
     assert cfg.run.steps == 6000

@@ -5,11 +5,11 @@ valid value (an ``a.b.c=value`` override), and requires either a `ConfigError` n
 a change in the runtime object that the key configures. Runtime objects, per section, built by
 the code the loops use where there is such code (no weights read, no forward pass):
 
-* model roles: the `T5Config` that `programs.build_t5` returns (with `load_t5` stubbed to record
+* model roles: the `T5Config` that `builders.build_t5` returns (with `load_t5` stubbed to record
   its arguments), the tokenizer folder, and the padded lengths of its dataset columns;
 * reward models: every loader call and the `PipelineConfig` of `train.build_reward_fn` (the
   model loaders stubbed to record their arguments);
-* ppo: the fields of the update's `ppo.PPOConfig` (the section is one), the KL controller and the
+* ppo: the fields of the update's `ppo.PPOUpdateConfig` (the section is one), the KL controller and the
   rollout sampler's arguments as `train.train_ppo` builds them;
 * optimizer: three updates of `optim.make_optimizer` on a small parameter tree (lr, schedule,
   moments, decay, clipping all show in them);
@@ -48,7 +48,8 @@ def test_loop_keys_cover_run_and_are_read_by_the_loops():
     run_fields = {f.name for f in dataclasses.fields(RunConfig)}
     assert {k.split(".", 1)[1] for k in LOOP_KEYS if k.startswith("run.")} == run_fields
     # The loops and the programs they compile (clarifyjax/training/programs.py) read these keys.
-    source = "".join((REPO_ROOT / "clarifyjax" / f).read_text() for f in ("train.py", "programs.py"))
+    source = "".join((REPO_ROOT / "clarifyjax" / "training" / f).read_text()
+                     for f in ("loops.py", "programs.py", "builders.py"))
     for key in sorted(LOOP_KEYS):
         name = key.split(".", 1)[1]
         if name in ("name", "output_dir"):  # read through RunConfig.directory
@@ -124,7 +125,7 @@ class _Recorder:
         return record
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _tiny_t5(dtype, param_dtype):
     from flax import nnx
 
@@ -135,7 +136,7 @@ def _tiny_t5(dtype, param_dtype):
     return config, nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))  # abstract: no compile
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _pairs(n):
     from clarifyjax import data
 
@@ -145,11 +146,11 @@ def _pairs(n):
 @pytest.fixture(scope="module")
 def stubs():
     """Loaders that record their arguments instead of reading weights or files."""
-    from clarifyjax import data
+    from clarifyjax.data import pairs as data  # the module whose readers the run calls
 
     from clarifyjax.reward import judge as delphi
     from clarifyjax.reward import nli
-    from clarifyjax.training import programs
+    from clarifyjax.training import builders
     from clarifyjax.reward import pipeline as reward_pipeline
     from clarifyjax.decoding import seq2seq
     from clarifyjax.core import sharding
@@ -170,7 +171,7 @@ def stubs():
         rows = [{"situation": f"s {i}"} for i in range(900)]
         return data.Table(path, tuple(columns), rows, list(range(2, 902)))
 
-    mp.setattr(programs, "load_t5", load_t5)
+    mp.setattr(builders, "load_t5", load_t5)
     mp.setattr(sharding, "create_sharded", lambda *a, **k: None)
     mp.setattr(sharding, "process_mesh", lambda *a, **k: None)
     # Paths are only recorded: a changed path names a file that does not exist.
@@ -193,16 +194,16 @@ def _recorded(rec, fn, *args):
 
 
 def _t5(rec, model_cfg):
-    from clarifyjax.training import programs
+    from clarifyjax.training import builders
 
     if model_cfg is None:
         return None
-    (config, _), calls = _recorded(rec, lambda: programs.build_t5(
+    (config, _), calls = _recorded(rec, lambda: builders.build_t5(
         model_cfg, seed=0, mesh=None, rules=None))
     return config, calls
 
 
-@functools.lru_cache(maxsize=None)  # sections are frozen: most leaves leave these alone
+@functools.cache  # sections are frozen: most leaves leave these alone
 def _optimizer_trace(opt, steps):
     """Three updates of a 2x3 matrix and a vector (tiny grads, so eps shows) with grads of
     norms 100, 1 and 10 (so clipping changes the moments), and the schedule over the run."""
@@ -225,7 +226,7 @@ def _optimizer_trace(opt, steps):
 def _runtime(cfg, rec) -> dict:
     from clarifyjax import data
 
-    from clarifyjax.training import programs
+    from clarifyjax.training import builders, programs
     from clarifyjax.core import sharding
     from clarifyjax.training import loops as train
     rt = {"mesh": (cfg.mesh.axis_sizes(), sharding.RULES[cfg.mesh.rules]),
@@ -243,9 +244,9 @@ def _runtime(cfg, rec) -> dict:
     rt["reference"], rt["value"] = _t5(rec, cfg.reference), _t5(rec, cfg.value.model)
     from clarifyjax.rl import ppo  # what make_ppo_update reads of the section: its PPOConfig fields
 
-    rt["ppo"] = tuple(getattr(h, f.name) for f in dataclasses.fields(ppo.PPOConfig))
+    rt["ppo"] = tuple(getattr(h, f.name) for f in dataclasses.fields(ppo.PPOUpdateConfig))
     rt["kl"] = programs.kl_controller(h)  # as train_ppo builds it
-    models = programs.PPOModels(*[None] * len(programs.PPOModels._fields))
+    models = builders.PPOModels(*[None] * len(builders.PPOModels._fields))
     rt["sampler"] = _recorded(rec, train._sampler, cfg, None, models, "reward_fn", None)
     rt["rewards"] = _recorded(rec, train.build_reward_fn, cfg)
     n = cfg.normalizer

@@ -212,11 +212,11 @@ def test_each_setting_is_declared_once():
     from clarifyjax.training import programs
     from clarifyjax.reward import pipeline as reward_pipeline
     from clarifyjax.core import sharding
-    assert issubclass(config_lib.PPOHyperparams, ppo.PPOConfig)
+    assert issubclass(config_lib.PPOHyperparams, ppo.PPOUpdateConfig)
     h = config_lib.PPOHyperparams()
-    for f in dataclasses.fields(ppo.PPOConfig):
+    for f in dataclasses.fields(ppo.PPOUpdateConfig):
         assert getattr(h, f.name) == f.default, f.name
-    assert set(ppo.PPOConfig._bounds.items()) <= set(config_lib.PPOHyperparams._bounds.items())
+    assert set(ppo.PPOUpdateConfig._bounds.items()) <= set(config_lib.PPOHyperparams._bounds.items())
     assert not hasattr(programs, "ppo_hyperparams")  # the update takes the section itself
     assert config_lib.MeshLayout is sharding.MeshConfig
     assert reward_pipeline.PipelineConfig is config_lib.PipelineConfig

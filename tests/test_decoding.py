@@ -174,11 +174,11 @@ def test_top_k_1_and_tiny_top_p_equal_greedy():
 
 
 @pytest.fixture(params=["top_k", "bisection"])
-def threshold_path(request, monkeypatch):
+def threshold_path(request):
     """Both ways of finding the top-k / top-p thresholds: `lax.top_k` (accelerators) and the
-    bisections (CPU, where top_k is a sort), whichever backend runs the test."""
-    monkeypatch.setattr(decoding, "_sorting_is_slow", lambda: request.param == "bisection")
-    return request.param
+    bisections (CPU, where top_k is a sort), whichever backend runs the test: the value of
+    `filter_logits`' `bisect` argument."""
+    return request.param == "bisection"
 
 
 def test_filter_logits_matches_numpy(threshold_path):
@@ -186,7 +186,8 @@ def test_filter_logits_matches_numpy(threshold_path):
     logits[2, :5] = -np.inf
     for t, k, p in [(1.0, 0, 0.5), (0.5, 7, 1.0), (2.0, 20, 0.8), (1.0, 3, 1.0), (1.0, 50, 1.0)]:
         got = np.asarray(jax.nn.log_softmax(filter_logits(jnp.asarray(logits), temperature=t,
-                                                          top_k=k, top_p=p), -1))
+                                                          top_k=k, top_p=p,
+                                                          bisect=threshold_path), -1))
         for row in range(3):
             ref = numpy_filtered_logprobs(logits[row], t, k, p)
             np.testing.assert_array_equal(np.isfinite(got[row]), np.isfinite(ref))
@@ -200,7 +201,8 @@ def test_top_k_keeps_every_token_tied_with_the_kth(threshold_path):
     logits = np.round(np.random.RandomState(6).randn(4, 300) * 2).astype(np.float32)
     logits[3, 100:] = -np.inf
     for k in (1, 5, 40, 300):
-        got = np.isfinite(np.asarray(filter_logits(jnp.asarray(logits), top_k=k)))
+        got = np.isfinite(np.asarray(filter_logits(jnp.asarray(logits), top_k=k,
+                                                   bisect=threshold_path)))
         kth = -np.sort(-logits, axis=-1)[:, k - 1:k]
         np.testing.assert_array_equal(got, (logits >= kth) & np.isfinite(logits), err_msg=f"k={k}")
         assert (got.sum(-1) >= min(k, 100)).all()
@@ -214,15 +216,16 @@ def test_top_p_over_a_large_vocabulary_matches_numpy(spread, threshold_path):
     scale = {"peaked": [6.0] * 4, "flat": [0.5] * 4, "mixed": [6.0, 0.5, 6.0, 0.5]}[spread]
     logits = (rng.randn(4, 3000) * np.asarray(scale)[:, None]).astype(np.float32)
     for t, k, p in [(0.7, 0, 0.6), (1.0, 0, 0.95), (1.3, 1000, 0.9)]:
-        got = np.asarray(jax.jit(lambda x: jax.nn.log_softmax(filter_logits(
-            x, temperature=t, top_k=k, top_p=p), -1))(jnp.asarray(logits)))
+        got = np.asarray(jax.jit(lambda x, t=t, k=k, p=p: jax.nn.log_softmax(filter_logits(
+            x, temperature=t, top_k=k, top_p=p, bisect=threshold_path), -1))(
+                jnp.asarray(logits)))
         for row in range(4):
             ref = numpy_filtered_logprobs(logits[row], t, k, p)
             np.testing.assert_array_equal(np.isfinite(got[row]), np.isfinite(ref))
             np.testing.assert_allclose(got[row][np.isfinite(ref)], ref[np.isfinite(ref)],
                                        atol=TOL, rtol=0)
     kept = np.isfinite(np.asarray(filter_logits(jnp.asarray(logits), temperature=0.7,
-                                                top_p=0.6))).sum(-1)
+                                                top_p=0.6, bisect=threshold_path))).sum(-1)
     assert (kept[np.asarray(scale) == 6.0] < decoding.TOP_P_CANDIDATES).all()
     assert (kept[np.asarray(scale) == 0.5] > decoding.TOP_P_CANDIDATES).all()
 

@@ -60,7 +60,7 @@ def test_negatives_never_include_a_gold_question_of_the_same_situation():
     situations, questions = discriminator.gold_questions(gold_table(rows))
     assert situations == ["helping a friend", "helping a neighbour", "helping a stranger"]
     rng = np.random.RandomState(0)
-    for seed in range(5):
+    for _ in range(5):
         emb = rng.randn(3, 4).astype(np.float32)
         out = discriminator.discriminator_rows(situations, questions, emb, neighbours=2)
         for situation, gold in zip(situations, questions):

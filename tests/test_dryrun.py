@@ -73,7 +73,7 @@ def test_no_large_parameter_fully_replicated_under_fsdp(report):
 def test_bytes_per_device_and_compiled_step(report):
     plan = report["plan"]
     assert plan["total_bytes"] == sum(plan["components"].values()) > 0
-    assert any("total per device" in l for l in report["printed"])
+    assert any("total per device" in line for line in report["printed"])
     compiled = report["compiled"]
     assert compiled["step"] == "ppo" and compiled["num_layers"] == 2 and compiled["rows"] == 64
     assert compiled["memory"]["argument_size_in_bytes"] > 0

@@ -145,6 +145,80 @@ def _numbers(out):
             {r["setting"]: r for r in results["table3"]})
 
 
+def _check_table4(systems: dict, records: list[dict]) -> int:
+    """Each system's Table 4 numbers against their computation here from the saved records;
+    returns how many flips were seen."""
+    flips_seen = 0
+    for name, row in systems.items():
+        mine = [r for r in records if r["system"] == name]
+        assert len(mine) == N_SITUATIONS == row["situations"]
+        p_base, p_weak, p_strong = (np.array([r[k] for r in mine], np.float64)
+                                    for k in ("p_base", "p_weak", "p_strong"))
+        valid = np.array([r["valid"] for r in mine])
+        answered = np.array([r["answered"] for r in mine]) & valid[:, None]
+        assert row["avg_jsd"] == pytest.approx(_jsd2(p_weak, p_strong)[valid].mean(), abs=1e-6)
+        base_flips = np.stack([p_weak.argmax(1), p_strong.argmax(1)], 1) != p_base.argmax(1)[:,
+                                                                                             None]
+        assert row["flips_base"] == pytest.approx(100 * base_flips[answered].mean(), abs=1e-4)
+        pair = (p_weak.argmax(1) != p_strong.argmax(1))[valid]
+        assert row["flips_pair"] == pytest.approx(100 * pair.mean(), abs=1e-6)
+        assert row["flips"] == row["flips_base"]  # the default reading
+        flips_seen += int(base_flips[answered].sum() + pair.sum())
+        if name in ("pipeline", "pipeline-nli", "discriminator"):
+            for r in mine:  # the chosen question is the best-scoring candidate (first on ties)
+                assert r["question"] == r["candidates"][int(np.argmax(r["candidate_scores"]))]
+    return flips_seen
+
+
+
+def _check_table3(out, table3: dict) -> None:
+    """Table 3 against nltk and rouge-score called here on the saved texts."""
+    from nltk.translate.bleu_score import corpus_bleu
+    from rouge_score import rouge_scorer
+
+    updates = [json.loads(line) for line in (out / "updates.jsonl").read_text().splitlines()]
+    assert len(updates) == len({(u["hypothesis"], u["update_type"]) for u in updates})
+    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
+    for setting in ("with_question", "without_question"):
+        refs = [[r.split() for r in u["references"]] for u in updates]
+        hyps = [u[setting].split() for u in updates]
+        bleu = 100 * corpus_bleu(refs, hyps)
+        rouge = 100 * np.mean([max(scorer.score(r, u[setting])["rougeL"].fmeasure
+                                   for r in u["references"]) for u in updates])
+        row = table3[setting.replace("_", " ")]
+        assert row["bleu4"] == pytest.approx(bleu, abs=1e-9)
+        assert row["rouge_l"] == pytest.approx(rouge, abs=1e-9)
+
+
+
+def _kill_during_questions_then_rerun(tmp_path, config_text, out):
+    """Killed (-9) during question generation, then run again: the same tables. Returns the
+    config's path."""
+    path2, out2 = _config(tmp_path, config_text, "killed")
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "JAX_PLATFORMS": "cpu"}
+    child = subprocess.Popen([sys.executable, "-m", "clarifyjax", "evaluate", str(path2)],
+                             cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    questions = out2 / "cache" / "questions" / "ClarifyDelphi"
+    deadline = time.monotonic() + 240
+    try:
+        while time.monotonic() < deadline and child.poll() is None:
+            if questions.is_dir() and any(questions.glob("*.json")):
+                break
+            time.sleep(0.05)
+        assert child.poll() is None, "the child finished before it could be killed"
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.kill()
+        child.wait(timeout=30)
+    done = list(questions.glob("*.json"))
+    assert 1 <= len(done) < 2 and not (out2 / "results.json").exists()
+    assert _evaluate(path2) == 0
+    assert _numbers(out2) == _numbers(out)
+    assert (out2 / "questions.jsonl").read_text() == (out / "questions.jsonl").read_text()
+    return path2
+
+
 @pytest.mark.slow
 def test_evaluate_six_systems_tables_match_independent_computations(tmp_path, config_text):
     path, out = _config(tmp_path, config_text, "run")
@@ -170,68 +244,12 @@ def test_evaluate_six_systems_tables_match_independent_computations(tmp_path, co
     t5 = [r for r in records if r["system"] == "t5"]
     f1 = bertscore([r["question"] for r in t5], gold, model=bert_model.split(",")[0], layer=2)[2]
     assert systems["t5"]["bertscore_f1"] == pytest.approx(float(np.mean(f1)), abs=1e-6)
-    flips_seen = 0
-    for name, row in systems.items():
-        mine = [r for r in records if r["system"] == name]
-        assert len(mine) == N_SITUATIONS == row["situations"]
-        p_base, p_weak, p_strong = (np.array([r[k] for r in mine], np.float64)
-                                    for k in ("p_base", "p_weak", "p_strong"))
-        valid = np.array([r["valid"] for r in mine])
-        answered = np.array([r["answered"] for r in mine]) & valid[:, None]
-        assert row["avg_jsd"] == pytest.approx(_jsd2(p_weak, p_strong)[valid].mean(), abs=1e-6)
-        base_flips = np.stack([p_weak.argmax(1), p_strong.argmax(1)], 1) != p_base.argmax(1)[:,
-                                                                                             None]
-        assert row["flips_base"] == pytest.approx(100 * base_flips[answered].mean(), abs=1e-4)
-        pair = (p_weak.argmax(1) != p_strong.argmax(1))[valid]
-        assert row["flips_pair"] == pytest.approx(100 * pair.mean(), abs=1e-6)
-        assert row["flips"] == row["flips_base"]  # the default reading
-        flips_seen += int(base_flips[answered].sum() + pair.sum())
-        if name in ("pipeline", "pipeline-nli", "discriminator"):
-            for r in mine:  # the chosen question is the best-scoring candidate (first on ties)
-                assert r["question"] == r["candidates"][int(np.argmax(r["candidate_scores"]))]
-    assert flips_seen > 0  # the comparison is not between zeros only
+    assert _check_table4(systems, records) > 0  # the comparison is not between zeros only
     assert "reading `base`" in (out / "results.md").read_text()
 
-    # Table 3 against nltk and rouge-score called here on the saved texts
-    from nltk.translate.bleu_score import corpus_bleu
-    from rouge_score import rouge_scorer
+    _check_table3(out, table3)
 
-    updates = [json.loads(line) for line in (out / "updates.jsonl").read_text().splitlines()]
-    assert len(updates) == len({(u["hypothesis"], u["update_type"]) for u in updates})
-    scorer = rouge_scorer.RougeScorer(["rougeL"], use_stemmer=True)
-    for setting in ("with_question", "without_question"):
-        refs = [[r.split() for r in u["references"]] for u in updates]
-        hyps = [u[setting].split() for u in updates]
-        bleu = 100 * corpus_bleu(refs, hyps)
-        rouge = 100 * np.mean([max(scorer.score(r, u[setting])["rougeL"].fmeasure
-                                   for r in u["references"]) for u in updates])
-        row = table3[setting.replace("_", " ")]
-        assert row["bleu4"] == pytest.approx(bleu, abs=1e-9)
-        assert row["rouge_l"] == pytest.approx(rouge, abs=1e-9)
-
-    # killed (-9) during question generation, then run again: the same tables
-    path2, out2 = _config(tmp_path, config_text, "killed")
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "JAX_PLATFORMS": "cpu"}
-    child = subprocess.Popen([sys.executable, "-m", "clarifyjax", "evaluate", str(path2)],
-                             cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-    questions = out2 / "cache" / "questions" / "ClarifyDelphi"
-    deadline = time.monotonic() + 240
-    try:
-        while time.monotonic() < deadline and child.poll() is None:
-            if questions.is_dir() and any(questions.glob("*.json")):
-                break
-            time.sleep(0.05)
-        assert child.poll() is None, "the child finished before it could be killed"
-        child.send_signal(signal.SIGKILL)
-    finally:
-        child.kill()
-        child.wait(timeout=30)
-    done = list(questions.glob("*.json"))
-    assert 1 <= len(done) < 2 and not (out2 / "results.json").exists()
-    assert _evaluate(path2) == 0
-    assert _numbers(out2) == _numbers(out)
-    assert (out2 / "questions.jsonl").read_text() == (out / "questions.jsonl").read_text()
+    path2 = _kill_during_questions_then_rerun(tmp_path, config_text, out)
 
     # again, and with one more system: only that system's stages run
     from clarifyjax.config.evaluate import load_eval_config
@@ -278,10 +296,10 @@ def test_config_errors_name_the_key_and_file(tmp_path):
 
     path.write_text(base + "data: {situations: -3}\n")
     assert cli.main(["evaluate", str(path)]) == 2
-    from clarifyjax.config.evaluate import check_inputs
+    from clarifyjax.config.evaluate import check_eval_inputs
 
     with pytest.raises(ConfigError, match=r"systems\[0\]\.model: m: no such folder"):
-        check_inputs(load_eval_config(tmp_path / "e.yaml", ["data.situations=3"]))
+        check_eval_inputs(load_eval_config(tmp_path / "e.yaml", ["data.situations=3"]))
 
 
 def test_unanswerable_reads_the_situation_as_context(tmp_path):

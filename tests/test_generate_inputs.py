@@ -15,7 +15,7 @@ from clarifyjax.text.generator import Completion, Sampling, per_prompt
 
 
 def _write(path, lines):
-    path.write_text("\n".join(l if isinstance(l, str) else json.dumps(l) for l in lines) + "\n")
+    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
     return path
 
 

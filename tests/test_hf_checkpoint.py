@@ -18,7 +18,7 @@ from helpers.t5_builders import HF_TINY as TINY, make_hf_t5, padded_batch
 
 from clarifyjax.models.safetensors_io import CheckpointError
 from clarifyjax.models.hf import load_t5, save_t5
-from clarifyjax.models.hf.t5_map import tensor_maps
+from clarifyjax.models.hf.t5_map import t5_tensor_maps
 from clarifyjax.models.t5 import T5Config
 
 
@@ -176,7 +176,7 @@ def test_redundant_copies_are_ignored(hf_folder):
 def test_tensor_maps_cover_every_parameter_once():
     for ff, tie in [("relu", True), ("gated-gelu", False)]:
         config = T5Config(**{**TINY, "feed_forward_proj": ff, "tie_word_embeddings": tie})
-        maps = tensor_maps(config)
+        maps = t5_tensor_maps(config)
         names = [tm.hf_name for tm in maps.values()]
         assert len(names) == len(set(names))
         per_layer = 8 if ff == "relu" else 9  # norm, q, k, v, o, norm, wi (or wi_0, wi_1), wo

@@ -1,11 +1,11 @@
 """The packages' one-way dependency rule (docs/architecture.md, "Layers"), read from the source.
 
-Every module of clarifyjax/ and sage_jax/ is placed in a layer below. A module may import modules
-of lower layers, and of its own layer only where SAME_LAYER names the pair; never anything above
-it. Imports inside functions count too: a lazy import is still a dependency. A new module must be
-placed here, so the rule cannot erode unnoticed.
-
-There are no exceptions: any import against the rule fails.
+Each subpackage of clarifyjax/ (and sage_jax's three parts) is one unit of the table below, lowest
+first. A module may import modules of its own unit and of units below it, never of a unit above.
+There are no per-module exceptions. Imports inside functions count too: a lazy import is still a
+dependency. On top of the layers, no module depends on itself through others (no import cycle,
+lazy imports included), no module imports another's private names, and the pure-math modules use
+jax, optax and numpy only, so that research code can paste them.
 """
 from __future__ import annotations
 
@@ -18,111 +18,30 @@ from conftest import REPO_ROOT
 
 PACKAGES = ("clarifyjax", "sage_jax")
 
-# Lowest first.
-LAYERS: dict[str, tuple[str, ...]] = {
-    # Import nothing of the packages: anyone may import them.
-    "foundation": ("clarifyjax", "clarifyjax.models", "clarifyjax.core.sharding",
-                   "clarifyjax.core.distributed", "clarifyjax.text.formats", "clarifyjax.core.metrics_log",
-                   "clarifyjax.training.optim", "clarifyjax.core.buckets", "clarifyjax.core.ranges", "clarifyjax.core.traces",
-                   "clarifyjax.files.textfiles"),
-    # Arrays in, arrays out: jax, optax and numpy only (research code pastes these).
-    "pure math": ("clarifyjax.rl.ppo", "clarifyjax.reward.jsd", "clarifyjax.evaluation.answer_spans",
-                  "sage_jax.metric"),
-    # Models: jax, flax, numpy, their own files and the foundation.
-    "models": ("clarifyjax.models.safetensors_io", "clarifyjax.models.t5_layers",
-               "clarifyjax.models.t5", "clarifyjax.models.encoder",
-               "clarifyjax.models.hf.encoder_map", "clarifyjax.models.hf.t5_map",
-               "clarifyjax.models.hf", "clarifyjax.models.causal_lm",
-               "clarifyjax.models.hf.causal_lm_map",
-               "clarifyjax.models.deberta", "clarifyjax.models.hf.deberta_map",
-               "clarifyjax.models.tiny", "clarifyjax.models.value", "clarifyjax.models.state"),
-    # Building blocks over the models: configs, tokenizers, decoding, files, data formats.
-    "building blocks": ("clarifyjax.files.tables", "clarifyjax.config.loader", "clarifyjax.config.model_config", "clarifyjax.config",
-                        "clarifyjax.text.tokenizer", "clarifyjax.decoding",
-                        "clarifyjax.files.child_result", "clarifyjax.files.chunkstore", "sage_jax.lexical",
-                        "clarifyjax.text.generator", "clarifyjax.serve.http_server", "clarifyjax.data.discriminator",
-                        "clarifyjax.evaluation.bertscore", "sage_jax.run.prompts"),
-    # Components: the models' roles (seq2seq, judge, NLI filter, rollouts, SFT step), data,
-    # checkpoints, the reward settings of score-questions.
-    "components": ("clarifyjax.data", "clarifyjax.data.situations", "clarifyjax.config.score",
-                   "clarifyjax.decoding.seq2seq", "clarifyjax.reward.judge", "clarifyjax.reward.nli", "clarifyjax.rl.policy",
-                   "clarifyjax.rl.rollout", "clarifyjax.training.sft", "clarifyjax.training.checkpointing",
-                   "clarifyjax.training.run_record", "clarifyjax.decoding.local_lm", "clarifyjax.serve.openai_api",
-                   "clarifyjax.config.evaluate", "clarifyjax.evaluation.metrics",
-                   "clarifyjax.evaluation.stage_cache", "clarifyjax.evaluation.report", "clarifyjax.evaluation.qa_metric",
-                   "sage_jax.data", "clarifyjax.models.embedder", "sage_jax.report", "sage_jax.parascore",
-                   "sage_jax.run.generators", "sage_jax.run.config", "sage_jax.run.stages"),
-    # Pipelines: the composed reward, the training programs and loops, the dry run.
-    "pipelines": ("clarifyjax.reward.pipeline", "clarifyjax.training.memory_plan", "clarifyjax.training.programs",
-                  "clarifyjax.training.loops", "clarifyjax.training.dryrun", "sage_jax", "clarifyjax.serve.batch_job",
-                  "clarifyjax.app.clarifier", "clarifyjax.app.options", "clarifyjax.evaluation.baselines",
-                  "clarifyjax.evaluation.evaluate", "sage_jax.scoring", "sage_jax.run.pipeline",
-                  "sage_jax.run.report"),
-    # Commands: nothing imports them (but the demo, which runs the others).
-    "commands": ("clarifyjax.cli", "clarifyjax.__main__", "clarifyjax.demo", "sage_jax.cli",
-                 "clarifyjax.app.ask", "clarifyjax.app.interact", "clarifyjax.app.web"),
-}
+# Lowest first: the units, each a subpackage (or sage_jax's top-level modules, or a command).
+LAYERS: tuple[str, ...] = (
+    "clarifyjax.core",        # meshes, multi-host start, buckets, ranges, traces, logging, registry
+    "clarifyjax.files",       # a user's files: text, tables, chunks, child results
+    "clarifyjax.models",      # T5, encoders, DeBERTa, causal LMs, embedder; checkpoint folders (hf/)
+    "clarifyjax.text",        # tokenizers, the models' input formats, the text-generator interface
+    "clarifyjax.decoding",    # generate and score, the seq2seq runner, LocalLM
+    "clarifyjax.rl",          # PPO math, policy and value functions, value model, rollouts
+    "clarifyjax.config",      # run configs: loader, schema, reward sections, score/evaluate configs
+    "clarifyjax.data",        # training data: pairs, batches, discriminator rows, situations
+    "clarifyjax.reward",      # JSD, judge, NLI filter, the reward pipeline, score-questions
+    "clarifyjax.training",    # optimizer, SFT, builders, programs, loops, dry run, checkpoints
+    "clarifyjax.evaluation",  # evaluate, baselines, metrics, report, QA metric, BERTScore
+    "clarifyjax.serve",       # HTTP plumbing, the OpenAI-compatible server, batch generation
+    "clarifyjax.app",         # the clarifier, ask, interact, web
+    "sage_jax",               # SaGE: the metric, data, lexical baselines, ParaScore, scoring
+    "sage_jax.run",           # sage-jax run: config, presets, generators, stages, pipeline, report
+    "sage_jax.cli",           # sage-jax score / run
+    "clarifyjax",             # the clarifyjax command (cli, __main__) and make demo (demo)
+)
 
-# Same-layer imports that are part of the design (importer, imported).
-SAME_LAYER: set[tuple[str, str]] = {
-    ("clarifyjax.models.t5", "clarifyjax.models.t5_layers"),
-    ("clarifyjax.models.hf", "clarifyjax.models.t5"),
-    ("clarifyjax.models.hf", "clarifyjax.models.safetensors_io"),
-    ("clarifyjax.models.hf", "clarifyjax.models.encoder"),
-    ("clarifyjax.models.hf", "clarifyjax.models.hf.encoder_map"),
-    ("clarifyjax.models.hf", "clarifyjax.models.hf.t5_map"),
-    ("clarifyjax.models.hf", "clarifyjax.models.causal_lm"),
-    ("clarifyjax.models.t5", "clarifyjax.models.state"),
-    ("clarifyjax.models.causal_lm", "clarifyjax.models.state"),
-    ("clarifyjax.models.hf", "clarifyjax.models.hf.causal_lm_map"),
-    ("clarifyjax.models.hf.causal_lm_map", "clarifyjax.models.causal_lm"),
-    ("clarifyjax.models.hf.causal_lm_map", "clarifyjax.models.safetensors_io"),
-    ("clarifyjax.models.hf.t5_map", "clarifyjax.models.t5"),
-    ("clarifyjax.models.hf.t5_map", "clarifyjax.models.safetensors_io"),
-    ("clarifyjax.models.encoder", "clarifyjax.models.safetensors_io"),
-    ("clarifyjax.models.hf.encoder_map", "clarifyjax.models.safetensors_io"),
-    ("clarifyjax.models.hf.encoder_map", "clarifyjax.models.encoder"),
-    ("clarifyjax.models.deberta", "clarifyjax.models.encoder"),
-    ("clarifyjax.models.hf.deberta_map", "clarifyjax.models.deberta"),
-    ("clarifyjax.models.hf.deberta_map", "clarifyjax.models.encoder"),
-    ("clarifyjax.models.hf.deberta_map", "clarifyjax.models.safetensors_io"),
-    ("clarifyjax.models.hf.deberta_map", "clarifyjax.models.hf.t5_map"),
-    ("clarifyjax.models.hf", "clarifyjax.models.deberta"),
-    ("clarifyjax.models.hf", "clarifyjax.models.hf.deberta_map"),
-    ("clarifyjax.config.model_config", "clarifyjax.config.loader"),
-    ("clarifyjax.config", "clarifyjax.config.loader"),
-    ("clarifyjax.config", "clarifyjax.config.model_config"),
-    ("clarifyjax.data.situations", "clarifyjax.data"),
-    ("clarifyjax.data.discriminator", "clarifyjax.files.tables"),
-    ("clarifyjax.reward.judge", "clarifyjax.decoding.seq2seq"),
-    ("clarifyjax.rl.rollout", "clarifyjax.rl.policy"),
-    ("clarifyjax.models.value", "clarifyjax.models.t5"),
-    ("clarifyjax.models.value", "clarifyjax.models.t5_layers"),
-    ("clarifyjax.training.loops", "clarifyjax.training.programs"),
-    ("clarifyjax.training.loops", "clarifyjax.reward.pipeline"),
-    ("clarifyjax.training.dryrun", "clarifyjax.training.programs"),
-    ("clarifyjax.training.dryrun", "clarifyjax.training.memory_plan"),
-    ("clarifyjax.__main__", "clarifyjax.cli"),
-    ("clarifyjax.evaluation.baselines", "clarifyjax.reward.pipeline"),
-    ("clarifyjax.evaluation.report", "clarifyjax.evaluation.metrics"),
-    ("clarifyjax.evaluation.evaluate", "clarifyjax.reward.pipeline"),
-    ("clarifyjax.evaluation.evaluate", "clarifyjax.evaluation.baselines"),
-    ("clarifyjax.demo", "sage_jax.cli"),
-    ("clarifyjax.app.clarifier", "clarifyjax.reward.pipeline"),
-    ("clarifyjax.app.options", "clarifyjax.app.clarifier"),
-    # cli registers the commands that live in their own modules; they use its registry and helpers
-    ("clarifyjax.cli", "clarifyjax.app.ask"),
-    ("clarifyjax.cli", "clarifyjax.app.interact"),
-    ("clarifyjax.cli", "clarifyjax.app.web"),
-    ("clarifyjax.app.ask", "clarifyjax.cli"),
-    ("clarifyjax.app.interact", "clarifyjax.cli"),
-    ("clarifyjax.app.web", "clarifyjax.cli"),
-    ("sage_jax.run.pipeline", "sage_jax.run.report"),
-    ("sage_jax.run.report", "sage_jax.scoring"),
-    ("sage_jax.lexical", "clarifyjax.evaluation.bertscore"),
-}
-
-
+# Arrays in, arrays out: research code pastes these (jax, optax and numpy only).
+PURE_MATH = ("clarifyjax.rl.ppo", "clarifyjax.reward.jsd", "clarifyjax.evaluation.answer_spans",
+             "sage_jax.metric")
 PURE_MATH_IMPORTS = {"jax", "optax", "numpy", "math", "typing", "dataclasses", "functools",
                      "__future__", "collections", "enum"}
 
@@ -138,6 +57,12 @@ def all_modules() -> dict[str, Path]:
     return {module_name(p): p for pkg in PACKAGES for p in sorted((REPO_ROOT / pkg).rglob("*.py"))}
 
 
+def unit_of(module: str) -> str:
+    """The longest unit of LAYERS that is `module` or a package above it."""
+    units = [u for u in LAYERS if module == u or module.startswith(u + ".")]
+    return max(units, key=len)
+
+
 def imports_of(path: Path, known: set[str]) -> set[str]:
     """Every module `path` imports, at any depth of the file (`from pkg import sub` is pkg.sub
     when that is one of `known`)."""
@@ -151,45 +76,135 @@ def imports_of(path: Path, known: set[str]) -> set[str]:
     return found
 
 
-def violations() -> set[tuple[str, str]]:
+def graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports."""
     modules = all_modules()
-    layer = {m: i for i, names in enumerate(LAYERS.values()) for m in names}
-    wrong = set()
-    for name, path in modules.items():
-        for target in imports_of(path, set(modules)):
-            if target.split(".")[0] not in PACKAGES or target == name:
-                continue
-            if layer[target] > layer[name] or (layer[target] == layer[name]
-                                               and (name, target) not in SAME_LAYER):
-                wrong.add((name, target))
-    return wrong
+    return {name: {t for t in imports_of(path, set(modules)) if t in modules and t != name}
+            for name, path in modules.items()}
 
 
-def test_every_module_is_placed_in_a_layer():
-    placed = {m for names in LAYERS.values() for m in names}
+def violations(edges: dict[str, set[str]] | None = None) -> set[tuple[str, str]]:
+    rank = {u: i for i, u in enumerate(LAYERS)}
+    return {(a, b) for a, targets in (edges or graph()).items() for b in targets
+            if rank[unit_of(b)] > rank[unit_of(a)]}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_module_is_in_a_unit_and_every_unit_exists():
     modules = set(all_modules())
-    assert not modules - placed, f"place these in LAYERS: {sorted(modules - placed)}"
-    assert not placed - modules, f"LAYERS names modules that do not exist: {sorted(placed - modules)}"
+    for unit in LAYERS:
+        assert unit in modules, f"LAYERS names a unit that does not exist: {unit}"
+    # every module falls in a unit (unit_of raises on none), and every subpackage is a unit
+    packages = {module_name(p.parent / "__init__.py") for pkg in PACKAGES
+                for p in (REPO_ROOT / pkg).rglob("__init__.py")}
+    units = {unit_of(m) for m in modules}
+    nested = {"clarifyjax.models.hf"}  # the checkpoint maps, inside the models unit
+    assert packages - nested <= set(LAYERS), f"make these units: {sorted(packages - set(LAYERS))}"
+    assert units == set(LAYERS)
 
 
 def test_imports_point_down():
-    layer_name = {m: n for n, names in LAYERS.items() for m in names}
-    new = sorted(violations())
-    assert not new, "imports against the layering:\n  " + "\n  ".join(
-        f"{a} ({layer_name[a]}) imports {b} ({layer_name[b]})" for a, b in new)
+    wrong = sorted(violations())
+    assert not wrong, "imports against the layering:\n  " + "\n  ".join(
+        f"{a} ({unit_of(a)}) imports {b} ({unit_of(b)})" for a, b in wrong)
 
 
-def test_same_layer_pairs_exist():
-    modules = all_modules()
-    stale = sorted(pair for pair in SAME_LAYER
-                   if pair[1] not in imports_of(modules[pair[0]], set(modules)))
-    assert not stale, f"SAME_LAYER names imports that are gone: {stale}"
+def test_the_rule_catches_an_upward_import():
+    """The checks themselves: a model importing the reward pipeline, and a cycle, are reported."""
+    real = graph()
+    fake = {**real, "clarifyjax.models.t5": real["clarifyjax.models.t5"] | {"clarifyjax.reward.pipeline"}}
+    assert violations(fake) - violations(real) == {("clarifyjax.models.t5", "clarifyjax.reward.pipeline")}
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
-@pytest.mark.parametrize("name", LAYERS["pure math"])
+def test_no_import_cycles_lazy_imports_included():
+    found = cycles(graph())
+    assert not found, "import cycles:\n  " + "\n  ".join(" <-> ".join(c) for c in found)
+
+
+def test_only_the_commands_import_sage_jax():
+    users = sorted(a for a, targets in graph().items() if a.startswith("clarifyjax")
+                   and any(t.startswith("sage_jax") for t in targets))
+    assert users == ["clarifyjax.demo"], users
+
+
+@pytest.mark.parametrize("name", PURE_MATH)
 def test_pure_math_imports_jax_optax_numpy_only(name):
     imported = {m.split(".")[0] for m in imports_of(all_modules()[name], set())}
     assert imported <= PURE_MATH_IMPORTS, sorted(imported - PURE_MATH_IMPORTS)
+
+
+def private_uses(path: Path, modules: dict[str, Path]) -> list[str]:
+    """`from m import _x` and `alias._x` where m / alias is another module of the packages."""
+    tree = ast.parse(path.read_text())
+    aliases: dict[str, str] = {}
+    uses = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in PACKAGES:
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    uses.append(f"from {node.module} import {a.name}")
+                if f"{node.module}.{a.name}" in modules:
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in modules and a.asname:
+                    aliases[a.asname] = a.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in aliases and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            uses.append(f"{aliases[node.value.id]}.{node.attr}")
+    return uses
+
+
+def test_no_module_uses_a_private_name_of_another():
+    modules = all_modules()
+    wrong = {name: uses for name, path in modules.items() if (uses := private_uses(path, modules))}
+    assert not wrong, wrong
+
+
+def test_each_subpackage_holds_2_to_10_modules():
+    for unit in LAYERS:
+        folder = REPO_ROOT / unit.replace(".", "/")
+        if not folder.is_dir() or unit in PACKAGES:
+            continue
+        count = len([p for p in folder.glob("*.py") if p.name != "__init__.py"])
+        assert 2 <= count <= 10, f"{unit} holds {count} modules"
 
 
 def test_the_packages_never_reach_into_launch_or_tests():

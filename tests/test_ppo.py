@@ -186,7 +186,7 @@ def _exact_kl(logits, ref_logits):
     return np.asarray(jnp.sum(jnp.exp(p) * (p - q), -1))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _toy_functions(config):
     """Jitted once per config and shared by the toy runs (beta lives in the state, not the trace)."""
     policy_tx, value_tx = optax.adam(0.05), optax.adam(0.05)
@@ -194,7 +194,7 @@ def _toy_functions(config):
     return policy_tx, value_tx, update, make_rollout
 
 
-def _run_toy(kl_coef, n_updates, config=ppo.PPOConfig(), seed=0):
+def _run_toy(kl_coef, n_updates, config=ppo.PPOUpdateConfig(), seed=0):
     ref = {"logits": jax.random.normal(jax.random.key(seed), (T, V)) * 0.3}
     values = {"v": jnp.zeros((T,))}
     policy_tx, value_tx, update, rollout_fn = _toy_functions(config)
@@ -270,7 +270,7 @@ def test_first_step_matches_numpy_sgd():
     and the policy carry -inf / NaN on padding, which must not reach the result.
     """
     lr, beta = 0.5, 0.15
-    cfg = ppo.PPOConfig(epochs=1, minibatches=1, vf_coef=0.7, gamma=0.9, lam=0.8)
+    cfg = ppo.PPOUpdateConfig(epochs=1, minibatches=1, vf_coef=0.7, gamma=0.9, lam=0.8)
     ref = {"logits": jax.random.normal(jax.random.key(5), (T, V))}
     policy = {"logits": ref["logits"] + 0.5 * jax.random.normal(jax.random.key(6), (T, V))}
     values = {"v": jax.random.normal(jax.random.key(7), (T,))}
@@ -325,7 +325,7 @@ def test_first_step_matches_numpy_sgd():
 
 
 def test_minibatches_epochs_and_adaptive_kl_in_state():
-    cfg = ppo.PPOConfig(epochs=2, minibatches=4)
+    cfg = ppo.PPOUpdateConfig(epochs=2, minibatches=4)
     tx = optax.adam(1e-2)
     ref = {"logits": jnp.zeros((T, V))}
     values = {"v": jnp.zeros((T,))}
@@ -340,9 +340,9 @@ def test_minibatches_epochs_and_adaptive_kl_in_state():
     assert float(new_state.kl_ctl.target) == pytest.approx(1e-6)
     # 8 Adam steps were taken: the count lives in the optimizer state
     assert int(new_state.policy_opt_state[0].count) == cfg.epochs * cfg.minibatches
-    with pytest.raises(ValueError, match="not divisible by PPOConfig.minibatches=5"):
+    with pytest.raises(ValueError, match="not divisible by PPOUpdateConfig.minibatches=5"):
         jax.jit(ppo.make_ppo_update(policy_logprobs, bandit_values, tx, tx,
-                                    ppo.PPOConfig(minibatches=5)))(state, roll, jax.random.key(0))
+                                    ppo.PPOUpdateConfig(minibatches=5)))(state, roll, jax.random.key(0))
     with pytest.raises(ValueError, match="Rollout.rewards has shape"):
         update(state, roll._replace(rewards=roll.rewards[:3]), jax.random.key(0))
 
@@ -356,7 +356,7 @@ from clarifyjax.files.child_result import write_result
 
 mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
 tx = optax.adam(0.05)
-cfg = ppo.PPOConfig(epochs=2, minibatches=2)
+cfg = ppo.PPOUpdateConfig(epochs=2, minibatches=2)
 update = ppo.make_ppo_update(tp.policy_logprobs, tp.bandit_values, tx, tx, cfg)
 ref = {"logits": jax.random.normal(jax.random.key(0), (tp.T, tp.V))}
 values = {"v": jnp.zeros((tp.T,))}

@@ -22,7 +22,7 @@ from helpers.tiny_models import tiny_classifier_folder, tiny_nli_folder, tiny_t5
 from conftest import require, shared_data
 from clarifyjax.text import formats as text_lib
 from clarifyjax.reward.judge import ClassifierJudge, Judge
-from clarifyjax.decoding.seq2seq import Sampling, Seq2SeqModel
+from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
 from clarifyjax.reward.nli import NLIFilter, NLIResult
 from clarifyjax.reward.jsd import RewardNormalizer
 from clarifyjax.reward.pipeline import PipelineConfig, RewardPipeline, stage_sampling
@@ -46,7 +46,7 @@ def models(tmp_path_factory):
     fusion = Seq2SeqModel.from_pretrained(tiny_t5_folder(tmp_path_factory, family="v1.1",
                                                          seed=12, initializer_factor=3.0))
     judge = Judge.from_pretrained(tiny_t5_folder(tmp_path_factory, seed=13),
-                                  judgment=Sampling(max_new_tokens=6))
+                                  judgment=Seq2SeqSampling(max_new_tokens=6))
     nli = NLIFilter.from_pretrained(tiny_nli_folder(tmp_path_factory, seed=14), batch_size=128)
     return answerer, fusion, judge, nli
 

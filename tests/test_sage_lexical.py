@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import csv
-import math
 from collections import defaultdict
 
 import numpy as np

@@ -291,7 +291,8 @@ BAD_FILES = [
      "{f}:3: field 'model_output' is a JSON array or object"),
     ("surrogate.jsonl", (GOOD_JSONL + '{"question_id": 1, "model_output": "x \\ud800 y"}\n').encode(),
      "{f}:3: field 'model_output' holds '\\ud800' (a lone surrogate)"),
-    ("low_surrogate.jsonl", b'{"question_id": 2, "model_output": "ok"}\n{"question_id": "\\udfff", "model_output": "a"}\n',
+    ("low_surrogate.jsonl",
+     b'{"question_id": 2, "model_output": "ok"}\n{"question_id": "\\udfff", "model_output": "a"}\n',
      "{f}:2: field 'question_id' holds '\\udfff'"),
     ("array.jsonl", b'["question_id", "model_output"]\n', "{f}:1: expected a JSON object"),
     ("truncated.jsonl", (GOOD_JSONL + '{"question_id": 1, "model_output": \n').encode(), "{f}:3: malformed JSON"),
@@ -407,7 +408,7 @@ def test_edge_weights_outside_minus_one_one_name_the_line(tmp_path, capsys, no_m
     def edit(rows):
         rows[13][12] = value  # question 2, pair (0, 4): line 15
     path = pairs_file(tmp_path / "w.csv", edit)
-    with pytest.raises(DataError, match=rf"w\.csv:15: column 'cosine_rot' "):
+    with pytest.raises(DataError, match=r"w\.csv:15: column 'cosine_rot' "):
         read_questions(path, weight_columns=["cosine_rot"])
     rc, _, err = score(capsys, path, *edge_args(tmp_path / "out"))
     assert rc == 2

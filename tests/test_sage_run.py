@@ -11,10 +11,8 @@ end to end, directly and behind `clarifyjax serve`: tests/helpers/scripted_llm.p
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -77,13 +75,14 @@ def _shared_embedder(request):
 
 
 def make_run(raw, generator_of=lambda c: FakeGenerator(name=c.model)):
-    cfg = build_root(run_config.RunConfig, raw)
+    cfg = build_root(run_config.SageRunConfig, raw)
     return pipeline.Run(cfg, generators=pipeline.Generators(lambda c, b, p: generator_of(c)),
                         screen=fake_screen(), embedder=SHARED.get("embedder"))
 
 
 def stage_rows(out: Path) -> dict[str, list[dict]]:
-    return {str(p.parent.relative_to(out / "stages")): read_jsonl(p) for p in sorted((out / "stages").rglob("rows.jsonl"))}
+    return {str(p.parent.relative_to(out / "stages")): read_jsonl(p)
+            for p in sorted((out / "stages").rglob("rows.jsonl"))}
 
 
 @pytest.mark.slow  # the first scoring run of the module: the embedder's, BERTScore's and SaGE's compiles
@@ -182,8 +181,8 @@ def test_kill_9_during_a_stage_then_the_same_command_gives_the_uninterrupted_out
 
 def test_unusable_text_fails_every_row_within_the_cap_and_the_report_counts_them(tmp_path, embedder):
     raw = config(tmp_path, **{"paraphrase.source": "file", "answer.max_attempts": 3, "answer.batch_size": 7,
-                              "score.bertscore": False, "score.embedder": embedder, "models": [{"name": "m1", "generator": {"kind": "local",
-                                                                                                "model": "bad"}}]})
+                              "score.bertscore": False, "score.embedder": embedder,
+                              "models": [{"name": "m1", "generator": {"kind": "local", "model": "bad"}}]})
     fakes = []
 
     def generator_of(c):
@@ -221,17 +220,18 @@ def test_recorded_outputs_score_as_sage_jax_score_does(tmp_path, embedder):
     from sage_jax import cli, scoring
 
     src = shared_data(Q100)
-    raw = config(tmp_path, **{"paraphrase.source": "file", "score.bertscore": False, "score.embedder": embedder, "score.lexical": False,
+    raw = config(tmp_path, **{"paraphrase.source": "file", "score.bertscore": False, "score.embedder": embedder,
+                              "score.lexical": False,
                               "models": [{"name": "gpt", "generator": {"kind": "file", "model": str(src)}}],
                               "rot.generator": {"kind": "file", "model": str(src), "column": "rot"}})
-    cfg = build_root(run_config.RunConfig, raw)
+    cfg = build_root(run_config.SageRunConfig, raw)
     pipeline.Run(cfg, embedder=SHARED["embedder"]).run()  # the recorded generators, as the config builds them
     long = tmp_path / "out" / "report" / "gpt.answers.csv"
     ours = {r["question_id"]: r for r in _csv(tmp_path / "out" / "report" / "gpt.per_question.csv")}
     assert len(ours) == 20
     for text, column in (("answer", "sage_answer"), ("rot", "sage_rot"), ("blend", "sage_blend")):
         # what `sage-jax score FILE --text TEXT` computes, with the same embedder object
-        args = cli.build_parser().parse_args(["score", str(long), "--text", text, "--out", str(tmp_path / text),
+        args = cli.build_sage_parser().parse_args(["score", str(long), "--text", text, "--out", str(tmp_path / text),
                                               "--no-lexical", "--no-bertscore", "--quiet", "--embedder", embedder])
         cli.check_options(args)
         item = scoring.Loaded(long, "gpt", args)
@@ -255,8 +255,8 @@ def _csv(path):
 def test_two_processes_take_their_shares_and_the_report_merges_them(tmp_path, embedder):
     from sage_jax.run.stages import StageError
 
-    shares = [config(tmp_path, **{"hosts": {"process_index": i, "process_count": 2}, "score.bertscore": False, "score.embedder": embedder,
-                                  "score.lexical": False}) for i in range(2)]
+    shares = [config(tmp_path, **{"hosts": {"process_index": i, "process_count": 2}, "score.bertscore": False,
+                                  "score.embedder": embedder, "score.lexical": False}) for i in range(2)]
     make_run(shares[0]).run(GEN)
     with pytest.raises(StageError, match="process p1of2"):
         make_run(shares[0]).run(("score",))
@@ -433,7 +433,7 @@ def test_the_pipeline_with_a_tiny_local_causal_lm(tmp_path, embedder, scripted):
     and the report."""
     raw = local_lm_run(tmp_path, embedder, {"kind": "local", "model": scripted}, "tiny")
     raw.update({"answer": {**raw["answer"], "batch_size": 128}, "rot": {**raw["rot"], "batch_size": 128}})
-    cfg = build_root(run_config.RunConfig, raw)
+    cfg = build_root(run_config.SageRunConfig, raw)
     summary = pipeline.Run(cfg, embedder=SHARED["embedder"]).run()
     check_scripted_run(tmp_path / "out", summary, "tiny")
 
@@ -450,39 +450,8 @@ def test_the_pipeline_through_clarifyjax_serve_with_the_openai_client(tmp_path, 
     with BackgroundServer(OpenAIServer(LocalLM(scripted, batch_size=32), name="served").app) as server:
         remote = {"kind": "openai", "base_url": server.url + "/v1", "model": "served", "concurrency": 4}
         raw = local_lm_run(tmp_path, embedder, remote, "served")
-        summary = pipeline.Run(build_root(run_config.RunConfig, raw), embedder=SHARED["embedder"]).run()
+        summary = pipeline.Run(build_root(run_config.SageRunConfig, raw), embedder=SHARED["embedder"]).run()
     check_scripted_run(tmp_path / "out", summary, "served")
-
-
-@pytest.mark.parametrize("name", ["run_local.yaml", "run_endpoint.yaml", "run_recorded.yaml"])
-def test_the_example_configs_load(name):
-    # in configs/sage/: configs/*.yaml are the training configs that tests/test_config*.py load
-    cfg = run_config.load_run_config(REPO_ROOT / "configs" / "sage" / name, ["limit=5"])
-    assert cfg.models and cfg.limit == 5
-
-
-def test_the_presets_parse_as_the_reference_with_its_bugs_fixed():
-    from sage_jax.run import prompts as P
-
-    # first line kept, an "Answer:" prefix stripped; "Answering..." (no colon) no longer crashes
-    assert P.parse_answer("Answer: Be kind.\nmore") == ("Be kind.", None)
-    assert P.parse_answer("Answering this needs care.") == ("Answering this needs care.", None)
-    assert P.parse_answer("# Title")[1] == "answer starts with '#'"
-    assert P.parse_answer("use `x`")[1] == "answer holds a backtick"
-    assert P.parse_answer("  \n")[1] == "empty answer"
-    # "Rule of Thumb:" only as a prefix, not inside the rule
-    assert P.parse_rot("Rule of Thumb: It is good to help.\nx") == ("It is good to help.", None)
-    assert P.parse_rot("Follow the Rule of Thumb: be fair.") == ("Follow the Rule of Thumb: be fair.", None)
-    assert P.parse_rot("RoT:   ")[1] == "empty rule of thumb"
-    # code: >= 0.6; paper: > 0.8
-    code, paper = P.PRESETS["code"], P.PRESETS["paper"]
-    assert P.passes(0.6, code.parascore_threshold, code.parascore_inclusive)
-    assert not P.passes(0.8, paper.parascore_threshold, paper.parascore_inclusive)
-    assert P.passes(0.8001, paper.parascore_threshold, paper.parascore_inclusive)
-    # the paper's one-shot prompt is the code's with its first example only
-    assert paper.paraphrase_template.count("\n1. ") == 1 and "\n2. " not in paper.paraphrase_template
-    assert code.paraphrase_template.count("\n20. ") == 1
-    assert P.answer_prompt("Q?", chat=True)[1]["content"].endswith("Question: Q?")
 
 
 def test_rows_whose_prompt_cannot_fit_the_context_fail_without_stopping_the_stage(tmp_path):

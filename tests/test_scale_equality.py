@@ -38,7 +38,7 @@ from clarifyjax.rl import ppo
 from clarifyjax.training import sft
 from clarifyjax.rl import policy
 from clarifyjax.models.state import split_model
-from clarifyjax.models.value import ValueModel
+from clarifyjax.rl.value import ValueModel
 from clarifyjax.core import sharding as sh
 from clarifyjax.models.t5 import T5, T5Config
 
@@ -109,7 +109,7 @@ rollout = ppo.Rollout(query_ids=qi, query_mask=qm, response_ids=ri, response_mas
 ptx, vtx = optax.sgd(0.005), optax.sgd(0.005)
 ppo_state = ppo.init_ppo_state(pol, val, ptx, vtx)
 update = jax.jit(ppo.make_ppo_update(logp_fn, value_fn, ptx, vtx,
-                                     ppo.PPOConfig(epochs=2, minibatches=2)))
+                                     ppo.PPOUpdateConfig(epochs=2, minibatches=2)))
 ppo_state, ppo_metrics = update(ppo_state, rollout, jax.random.key(3))
 for p, v in gather({"policy": ppo_state.policy_params, "value": ppo_state.value_params}).items():
     dumps["ppo" + p] = v

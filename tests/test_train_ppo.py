@@ -1,4 +1,4 @@
-"""The PPO adapters (clarifyjax.rl.policy, clarifyjax.models.value, clarifyjax.rl.rollout) against
+"""The PPO adapters (clarifyjax.rl.policy, clarifyjax.rl.value, clarifyjax.rl.rollout) against
 independent code paths, and the PPO loop
 (clarifyjax.training.loops.train_ppo) on a toy reward: the mean reward must rise, the KL stay bounded."""
 import json
@@ -18,7 +18,7 @@ from clarifyjax.core import traces
 
 from clarifyjax.training import loops as train
 from clarifyjax.models.state import copy_params, split_model
-from clarifyjax.models.value import ValueModel
+from clarifyjax.rl.value import ValueModel
 from clarifyjax.models.t5 import T5, T5Config, shift_right
 from conftest import shared_data
 from helpers.ppo_runs import lower_half_share, ppo_config

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 from clarifyjax.app.options import add_models_options, load_clarifier, load_models
-from clarifyjax.cli import CLIError, _json_line, subcommand
+from clarifyjax.core.commands import CLIError, json_line, subcommand
 from clarifyjax.core.ranges import number_type
 
 FORMATS = {".jsonl": "jsonl", ".csv": "csv"}
@@ -64,7 +64,7 @@ def csv_row(row: dict) -> dict:
 
 def render(rows: list[dict], kind: str, where: list[str]) -> bytes:
     if kind == "jsonl":
-        return ("\n".join(_json_line(r, w) for r, w in zip(rows, where)) + "\n").encode("utf-8")
+        return ("\n".join(json_line(r, w) for r, w in zip(rows, where)) + "\n").encode("utf-8")
     flat = [csv_row(r) for r in rows]
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=list(flat[0]), lineterminator="\n")

@@ -20,7 +20,8 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import time
-from typing import Any, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -28,7 +29,7 @@ import numpy as np
 from clarifyjax.text import formats as text_lib
 from clarifyjax.config import ModelsConfig, PPOHyperparams
 from clarifyjax.reward.pipeline import RewardPipeline, load_pipeline, stage_sampling
-from clarifyjax.decoding.seq2seq import Sampling, Seq2SeqModel
+from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
 
 MAX_TURNS = 3  # paper §7: fusion degrades after the third turn
 CLASSES = text_lib.JUDGE_CLASSES  # ("bad", "ok", "good"): the order of every probability triple
@@ -46,8 +47,8 @@ class QuestionSampling(NamedTuple):
     min_new_tokens: int = 2
     candidates: int = 1
 
-    def sampling(self) -> Sampling:
-        return Sampling(self.max_new_tokens, self.temperature, top_p=self.top_p,
+    def sampling(self) -> Seq2SeqSampling:
+        return Seq2SeqSampling(self.max_new_tokens, self.temperature, top_p=self.top_p,
                         min_new_tokens=self.min_new_tokens)
 
 
@@ -94,7 +95,7 @@ class Clarifier:
 
     @classmethod
     def from_config(cls, models: ModelsConfig, questions: QuestionSampling = QuestionSampling(),
-                    *, backend: str = "hf") -> "Clarifier":
+                    *, backend: str = "hf") -> Clarifier:
         p = models.policy
         questioner = Seq2SeqModel.from_pretrained(
             p.init, tokenizer_path=p.tokenizer, dtype=p.dtype, backend=backend,
@@ -234,7 +235,7 @@ class Session:
     _answer: str | None = None
 
     @classmethod
-    def start(cls, situation: str, **kwargs) -> "Session":
+    def start(cls, situation: str, **kwargs) -> Session:
         situation = text_lib.normalize_whitespace(situation)
         if not situation:
             raise SessionError("the situation is empty")

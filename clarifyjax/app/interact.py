@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from clarifyjax.app.options import add_models_options, load_clarifier, load_models
-from clarifyjax.cli import subcommand
+from clarifyjax.core.commands import subcommand
 
 COMMANDS = {"/skip": "skip", "": "skip", "/another": "another", "/quit": "quit"}
 
@@ -65,7 +65,7 @@ def transcript_lines(sessions) -> list[str]:
             "your answer, the updated judgment (three turns); the transcript is saved as JSONL",
             _interact_options)
 def run_interact(args: argparse.Namespace) -> int:
-    from clarifyjax.cli import CLIError
+    from clarifyjax.core.commands import CLIError
     from clarifyjax.files.textfiles import atomic_write_bytes, check_output
 
     cfg = load_models(args)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from clarifyjax.app.options import add_models_options, load_clarifier, load_models
-from clarifyjax.cli import subcommand
+from clarifyjax.core.commands import subcommand
 
 STATIC = Path(__file__).resolve().parent / "web_static"
 MAX_BODY_BYTES = 64 * 1024

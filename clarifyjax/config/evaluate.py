@@ -27,7 +27,8 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import ClassVar, Literal, Optional, Sequence
+from typing import ClassVar, Literal
+from collections.abc import Sequence
 
 from clarifyjax.config import SHARED_DELTA_CLARIFY, RewardConfig
 from clarifyjax.config.loader import ConfigError, build_root, check_tree, read_yaml, refuse_changed
@@ -51,8 +52,8 @@ class SystemConfig:
     name: str = ""
     kind: Literal["ppo", "t5", "wh", "pipeline", "pipeline-nli", "why", "discriminator"] = "t5"
     model: str = ""
-    classifier: Optional[str] = None
-    data_fraction: Optional[float] = None
+    classifier: str | None = None
+    data_fraction: float | None = None
 
     _bounds: ClassVar = {"data_fraction": "(0, 1]"}
 
@@ -78,7 +79,7 @@ class EvalDataConfig:
     make one chunk of every stage (the unit of the cache)."""
 
     situations_path: str = f"{SHARED_DELTA_CLARIFY}/test.tsv"
-    situations: Optional[int] = None
+    situations: int | None = None
     batch_size: int = 32
 
     _bounds: ClassVar = {"situations": ">= 1", "batch_size": ">= 1"}
@@ -127,7 +128,7 @@ class InformativenessConfig:
     """The extractive QA model (a ``...ForQuestionAnswering`` folder): a question is unanswerable
     when the best span is the CLS position. ``qa: null`` leaves the metric out."""
 
-    qa: Optional[str] = None
+    qa: str | None = None
     max_length: int = 384
     batch_size: int = 64
 
@@ -139,10 +140,10 @@ class BERTScoreConfig:
     """`clarifyjax.evaluation.bertscore` over each question and its situation's gold questions (the max
     F1). ``model: null`` leaves the metric out; ``layer`` null: the model's default layer."""
 
-    model: Optional[str] = None
-    layer: Optional[int] = None
+    model: str | None = None
+    layer: int | None = None
     idf: bool = False
-    baseline: Optional[str] = None
+    baseline: str | None = None
     batch_size: int = 64
 
     _bounds: ClassVar = {"layer": ">= 0", "batch_size": ">= 1"}
@@ -157,11 +158,11 @@ class Table3Config:
     ``answerer_no_question``: one trained without it (null: the same ``answerer`` with the
     question left out of its input). ``path: null`` leaves the table out."""
 
-    path: Optional[str] = None
-    answerer: Optional[str] = None
-    answerer_no_question: Optional[str] = None
+    path: str | None = None
+    answerer: str | None = None
+    answerer_no_question: str | None = None
     question_column: str = "question_davinci"
-    groups: Optional[int] = None
+    groups: int | None = None
     max_length: int = 32
     max_input_length: int = 128
 
@@ -231,7 +232,7 @@ def eval_config_from_dict(raw, overrides: Sequence[str] = (), *, source: str = "
     return build_root(EvalConfig, raw, overrides, source=source)
 
 
-def model_folders(cfg: EvalConfig) -> dict[str, str]:
+def eval_model_folders(cfg: EvalConfig) -> dict[str, str]:
     """key -> folder of every model the config names (None values left out)."""
     folders = {}
     for i, system in enumerate(cfg.systems):
@@ -249,7 +250,7 @@ def model_folders(cfg: EvalConfig) -> dict[str, str]:
     return {k: v for k, v in folders.items() if v is not None}
 
 
-def check_inputs(cfg: EvalConfig, source: str = "the config") -> None:
+def check_eval_inputs(cfg: EvalConfig, source: str = "the config") -> None:
     """Before any model loads: every model folder and data file the config names exists.
 
     Raises:
@@ -257,7 +258,7 @@ def check_inputs(cfg: EvalConfig, source: str = "the config") -> None:
     """
     from clarifyjax.files.tables import DataError, resolve_data_path
 
-    for key, folder in model_folders(cfg).items():
+    for key, folder in eval_model_folders(cfg).items():
         if not Path(folder).is_dir():
             raise ConfigError(f"{source}: {key}: {folder}: "
                               + ("not a folder" if Path(folder).exists() else "no such folder"),

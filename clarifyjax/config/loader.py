@@ -27,7 +27,8 @@ import os
 import types
 import typing
 from pathlib import Path
-from typing import Any, Literal, Mapping, Sequence, Union
+from typing import Any, Literal, Union
+from collections.abc import Mapping, Sequence
 
 import yaml
 
@@ -161,12 +162,12 @@ def _merge(base: dict, top: Mapping) -> dict:
     return out
 
 
-@functools.lru_cache(maxsize=None)  # evaluating string annotations is most of a load's time
+@functools.cache  # evaluating string annotations is most of a load's time
 def _hints(cls) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _field_names(cls) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(cls))
 

@@ -6,7 +6,7 @@ Split from `clarifyjax.config` (which re-exports these names); standard library 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Literal, Optional
+from typing import Any, ClassVar, Literal
 
 from clarifyjax.config.loader import ConfigError
 
@@ -25,9 +25,9 @@ class TinyModelSpec:
     d_model: int = 64
     d_ff: int = 128
     num_layers: int = 2
-    num_decoder_layers: Optional[int] = None  # None: same as num_layers
+    num_decoder_layers: int | None = None  # None: same as num_layers
     num_heads: int = 4
-    d_kv: Optional[int] = None  # None: d_model // num_heads
+    d_kv: int | None = None  # None: d_model // num_heads
     feed_forward_proj: Literal["relu", "gated-gelu"] = "gated-gelu"
     tie_word_embeddings: bool = False
     relative_attention_num_buckets: int = 32
@@ -64,14 +64,14 @@ class ModelConfig:
     role reads only some keys (`PPO_UNUSED_MODEL_KEYS`); the others are refused there.
     """
 
-    init: Optional[str] = None
-    tiny: Optional[TinyModelSpec] = None
-    tokenizer: Optional[str] = None
+    init: str | None = None
+    tiny: TinyModelSpec | None = None
+    tokenizer: str | None = None
     dtype: DTypeName = "float32"  # compute
     param_dtype: DTypeName = "float32"  # storage
     max_input_length: int = 128
     max_target_length: int = 64
-    dropout_rate: Optional[float] = None  # None: the checkpoint's (or 0 for a tiny model)
+    dropout_rate: float | None = None  # None: the checkpoint's (or 0 for a tiny model)
 
     _shorthand: ClassVar = "init"  # a bare string in YAML means {init: <string>}
     _bounds: ClassVar = {"max_input_length": ">= 2", "max_target_length": ">= 2",

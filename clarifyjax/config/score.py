@@ -21,7 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
 
 from clarifyjax.config.loader import ConfigError, build_root, read_yaml
 from clarifyjax.core.ranges import number_type
@@ -221,7 +222,7 @@ def _build(raw, overrides, source, flags) -> RewardConfig:
         raise ConfigError(message, key=e.key) from None
 
 
-def model_folders(cfg: RewardConfig) -> dict[str, str | None]:
+def reward_model_folders(cfg: RewardConfig) -> dict[str, str | None]:
     """key -> folder of each model (nli: None when there is no filter)."""
     return {"answerer.init": cfg.answerer.init, "fusion.init": cfg.fusion.init,
             "judge.model.init": cfg.judge.model.init,

@@ -5,7 +5,7 @@ embedder and its BERTScore baseline) is padded to one of a few bucket lengths an
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

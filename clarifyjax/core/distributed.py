@@ -35,7 +35,8 @@ import dataclasses
 import functools
 import glob
 import os
-from typing import Callable, Mapping, Optional, Sequence, TypeVar
+from typing import TypeVar
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 
@@ -70,10 +71,10 @@ class Launch:
     """
 
     source: str
-    num_processes: Optional[int]
-    process_id: Optional[int]
-    coordinator_address: Optional[str] = None
-    local_device_ids: Optional[tuple[int, ...]] = None
+    num_processes: int | None
+    process_id: int | None
+    coordinator_address: str | None = None
+    local_device_ids: tuple[int, ...] | None = None
 
     @property
     def multi_process(self) -> bool:
@@ -81,7 +82,7 @@ class Launch:
         return self.num_processes is None or self.num_processes > 1
 
 
-_launch: Optional[Launch] = None  # what `initialize` did in this process
+_launch: Launch | None = None  # what `initialize` did in this process
 
 
 # --------------------------------------------------------------------------- detection (pure)
@@ -94,7 +95,7 @@ def _int(value, name: str) -> int:
         raise DistributedError(f"{name} must be an integer, got {value!r}") from None
 
 
-def _device_ids(value, name: str) -> Optional[tuple[int, ...]]:
+def _device_ids(value, name: str) -> tuple[int, ...] | None:
     if value is None:
         return None
     if isinstance(value, int):
@@ -107,7 +108,7 @@ def _device_ids(value, name: str) -> Optional[tuple[int, ...]]:
     return tuple(_int(v, name) for v in value)
 
 
-def _count_list(value: Optional[str]) -> int:
+def _count_list(value: str | None) -> int:
     return len([h for h in (value or "").split(",") if h.strip()])
 
 
@@ -123,11 +124,11 @@ def has_tpu_chips() -> bool:
     return False
 
 
-def detect_launch(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
-                  process_id: Optional[int] = None,
+def detect_launch(coordinator_address: str | None = None, num_processes: int | None = None,
+                  process_id: int | None = None,
                   local_device_ids: int | Sequence[int] | str | None = None, *,
-                  environ: Optional[Mapping[str, str]] = None,
-                  tpu_chips: Optional[bool] = None) -> Launch:
+                  environ: Mapping[str, str] | None = None,
+                  tpu_chips: bool | None = None) -> Launch:
     """Decide how this process was started, without touching JAX (see the module docstring).
 
     Args:
@@ -208,8 +209,8 @@ def detect_launch(coordinator_address: Optional[str] = None, num_processes: Opti
 # --------------------------------------------------------------------------- the start
 
 
-def initialize(coordinator_address: Optional[str] = None, num_processes: Optional[int] = None,
-               process_id: Optional[int] = None,
+def initialize(coordinator_address: str | None = None, num_processes: int | None = None,
+               process_id: int | None = None,
                local_device_ids: int | Sequence[int] | None = None, *,
                initialization_timeout: int = 300) -> Launch:
     """Join the cluster this process belongs to (if any); idempotent. Returns the `Launch`.
@@ -265,7 +266,7 @@ def _check_agrees(launch: Launch, coordinator_address, num_processes, process_id
                                    f"{name}={have!r}; now asked for {name}={value!r}")
 
 
-def current_launch() -> Optional[Launch]:
+def current_launch() -> Launch | None:
     """What `initialize` decided in this process, or None before it ran."""
     return _launch
 

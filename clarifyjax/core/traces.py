@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import collections
 import functools
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 _COUNTS: collections.Counter = collections.Counter()
 

@@ -3,18 +3,25 @@ bucketed batches, the discriminator baseline's rows (`discriminator`) and the si
 questions of `score-questions` (`situations`)."""
 from __future__ import annotations
 
+from clarifyjax.data.batches import (  # noqa: F401  (the package's public API)
+    TokenizedDataset, sft_dataset, classifier_dataset, situation_dataset, BatchIterator, eval_batches,
+)
 from clarifyjax.data.pairs import (  # noqa: F401  (the package's public API)
     GOLD_COLUMNS, SILVER_COLUMNS, FUSION_COLUMNS, TASKS, Pair, question_pairs,
     wh_question_pairs, answerer_pairs, fusion_pairs, judge_pairs, discriminator_pairs, hypothesis_polarity,
     silver_judge_rows, unique_situations, split_by_group, read_pairs, load_sft_pairs, load_ppo_situations,
-    as_hf_dataset, TokenizedDataset, sft_dataset, classifier_dataset, situation_dataset, BatchIterator,
-    eval_batches, DataError, read_table,
+    as_hf_dataset,
+)
+# The table readers, as the flat layout's `clarifyjax.data` re-exported them.
+from clarifyjax.files.tables import (  # noqa: F401,E402
+    REPO_ROOT, DataError, Table, check_data_paths, read_table, resolve_data_path,
 )
 
 __all__ = [
     "GOLD_COLUMNS", "SILVER_COLUMNS", "FUSION_COLUMNS", "TASKS", "Pair", "question_pairs",
     "wh_question_pairs", "answerer_pairs", "fusion_pairs", "judge_pairs", "discriminator_pairs", "hypothesis_polarity",
     "silver_judge_rows", "unique_situations", "split_by_group", "read_pairs", "load_sft_pairs", "load_ppo_situations",
-    "as_hf_dataset", "TokenizedDataset", "sft_dataset", "classifier_dataset", "situation_dataset", "BatchIterator",
-    "eval_batches", "DataError", "read_table",
+    "as_hf_dataset", "TokenizedDataset", "sft_dataset", "classifier_dataset",
+    "situation_dataset", "BatchIterator", "eval_batches",
+    "REPO_ROOT", "DataError", "Table", "check_data_paths", "read_table", "resolve_data_path",
 ]

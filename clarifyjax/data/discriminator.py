@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import csv
 import io
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from clarifyjax.text import formats as fmt
 from clarifyjax.files.tables import Table
 
-COLUMNS = ("situation", "question", "label")
+DISCRIMINATOR_COLUMNS = ("situation", "question", "label")
 
 
 def gold_questions(table: Table) -> tuple[list[str], list[list[str]]]:
@@ -104,10 +104,10 @@ def discriminator_rows(situations: Sequence[str], questions: Sequence[Sequence[s
 
 
 def rows_tsv(rows: Sequence[dict[str, str]]) -> bytes:
-    """The rows as a TSV file (header `COLUMNS`) that `tables.read_table` reads back: the csv
+    """The rows as a TSV file (header `DISCRIMINATOR_COLUMNS`) that `tables.read_table` reads back: the csv
     module's quoting (a field with a quote character is quoted), whitespace runs collapsed."""
     out = io.StringIO()
     writer = csv.writer(out, delimiter="\t", lineterminator="\n")
-    writer.writerow(COLUMNS)
-    writer.writerows([fmt.normalize_whitespace(r[c]) for c in COLUMNS] for r in rows)
+    writer.writerow(DISCRIMINATOR_COLUMNS)
+    writer.writerows([fmt.normalize_whitespace(r[c]) for c in DISCRIMINATOR_COLUMNS] for r in rows)
     return out.getvalue().encode("utf-8")

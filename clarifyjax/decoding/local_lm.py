@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -103,7 +103,7 @@ class LocalLM:
         self._model = None
         self._stop_cache: dict[tuple[str, ...], tuple[int, ...]] = {}
 
-    def load(self) -> "LocalLM":
+    def load(self) -> LocalLM:
         """Read the weights (done by the first `complete`; the tokenizer alone checks prompts)."""
         if self._model is None:
             from clarifyjax.models.hf import load_causal_lm
@@ -188,7 +188,7 @@ class LocalLM:
     def _run(self, batch: list[_Row], seed_state: int) -> list[Completion]:
         import jax
 
-        from clarifyjax.decoding import generate
+        from clarifyjax.decoding.api import generate
 
         s = batch[0].sampling
         greedy, _, min_new, max_new, stop_ids = self._group_key(s)

@@ -2,7 +2,7 @@
 
 `Seq2SeqModel`: texts -> ids padded to length buckets, rows padded to a multiple
 (`buckets.padded_rows`, so that shapes repeat) -> jitted `decoding.generate` -> texts
-(`GeneratedText`), decoded as `Sampling` says. The reward pipeline runs the answer generator and
+(`GeneratedText`), decoded as `Seq2SeqSampling` says. The reward pipeline runs the answer generator and
 the fusion model through it, the judge (`delphi.Judge`) its judgment text, and the demo the
 question generator.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -18,16 +19,16 @@ import numpy as np
 from clarifyjax.core import sharding as sharding_lib
 from clarifyjax.text import formats as text_lib
 from clarifyjax.core.buckets import FINE_BUCKETS, pad_rows, padded_rows
-from clarifyjax.decoding import generate
+from clarifyjax.decoding.api import generate
 from clarifyjax.models.safetensors_io import CheckpointError, check_folder
 from clarifyjax.models.t5 import T5
 from clarifyjax.files.textfiles import check_texts
 from clarifyjax.text.tokenizer import Tokenizer
 
 
-class Sampling(NamedTuple):
+class Seq2SeqSampling(NamedTuple):
     """How a `Seq2SeqModel` decodes: temperature 0 is greedy (the other settings then unused).
-    Immutable, so that a default `Sampling()` argument is safe to share."""
+    Immutable, so that a default `Seq2SeqSampling()` argument is safe to share."""
 
     max_new_tokens: int = 32
     temperature: float = 0.0
@@ -86,7 +87,7 @@ class Seq2SeqModel:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, tokenizer_path=None,
                         backend: str = "hf", dtype: str = "float32", mesh=None, rules=None,
-                        **kwargs) -> "Seq2SeqModel":
+                        **kwargs) -> Seq2SeqModel:
         """A Hugging Face T5 folder (safetensors) with its tokenizer (spiece.model /
         tokenizer.json, in `tokenizer_path` or the same folder); with `mesh`, the parameters are
         read straight into their shards by the logical axis `rules` (default
@@ -106,7 +107,7 @@ class Seq2SeqModel:
         rows = padded_rows(len(texts), self.batch_multiple, power_of_two=power_of_two_rows)
         return pad_rows(ids, rows), pad_rows(mask, rows), stats.truncated
 
-    def generate(self, texts: Sequence[str], sampling: Sampling = Sampling(), *,
+    def generate(self, texts: Sequence[str], sampling: Seq2SeqSampling = Seq2SeqSampling(), *,
                  rng: jax.Array | None = None, power_of_two_rows: bool = False) -> GeneratedText:
         """Decode a continuation of every text in one jitted call (`decoding.generate`)."""
         texts = check_texts(texts, f"{self.source} inputs")

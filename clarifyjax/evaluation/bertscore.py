@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import collections
 import csv
-import dataclasses
 import functools
 import io
 import json
 import math
 import os
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -171,7 +170,7 @@ class BertScoreModel:
         self._graphdef, self._state = nnx.split(encoder)
 
     @classmethod
-    def from_folder(cls, path: str | os.PathLike, *, dtype: str = "float32") -> "BertScoreModel":
+    def from_folder(cls, path: str | os.PathLike, *, dtype: str = "float32") -> BertScoreModel:
         """A BERT / RoBERTa folder, or a sentence-transformers folder holding one."""
         folder = transformer_folder(path)
         config = read_encoder_config(folder)

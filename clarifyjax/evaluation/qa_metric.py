@@ -10,7 +10,7 @@ when the best span starts at CLS (no threshold). Pairs are length-sorted into bu
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np

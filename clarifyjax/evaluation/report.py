@@ -25,7 +25,7 @@ from clarifyjax.evaluation import metrics as eval_metrics
 from clarifyjax.config.loader import config_to_dict
 from clarifyjax.files.textfiles import atomic_write_bytes
 
-COLUMNS = ("system", "kind", "situations", "avg_jsd", "flips", "flips_base", "flips_pair",
+SYSTEMS_COLUMNS = ("system", "kind", "situations", "avg_jsd", "flips", "flips_base", "flips_pair",
            "unanswerable_pct", "bertscore_f1", "data_fraction")
 
 
@@ -205,7 +205,7 @@ def write_report(cfg, run: dict) -> dict:
         atomic_write_bytes(out / "updates.jsonl", _jsonl(run["updates"]))
         atomic_write_bytes(out / "table3.csv", _csv(t3, ("setting", "bleu4", "rouge_l",
                                                          "hypotheses")))
-    atomic_write_bytes(out / "systems.csv", _csv(rows, COLUMNS))
+    atomic_write_bytes(out / "systems.csv", _csv(rows, SYSTEMS_COLUMNS))
     atomic_write_bytes(out / "results.md", markdown(rows, t3, flip, n).encode("utf-8"))
     figures = {"systems": str(plot_systems(rows, flip, out / "systems.png"))}
     ablation = plot_ablation(rows, out / "ablation.png")

@@ -17,7 +17,8 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 from clarifyjax.files.chunkstore import fingerprint
 from clarifyjax.files.textfiles import atomic_write_bytes

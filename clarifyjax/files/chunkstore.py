@@ -22,7 +22,8 @@ import os
 import re
 import shutil
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 

@@ -24,11 +24,11 @@ import io
 import json
 import os
 from pathlib import Path
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from clarifyjax.files.textfiles import read_text_file, unencodable
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class DataError(ValueError):

@@ -26,7 +26,7 @@ import stat
 import tempfile
 import unicodedata
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 # Checked longest first: a UTF-32-LE mark starts with the UTF-16-LE one.
 _FOREIGN_BOMS = ((codecs.BOM_UTF32_LE, "UTF-32"), (codecs.BOM_UTF32_BE, "UTF-32"),

@@ -29,14 +29,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from clarifyjax.models.encoder import (ACTIVATIONS, MLP, Dense, Embedding, LayerNorm,
+from clarifyjax.models.encoder import (ENCODER_ACTIVATIONS, MLP, Dense, Embedding, LayerNorm,
                                        QuestionAnswering, SequenceClassifier)
 
 ATTENTION_TERMS = ("c2p", "p2c")
@@ -170,7 +170,10 @@ class DisentangledSelfAttention(nnx.Module):
     def __init__(self, config: DebertaConfig, *, rngs: nnx.Rngs):
         self.config = config
         d, h, k = config.hidden_size, config.num_heads, config.head_dim
-        proj = lambda: Dense((d,), (h, k), ("embed",), ("heads", "kv"), config=config, rngs=rngs)
+
+        def proj():
+            return Dense((d,), (h, k), ("embed",), ("heads", "kv"), config=config, rngs=rngs)
+
         self.query, self.key, self.value = proj(), proj(), proj()
         own = config.relative_attention and not config.share_att_key  # v2: own projections
         self.pos_key = proj() if own and "c2p" in config.pos_att_type else None
@@ -225,7 +228,7 @@ class DebertaLayer(nnx.Module):
 
 class DebertaEncoder(nnx.Module):
     """DeBERTa-v2/v3 trunk: `(input_ids, attention_mask, token_type_ids) -> hidden [b, s, d]`,
-    the same call as `encoder.Encoder`, so the heads and callers take either."""
+    the same call as `encoder.BertEncoder`, so the heads and callers take either."""
 
     def __init__(self, config: DebertaConfig, rngs: nnx.Rngs):
         self.config = config
@@ -265,7 +268,7 @@ class DebertaSequenceClassifier(SequenceClassifier):
 
     @staticmethod
     def pooler_activation(config) -> Callable[[jax.Array], jax.Array]:
-        return ACTIVATIONS[config.pooler_hidden_act]
+        return ENCODER_ACTIVATIONS[config.pooler_hidden_act]
 
 
 class DebertaQuestionAnswering(QuestionAnswering):

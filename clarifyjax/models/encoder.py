@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,7 +30,7 @@ from clarifyjax.models.safetensors_io import CheckpointError
 SUPPORTED_MODEL_TYPES = ("bert", "roberta")
 
 # Hugging Face `hidden_act` names (transformers.activations.ACT2FN) -> jax.
-ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+ENCODER_ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
     "gelu_pytorch_tanh": lambda x: jax.nn.gelu(x, approximate=True),
@@ -68,10 +69,10 @@ class EncoderConfig:
             raise CheckpointError(
                 f"config.json field 'model_type' is {self.model_type!r}; this encoder supports "
                 f"{' and '.join(SUPPORTED_MODEL_TYPES)} only")
-        if self.hidden_act not in ACTIVATIONS:
+        if self.hidden_act not in ENCODER_ACTIVATIONS:
             raise CheckpointError(
                 f"config.json field 'hidden_act' is {self.hidden_act!r}; supported: "
-                f"{sorted(ACTIVATIONS)}")
+                f"{sorted(ENCODER_ACTIVATIONS)}")
         if self.hidden_size % self.num_heads:
             raise CheckpointError(
                 f"config.json: hidden_size {self.hidden_size} is not divisible by "
@@ -93,7 +94,7 @@ class EncoderConfig:
         return self.max_position_embeddings
 
     @classmethod
-    def from_hf(cls, hf: Mapping[str, Any], **overrides) -> "EncoderConfig":
+    def from_hf(cls, hf: Mapping[str, Any], **overrides) -> EncoderConfig:
         """From a Hugging Face `config.json` dict (BertConfig / RobertaConfig fields)."""
         model_type = hf.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
@@ -252,7 +253,10 @@ class Embeddings(nnx.Module):
 class SelfAttention(nnx.Module):
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
         d, h, k = config.hidden_size, config.num_heads, config.head_dim
-        proj = lambda: Dense((d,), (h, k), ("embed",), ("heads", "kv"), config=config, rngs=rngs)
+
+        def proj():
+            return Dense((d,), (h, k), ("embed",), ("heads", "kv"), config=config, rngs=rngs)
+
         self.query, self.key, self.value = proj(), proj(), proj()
         self.output = Dense((h, k), (d,), ("heads", "kv"), ("embed",), config=config, rngs=rngs)
         self.dtype = jnp.dtype(config.dtype)
@@ -277,10 +281,10 @@ class MLP(nnx.Module):
         self.hidden_act = config.hidden_act
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.wo(ACTIVATIONS[self.hidden_act](self.wi(x)))
+        return self.wo(ENCODER_ACTIVATIONS[self.hidden_act](self.wi(x)))
 
 
-class EncoderLayer(nnx.Module):
+class BertLayer(nnx.Module):
     """Post-LN: x = LN(x + attn(x)); x = LN(x + mlp(x))."""
 
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
@@ -294,13 +298,13 @@ class EncoderLayer(nnx.Module):
         return self.mlp_norm(x + self.mlp(x))
 
 
-class Encoder(nnx.Module):
+class BertEncoder(nnx.Module):
     """BERT / RoBERTa encoder: `(input_ids, attention_mask, token_type_ids) -> hidden [b, s, d]`."""
 
     def __init__(self, config: EncoderConfig, rngs: nnx.Rngs):
         self.config = config
         self.embeddings = Embeddings(config, rngs=rngs)
-        self.layers = nnx.List([EncoderLayer(config, rngs=rngs) for _ in range(config.num_layers)])
+        self.layers = nnx.List([BertLayer(config, rngs=rngs) for _ in range(config.num_layers)])
 
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array,
                  token_type_ids: jax.Array | None = None) -> jax.Array:
@@ -319,7 +323,7 @@ class Encoder(nnx.Module):
 
 
 class SequenceClassifier(nnx.Module):
-    """Encoder + head on the first token: logits = out_proj(act(dense(hidden[:, 0]))).
+    """A trunk (`BertEncoder`) + head on the first token: logits = out_proj(act(dense(hidden[:, 0]))).
 
     With act = tanh this is both Hugging Face's RoBERTa head (`classifier.dense`,
     `classifier.out_proj`) and BERT's pooler + classifier (`bert.pooler.dense`, `classifier`): the
@@ -327,7 +331,7 @@ class SequenceClassifier(nnx.Module):
     (`pooler_activation`): DeBERTa's ContextPooler is the same head with `pooler_hidden_act`.
     """
 
-    trunk = Encoder
+    trunk = BertEncoder
 
     def __init__(self, config: EncoderConfig, rngs: nnx.Rngs):
         if config.num_labels < 1:
@@ -352,11 +356,11 @@ class SequenceClassifier(nnx.Module):
 
 
 class QuestionAnswering(nnx.Module):
-    """Encoder + extractive span head, Hugging Face's `...ForQuestionAnswering` layout:
+    """A trunk (`BertEncoder`) + extractive span head, Hugging Face's `...ForQuestionAnswering` layout:
     `qa_outputs` (a [d, 2] Dense) on every position gives start and end logits.
     A subclass swaps the trunk (`trunk`), as `SequenceClassifier`."""
 
-    trunk = Encoder
+    trunk = BertEncoder
 
     def __init__(self, config: EncoderConfig, rngs: nnx.Rngs):
         self.config = config

@@ -11,7 +11,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import numpy as np
 

@@ -15,7 +15,8 @@ Hugging Face checkpoints) and shared by all its layers.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -23,8 +24,8 @@ from flax import nnx
 
 from clarifyjax.models.state import set_dtype_fields
 
-from clarifyjax.models.t5_layers import (DecoderLayer, EncoderLayer, RelativePositionBias,
-                                         RMSNorm, make_param, parse_feed_forward_proj)
+from clarifyjax.models.t5_layers import (RelativePositionBias, RMSNorm, T5DecoderLayer,
+                                         T5EncoderLayer, make_param, parse_feed_forward_proj)
 
 _REQUIRED_HF_FIELDS = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads")
 
@@ -71,7 +72,7 @@ class T5Config:
         return parse_feed_forward_proj(self.feed_forward_proj)[0]
 
     @classmethod
-    def from_hf(cls, hf: Mapping[str, Any], **overrides) -> "T5Config":
+    def from_hf(cls, hf: Mapping[str, Any], **overrides) -> T5Config:
         """From a Hugging Face T5 `config.json` dict; `overrides` (e.g. dtype) win.
 
         `tie_word_embeddings` is taken as written, but transformers 5 writes `true` even for
@@ -154,9 +155,9 @@ class _Stack(nnx.Module):
         self.dropout = nnx.Dropout(c.dropout_rate)
 
 
-class Encoder(_Stack):
+class T5Encoder(_Stack):
     def __init__(self, config: T5Config, *, rngs: nnx.Rngs):
-        super().__init__(config, EncoderLayer, config.num_layers, bidirectional=True, rngs=rngs)
+        super().__init__(config, T5EncoderLayer, config.num_layers, bidirectional=True, rngs=rngs)
 
     def __call__(self, x: jax.Array, mask: jax.Array, *, deterministic: bool = True,
                  rngs: nnx.Rngs | None = None) -> jax.Array:
@@ -171,9 +172,9 @@ class Encoder(_Stack):
         return self.dropout(self.final_norm(x), **kw)
 
 
-class Decoder(_Stack):
+class T5Decoder(_Stack):
     def __init__(self, config: T5Config, *, rngs: nnx.Rngs):
-        super().__init__(config, DecoderLayer, config.num_decoder_layers, bidirectional=False,
+        super().__init__(config, T5DecoderLayer, config.num_decoder_layers, bidirectional=False,
                          rngs=rngs)
 
     def __call__(self, x: jax.Array, encoder_hidden: jax.Array, encoder_mask: jax.Array,
@@ -202,8 +203,8 @@ class T5(nnx.Module):
         c = self.config = config
         self.embedding = make_param(rngs, 1.0, (c.vocab_size, c.d_model), ("vocab", "embed"),
                                     c.param_dtype)
-        self.encoder = Encoder(c, rngs=rngs)
-        self.decoder = Decoder(c, rngs=rngs)
+        self.encoder = T5Encoder(c, rngs=rngs)
+        self.decoder = T5Decoder(c, rngs=rngs)
         if not c.tie_word_embeddings:
             self.lm_head = make_param(rngs, 1.0, (c.d_model, c.vocab_size), ("embed", "vocab"),
                                       c.param_dtype)

@@ -10,7 +10,7 @@ Conventions (shared with `t5.py`):
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +18,7 @@ from flax import nnx
 
 # feed_forward_proj values, as in transformers' T5Config: "{act}" or "gated-{act}".
 # "gated-gelu" is the tanh approximation (transformers maps it to gelu_new); plain "gelu" is exact.
-ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+T5_ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
     "relu": jax.nn.relu,
     "gelu": lambda x: jax.nn.gelu(x, approximate=False),
     "gelu_new": lambda x: jax.nn.gelu(x, approximate=True),
@@ -115,7 +115,7 @@ def _project(x: jax.Array, kernel: jax.Array) -> jax.Array:
     return jnp.swapaxes(jnp.einsum("btm,mhd->bthd", x, kernel), 1, 2)
 
 
-class Attention(nnx.Module):
+class T5Attention(nnx.Module):
     """Multi-head attention without the 1/sqrt(d) scaling (T5 folds it into the weights)."""
 
     def __init__(self, d_model: int, num_heads: int, d_kv: int, dropout_rate: float, *,
@@ -166,13 +166,13 @@ class Attention(nnx.Module):
                            rngs=rngs)
 
 
-class FeedForward(nnx.Module):
+class T5FeedForward(nnx.Module):
     """wo(act(wi x)) (v1.0, "relu") or wo(act(wi_0 x) * wi_1 x) (v1.1, "gated-gelu")."""
 
     def __init__(self, d_model: int, d_ff: int, feed_forward_proj: str, dropout_rate: float, *,
                  dtype, param_dtype, rngs: nnx.Rngs):
         self.gated, act = parse_feed_forward_proj(feed_forward_proj)
-        self.activation = ACTIVATIONS[act]
+        self.activation = T5_ACTIVATIONS[act]
         n_in = 2 if self.gated else 1
         self.wi = nnx.List([make_param(rngs, d_model ** -0.5, (d_model, d_ff), ("embed", "mlp"),
                                        param_dtype) for _ in range(n_in)])
@@ -200,7 +200,7 @@ class _Sublayers(nnx.Module):
         kw = dict(dtype=c.dtype, param_dtype=c.param_dtype)
 
         def attention():
-            return Attention(c.d_model, c.num_heads, c.d_kv, c.dropout_rate, **kw, rngs=rngs)
+            return T5Attention(c.d_model, c.num_heads, c.d_kv, c.dropout_rate, **kw, rngs=rngs)
 
         self.self_attention_norm = RMSNorm(c.d_model, c.layer_norm_epsilon, **kw)
         self.self_attention = attention()
@@ -208,12 +208,12 @@ class _Sublayers(nnx.Module):
             self.cross_attention_norm = RMSNorm(c.d_model, c.layer_norm_epsilon, **kw)
             self.cross_attention = attention()
         self.mlp_norm = RMSNorm(c.d_model, c.layer_norm_epsilon, **kw)
-        self.mlp = FeedForward(c.d_model, c.d_ff, c.feed_forward_proj, c.dropout_rate, **kw,
-                               rngs=rngs)
+        self.mlp = T5FeedForward(c.d_model, c.d_ff, c.feed_forward_proj, c.dropout_rate, **kw,
+                                 rngs=rngs)
         self.dropout = nnx.Dropout(c.dropout_rate)
 
 
-class EncoderLayer(_Sublayers):
+class T5EncoderLayer(_Sublayers):
     """Pre-norm self-attention and feed-forward, each with a residual connection."""
 
     def __init__(self, config, *, rngs: nnx.Rngs):
@@ -228,7 +228,7 @@ class EncoderLayer(_Sublayers):
         return x + self.dropout(self.mlp(self.mlp_norm(x), **kw), **kw)
 
 
-class DecoderLayer(_Sublayers):
+class T5DecoderLayer(_Sublayers):
     """Causal self-attention, cross-attention over the encoder output, feed-forward."""
 
     def __init__(self, config, *, rngs: nnx.Rngs):

@@ -36,9 +36,9 @@ import math
 import os
 import shutil
 from pathlib import Path
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from clarifyjax.files.tables import REPO_ROOT
 
 PAD, EOS, UNK = 0, 1, 2
 WANLI_LABELS = ("contradiction", "entailment", "neutral")  # roberta-large-wanli's id order
@@ -78,7 +78,7 @@ def shared_data_dir() -> Path:
     return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
 
 
-def corpus(n_rows: int | None = 3000) -> list[str]:
+def tiny_corpus(n_rows: int | None = 3000) -> list[str]:
     """Situations and questions of the first `n_rows` rows (None: all) of δ-CLARIFY train.tsv."""
     path = shared_data_dir() / "delta-clarify" / "train.tsv"
     if not path.is_file():
@@ -120,7 +120,7 @@ def tiny_spm_folder(root, *, vocab_size: int = 600, minus_one: bool = True) -> P
     def build() -> Path:
         # Delphi's targets without "<", so that "<" stays out of the vocabulary as in T5's.
         targets = [f"class>{c}/class> text>{t}/text>" for c, t in DELPHI_TARGETS] * 100
-        model = train_spm_model(corpus(3000 if vocab_size <= 1000 else None) + targets,
+        model = train_spm_model(tiny_corpus(3000 if vocab_size <= 1000 else None) + targets,
                                 vocab_size, minus_one=minus_one, num_threads=1)
         folder = _new_dir(root, f"spm{vocab_size}{'' if minus_one else '_no_minus_one'}")
         (folder / "spiece.model").write_bytes(model)
@@ -206,7 +206,7 @@ def tiny_bpe_tokenizer(model_type: str = "roberta", vocab_size: int = 400):
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(corpus(1000), trainers.BpeTrainer(
+    tokenizer.train_from_iterator(tiny_corpus(1000), trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=specials, show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -280,7 +280,7 @@ def tiny_nli_folder(root, labels: Sequence[str] = WANLI_LABELS, *, model_type: s
     return tiny_classifier_folder(root, labels, model_type=model_type, seed=seed)
 
 
-DISCRIMINATOR_LABELS = ("irrelevant", "relevant")  # the discriminator's class ids 0, 1
+_DISCRIMINATOR_LABELS = ("irrelevant", "relevant")  # the discriminator's class ids 0, 1
 # A DeBERTa-v3-like architecture (shared attention keys, log-bucketed relative positions, no
 # absolute positions, no token types), tiny.
 TINY_DEBERTA_V3 = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -291,7 +291,7 @@ TINY_DEBERTA_V3 = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=
                        pad_token_id=0)
 
 
-def save_deberta_classifier_folder(folder: Path, labels: Sequence[str] = DISCRIMINATOR_LABELS,
+def save_deberta_classifier_folder(folder: Path, labels: Sequence[str] = _DISCRIMINATOR_LABELS,
                                    *, seed: int = 0, **overrides):
     """A random torch `DebertaV2ForSequenceClassification` (`TINY_DEBERTA_V3` updated with
     `overrides`, Hugging Face's init) saved into `folder` with a BPE tokenizer.json trained here
@@ -311,7 +311,7 @@ def save_deberta_classifier_folder(folder: Path, labels: Sequence[str] = DISCRIM
     return model
 
 
-def tiny_deberta_classifier_folder(root, labels: Sequence[str] = DISCRIMINATOR_LABELS, *,
+def tiny_deberta_classifier_folder(root, labels: Sequence[str] = _DISCRIMINATOR_LABELS, *,
                                    seed: int = 0) -> Path:
     """A random tiny DeBERTa-v3-like sequence classifier folder (config.json with id2label =
     labels, model.safetensors, tokenizer.json): the tiny discriminator's starting point
@@ -349,7 +349,8 @@ def tiny_causal_tokenizer(folder: Path, *, vocab_size: int = 300,
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(corpus(1000) if texts is None else texts, trainers.BpeTrainer(
+    texts = tiny_corpus(1000) if texts is None else texts
+    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(
         vocab_size=vocab_size, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     tokenizer.post_processor = processors.TemplateProcessing(

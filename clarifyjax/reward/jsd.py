@@ -14,7 +14,8 @@ as long as both sides use the same one.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, NamedTuple
+from typing import Any, NamedTuple
+from collections.abc import Mapping
 
 import jax.numpy as jnp
 import numpy as np
@@ -164,7 +165,7 @@ class RewardNormalizer(NamedTuple):
 
     @classmethod
     def fit(cls, raw_rewards, valid=None, *, target_mean: float = 0.0, target_std: float = 1.0
-            ) -> "RewardNormalizer":
+            ) -> RewardNormalizer:
         """Fit to one pass of raw rewards (a question per training situation, before training).
 
         Population statistics (ddof=0), as the original: gain = target_std / std,
@@ -191,12 +192,12 @@ class RewardNormalizer(NamedTuple):
         return cls(gain=gain, bias=target_mean - gain * mean)
 
     @classmethod
-    def from_original(cls) -> "RewardNormalizer":
+    def from_original(cls) -> RewardNormalizer:
         """The original's constants (mu0 ~ 0.1123, sigma0 ~ 0.2456), valid only for their Delphi."""
         return cls(gain=ORIGINAL_GAIN, bias=ORIGINAL_BIAS)
 
     @classmethod
-    def from_mean_std(cls, mu0: float, sigma0: float) -> "RewardNormalizer":
+    def from_mean_std(cls, mu0: float, sigma0: float) -> RewardNormalizer:
         if not sigma0 > 0:
             raise ValueError(f"RewardNormalizer: sigma0 must be > 0, got {sigma0}")
         return cls(gain=1.0 / sigma0, bias=-mu0 / sigma0)
@@ -207,7 +208,7 @@ class RewardNormalizer(NamedTuple):
                 "mu0": self.mu0, "sigma0": self.sigma0}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], *, where: str = "reward normalizer") -> "RewardNormalizer":
+    def from_dict(cls, data: Mapping[str, Any], *, where: str = "reward normalizer") -> RewardNormalizer:
         missing = [k for k in ("gain", "bias") if k not in data]
         if missing:
             raise ValueError(f"{where}: missing field(s) {missing}; has {sorted(data)}")

@@ -27,7 +27,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +40,7 @@ from clarifyjax.core import traces
 from clarifyjax.core.buckets import bucket_length, pad_rows, pad_sequences, padded_rows
 from clarifyjax.models.safetensors_io import CheckpointError, check_folder, read_config
 from clarifyjax.models.t5 import T5
-from clarifyjax.decoding.seq2seq import Sampling, Seq2SeqModel
+from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
 from clarifyjax.files.textfiles import check_texts
 from clarifyjax.text.tokenizer import Tokenizer
 
@@ -149,7 +149,7 @@ class Judge(_BatchedJudge):
     def __init__(self, seq2seq: Seq2SeqModel, *, input_prefix: str = text_lib.JUDGE_PREFIX,
                  class_prefix: str = text_lib.DELPHI_CLASS_PREFIX,
                  class_tokens: Sequence[str] = tuple(reversed(text_lib.DELPHI_CLASS_TOKENS)),
-                 class_step: int | None = None, judgment: Sampling = Sampling(max_new_tokens=32)):
+                 class_step: int | None = None, judgment: Seq2SeqSampling = Seq2SeqSampling(max_new_tokens=32)):
         self.seq2seq = seq2seq
         self.input_prefix = input_prefix
         self.class_prefix = class_prefix
@@ -165,7 +165,7 @@ class Judge(_BatchedJudge):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, tokenizer_path=None,
                         backend: str = "hf", dtype: str = "float32", max_input_length: int = 128,
-                        batch_multiple: int = 8, mesh=None, rules=None, **kwargs) -> "Judge":
+                        batch_multiple: int = 8, mesh=None, rules=None, **kwargs) -> Judge:
         """A Hugging Face T5 folder; `kwargs` as `Judge` (input_prefix, class_prefix, ...);
         `mesh`, `rules` as `Seq2SeqModel.from_pretrained`."""
         seq2seq = Seq2SeqModel.from_pretrained(
@@ -186,7 +186,7 @@ class Judge(_BatchedJudge):
         return _class_probabilities(graphdef, state, ids, mask, jnp.asarray(self._decoder_ids),
                                     jnp.asarray(self.class_ids, jnp.int32))
 
-    def judgment_text(self, texts: Sequence[str], sampling: Sampling | None = None) -> list[str]:
+    def judgment_text(self, texts: Sequence[str], sampling: Seq2SeqSampling | None = None) -> list[str]:
         """Delphi's judgment text of each text by greedy decoding (the answer generator's input),
         as `sampling` says (None: the judge's own `judgment`; the reward pipeline passes its
         ``judgment_max_length``).
@@ -241,7 +241,7 @@ class ClassifierJudge(_BatchedJudge):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, dtype: str = "float32",
                         max_input_length: int = 128, mesh=None, rules=None,
-                        **kwargs) -> "ClassifierJudge":
+                        **kwargs) -> ClassifierJudge:
         """A BERT / RoBERTa `...ForSequenceClassification` folder; `mesh`, `rules` as
         `Seq2SeqModel.from_pretrained`."""
         from clarifyjax.models.hf import load_encoder_tokenizer, load_sequence_classifier
@@ -265,7 +265,7 @@ class ClassifierJudge(_BatchedJudge):
         graphdef, state = nnx.split(self.model)
         return _classifier_probabilities(graphdef, state, ids, mask, self.columns)
 
-    def judgment_text(self, texts: Sequence[str], sampling: Sampling | None = None) -> list[str]:
+    def judgment_text(self, texts: Sequence[str], sampling: Seq2SeqSampling | None = None) -> list[str]:
         """A generic judgment for the argmax class ("it's bad", "it's okay", "it's good");
         `sampling` is unused (nothing is decoded)."""
         labels = np.argmax(self.class_probabilities(texts), axis=-1)
@@ -278,7 +278,7 @@ def load_judge(path: str | os.PathLike, *, kind: str | None = None, dtype: str =
                input_prefix: str | None = None,
                class_prefix: str = text_lib.DELPHI_CLASS_PREFIX,
                class_tokens: Sequence[str] = tuple(reversed(text_lib.DELPHI_CLASS_TOKENS)),
-               class_step: int | None = None, judgment: Sampling = Sampling(max_new_tokens=32),
+               class_step: int | None = None, judgment: Seq2SeqSampling = Seq2SeqSampling(max_new_tokens=32),
                encoder_labels: Sequence[str] = text_lib.JUDGE_CLASSES, mesh=None, rules=None):
     """A `Judge` (T5 folder) or a `ClassifierJudge` (BERT / RoBERTa folder), told apart by
     config.json `model_type` unless `kind` ("t5" | "encoder") says. `input_prefix` None: the

@@ -1,5 +1,5 @@
 """The NLI filter of the reward pipeline: drop answers that the situation already entails or that
-contradict it (ClarifyDelphi §3.3; DESIGN §4: roberta-large-wanli, premise = situation,
+contradict it (ClarifyDelphi §3.3; docs/originals.md, ClarifyDelphi: roberta-large-wanli, premise = situation,
 hypothesis = answer).
 
 The classifier is any Hugging Face `RobertaForSequenceClassification` /
@@ -13,7 +13,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -120,7 +120,7 @@ class NLIFilter:
                         drop_labels: Sequence[str] = ("entailment", "contradiction"),
                         threshold: float | None = NLI_THRESHOLD, batch_size: int = 64,
                         max_length: int = 128, dtype: str = "float32", mesh=None,
-                        rules=None) -> "NLIFilter":
+                        rules=None) -> NLIFilter:
         """Load a `...ForSequenceClassification` folder (BERT, RoBERTa or DeBERTa-v2/v3) with its
         tokenizer.json; with `mesh` (a `sharding.process_mesh`), each parameter straight into its
         shards by the logical axis `rules`, and the pairs of a batch split over the mesh's data x

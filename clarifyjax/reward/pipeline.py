@@ -1,6 +1,6 @@
 """ClarifyDelphi's reward, composed: judgment -> answers -> NLI filter -> fusion -> judge -> JSD.
 
-For b (situation, question) pairs (paper §3.2-3.3, DESIGN §2 and §4):
+For b (situation, question) pairs (paper §3.2-3.3, docs/originals.md):
 
 1. judgment: the judge's judgment text of each situation (greedy; the answer generator's input);
 2. answers: a weakener and a strengthener answer per question, the 2b inputs in ONE batch;
@@ -34,7 +34,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import Any
+from collections.abc import Sequence
 
 import jax
 import numpy as np
@@ -46,7 +47,7 @@ from clarifyjax.reward import jsd as reward_lib
 from clarifyjax.text import formats as text_lib
 from clarifyjax.config import PipelineConfig  # noqa: F401  (the settings; re-exported here)
 from clarifyjax.config.loader import check_tree
-from clarifyjax.decoding.seq2seq import Sampling, Seq2SeqModel
+from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
 
 DROPPED_POLICIES = ("zero_reward", "resample", "blank")
 COUNT_KEYS = ("questions", "empty_questions", "truncated_questions", "answers", "empty_answers",
@@ -64,19 +65,19 @@ def check_config(config: PipelineConfig) -> PipelineConfig:
     return config
 
 
-def stage_sampling(config: PipelineConfig, stage: str) -> Sampling:
+def stage_sampling(config: PipelineConfig, stage: str) -> Seq2SeqSampling:
     """How the "answers", "resample", "fusion" or "judgment" stage decodes (temperature 0:
     greedy; the judge's judgment text is always greedy)."""
     if stage == "answers":
-        return Sampling(config.answer_max_length, config.answer_temperature,
+        return Seq2SeqSampling(config.answer_max_length, config.answer_temperature,
                         top_k=config.answer_top_k, top_p=config.answer_top_p)
     if stage == "resample":
-        return Sampling(config.answer_max_length, config.resampling_temperature,
+        return Seq2SeqSampling(config.answer_max_length, config.resampling_temperature,
                         top_k=config.answer_top_k, top_p=config.resample_top_p)
     if stage == "fusion":
-        return Sampling(config.fusion_max_length, config.fusion_temperature)
+        return Seq2SeqSampling(config.fusion_max_length, config.fusion_temperature)
     if stage == "judgment":
-        return Sampling(config.judgment_max_length)
+        return Seq2SeqSampling(config.judgment_max_length)
     raise ValueError(f"no sampling stage {stage!r}")
 
 
@@ -188,7 +189,7 @@ class RewardPipeline:
                      dtype: str = "float32", max_input_length: int = 128, batch_multiple: int = 8,
                      nli_batch_size: int = 128,
                      judge_options: dict | None = None, mesh=None,
-                     rules=None) -> "RewardPipeline":
+                     rules=None) -> RewardPipeline:
         """Load the four models from Hugging Face folders (`nli` None: no filter; else an
         `NLIFilter` with `config.nli_threshold`).
 

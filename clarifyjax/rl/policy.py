@@ -1,7 +1,7 @@
 """The policy and value functions of the PPO update, over plain parameter dicts.
 
 * `response_logprobs`, `response_values`: teacher-forced log-probabilities of the sampled
-  responses under a T5, and a `models.value.ValueModel`'s values, at every response position.
+  responses under a T5, and a `rl.value.ValueModel`'s values, at every response position.
 * `make_ppo_fns`: the (policy_logprobs_fn, value_fn) pair `ppo.make_ppo_update` takes.
 * `make_rollout_scorer`, `make_reference_nll`: what `rollout.RolloutSampler` computes on device
   (log-probs under the policy and the frozen reference, values; the reference's NLL in evaluation).
@@ -17,7 +17,7 @@ Shapes: b = batch, s = query length, t = response length, m = d_model, V = vocab
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from clarifyjax.rl import ppo
 from clarifyjax.models.state import Params, merge_model
 from clarifyjax.models.t5 import T5, shift_right
-from clarifyjax.models.value import ValueModel
+from clarifyjax.rl.value import ValueModel
 
 
 # --------------------------------------------------------------------------- forward passes

@@ -6,7 +6,8 @@ shardings as in/out shardings). Model-independent: the policy and the value mode
 functions of (params, rollout minibatch).
 
 Follows the original ClarifyDelphi trainer (itself after Ziegler et al. 2019 / Ouyang et al. 2022)
-with its bugs fixed (DESIGN §4): whitening divides by the standard deviation (the original divided
+with its bugs fixed (docs/originals.md, ClarifyDelphi): whitening divides by the standard
+deviation (the original divided
 by its square root), reward whitening leaves padding at 0, and the adaptive KL controller is the one
 the flag asks for (its sign: KL above target raises the coefficient).
 
@@ -16,7 +17,8 @@ right-padded (a hole in a mask ends the episode there for GAE).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -130,17 +132,23 @@ def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: A
 
     loss = mean(max(-A r, -A clip(r, 1 - clip, 1 + clip))), r = exp(logp - old_logp).
     All inputs `[batch, time]`. Metrics: `clipfrac` (share of tokens where the clipped term is
-    active) and `approx_kl` (0.5 * mean((logp - old_logp)^2), the original's estimator).
+    active), `approx_kl` (0.5 * mean((logp - old_logp)^2), the original's estimator) and
+    `approx_kl_k3` (mean((r - 1) - log r), unbiased and non-negative), the ratio's mean and range.
     """
     log_ratio = logprobs - old_logprobs
     ratio = jnp.exp(log_ratio)
     losses = -advantages * ratio
     clipped = -advantages * jnp.clip(ratio, 1.0 - clip, 1.0 + clip)
     loss = masked_mean(jnp.maximum(losses, clipped), mask)
+    valid = mask > 0
     metrics = {
         "clipfrac": masked_mean((clipped > losses).astype(jnp.float32), mask),
         "approx_kl": 0.5 * masked_mean(jnp.square(log_ratio), mask),
+        # Schulman's unbiased, always non-negative estimator of KL(old || new): (r - 1) - log r
+        "approx_kl_k3": masked_mean(ratio - 1.0 - log_ratio, mask),
         "ratio_mean": masked_mean(ratio, mask),
+        "ratio_min": jnp.min(jnp.where(valid, ratio, jnp.inf)),
+        "ratio_max": jnp.max(jnp.where(valid, ratio, -jnp.inf)),
     }
     return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
 
@@ -205,7 +213,7 @@ class FixedKL(NamedTuple):
 
     value: Any = 0.15
 
-    def update(self, current_kl, n_steps) -> "FixedKL":
+    def update(self, current_kl, n_steps) -> FixedKL:
         del current_kl, n_steps
         return self
 
@@ -222,7 +230,7 @@ class AdaptiveKL(NamedTuple):
     target: Any = 6.0
     horizon: Any = 10000.0
 
-    def update(self, current_kl, n_steps) -> "AdaptiveKL":
+    def update(self, current_kl, n_steps) -> AdaptiveKL:
         error = jnp.clip(current_kl / self.target - 1.0, -0.2, 0.2)
         return self._replace(value=self.value * (1.0 + error * n_steps / self.horizon))
 
@@ -231,8 +239,8 @@ class AdaptiveKL(NamedTuple):
 
 
 @dataclasses.dataclass(frozen=True)
-class PPOConfig:
-    """The update's settings. Defaults: the original's PPO hyperparameters (DESIGN §4), minus its
+class PPOUpdateConfig:
+    """The update's settings. Defaults: the original's PPO hyperparameters (docs/originals.md, ClarifyDelphi), minus its
     bugs. `_bounds` (field -> range) is each number's valid range; a run config's ``ppo:`` section
     (`clarifyjax.config.PPOHyperparams`, a subclass) is checked against it when it is loaded."""
 
@@ -321,7 +329,7 @@ def _policy_outputs(out) -> tuple[Array, Array | None]:
     return out, None
 
 
-def _make_loss_fn(policy_logprobs_fn, value_fn, config: PPOConfig):
+def _make_loss_fn(policy_logprobs_fn, value_fn, config: PPOUpdateConfig):
     """`loss(policy_params, value_params, minibatch, advantages, returns) -> (total, metrics)`:
     the clipped policy loss + vf_coef * the clipped value loss of one minibatch."""
     def loss_fn(policy_params, value_params, mb: Rollout, advantages, returns):
@@ -346,21 +354,27 @@ def _make_loss_fn(policy_logprobs_fn, value_fn, config: PPOConfig):
     return loss_fn
 
 
-def _advantages(rollout: Rollout, mask, kl_coef, config: PPOConfig) -> tuple[Array, Array]:
-    """(advantages, returns) `[batch, time]`: GAE over the shaped per-token rewards (the
-    rollout's reward at the last token, the KL penalty at every token), whitened as configured."""
+def _advantages(rollout: Rollout, mask, kl_coef, config: PPOUpdateConfig
+                ) -> tuple[Array, Array, Array]:
+    """(advantages, returns, advantages before whitening) `[batch, time]`: GAE over the shaped
+    per-token rewards (the rollout's reward at the last token, the KL penalty at every token),
+    whitened as configured."""
     token_rewards = shaped_rewards(rollout.rewards, rollout.logprobs, rollout.ref_logprobs, mask,
                                    kl_coef)
     if config.whiten_rewards:
         token_rewards = masked_whiten(token_rewards, mask, shift_mean=False)
-    advantages, returns = gae(token_rewards, rollout.values, mask, gamma=config.gamma,
-                              lam=config.lam)
-    if config.whiten_advantages:
-        advantages = masked_whiten(advantages, mask)
-    return advantages, returns
+    raw, returns = gae(token_rewards, rollout.values, mask, gamma=config.gamma, lam=config.lam)
+    advantages = masked_whiten(raw, mask) if config.whiten_advantages else raw
+    return advantages, returns, raw
 
 
-def _rollout_metrics(rollout: Rollout, mask, kl_coef, advantages, returns
+def explained_variance(values: Array, returns: Array, mask: Array) -> Array:
+    """1 - Var(returns - values) / Var(returns) over the mask: 1 for a value function that
+    predicts the returns, 0 for one no better than their mean, negative for a worse one."""
+    return 1.0 - _safe_divide(masked_var(returns - values, mask), masked_var(returns, mask))
+
+
+def _rollout_metrics(rollout: Rollout, mask, kl_coef, advantages, returns, raw_advantages
                      ) -> tuple[Array, dict[str, Array]]:
     """(mean per-sequence KL, the rollout's statistics before the update), in the original's
     units: per-sequence sums. "mean_score" is the mean (normalized) reward: the key keeps its
@@ -378,14 +392,25 @@ def _rollout_metrics(rollout: Rollout, mask, kl_coef, advantages, returns
         "returns_mean": masked_mean(returns, mask),
         "returns_var": masked_var(returns, mask),
         "advantages_mean": masked_mean(advantages, mask),
+        "advantages_raw_mean": masked_mean(raw_advantages, mask),  # before whitening
+        "advantages_raw_std": jnp.sqrt(masked_var(raw_advantages, mask)),
+        "explained_variance": explained_variance(rollout.values, returns, mask),
+        "reward_std": jnp.std(rollout.rewards),
     }
+
+
+def _reduce_step_metrics(step_metrics: dict[str, Array]) -> dict[str, Array]:
+    """Each metric over the epochs x minibatches: the mean, but the ratio's range is its range
+    over them all."""
+    reduce = {"ratio_min": jnp.min, "ratio_max": jnp.max}
+    return {k: reduce.get(k, jnp.mean)(v) for k, v in step_metrics.items()}
 
 
 def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
                     value_fn: Callable[[Any, Rollout], Array],
                     policy_tx: optax.GradientTransformation,
                     value_tx: optax.GradientTransformation,
-                    config: PPOConfig = PPOConfig()
+                    config: PPOUpdateConfig = PPOUpdateConfig()
                     ) -> Callable[[PPOState, Rollout, Array], tuple[PPOState, dict[str, Array]]]:
     """Build the pure PPO update `ppo_update(state, rollout, rng) -> (state, metrics)`.
 
@@ -402,7 +427,7 @@ def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
     Metrics are scalars: losses averaged over all minibatch steps, and rollout statistics.
     """
     if config.epochs < 1 or config.minibatches < 1:
-        raise ValueError(f"PPOConfig: epochs and minibatches must be >= 1, got {config.epochs}, "
+        raise ValueError(f"PPOUpdateConfig: epochs and minibatches must be >= 1, got {config.epochs}, "
                          f"{config.minibatches}")
 
     grad_fn = jax.grad(_make_loss_fn(policy_logprobs_fn, value_fn, config), argnums=(0, 1),
@@ -425,7 +450,7 @@ def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
                    ) -> tuple[PPOState, dict[str, Array]]:
         batch, _ = check_rollout(rollout)
         if batch % config.minibatches:
-            raise ValueError(f"batch size {batch} is not divisible by PPOConfig.minibatches="
+            raise ValueError(f"batch size {batch} is not divisible by PPOUpdateConfig.minibatches="
                              f"{config.minibatches}")
         mb_size = batch // config.minibatches
         mask = rollout.response_mask.astype(jnp.float32)
@@ -436,7 +461,7 @@ def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
             rewards=rollout.rewards.astype(jnp.float32))
 
         kl_coef = jnp.asarray(state.kl_ctl.value, jnp.float32)
-        advantages, returns = _advantages(rollout, mask, kl_coef, config)
+        advantages, returns, raw_advantages = _advantages(rollout, mask, kl_coef, config)
 
         def epoch(carry, epoch_rng):
             order = jax.random.permutation(epoch_rng, batch)
@@ -448,9 +473,10 @@ def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
         carry = (state.policy_params, state.value_params, state.policy_opt_state,
                  state.value_opt_state)
         carry, step_metrics = jax.lax.scan(epoch, carry, jax.random.split(rng, config.epochs))
-        metrics = jax.tree.map(jnp.mean, step_metrics)  # over epochs x minibatches
+        metrics = _reduce_step_metrics(step_metrics)
 
-        seq_kl, stats = _rollout_metrics(rollout, mask, kl_coef, advantages, returns)
+        seq_kl, stats = _rollout_metrics(rollout, mask, kl_coef, advantages, returns,
+                                         raw_advantages)
         metrics.update(stats)
         policy_params, value_params, policy_opt, value_opt = carry
         new_state = PPOState(policy_params=policy_params, value_params=value_params,

@@ -22,7 +22,7 @@ import argparse
 import dataclasses
 import os
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -21,7 +21,8 @@ import json
 import socket
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 DEFAULT_HOST = "127.0.0.1"  # a server is reachable from this machine only, unless asked
 
@@ -265,7 +266,7 @@ class BackgroundServer:
                                         kwargs={"sockets": [self.sock]}, daemon=True)
         self._start_timeout_s = start_timeout_s
 
-    def __enter__(self) -> "BackgroundServer":
+    def __enter__(self) -> BackgroundServer:
         self._thread.start()
         deadline = time.monotonic() + self._start_timeout_s
         while not self._server.started:

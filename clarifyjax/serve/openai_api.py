@@ -28,7 +28,7 @@ import contextlib
 import dataclasses
 import time
 import uuid
-from typing import Sequence
+from collections.abc import Sequence
 
 from clarifyjax.serve.http_server import (ApiError, MicroBatcher, add_listen_options, check_keys,
                                 error_response, read_json_object, wait_unless_disconnected)

@@ -1,6 +1,6 @@
 """The exact input format of every ClarifyDelphi model, as pure string functions.
 
-One place for every prompt string (DESIGN §4), so that the policy, the answer generator, the
+One place for every prompt string (docs/originals.md, ClarifyDelphi), so that the policy, the answer generator, the
 fusion model, the judge and the NLI filter see at inference exactly what they saw in training.
 
     policy            "question: " + situation                                      -> question
@@ -26,7 +26,7 @@ Functions take and return `str` (or tuples of them); a missing or empty field ra
 from __future__ import annotations
 
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 POLICY_PREFIX = "question: "
 ANSWER_PREFIX = "answer: "

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Mapping, Protocol, Sequence, Union, runtime_checkable
+from typing import Protocol, runtime_checkable
+from collections.abc import Mapping, Sequence
 
 Message = Mapping[str, str]
-Prompt = Union[str, Sequence[Message]]
+Prompt = str | Sequence[Message]
 ROLES = ("system", "user", "assistant")
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 
@@ -75,7 +76,7 @@ class Sampling:
             return "stop", f"must be non-empty strings, got {list(self.stop)!r}"
         return None
 
-    def with_defaults(self, defaults: "Sampling") -> "Sampling":
+    def with_defaults(self, defaults: Sampling) -> Sampling:
         """These settings, each None filled from `defaults` (stop strings are added)."""
         values = {f.name: getattr(self, f.name) if getattr(self, f.name) is not None
                   else getattr(defaults, f.name) for f in dataclasses.fields(self)}

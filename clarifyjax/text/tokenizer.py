@@ -25,7 +25,8 @@ import os
 import re
 import threading
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -100,7 +101,7 @@ class Tokenizer:
     # -- construction ---------------------------------------------------------------------------
 
     @classmethod
-    def from_pretrained(cls, path: str | os.PathLike, *, backend: Backend = "hf") -> "Tokenizer":
+    def from_pretrained(cls, path: str | os.PathLike, *, backend: Backend = "hf") -> Tokenizer:
         """Load from a folder holding ``tokenizer.json`` and/or ``spiece.model``.
 
         Raises:

@@ -47,7 +47,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
+from collections.abc import Callable, Iterable, Mapping
 
 import jax
 import numpy as np
@@ -316,7 +317,7 @@ class Checkpointer:
         self._manager.wait_until_finished()
         self._manager.close()
 
-    def __enter__(self) -> "Checkpointer":
+    def __enter__(self) -> Checkpointer:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -396,7 +397,7 @@ class PreemptionGuard:
         print(f"[clarifyjax] received {signal.Signals(signum).name}: will save and stop after "
               "the current step", file=sys.stderr, flush=True)
 
-    def __enter__(self) -> "PreemptionGuard":
+    def __enter__(self) -> PreemptionGuard:
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("PreemptionGuard must be entered in the main thread "
                                "(signal handlers can only be set there)")

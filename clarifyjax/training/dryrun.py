@@ -35,13 +35,14 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
+from collections.abc import Callable, Sequence
 
 import jax
 
 from clarifyjax.training import memory_plan
 
-from clarifyjax.training import programs
+from clarifyjax.training import builders, programs
 from clarifyjax.core import sharding as sharding_lib
 from clarifyjax.config import CLASSIFIER_TASKS, ConfigError, PPOConfig, load_config
 from clarifyjax.models.t5 import T5Config
@@ -69,7 +70,7 @@ def _t5_config(model_cfg, role: str, configs_dir: Path, num_layers: int | None =
                ) -> tuple[str, T5Config]:
     """(architecture name, T5Config) of a config's model, without reading any weights."""
     name, hf = memory_plan.resolve_architecture(model_cfg, role, configs_dir)
-    config = programs.t5_config(model_cfg, hf)
+    config = builders.t5_config(model_cfg, hf)
     if num_layers is not None:
         config = dataclasses.replace(config, num_layers=num_layers, num_decoder_layers=num_layers)
     return name, config
@@ -92,8 +93,8 @@ def lower_ppo_update(cfg, mesh, rules, policy_config: T5Config, value_config: T5
                      ) -> jax.stages.Lowered:
     """One PPO update of `cfg`, lowered on abstract arguments: the `programs.PPOProgram` that
     `train.train_ppo` runs, for a rollout of `rows` rows of full-length queries."""
-    graphdef, params = programs.abstract_model("t5", policy_config, mesh, rules)
-    value_graphdef, value_params = programs.abstract_model("value", value_config, mesh, rules)
+    graphdef, params = builders.abstract_model("t5", policy_config, mesh, rules)
+    value_graphdef, value_params = builders.abstract_model("value", value_config, mesh, rules)
     program = programs.PPOProgram.build(cfg, mesh, graphdef, params, value_graphdef, value_params)
     rollout = program.abstract_batch(rows, cfg.policy.max_input_length, cfg.ppo.max_question_length)
     return program.lower(program.abstract_state()["ppo"], rollout, program.abstract_key())
@@ -103,7 +104,7 @@ def lower_sft_step(cfg, mesh, rules, model_config: T5Config, model_cfg, rows: in
                    ) -> jax.stages.Lowered:
     """One SFT step of `cfg`, lowered on abstract arguments: the `programs.SFTProgram` that
     `train.train_sft` runs, for ``grad_accum`` micro-batches of `rows` full-length rows."""
-    graphdef, params = programs.abstract_model("t5", model_config, mesh, rules)
+    graphdef, params = builders.abstract_model("t5", model_config, mesh, rules)
     program = programs.SFTProgram.build(cfg, mesh, graphdef, params,
                                         dropout=model_config.dropout_rate > 0)
     batch = program.abstract_batch(rows, model_cfg.max_input_length, model_cfg.max_target_length)
@@ -128,7 +129,7 @@ def _models(cfg, configs_dir: Path, num_layers: int | None = None
 def _list_parameters(models, mesh, rules, say) -> list[dict]:
     table = []
     for role, kind, _, config in models:
-        table += parameter_table(role, programs.abstract_model(kind, config, mesh, rules)[1])
+        table += parameter_table(role, builders.abstract_model(kind, config, mesh, rules)[1])
     width = max(len(r["name"]) for r in table)
     for r in table:
         say(f"  {r['name']:<{width}}  {str(tuple(r['shape'])):>16}  {r['dtype']:<8}  "

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -37,7 +38,7 @@ from clarifyjax import data as data_lib
 from clarifyjax import decoding
 from clarifyjax.core import metrics_log
 from clarifyjax.training import optim
-from clarifyjax.training import programs
+from clarifyjax.training import builders, programs
 from clarifyjax.training import run_record
 from clarifyjax.training import sft
 from clarifyjax.core import sharding as sharding_lib
@@ -169,23 +170,12 @@ def evaluate_sft(model: T5, eval_step, params, dataset, tokenizer, *, batch_size
     return metrics, predictions
 
 
-def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: bool = True
-              ) -> dict[str, Any]:
-    """Supervised fine-tuning for an `SFTConfig`. Returns {"step", "eval" (last dev metrics),
-    "first_eval", "output_dir", "final" (export folder or None), "stopped" (SIGTERM), "program"
-    (the `programs.SFTProgram` it ran), "model" (the trained model)}.
-
-    For the tasks in `config.CLASSIFIER_TASKS` (the discriminator) the model is the Hugging Face
-    sequence classifier of ``model.init`` (`programs.build_classifier`) trained on (situation,
-    question) pairs with cross-entropy on its class logits, through the same program, checkpoints
-    and resume; dev metrics are eval/loss, eval/accuracy (class accuracy) and eval/majority_rate;
-    final/ is a Hugging Face classifier folder (`hf.save_sequence_classifier`)."""
-    say = say_through(None)
-    run_dir, mesh, rules = _start(cfg, f"sft:{cfg.task}", say)
-    train_pairs, dev_pairs = data_lib.load_sft_pairs(cfg.data, cfg.task)  # bad files fail first
-    classifier = cfg.task in CLASSIFIER_TASKS
-    if classifier:  # an encoder classifier: (situation, question) pairs -> class logits
-        model, tokenizer = programs.build_classifier(cfg.model, mesh=mesh, rules=rules)
+def _sft_model_and_data(cfg, train_pairs, dev_pairs, mesh, rules, say):
+    """The SFT run's model, its config and tokenizer, the encoded train / dev sets, and (for a
+    classifier) the dev majority-class rate."""
+    majority = None
+    if cfg.task in CLASSIFIER_TASKS:  # an encoder classifier: (situation, question) pairs -> class logits
+        model, tokenizer = builders.build_classifier(cfg.model, mesh=mesh, rules=rules)
         config = model.config
         train_ds, dev_ds = (data_lib.classifier_dataset(pairs, tokenizer,
                                                         cfg.model.max_input_length,
@@ -200,10 +190,30 @@ def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: b
         train_ds, dev_ds = (data_lib.sft_dataset(pairs, tokenizer, cfg.model,
                                                  cfg.data.length_buckets)
                             for pairs in (train_pairs, dev_pairs))
-        config, model = programs.build_t5(cfg.model, seed=cfg.run.seed, mesh=mesh, rules=rules,
+        config, model = builders.build_t5(cfg.model, seed=cfg.run.seed, mesh=mesh, rules=rules,
                                           tokenizer=tokenizer)
         say(f"[sft:{cfg.task}] {len(train_ds)} train / {len(dev_ds)} dev pairs; d_model "
             f"{config.d_model}, {config.num_layers} layers, vocab {config.vocab_size}")
+    return model, config, tokenizer, train_ds, dev_ds, majority
+
+
+def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: bool = True
+              ) -> dict[str, Any]:
+    """Supervised fine-tuning for an `SFTConfig`. Returns {"step", "eval" (last dev metrics),
+    "first_eval", "output_dir", "final" (export folder or None), "stopped" (SIGTERM), "program"
+    (the `programs.SFTProgram` it ran), "model" (the trained model)}.
+
+    For the tasks in `config.CLASSIFIER_TASKS` (the discriminator) the model is the Hugging Face
+    sequence classifier of ``model.init`` (`builders.build_classifier`) trained on (situation,
+    question) pairs with cross-entropy on its class logits, through the same program, checkpoints
+    and resume; dev metrics are eval/loss, eval/accuracy (class accuracy) and eval/majority_rate;
+    final/ is a Hugging Face classifier folder (`hf.save_sequence_classifier`)."""
+    say = say_through(None)
+    run_dir, mesh, rules = _start(cfg, f"sft:{cfg.task}", say)
+    train_pairs, dev_pairs = data_lib.load_sft_pairs(cfg.data, cfg.task)  # bad files fail first
+    classifier = cfg.task in CLASSIFIER_TASKS
+    model, config, tokenizer, train_ds, dev_ds, majority = _sft_model_and_data(
+        cfg, train_pairs, dev_pairs, mesh, rules, say)
     graphdef, params = split_model(model)
     program = programs.SFTProgram.build(cfg, mesh, graphdef, params,
                                         dropout=getattr(config, "dropout_rate", 0.0) > 0)
@@ -249,7 +259,7 @@ def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: b
             if _due(step, cfg.run.eval_every, cfg.run.steps):
                 result["eval"] = evaluate(step)
             if _checkpoint(ckpt, guard, step, cfg.run.steps, state,
-                           lambda: {"data": batches.position, "train": last}):
+                           lambda: {"data": batches.position, "train": last}):  # noqa: B023 (called now)
                 result["stopped"] = True
                 say(f"[sft] stopping at step {step} on request (checkpoint saved)")
                 break
@@ -339,7 +349,7 @@ def evaluate_ppo(sampler: RolloutSampler, params, ref_params, dataset, *, batch_
     return metrics
 
 
-def _sampler(cfg, tokenizer, m: programs.PPOModels, reward_fn, mesh) -> RolloutSampler:
+def _sampler(cfg, tokenizer, m: builders.PPOModels, reward_fn, mesh) -> RolloutSampler:
     """Rollouts of the policy `m`, rewarded by `reward_fn` (default: the config's pipeline)."""
     h = cfg.ppo
     return RolloutSampler(tokenizer, m.graphdef, m.value_graphdef,
@@ -375,8 +385,9 @@ def _log_ppo_step(logger, bar, step: int, metrics, fields, times: dict, t_update
     row["train/reward_raw"] = float(fields["raw_reward"].mean())
     row["train/tokens_per_s"] = float(host_rows(rollout.response_mask, mesh).sum()
                                       ) / max(sum(times.values()), 1e-9)
-    if "valid" in fields:
+    if "valid" in fields:  # the rest were paid the dropped-answer value, not a JSD
         row["train/valid_rate"] = float(np.mean(fields["valid"]))
+        row["train/dropped_share"] = 1.0 - row["train/valid_rate"]
     logger.write(step, row)
     bar.set_postfix(reward=f"{row['train/mean_score']:.3f}", kl=f"{row['train/kl_to_ref']:.3f}",
                     loss=f"{row['train/total_loss']:.3f}")
@@ -396,7 +407,7 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
     run_dir, mesh, rules = _start(cfg, "ppo", say)
     h, seed = cfg.ppo, cfg.run.seed
     tokenizer = Tokenizer.from_pretrained(cfg.policy.tokenizer_path)
-    m = programs.build_ppo_models(cfg, mesh, rules, tokenizer)
+    m = builders.build_ppo_models(cfg, mesh, rules, tokenizer)
     train_ds, dev_ds = _situations(cfg, tokenizer)
     say(f"[ppo] {len(train_ds)} training situations, {len(dev_ds or ())} dev situations; policy "
         f"d_model={m.config.d_model}, {m.config.num_layers} layers")
@@ -445,7 +456,7 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
                     say(f"  [{step}] {sit!r}\n      -> {q!r} (raw reward {r:.4g})")
             if dev_ds is not None and _due(step, cfg.run.eval_every, cfg.run.steps):
                 result["eval"] = evaluate(step)
-            if _checkpoint(ckpt, guard, step, cfg.run.steps, state, lambda: {
+            if _checkpoint(ckpt, guard, step, cfg.run.steps, state, lambda state=state: {
                     "data": batches.position, "normalizer": normalizer.to_dict(),
                     "kl_coef": float(state["ppo"].kl_ctl.value)}):
                 result["stopped"] = True

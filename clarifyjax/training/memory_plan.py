@@ -46,11 +46,11 @@ from jax.sharding import AbstractMesh
 from clarifyjax.core import sharding
 from clarifyjax.config import ModelConfig, PPOConfig, TinyModelSpec, load_config
 from clarifyjax.models.safetensors_io import read_config
+from clarifyjax.files.tables import REPO_ROOT
 from clarifyjax.models.state import shape_only
 
 # Model folders written relative to the repository (as the configs write them) are found from any
 # working directory.
-REPO_ROOT = Path(__file__).resolve().parents[1]
 GiB = 2 ** 30
 _T5 = {"model_type": "t5", "vocab_size": 32128, "relative_attention_num_buckets": 32,
        "relative_attention_max_distance": 128, "num_layers": 24}
@@ -93,7 +93,7 @@ class PlanError(ValueError):
 # --------------------------------------------------------------------------- architectures
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _sft_outputs(configs_dir: Path) -> dict[str, tuple[Path, ModelConfig]]:
     """``runs/<name>/final`` -> (the SFT config that writes it, its model), for configs_dir."""
     out = {}
@@ -128,13 +128,13 @@ def _is_encoder(hf: dict) -> bool:
     return hf.get("model_type") in ("bert", "roberta")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def abstract_state(kind: str, hf_json: str, param_dtype: str):
     """The abstract (shape-only) state of one model ("t5", "value" or "encoder"), flattened:
     [(path, Variable holding a ShapeDtypeStruct)]; cached per architecture."""
     from clarifyjax.models.encoder import EncoderConfig, SequenceClassifier
     from clarifyjax.models.t5 import T5, T5Config
-    from clarifyjax.models.value import ValueModel
+    from clarifyjax.rl.value import ValueModel
 
     hf = json.loads(hf_json)
     if kind == "encoder":

@@ -5,7 +5,7 @@ A program is a run's jitted step with everything it is compiled for: the train s
 shardings, the batch's layout and shardings, and the initial state. `SFTProgram` is one optimizer
 step of supervised fine-tuning over ``grad_accum`` micro-batches; `PPOProgram` one PPO update (GAE
 and the PPO epochs over a rollout batch). Both are built from a model's graphdef and parameters,
-which are either real arrays (`build_t5`, `build_ppo_models`: the run) or `jax.ShapeDtypeStruct`s
+which are either real arrays (`builders.build_t5`, `builders.build_ppo_models`: the run) or `jax.ShapeDtypeStruct`s
 carrying their shardings (`abstract_model` of a `t5_config`: the dry run, which allocates nothing,
 so a T5-large plan runs on a laptop). The step, the shardings and the state's structure are the
 same either way, so a dry run lowers the very program that the run executes:
@@ -22,12 +22,12 @@ the step again for it, which is how the tests compare the dry run with a real st
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, NamedTuple
+from typing import Any
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from clarifyjax.training import optim
@@ -38,134 +38,11 @@ from clarifyjax.training import sft
 
 from clarifyjax.core import traces
 from clarifyjax.core import sharding as sharding_lib
-from clarifyjax.config import ConfigError
-from clarifyjax.models.hf import load_t5
-from clarifyjax.models.t5 import T5, T5Config
-from clarifyjax.models.state import copy_params, shape_only, split_model
-from clarifyjax.models.value import ValueModel
 from clarifyjax.rl.policy import make_ppo_fns
-from clarifyjax.text.tokenizer import Tokenizer
+from clarifyjax.training.builders import abstract_tree
 
 
 # --------------------------------------------------------------------------- models
-
-
-def tiny_t5_config(model_cfg) -> T5Config:
-    """The T5Config of a tiny random model (``model.tiny``): no dropout unless the config says."""
-    return T5Config(**model_cfg.tiny.t5_kwargs(), dtype=model_cfg.dtype,
-                    param_dtype=model_cfg.param_dtype, dropout_rate=model_cfg.dropout_rate or 0.0)
-
-
-def with_dropout(config: T5Config, model_cfg) -> T5Config:
-    """`config` with the run's ``dropout_rate`` (when set; else the checkpoint's)."""
-    if model_cfg.dropout_rate is None or model_cfg.dropout_rate == config.dropout_rate:
-        return config
-    return dataclasses.replace(config, dropout_rate=model_cfg.dropout_rate)
-
-
-def t5_config(model_cfg, hf: dict) -> T5Config:
-    """The T5Config `train.build_t5` gives `model_cfg`, from its architecture alone: a Hugging Face
-    config.json dict, or ``{"tiny": ...}`` (`memory_plan.resolve_architecture`)."""
-    if model_cfg.tiny is not None:
-        return tiny_t5_config(model_cfg)
-    return with_dropout(T5Config.from_hf(hf, dtype=model_cfg.dtype,
-                                         param_dtype=model_cfg.param_dtype), model_cfg)
-
-
-def abstract_model(kind: str, config: T5Config, mesh, rules) -> tuple[Any, Any]:
-    """(graphdef, params) of a T5 ("t5") or a value model ("value") built with `nnx.eval_shape`:
-    params is a pure dict of `jax.ShapeDtypeStruct`s carrying the rules' `NamedSharding`s."""
-    graphdef, state = nnx.split(shape_only(ValueModel if kind == "value" else T5, config))
-    shardings = nnx.to_pure_dict(sharding_lib.model_shardings(state, mesh, rules))
-    return graphdef, _abstract(nnx.to_pure_dict(state), shardings)
-
-
-def build_t5(model_cfg, *, seed: int, mesh, rules, tokenizer: Tokenizer | None = None,
-             where: str = "model") -> tuple[T5Config, T5]:
-    """A T5 from a `ModelConfig`: a Hugging Face folder (``init``) or a tiny random one (``tiny``),
-    placed on `mesh`; ``dropout_rate`` (when set) overrides the checkpoint's."""
-    def check_vocab(config: T5Config) -> None:  # before anything is built on the config
-        if tokenizer is not None and tokenizer.vocab_size > config.vocab_size:
-            raise ConfigError(f"{where}: the tokenizer {tokenizer.folder} has "
-                              f"{tokenizer.vocab_size} tokens but the model's vocab_size is "
-                              f"{config.vocab_size}")
-
-    if model_cfg.init is None:
-        config = tiny_t5_config(model_cfg)
-        check_vocab(config)
-        return config, sharding_lib.create_sharded(lambda: T5(config, rngs=nnx.Rngs(seed)),
-                                                   mesh, rules)
-    loaded, model = load_t5(model_cfg.init, dtype=model_cfg.dtype, mesh=mesh, rules=rules,
-                            param_dtype=model_cfg.param_dtype)
-    check_vocab(loaded)
-    config = with_dropout(loaded, model_cfg)
-    if config != loaded:
-        graphdef, _ = nnx.split(nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0))))
-        model = nnx.merge(graphdef, nnx.state(model))
-    return config, model
-
-
-def build_classifier(model_cfg, *, mesh, rules, num_labels: int = 2, where: str = "model"):
-    """(classifier, tokenizer) from a `ModelConfig` naming a Hugging Face sequence-classification
-    folder (``init``): DeBERTa-v2/v3, BERT or RoBERTa by config.json model_type
-    (`hf.load_classifier`), placed on `mesh`, with `num_labels` classes; the folder's
-    tokenizer.json truncating pairs to ``max_input_length``. Any problem with the folder is one
-    `ConfigError` naming ``{where}.init``. The classifier is called without token type ids (all
-    0): DeBERTa-v3 and RoBERTa have no segment embeddings, but a BERT trains and exports with
-    its second segment read as type 0 (not what transformers' pair encoding feeds it)."""
-    from clarifyjax.models.hf import CheckpointError, load_classifier, load_encoder_tokenizer
-
-    try:
-        model = load_classifier(model_cfg.init, dtype=model_cfg.dtype,
-                                param_dtype=model_cfg.param_dtype, mesh=mesh, rules=rules)
-        tokenizer = load_encoder_tokenizer(model_cfg.init, model_cfg.max_input_length,
-                                           vocab_size=model.config.vocab_size)
-    except (CheckpointError, OSError) as e:
-        raise ConfigError(f"{where}.init: {e}", key=f"{where}.init") from e
-    if model.config.num_labels != num_labels:
-        raise ConfigError(f"{where}.init: {model_cfg.init} has {model.config.num_labels} labels "
-                          f"{list(model.config.labels)}; the discriminator needs {num_labels} "
-                          "(0 irrelevant, 1 relevant)", key=f"{where}.init")
-    return model, tokenizer
-
-
-class PPOModels(NamedTuple):
-    """The policy (its T5Config, graphdef and parameters), the frozen reference's parameters and
-    the value model (graphdef, parameters), placed on the run's mesh."""
-
-    config: T5Config
-    graphdef: Any
-    params: Any
-    ref_params: Any
-    value_graphdef: Any
-    value_params: Any
-
-
-def build_ppo_models(cfg, mesh, rules, tokenizer: Tokenizer) -> PPOModels:
-    """The models of a `PPOConfig`: the policy, its reference (a copy unless ``reference`` is
-    set) and the value model (a copy of the policy, or of ``value.model``, with a new head)."""
-    seed = cfg.run.seed
-    p_config, policy = build_t5(cfg.policy, seed=seed, mesh=mesh, rules=rules, tokenizer=tokenizer,
-                                where="policy")
-    graphdef, params = split_model(policy)
-    if cfg.reference is None:
-        ref_params = copy_params(params)
-    else:
-        _, reference = build_t5(cfg.reference, seed=seed, mesh=mesh, rules=rules, where="reference")
-        ref_graphdef, ref_params = split_model(reference)
-        if ref_graphdef != graphdef:
-            raise ConfigError("reference: the reference model's architecture differs from the "
-                              "policy's")
-    trunk = policy if cfg.value.model is None else build_t5(
-        cfg.value.model, seed=seed + 1, mesh=mesh, rules=rules, where="value.model")[1]
-    value = ValueModel.from_t5(trunk, seed=seed + 2)  # a copy of the trunk, and a new head
-    value_graphdef, value_params = split_model(value)
-    value_params = jax.device_put(value_params, nnx.to_pure_dict(sharding_lib.model_shardings(
-        nnx.state(value), mesh, rules)))
-    return PPOModels(p_config, graphdef, params, ref_params, value_graphdef, value_params)
-
-
-# --------------------------------------------------------------------------- shardings
 
 
 def replicated(mesh) -> NamedSharding:
@@ -187,16 +64,6 @@ def opt_state_shardings(tx, opt_state, params, p_shardings, mesh):
         tx, lambda leaf, p, s: s if leaf.shape == p.shape else replicated(mesh), opt_state,
         params, p_shardings, transform_non_params=lambda _: replicated(mesh),
         is_leaf=lambda x: isinstance(x, (jax.Array, jax.ShapeDtypeStruct)))
-
-
-def _abstract(tree, shardings=None):
-    """`jax.ShapeDtypeStruct`s of `tree`'s arrays, with `shardings` (a matching tree) or theirs."""
-    def spec(x, sharding=None):
-        return jax.ShapeDtypeStruct(np.shape(x), x.dtype, weak_type=bool(getattr(x, "weak_type",
-                                                                               False)),
-                                    sharding=getattr(x, "sharding", None) if sharding is None
-                                    else sharding)
-    return jax.tree.map(spec, tree) if shardings is None else jax.tree.map(spec, tree, shardings)
 
 
 # --------------------------------------------------------------------------- programs
@@ -230,11 +97,11 @@ class Program:
 
     def abstract_state(self):
         """The initial state as `jax.ShapeDtypeStruct`s carrying `state_shardings` (no memory)."""
-        return _abstract(jax.eval_shape(self.initial, *self.models), self.state_shardings)
+        return abstract_tree(jax.eval_shape(self.initial, *self.models), self.state_shardings)
 
     def __call__(self, *args):
         if self.signature is None:
-            self.signature = _abstract(args, self.in_shardings)
+            self.signature = abstract_tree(args, self.in_shardings)
         return self.step(*args)
 
     def lower(self, *args) -> jax.stages.Lowered:
@@ -268,7 +135,7 @@ class SFTProgram(Program):
     grad_accum: int = 1
 
     @classmethod
-    def build(cls, cfg, mesh, graphdef, params, *, dropout: bool) -> "SFTProgram":
+    def build(cls, cfg, mesh, graphdef, params, *, dropout: bool) -> SFTProgram:
         opt = cfg.optimizer
         tx = optim.make_optimizer(opt, cfg.run.steps)
 
@@ -315,8 +182,8 @@ class PPOProgram(Program):
 
     @classmethod
     def build(cls, cfg, mesh, graphdef, params, value_graphdef, value_params,
-              hyper: ppo.PPOConfig | None = None) -> "PPOProgram":
-        """`hyper`: the update's hyperparameters (default: ``cfg.ppo``, a `ppo.PPOConfig`)."""
+              hyper: ppo.PPOUpdateConfig | None = None) -> PPOProgram:
+        """`hyper`: the update's hyperparameters (default: ``cfg.ppo``, a `ppo.PPOUpdateConfig`)."""
         tx = optim.make_optimizer(cfg.optimizer, cfg.run.steps)  # policy and value alike
         hyper = cfg.ppo if hyper is None else hyper
         kl_ctl = kl_controller(cfg.ppo)

@@ -23,7 +23,8 @@ import datetime
 import json
 import os
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any
+from collections.abc import Callable, Mapping
 
 from clarifyjax.config.loader import ConfigError, config_to_dict, save_config
 
@@ -199,7 +200,7 @@ def commit(cfg, step: int, extra: Mapping, say: Callable[[str], None] = print) -
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / CONFIG_FILE)
     if changes:
-        line = {"time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        line = {"time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
                 "step": int(step), "changes": {k: [a, b] for k, a, b in changes}}
         with open(run_dir / HISTORY_FILE, "a", encoding="utf-8") as f:
             f.write(json.dumps(line, ensure_ascii=False) + "\n")

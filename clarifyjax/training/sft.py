@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Callable, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp

@@ -24,7 +24,8 @@ from __future__ import annotations
 import dataclasses
 import re
 from pathlib import Path
-from typing import ClassVar, Literal, Optional, Sequence
+from typing import ClassVar, Literal
+from collections.abc import Sequence
 
 from clarifyjax.config.loader import ConfigError, build_root, read_yaml
 
@@ -39,9 +40,9 @@ class GeneratorConfig:
 
     kind: Literal["local", "openai", "file"] = "local"
     model: str = ""
-    base_url: Optional[str] = None
+    base_url: str | None = None
     api: Literal["completions", "chat"] = "completions"
-    api_key_env: Optional[str] = None  # the NAME of the variable holding the key, never the key
+    api_key_env: str | None = None  # the NAME of the variable holding the key, never the key
     concurrency: int = 8
     timeout_s: float = 120.0
     max_retries: int = 5
@@ -68,10 +69,10 @@ class GeneratorConfig:
 class SamplingConfig:
     """None: the preset's value (top_k, max_new_tokens), else the model's own default."""
 
-    max_new_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    top_k: Optional[int] = None
-    top_p: Optional[float] = None
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
 
     _bounds: ClassVar = {"max_new_tokens": "[1, 32768]", "temperature": "[0, 100]", "top_k": ">= 1",
                          "top_p": "(0, 1]"}
@@ -82,7 +83,7 @@ class ScorerConfig:
     """ParaScore's model (bert-base-uncased in SaGE) and settings (sage_jax.parascore)."""
 
     model: str = ""
-    layer: Optional[int] = None
+    layer: int | None = None
     gamma: float = 0.35
     omega: float = 0.05
 
@@ -93,11 +94,11 @@ class ScorerConfig:
 class ParaphraseConfig:
     source: Literal["generate", "file"] = "generate"
     paraphrase_column: str = "paraphrased"  # source: file
-    generator: Optional[GeneratorConfig] = None
+    generator: GeneratorConfig | None = None
     scorer: ScorerConfig = ScorerConfig()
     sampling: SamplingConfig = SamplingConfig()
     count: int = 5
-    threshold: Optional[float] = None  # None: the preset's (code 0.6, paper 0.8)
+    threshold: float | None = None  # None: the preset's (code 0.6, paper 0.8)
     max_attempts: int = 5
     batch_size: int = 8
 
@@ -133,7 +134,7 @@ class TargetConfig:
 class StageConfig:
     """The answer and RoT stages' shared settings."""
 
-    generator: Optional[GeneratorConfig] = None  # rot only: the RoT writer (answers use each model's)
+    generator: GeneratorConfig | None = None  # rot only: the RoT writer (answers use each model's)
     sampling: SamplingConfig = SamplingConfig()
     samples: int = 1
     max_attempts: int = 5
@@ -144,12 +145,12 @@ class StageConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ScoreConfig:
-    embedder: Optional[str] = None  # sentence-transformers folder; None: all-MiniLM-L6-v2
+    embedder: str | None = None  # sentence-transformers folder; None: all-MiniLM-L6-v2
     alpha: float = 10.0
     blend_weight: float = 0.8
     bertscore: bool = True
-    bertscore_model: Optional[str] = None  # BERT / RoBERTa folder (the reference: bert-base-uncased); None: embedder
-    bertscore_layer: Optional[int] = None  # None: bert-score's default layer for the model, else its last
+    bertscore_model: str | None = None  # BERT / RoBERTa folder (the reference: bert-base-uncased); None: embedder
+    bertscore_layer: int | None = None  # None: bert-score's default layer for the model, else its last
     lexical: bool = True
     batch_size: int = 64
 
@@ -161,8 +162,8 @@ class ScoreConfig:
 class HostsConfig:
     """Multi-host runs: process i of n takes questions i, i + n, ... (None: from jax.distributed)."""
 
-    process_index: Optional[int] = None
-    process_count: Optional[int] = None
+    process_index: int | None = None
+    process_count: int | None = None
 
     _bounds: ClassVar = {"process_index": ">= 0", "process_count": ">= 1"}
 
@@ -175,13 +176,13 @@ class HostsConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig:
+class SageRunConfig:
     questions: str = ""
     out: str = ""
     preset: Literal["code", "paper"] = "code"
     question_id_column: str = "question_id"
     question_column: str = "question"
-    limit: Optional[int] = None
+    limit: int | None = None
     seed: int = 0
     quiet: bool = False
     paraphrase: ParaphraseConfig = ParaphraseConfig()
@@ -205,9 +206,9 @@ class RunConfig:
             raise ConfigError(f"models: {twice[0]!r} is named twice; each model needs its own name", key="models")
 
 
-def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> SageRunConfig:
     """The config of `path` with overrides applied. Paths are as in every config of the project:
     data files (`questions`, a recorded generator's file) are found by
     `clarifyjax.files.tables.resolve_data_path` (the working folder, the repository, the shared data),
     folders relative to the working folder."""
-    return build_root(RunConfig, read_yaml(path), overrides, source=str(path))
+    return build_root(SageRunConfig, read_yaml(path), overrides, source=str(path))

@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from clarifyjax.text.generator import Completion, Prompt, Sampling, per_prompt
 

@@ -18,13 +18,13 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from clarifyjax.config.loader import ConfigError, dump_config
 from clarifyjax.files.textfiles import atomic_write_bytes
 from sage_jax.run import prompts as P
 from clarifyjax.text.generator import Sampling
-from sage_jax.run.config import GeneratorConfig, RunConfig, SamplingConfig
+from sage_jax.run.config import GeneratorConfig, SageRunConfig, SamplingConfig
 from sage_jax.run.stages import Stage, StageError, Task
 
 STAGES = ("paraphrase", "answer", "rot", "score", "report")
@@ -32,14 +32,14 @@ PARAPHRASER = "paraphraser"  # the model field of paraphrase rows
 
 
 @dataclasses.dataclass
-class Question:
+class SourceQuestion:
     question_id: str
     question: str
     paraphrases: list[str] | None = None  # paraphrase.source: file
     scores: list[float] | None = None
 
 
-def read_questions(cfg: RunConfig) -> list[Question]:
+def read_source_questions(cfg: SageRunConfig) -> list[SourceQuestion]:
     """The questions file: one question per id (a long-format file's repeated ids are one question,
     its paraphrase column the paraphrases when paraphrase.source is file); first `limit`."""
     from clarifyjax.files.tables import DataError, read_rows, resolve_data_path
@@ -52,16 +52,17 @@ def read_questions(cfg: RunConfig) -> list[Question]:
     if missing:
         raise DataError(f"{cfg.questions}: missing column{'s' if len(missing) > 1 else ''} "
                         f"{', '.join(map(repr, missing))} (the file has: {', '.join(header)})")
-    by_id: dict[str, Question] = {}
+    by_id: dict[str, SourceQuestion] = {}
     for line, row in rows:
         qid, text = row[cfg.question_id_column].strip(), row[cfg.question_column].strip()
         if not qid or not text:
-            raise DataError(f"{cfg.questions}:{line}: empty {cfg.question_id_column if not qid else cfg.question_column!r}")
+            column = cfg.question_id_column if not qid else cfg.question_column
+            raise DataError(f"{cfg.questions}:{line}: empty {column!r}")
         q = by_id.get(qid)
         if q is None:
             if cfg.limit is not None and len(by_id) == cfg.limit:
                 continue
-            q = by_id[qid] = Question(qid, text, [] if cfg.paraphrase.source == "file" else None,
+            q = by_id[qid] = SourceQuestion(qid, text, [] if cfg.paraphrase.source == "file" else None,
                                       [] if cfg.paraphrase.source == "file" else None)
         elif q.question != text:
             raise DataError(f"{cfg.questions}:{line}: question id {qid!r} has another question text than "
@@ -77,7 +78,7 @@ def read_questions(cfg: RunConfig) -> list[Question]:
     return list(by_id.values())
 
 
-def process_share(cfg: RunConfig) -> tuple[int, int]:
+def process_share(cfg: SageRunConfig) -> tuple[int, int]:
     if cfg.hosts.process_index is not None:
         return cfg.hosts.process_index, cfg.hosts.process_count
     import jax
@@ -159,7 +160,7 @@ def rot_prompt_of(row) -> str:
 class Run:
     """One `sage-jax run`: the resolved config, the output folder and the stages."""
 
-    def __init__(self, cfg: RunConfig, *, generators: Generators | None = None, screen=None, embedder=None):
+    def __init__(self, cfg: SageRunConfig, *, generators: Generators | None = None, screen=None, embedder=None):
         """generators, embedder, and `screen(question, generation, exclude) -> parascore.Screened` (the
         paraphrase filter): built from the config when None (tests pass their own)."""
         self.cfg, self.out = cfg, Path(cfg.out)
@@ -206,8 +207,8 @@ class Run:
             (self.out / "prompts").mkdir(exist_ok=True)
             atomic_write_bytes(self.out / "prompts" / name, text.encode())
 
-    def questions(self) -> list[Question]:
-        return read_questions(self.cfg)[self.index::self.count]
+    def questions(self) -> list[SourceQuestion]:
+        return read_source_questions(self.cfg)[self.index::self.count]
 
     def _stage(self, name: str, folder: Path, tasks, fingerprint: dict, settings) -> Stage:
         return Stage(name, folder, tasks, fingerprint={"stage": name, **fingerprint}, seed=self.cfg.seed,
@@ -258,7 +259,8 @@ class Run:
         if cfg.source == "file":
             rows = [{"question_id": q.question_id, "paraphrase_index": -1, "model": PARAPHRASER, "sample": 0,
                      "attempt": 0, "prompt": None, "output": None, "status": "ok", "reason": None,
-                     "question": q.question, "kept": [{"text": t, "parascore": s} for t, s in zip(q.paraphrases, q.scores)]}
+                     "question": q.question,
+                     "kept": [{"text": t, "parascore": s} for t, s in zip(q.paraphrases, q.scores)]}
                     for q in questions]
             folder.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(folder / "rows.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
@@ -314,7 +316,8 @@ class Run:
                 continue
             for i, k in enumerate(row["kept"][:self.cfg.paraphrase.count]):
                 for sample in range(settings.samples):
-                    tasks.append(Task((row["question_id"], i, target.name, sample), P.answer_prompt(k["text"], target.chat),
+                    prompt = P.answer_prompt(k["text"], target.chat)
+                    tasks.append(Task((row["question_id"], i, target.name, sample), prompt,
                                       {"question_id": row["question_id"], "question": row["question"],
                                        "paraphrase": k["text"], "parascore": k["parascore"], "sample": sample}))
         s = sampling(dataclasses.replace(settings.sampling, **{f: getattr(target.sampling, f) for f in (

@@ -141,7 +141,7 @@ def _quiet_bar(run, total, desc):
     return tqdm(total=total, desc=desc, disable=run.cfg.quiet, leave=False, file=sys.stderr, dynamic_ncols=True)
 
 
-def score(run) -> dict:
+def score_stage(run) -> dict:
     """The score stage; its result is reused while the answers files and settings are unchanged."""
     folder = run.out / "report"
     folder.mkdir(parents=True, exist_ok=True)
@@ -199,7 +199,7 @@ def _column(values) -> np.ndarray:
     return np.array([np.nan if v is None else v for v in values], np.float64)
 
 
-def write_report(run, scores: dict) -> dict:
+def write_run_report(run, scores: dict) -> dict:
     folder = run.out / "report"
     summaries, table_rows, distributions = [], [], {}
     for name, entry in scores["models"].items():
@@ -233,10 +233,10 @@ def write_report(run, scores: dict) -> dict:
 
 def score_and_report(run, stages) -> dict | None:
     if "score" in stages:
-        scores = score(run)
+        scores = score_stage(run)
     else:
         path = run.out / "report" / "scores.json"
         if not path.exists():
             raise StageError(f"stage score has not finished ({path} is missing); run it first (--stages score)")
         scores = json.loads(path.read_text())
-    return write_report(run, scores) if "report" in stages else None
+    return write_run_report(run, scores) if "report" in stages else None

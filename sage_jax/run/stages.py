@@ -27,7 +27,7 @@ import sys
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from clarifyjax.files.textfiles import atomic_write_bytes
 
@@ -88,8 +88,8 @@ def _unfit(generator, tasks: Sequence[Task], sampling) -> dict[int, str]:
     return out
 
 
-# Judge: (tasks, texts, previous records or None) -> per task {"ok": bool, "reason": str | None, ...fields}
-Judge = Callable[[Sequence[Task], Sequence[str], Sequence[dict | None]], list[dict]]
+# RowCheck: (tasks, texts, previous records or None) -> per task {"ok": bool, "reason": str | None, ...fields}
+RowCheck = Callable[[Sequence[Task], Sequence[str], Sequence[dict | None]], list[dict]]
 
 
 class Stage:
@@ -129,7 +129,24 @@ class Stage:
 
     # ------------------------------------------------------------------ run
 
-    def run(self, generator_fn, judge: Judge, *, sampling, n: int = 1, quiet: bool = False,
+    def _records(self, tasks, tries, unfit: dict, answered) -> list[dict]:
+        """One batch's records: a row unfit for the generator failed; the others as judged, a row
+        the judge refused left for another attempt while `max_attempts` allows."""
+        answered = iter(answered)
+        records = []
+        for i, (task, attempt) in enumerate(zip(tasks, tries)):
+            if i in unfit:
+                text, verdict, status = None, {"reason": unfit[i]}, "failed"
+            else:
+                text, verdict = next(answered)
+                verdict = dict(verdict)
+                ok = verdict.pop("ok")
+                status = "ok" if ok else ("retry" if attempt + 1 < self.max_attempts else "failed")
+            records.append({**task.context, **dict(zip(KEY_FIELDS, task.key)), "attempt": attempt,
+                            "prompt": task.prompt, "output": text, "status": status, **verdict})
+        return records
+
+    def run(self, generator_fn, judge: RowCheck, *, sampling, n: int = 1, quiet: bool = False,
             describe: str = "") -> list[dict]:
         """The final rows, in task order: from rows.jsonl when the stage finished before, else by
         generating (what batches a killed run left are replayed first). `generator_fn()` builds
@@ -194,18 +211,7 @@ class Stage:
                                      "from there") from e
                 texts = [o[0].text if n == 1 else [c.text for c in o] for o in outputs]
                 verdicts = judge(asked, texts, [last.get(t.key) for t in asked]) if asked else []
-                answered = iter(zip(texts, verdicts))
-                records = []
-                for i, (task, attempt) in enumerate(zip(tasks, tries)):
-                    if i in unfit:
-                        text, verdict, status = None, {"reason": unfit[i]}, "failed"
-                    else:
-                        text, verdict = next(answered)
-                        verdict = dict(verdict)
-                        ok = verdict.pop("ok")
-                        status = "ok" if ok else ("retry" if attempt + 1 < self.max_attempts else "failed")
-                    records.append({**task.context, **dict(zip(KEY_FIELDS, task.key)), "attempt": attempt,
-                                    "prompt": task.prompt, "output": text, "status": status, **verdict})
+                records = self._records(tasks, tries, unfit, zip(texts, verdicts))
                 atomic_write_bytes(self._batch_path(k), _jsonl(records))
                 apply(batch, records)
                 bar.update(sum(r["status"] != "retry" for r in records))

@@ -46,9 +46,10 @@ CASES = {
 def make_hf_causal_lm(folder, case: str, seed: int = 0, **overrides):
     """A random torch model of `case`, saved as safetensors in `folder` -> the torch model.
 
-    Weights are drawn with std 0.25 (0.35 for post-LN OPT, which repeats itself at 0.25) (transformers' 0.02 makes a tiny model's logits almost
-    uniform, so greedy decoding would repeat one token and ties would decide it), and every
-    1-D parameter (norm scales, biases) gets noise so that a mix-up between them shows.
+    Weights are drawn with std 0.25 (0.35 for post-LN OPT, which repeats itself at 0.25)
+    (transformers' 0.02 makes a tiny model's logits almost uniform, so greedy decoding would repeat
+    one token and ties would decide it), and every 1-D parameter (norm scales, biases) gets noise so
+    that a mix-up between them shows.
     """
     torch = require("torch")
     transformers = require("transformers")

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from clarifyjax.files.child_result import RESULT_FILE_ENV, read_result, result_path
 from helpers.env import REPO_ROOT

@@ -38,7 +38,7 @@ class FakeGenerator:
         m = re.search(r"# Instruction\nParaphrase (.*)\n", text)
         if m:
             q = m.group(1).strip()
-            lines = [f"1. {q}", f"Some intro that mentions 2. inline numbers"]
+            lines = [f"1. {q}", "Some intro that mentions 2. inline numbers"]
             for i in range(2, 9):
                 words = rng.sample(WORDS, 4)
                 lines.append(f"{i}. {q.rstrip('?')} — {' '.join(words)}?")

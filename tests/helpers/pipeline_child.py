@@ -19,7 +19,7 @@ def main(config_path: str, kill_after: str) -> None:
     from sage_jax.run import pipeline
 
     from sage_jax.run import config as run_config
-    cfg = build_root(run_config.RunConfig, json.loads(open(config_path).read()), source=config_path)
+    cfg = build_root(run_config.SageRunConfig, json.loads(open(config_path).read()), source=config_path)
     limit = None if kill_after == "none" else int(kill_after)
     calls = [0]
 

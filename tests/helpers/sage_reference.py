@@ -1,7 +1,7 @@
 """Independent references for sage_jax.metric (test_sage_metric, test_sage_bench).
 
 Written independently of the jitted code: one loop per question, float64, the definition of
-DESIGN §5; the collapsing reference keys a dict by text, as the reference code keys its graph
+docs/originals.md, SaGE; the collapsing reference keys a dict by text, as the reference code keys its graph
 nodes. `random_questions` draws batches of questions with a spread of consistency levels.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ ALPHA = 10.0
 
 
 def numpy_sage(vectors: np.ndarray, alpha: float = ALPHA) -> float:
-    """DESIGN §5 for one question, one node per text. vectors [k, d]."""
+    """docs/originals.md, SaGE for one question, one node per text. vectors [k, d]."""
     k = len(vectors)
     if k < 2:
         return math.nan

@@ -2,9 +2,9 @@
 `model_type` (llama, mistral, qwen2, qwen3, opt, falcon) as a `CausalLMConfig`, and each
 family's tensor map, which `clarifyjax.models.hf.load_causal_lm` loads through.
 
-Every map says, for one parameter, which rows (and columns) of the 2-D Hugging Face tensor
-(torch `nn.Linear` layout [out, in]) make each of our entries: `TensorMap.rows` / `cols` are
-small index tables over our dimensions. A device's block of a parameter is read as the bounding
+Every map (a `tensor_map.TensorMap`) says, for one parameter, which rows (and columns) of the
+2-D Hugging Face tensor (torch `nn.Linear` layout [out, in]) make each of our entries: `rows` /
+`cols` are small index tables over our dimensions. A device's block of a parameter is read as the bounding
 row/column range of the file (so no device reads a whole sharded matrix), then gathered. The
 same scheme splits Falcon's fused query_key_value exactly as transformers' `_split_heads` does.
 
@@ -26,9 +26,12 @@ from pathlib import Path
 
 import numpy as np
 
-from clarifyjax.models.causal_lm import ACTIVATIONS, CausalLMConfig
+from clarifyjax.models.causal_lm import CausalLMConfig
+from clarifyjax.models.causal_lm_layers import CAUSAL_LM_ACTIVATIONS
+from clarifyjax.models.hf.tensor_map import (TensorMap, check_tensors, grid, linear, same_layout,
+                                             vector)
 from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, check_config_numbers,
-                                             check_present)
+                                             check_folder, read_config)
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "opt", "falcon")
 _LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3")
@@ -159,9 +162,9 @@ def config_from_hf(hf: dict, where: str | Path = "config.json", **overrides) -> 
     check_config_numbers(hf, where, CONFIG_RANGES)
     build = _opt if model_type == "opt" else _falcon if model_type == "falcon" else _llama_like
     fields = build(hf, str(where))
-    if fields["activation"] not in ACTIVATIONS:
+    if fields["activation"] not in CAUSAL_LM_ACTIVATIONS:
         raise CheckpointError(f"{where}: activation {fields['activation']!r} is not supported "
-                              f"(known: {', '.join(ACTIVATIONS)})")
+                              f"(known: {', '.join(CAUSAL_LM_ACTIVATIONS)})")
     if model_type == "falcon" and fields["hidden_size"] % fields["num_heads"]:
         raise CheckpointError(f"{where}: hidden_size is not a multiple of num_attention_heads")
     fields.update(model_type=model_type, vocab_size=_field(hf, "vocab_size", str(where)),
@@ -178,65 +181,23 @@ def config_from_hf(hf: dict, where: str | Path = "config.json", **overrides) -> 
 # --------------------------------------------------------------------------- tensor maps
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class TensorMap:
-    """ours[i] = hf[rows[i_row], cols[i_col]]: `row_dims` / `col_dims` are our dimensions that
-    index the Hugging Face tensor's dim 0 / dim 1 (none for a 1-D tensor); `rows` / `cols` are
-    int tables over those dimensions."""
-
-    hf_name: str
-    hf_shape: tuple[int, ...]
-    shape: tuple[int, ...]
-    row_dims: tuple[int, ...]
-    rows: np.ndarray
-    col_dims: tuple[int, ...] = ()
-    cols: np.ndarray | None = None
-
-    def read(self, source: TensorSource, index: tuple | None = None) -> np.ndarray:
-        """Our-layout block `index` (unit-step slices over `shape`), reading from the file only
-        the bounding rows and columns of the block."""
-        index = tuple(index or ()) + (slice(None),) * (len(self.shape) - len(index or ()))
-        r = self.rows[tuple(index[d] for d in self.row_dims)]
-        hf_index = [slice(int(r.min()), int(r.max()) + 1)]
-        picks = [r - r.min()]
-        if self.col_dims:
-            c = self.cols[tuple(index[d] for d in self.col_dims)]
-            hf_index.append(slice(int(c.min()), int(c.max()) + 1))
-            picks = [picks[0].reshape(r.shape + (1,) * c.ndim),
-                     (c - c.min()).reshape((1,) * r.ndim + c.shape)]
-        block = source.get_slice(self.hf_name, tuple(hf_index))[tuple(picks)]
-        return block.transpose(np.argsort(self.row_dims + self.col_dims))
-
-
-def _grid(*shape: int, offset: int = 0, stride: int = 1) -> np.ndarray:
-    return offset + stride * np.arange(int(np.prod(shape))).reshape(shape)
-
-
-def _table(name: str, shape: tuple[int, int]) -> TensorMap:
-    """Same layout [a, b] (embeddings)."""
-    return TensorMap(name, shape, shape, (0,), _grid(shape[0]), (1,), _grid(shape[1]))
-
-
 def _vector(name: str, shape: tuple[int, ...], rows: np.ndarray | None = None,
             size: int | None = None) -> TensorMap:
-    """A 1-D tensor reshaped to `shape` (or picked by `rows`)."""
-    rows = _grid(*shape) if rows is None else rows
-    return TensorMap(name, (size or rows.size,), shape, tuple(range(len(shape))), rows)
+    """A 1-D tensor reshaped to `shape`, or picked by `rows` out of `size` (a part of Falcon's
+    fused query_key_value)."""
+    if rows is None:
+        return vector(name, shape)
+    return TensorMap(name, (size,), shape, tuple(range(len(shape))), rows)
 
 
 def _linear(name: str, d_in: int, out_shape: tuple[int, ...],
             rows: np.ndarray | None = None, hf_out: int | None = None) -> TensorMap:
-    """torch [out, in] -> ours [in, *out_shape] (rows: which HF rows make our out entries)."""
-    rows = _grid(*out_shape) if rows is None else rows
-    return TensorMap(name, (hf_out or rows.size, d_in), (d_in, *out_shape),
-                     tuple(range(1, 1 + len(out_shape))), rows, (0,), _grid(d_in))
-
-
-def _out_linear(name: str, in_shape: tuple[int, ...], d_out: int) -> TensorMap:
-    """torch [out, prod(in_shape)] -> ours [*in_shape, out]."""
-    n = len(in_shape)
-    return TensorMap(name, (d_out, int(np.prod(in_shape))), (*in_shape, d_out), (n,),
-                     _grid(d_out), tuple(range(n)), _grid(*in_shape))
+    """torch [out, in] -> ours [in, *out_shape]; `rows`: which of the `hf_out` HF rows make our
+    out entries (a part of Falcon's fused query_key_value)."""
+    if rows is None:
+        return linear(name, (d_in,), out_shape)
+    return TensorMap(name, (hf_out, d_in), (d_in, *out_shape),
+                     tuple(range(1, 1 + len(out_shape))), rows, (0,), grid(d_in))
 
 
 def falcon_qkv_rows(c: CausalLMConfig) -> dict[str, np.ndarray]:
@@ -267,7 +228,7 @@ def _attention(maps: dict, ours: tuple, names: dict, c: CausalLMConfig, prefix: 
         if c.qkv_bias:
             maps[ours + (f"{part}_bias",)] = _vector(hf_name + ".bias", (heads, d), rows,
                                                      total if fused else None)
-    maps[ours + ("out",)] = _out_linear(prefix + names["out"] + ".weight", (n, d), H)
+    maps[ours + ("out",)] = linear(prefix + names["out"] + ".weight", (n, d), (H,))
     if c.out_bias:
         maps[ours + ("out_bias",)] = _vector(prefix + names["out"] + ".bias", (H,))
 
@@ -290,14 +251,14 @@ def _norm(maps: dict, ours: tuple, hf_name: str, c: CausalLMConfig, size: int | 
         maps[ours + ("bias",)] = _vector(hf_name + ".bias", (size,))
 
 
-def tensor_maps(config: CausalLMConfig) -> dict[tuple, TensorMap]:
+def causal_lm_tensor_maps(config: CausalLMConfig) -> dict[tuple, TensorMap]:
     """NNX state path -> TensorMap, for every parameter of `CausalLM(config)`."""
     c = config
     V, E, H = c.vocab_size, c.embed_size, c.hidden_size
     maps: dict[tuple, TensorMap] = {}
     if c.model_type in _LLAMA_LIKE:
         top, layer = "model.", "model.layers.{}."
-        maps[("embedding",)] = _table("model.embed_tokens.weight", (V, E))
+        maps[("embedding",)] = same_layout("model.embed_tokens.weight", (V, E))
         attention = dict(query="self_attn.q_proj", key="self_attn.k_proj",
                          value="self_attn.v_proj", out="self_attn.o_proj")
         mlp = dict(gate="mlp.gate_proj", up="mlp.up_proj", down="mlp.down_proj")
@@ -305,8 +266,8 @@ def tensor_maps(config: CausalLMConfig) -> dict[tuple, TensorMap]:
         final = "model.norm"
     elif c.model_type == "opt":
         top, layer = "model.decoder.", "model.decoder.layers.{}."
-        maps[("embedding",)] = _table(top + "embed_tokens.weight", (V, E))
-        maps[("position_embedding",)] = _table(top + "embed_positions.weight",
+        maps[("embedding",)] = same_layout(top + "embed_tokens.weight", (V, E))
+        maps[("position_embedding",)] = same_layout(top + "embed_positions.weight",
                                                (c.max_position_embeddings + 2, H))
         if E != H:
             maps[("project_in",)] = _linear(top + "project_in.weight", E, (H,))
@@ -318,7 +279,7 @@ def tensor_maps(config: CausalLMConfig) -> dict[tuple, TensorMap]:
         final = top + "final_layer_norm"
     else:  # falcon
         top, layer = "transformer.", "transformer.h.{}."
-        maps[("embedding",)] = _table(top + "word_embeddings.weight", (V, E))
+        maps[("embedding",)] = same_layout(top + "word_embeddings.weight", (V, E))
         attention = dict(qkv="self_attention.query_key_value", out="self_attention.dense")
         mlp = dict(up="mlp.dense_h_to_4h", down="mlp.dense_4h_to_h")
         if c.block == "sequential":
@@ -352,21 +313,14 @@ def tensor_maps(config: CausalLMConfig) -> dict[tuple, TensorMap]:
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "attn.bias", "attn.masked_bias")
 
 
-def check_tensors(folder: Path, source: TensorSource, maps: dict[tuple, TensorMap],
-                  config: CausalLMConfig) -> None:
-    """Every mapped tensor present with its shape, and no tensor left unmapped."""
-    expected = {}
-    for tm in maps.values():
-        expected.setdefault(tm.hf_name, tm.hf_shape)
-    check_present(folder, source, expected, f"the {config.model_type} config")
-    ignored = {"lm_head.weight"} if config.tie_word_embeddings else set()
-    unexpected = sorted(k for k in source.keys() if k not in expected and k not in ignored
-                        and not k.endswith(_IGNORED_SUFFIXES))
-    if unexpected:
-        raise CheckpointError(
-            f"{folder}: {len(unexpected)} tensor(s) the {config.model_type} config does not "
-            f"account for (wrong switches or layer counts?): {', '.join(unexpected[:8])}"
-            f"{' ...' if len(unexpected) > 8 else ''}")
+def check_causal_lm_tensors(folder: Path, source: TensorSource, maps: dict[tuple, TensorMap],
+                            config: CausalLMConfig) -> None:
+    """`tensor_map.check_tensors`: every mapped tensor present with its shape, and no tensor
+    left unmapped but rotary tables (and `lm_head.weight` when tied)."""
+    what = f"the {config.model_type} config"
+    check_tensors(folder, source, maps, what, hint="wrong switches or layer counts?",
+                  ignore={"lm_head.weight"} if config.tie_word_embeddings else (),
+                  ignore_suffixes=_IGNORED_SUFFIXES)
 
 
 # --------------------------------------------------------------------------- generation_config
@@ -394,11 +348,18 @@ GENERATION_RANGES = {"temperature": "> 0", "top_k": "int >= 0", "top_p": "(0, 1]
                      "pad_token_id": "int >= 0"}
 
 
-def read_generation_defaults(folder: str | Path, config_eos: tuple[int, ...] = ()
+def read_generation_defaults(path: str | Path, config_eos: tuple[int, ...] | None = None
                              ) -> GenerationDefaults:
-    """`folder`/generation_config.json -> `GenerationDefaults` (eos ids: the file's, else
-    `config_eos` from config.json)."""
-    file = Path(folder) / "generation_config.json"
+    """The model's own sampling defaults: `path`/generation_config.json read as transformers
+    reads it (its `GenerationConfig` defaults where the file is missing or silent: greedy,
+    temperature 1, top_k 50, top_p 1, max_length 20). Eos ids: the file's, else `config_eos`
+    (None: those of config.json)."""
+    folder = check_folder(path)
+    if config_eos is None:
+        config_eos = ()
+        if (folder / "config.json").exists():
+            config_eos = eos_ids(read_config(folder).get("eos_token_id"))
+    file = folder / "generation_config.json"
     if not file.exists():
         return GenerationDefaults(eos_token_ids=tuple(config_eos))
     try:

@@ -28,19 +28,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
-from clarifyjax.core import sharding as sharding_lib
-from clarifyjax.models.deberta import (ACTIVATIONS, ATTENTION_TERMS, DebertaConfig,
-                                       DebertaEncoder, DebertaQuestionAnswering,
-                                       DebertaSequenceClassifier)
-from clarifyjax.models.encoder import labels_from_hf
+from clarifyjax.models.deberta import (ATTENTION_TERMS, DebertaConfig, DebertaEncoder,
+                                       DebertaQuestionAnswering, DebertaSequenceClassifier)
+from clarifyjax.models.encoder import ENCODER_ACTIVATIONS, labels_from_hf
+from clarifyjax.models.hf.tensor_map import (TensorMap, check_tensors, linear, read_into,
+                                             same_layout, vector)
 from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, check_config_numbers,
-                                             check_present, read_config)
-from clarifyjax.models.hf.t5_map import TensorMap
+                                             read_config)
 
 MODEL_TYPE = "deberta-v2"  # DeBERTa-v3 checkpoints use the v2 model_type
 
@@ -94,9 +90,9 @@ def deberta_config_from_hf(hf: dict, **overrides) -> DebertaConfig:
     if hf.get("z_steps"):
         raise CheckpointError("config.json field 'z_steps' is not supported")
     for name, default in (("hidden_act", "gelu"), ("pooler_hidden_act", "gelu")):
-        if str(hf.get(name, default)) not in ACTIVATIONS:
+        if str(hf.get(name, default)) not in ENCODER_ACTIVATIONS:
             raise CheckpointError(f"config.json field {name!r} is {hf.get(name)!r}; supported: "
-                                  f"{sorted(ACTIVATIONS)}")
+                                  f"{sorted(ENCODER_ACTIVATIONS)}")
     max_positions = int(field("max_position_embeddings"))
     max_relative = int(hf.get("max_relative_positions", -1))
     values = dict(
@@ -139,24 +135,14 @@ def read_deberta_config(path, **overrides) -> DebertaConfig:
 # --------------------------------------------------------------------------- the tensor map
 
 
-def _same(name: str, shape: tuple[int, ...]) -> TensorMap:
-    dims = tuple(range(len(shape)))
-    return TensorMap(name, shape, shape, dims, tuple((i,) for i in dims))
-
-
-def _linear(name: str, n_in: int, n_out: int) -> TensorMap:
-    """torch [out, in] -> ours [in, out]."""
-    return TensorMap(name, (n_out, n_in), (n_out, n_in), (1, 0), ((0,), (1,)))
-
-
 def _dense(maps: dict, ours: tuple, theirs: str, n_in: int, n_out: int) -> None:
-    maps[ours + ("kernel",)] = _linear(theirs + ".weight", n_in, n_out)
-    maps[ours + ("bias",)] = _same(theirs + ".bias", (n_out,))
+    maps[ours + ("kernel",)] = linear(theirs + ".weight", (n_in,), (n_out,))
+    maps[ours + ("bias",)] = same_layout(theirs + ".bias", (n_out,))
 
 
 def _norm(maps: dict, ours: tuple, theirs: str, d: int) -> None:
-    maps[ours + ("scale",)] = _same(theirs + ".weight", (d,))
-    maps[ours + ("bias",)] = _same(theirs + ".bias", (d,))
+    maps[ours + ("scale",)] = same_layout(theirs + ".weight", (d,))
+    maps[ours + ("bias",)] = same_layout(theirs + ".bias", (d,))
 
 
 def _layer_maps(maps: dict, c: DebertaConfig, ours: tuple, theirs: str) -> None:
@@ -169,14 +155,11 @@ def _layer_maps(maps: dict, c: DebertaConfig, ours: tuple, theirs: str) -> None:
                         if term in c.pos_att_type]
     for name, hf in projections:
         hf = f"{theirs}.attention.self.{hf}"
-        maps[attention + (name, "kernel")] = TensorMap(hf + ".weight", (h * k, d), (h, k, d),
-                                                       (2, 0, 1), ((0, 1), (2,)))
-        maps[attention + (name, "bias")] = TensorMap(hf + ".bias", (h * k,), (h, k), (0, 1),
-                                                     ((0, 1),))
+        maps[attention + (name, "kernel")] = linear(hf + ".weight", (d,), (h, k))
+        maps[attention + (name, "bias")] = vector(hf + ".bias", (h, k))
     out = f"{theirs}.attention.output.dense"
-    maps[attention + ("output", "kernel")] = TensorMap(out + ".weight", (d, h * k), (d, h, k),
-                                                       (1, 2, 0), ((0,), (1, 2)))
-    maps[attention + ("output", "bias")] = _same(out + ".bias", (d,))
+    maps[attention + ("output", "kernel")] = linear(out + ".weight", (h, k), (d,))
+    maps[attention + ("output", "bias")] = same_layout(out + ".bias", (d,))
     _norm(maps, ours + ("attention_norm",), f"{theirs}.attention.output.LayerNorm", d)
     _dense(maps, ours + ("mlp", "wi"), f"{theirs}.intermediate.dense", d, c.intermediate_size)
     _dense(maps, ours + ("mlp", "wo"), f"{theirs}.output.dense", c.intermediate_size, d)
@@ -188,19 +171,19 @@ def trunk_maps(c: DebertaConfig, prefix: str, at: tuple = ()) -> dict[tuple, Ten
     e, d = c.embedding_size, c.hidden_size
     emb = f"{prefix}embeddings."
     maps = {("embeddings", "word_embeddings", "embedding"):
-            _same(emb + "word_embeddings.weight", (c.vocab_size, e))}
+            same_layout(emb + "word_embeddings.weight", (c.vocab_size, e))}
     if c.position_biased_input:
-        maps[("embeddings", "position_embeddings", "embedding")] = _same(
+        maps[("embeddings", "position_embeddings", "embedding")] = same_layout(
             emb + "position_embeddings.weight", (c.max_position_embeddings, e))
     if c.type_vocab_size > 0:
-        maps[("embeddings", "token_type_embeddings", "embedding")] = _same(
+        maps[("embeddings", "token_type_embeddings", "embedding")] = same_layout(
             emb + "token_type_embeddings.weight", (c.type_vocab_size, e))
     if e != d:
-        maps[("embeddings", "embed_proj")] = _linear(emb + "embed_proj.weight", e, d)
+        maps[("embeddings", "embed_proj")] = linear(emb + "embed_proj.weight", (e,), (d,))
     _norm(maps, ("embeddings", "norm"), emb + "LayerNorm", d)
     if c.relative_attention:
-        maps[("rel_embeddings",)] = _same(f"{prefix}encoder.rel_embeddings.weight",
-                                          (2 * c.att_span, d))
+        maps[("rel_embeddings",)] = same_layout(f"{prefix}encoder.rel_embeddings.weight",
+                                                (2 * c.att_span, d))
         if c.norm_rel_ebd:
             _norm(maps, ("rel_norm",), f"{prefix}encoder.LayerNorm", d)
     for i in range(c.num_layers):
@@ -208,7 +191,7 @@ def trunk_maps(c: DebertaConfig, prefix: str, at: tuple = ()) -> dict[tuple, Ten
     return {at + path: tm for path, tm in maps.items()}
 
 
-def tensor_maps(cls, c: DebertaConfig, prefix: str) -> dict[tuple, TensorMap]:
+def deberta_tensor_maps(cls, c: DebertaConfig, prefix: str) -> dict[tuple, TensorMap]:
     """Every parameter of `cls` (`DebertaEncoder`, `DebertaSequenceClassifier` or
     `DebertaQuestionAnswering`) with its Hugging Face tensor."""
     if cls is DebertaEncoder:
@@ -225,47 +208,25 @@ def tensor_maps(cls, c: DebertaConfig, prefix: str) -> dict[tuple, TensorMap]:
     return maps
 
 
-def check_tensors(source: TensorSource, maps: dict[tuple, TensorMap], prefix: str,
-                  c: DebertaConfig) -> None:
-    """Missing tensors, wrong shapes and trunk tensors the config does not explain, by name."""
-    expected = {tm.hf_name: tm.hf_shape for tm in maps.values()}
-    check_present(source.folder, source, expected, "the DeBERTa config")
-    ignored = set() if c.position_biased_input else {f"{prefix}embeddings.position_embeddings.weight"}
-    trunk = (f"{prefix}embeddings.", f"{prefix}encoder.")
-    unexpected = sorted(k for k in source.keys()
-                        if k.startswith(trunk) and k not in expected and k not in ignored)
-    if unexpected:
-        raise CheckpointError(
-            f"{source.folder}: {len(unexpected)} tensor(s) the DeBERTa config does not account "
-            f"for (check share_att_key, pos_att_type, relative_attention, norm_rel_ebd, "
-            f"embedding_size, type_vocab_size): {', '.join(unexpected[:8])}"
-            f"{' ...' if len(unexpected) > 8 else ''}")
+def check_deberta_tensors(source: TensorSource, maps: dict[tuple, TensorMap], prefix: str,
+                          c: DebertaConfig) -> None:
+    """`tensor_map.check_tensors` over the trunk's names (other heads' tensors are ignored, and
+    the position table under position_biased_input: false, as Hugging Face does)."""
+    positions = f"{prefix}embeddings.position_embeddings.weight"
+    ignored = set() if c.position_biased_input else {positions}
+    check_tensors(source.folder, source, maps, "the DeBERTa config",
+                  hint="check share_att_key, pos_att_type, relative_attention, norm_rel_ebd, "
+                       "embedding_size, type_vocab_size",
+                  ignore=ignored, within=(f"{prefix}embeddings.", f"{prefix}encoder."))
 
 
 def read_deberta(cls, path, config: DebertaConfig, allow_pickle: bool = False, mesh=None,
                  rules=None):
     """A `cls` with the folder's tensors in `config.param_dtype`; with `mesh`, each device reads
-    only its own slice of each tensor (`jax.make_array_from_callback`)."""
+    only its own slice of each tensor (`tensor_map.read_into`)."""
     source = TensorSource(path, allow_pickle=allow_pickle)
     prefix = "deberta." if any(k.startswith("deberta.") for k in source.keys()) else ""
-    maps = tensor_maps(cls, config, prefix)
-    check_tensors(source, maps, prefix, config)
+    maps = deberta_tensor_maps(cls, config, prefix)
+    check_deberta_tensors(source, maps, prefix, config)
     abstract = nnx.eval_shape(lambda: cls(config, nnx.Rngs(0)))
-    graphdef, state = nnx.split(abstract)
-    flat = list(nnx.to_flat_state(state))
-    unmapped = [p for p, _ in flat if p not in maps]
-    if unmapped:  # a bug in tensor_maps, not in the checkpoint
-        raise AssertionError(f"DeBERTa parameters without a Hugging Face name: {unmapped}")
-    dtype = jnp.dtype(config.param_dtype)
-    shardings = None if mesh is None else sharding_lib.flat_shardings(state, mesh, rules)
-    values = {}
-    for p, var in flat:
-        tm = maps[p]
-        if shardings is None:
-            values[p] = jnp.asarray(tm.read(source).astype(dtype))
-        else:
-            values[p] = jax.make_array_from_callback(
-                tm.shape, shardings[p],
-                lambda index, tm=tm: np.asarray(tm.read(source, index).astype(dtype)))
-    return nnx.merge(graphdef, nnx.from_flat_state([(p, var.replace(values[p]))
-                                                    for p, var in flat]))
+    return read_into(abstract, maps, source, config.param_dtype, mesh, rules)

@@ -5,8 +5,8 @@ the decoder-only LLMs, `load_deberta` / `load_deberta_sequence_classifier` for D
 `load_question_answering` for the extractive QA head on any of the encoders, and
 `load_classifier` / `save_sequence_classifier` for a sequence classifier of either encoder family
 (picked by config.json `model_type`; the trained discriminator is exported through them).
-Each family's tensor map lives in its own `*_params` module (`t5_params`, `encoder_params`,
-`causal_lm_params`, `deberta_params`).
+Each family's tensor map lives in its own `*_map` module (`t5_map`, `encoder_map`,
+`causal_lm_map`, `deberta_map`), all in the one idiom of `tensor_map`.
 
 With a mesh, every parameter is built with `jax.make_array_from_callback`: each device's
 callback reads only its own slice of the tensor from the safetensors file, so no device (and,
@@ -23,20 +23,20 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from clarifyjax.core import sharding as sharding_lib
 from clarifyjax.models.hf import causal_lm_map as causal_lm_params
 from clarifyjax.models.causal_lm import CausalLM, CausalLMConfig
-from clarifyjax.models.hf.causal_lm_map import GenerationDefaults
-from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, check_folder,
-                                             read_config, write_checkpoint)
+from clarifyjax.models.hf.causal_lm_map import read_generation_defaults
+from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, read_config,
+                                             write_checkpoint)
 from clarifyjax.models.deberta import (DebertaEncoder, DebertaQuestionAnswering,
                                        DebertaSequenceClassifier)
-from clarifyjax.models.hf.deberta_map import read_deberta, read_deberta_config
-from clarifyjax.models.hf.deberta_map import tensor_maps as deberta_tensor_maps
-from clarifyjax.models.encoder import Encoder, QuestionAnswering, SequenceClassifier
-from clarifyjax.models.hf.encoder_map import checkpoint_rules, read_encoder_config, read_params
+from clarifyjax.models.hf.deberta_map import (deberta_tensor_maps, read_deberta,
+                                              read_deberta_config)
+from clarifyjax.models.encoder import BertEncoder, QuestionAnswering, SequenceClassifier
+from clarifyjax.models.hf.encoder_map import encoder_tensor_maps, read_encoder_config, read_params
+from clarifyjax.models.hf.tensor_map import read_into
 from clarifyjax.models.t5 import T5, T5Config
-from clarifyjax.models.hf.t5_map import check_tensors, resolve_config, tensor_maps
+from clarifyjax.models.hf.t5_map import check_t5_tensors, resolve_config, t5_tensor_maps
 
 # --------------------------------------------------------------------------- T5
 
@@ -59,44 +59,11 @@ def load_t5(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
     folder = source.folder
     config = resolve_config(folder, read_config(folder), source, dtype=dtype,
                              param_dtype=param_dtype or dtype)
-    maps = tensor_maps(config)
-    check_tensors(folder, source, maps, config.tie_word_embeddings)
+    maps = t5_tensor_maps(config)
+    check_t5_tensors(folder, source, maps, config.tie_word_embeddings)
 
     abstract = nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))
-    return config, _read_into(abstract, maps, source, config.param_dtype, mesh, rules)
-
-
-def _read_into(abstract: nnx.Module, maps: dict, source: TensorSource, param_dtype: str,
-               mesh: jax.sharding.Mesh | None, rules) -> nnx.Module:
-    """`abstract` (a model from `nnx.eval_shape`) with every parameter read through its tensor
-    map (`maps[path].read(source, index)`); with a mesh, each device's callback reads only its
-    own block."""
-    graphdef, abstract_state = nnx.split(abstract)
-    flat = list(nnx.to_flat_state(abstract_state))
-    unmapped = [p for p, _ in flat if p not in maps]
-    if unmapped:  # a bug in the tensor map, not in the checkpoint
-        raise AssertionError(f"{type(abstract).__name__} parameters without a Hugging Face "
-                             f"name: {unmapped}")
-    np_dtype = jnp.dtype(param_dtype)
-
-    if mesh is None:
-        values = {p: jnp.asarray(maps[p].read(source).astype(np_dtype)) for p, _ in flat}
-    else:
-
-        shardings = sharding_lib.flat_shardings(abstract_state, mesh, rules)
-        values = {}
-        for p, var in flat:
-            tm, memo = maps[p], {}
-
-            def read(index, tm=tm, memo=memo):
-                key = tuple((s.start, s.stop) for s in index)
-                if key not in memo:  # replicated dims: several devices ask for the same block
-                    memo[key] = tm.read(source, index).astype(np_dtype)
-                return memo[key]
-
-            values[p] = jax.make_array_from_callback(tm.shape, shardings[p], read)
-    state = nnx.from_flat_state([(p, var.replace(values[p])) for p, var in flat])
-    return nnx.merge(graphdef, state)
+    return config, read_into(abstract, maps, source, config.param_dtype, mesh, rules)
 
 
 def _host_params(model: nnx.Module):
@@ -126,7 +93,7 @@ def save_t5(model: T5, config: T5Config, path: str | os.PathLike, *,
     if mine != given:
         diff = sorted(k for k in mine if mine[k] != given[k])
         raise ValueError(f"save_t5: config differs from the model's config in {diff}")
-    maps = tensor_maps(config)
+    maps = t5_tensor_maps(config)
     tensors: dict[str, np.ndarray] = {}
     for p, value in _host_params(model):
         tensors[maps[p].hf_name] = maps[p].to_hf(value).astype(jnp.dtype(dtype))
@@ -140,8 +107,8 @@ def save_t5(model: T5, config: T5Config, path: str | os.PathLike, *,
 
 
 def load_encoder(path, *, dtype: str = "float32", param_dtype: str = "float32",
-                 allow_pickle: bool = False, mesh=None, rules=None) -> Encoder:
-    """An `Encoder` from a Hugging Face BERT / RoBERTa folder (config.json + safetensors).
+                 allow_pickle: bool = False, mesh=None, rules=None) -> BertEncoder:
+    """A `BertEncoder` from a Hugging Face BERT / RoBERTa folder (config.json + safetensors).
 
     Works on bare model folders and on `...ForSequenceClassification` / `...ForMaskedLM` folders
     (names prefixed "bert." / "roberta."); head tensors are ignored. With `mesh`, each parameter
@@ -152,7 +119,7 @@ def load_encoder(path, *, dtype: str = "float32", param_dtype: str = "float32",
         (the message names the tensor and both shapes).
     """
     config = read_encoder_config(path, dtype=dtype, param_dtype=param_dtype)
-    return read_params(Encoder, path, config, allow_pickle, mesh, rules)
+    return read_params(BertEncoder, path, config, allow_pickle, mesh, rules)
 
 
 def load_sequence_classifier(path, *, dtype: str = "float32", param_dtype: str = "float32",
@@ -219,24 +186,15 @@ def load_causal_lm(path: str | os.PathLike, *, dtype: str = "float32",
     where = folder / "config.json"
     config = causal_lm_params.config_from_hf(hf_config, where, dtype=dtype,
                                              param_dtype=param_dtype or dtype)
-    generation = causal_lm_params.read_generation_defaults(folder, config.eos_token_ids)
+    generation = read_generation_defaults(folder, config.eos_token_ids)
     eos = tuple(dict.fromkeys(config.eos_token_ids + generation.eos_token_ids))
     config = dataclasses.replace(config, eos_token_ids=eos)
-    maps = causal_lm_params.tensor_maps(config)
-    causal_lm_params.check_tensors(folder, source, maps, config)
+    maps = causal_lm_params.causal_lm_tensor_maps(config)
+    causal_lm_params.check_causal_lm_tensors(folder, source, maps, config)
     abstract = nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0)))
-    return config, _read_into(abstract, maps, source, config.param_dtype, mesh, rules)
+    return config, read_into(abstract, maps, source, config.param_dtype, mesh, rules)
 
 
-def read_generation_defaults(path: str | os.PathLike) -> GenerationDefaults:
-    """The model's own sampling defaults: generation_config.json read as transformers reads it
-    (its `GenerationConfig` defaults where the file is missing or silent: greedy, temperature
-    1, top_k 50, top_p 1, max_length 20), eos ids falling back to config.json's."""
-    folder = check_folder(path)
-    eos = ()
-    if (folder / "config.json").exists():
-        eos = causal_lm_params.eos_ids(read_config(folder).get("eos_token_id"))
-    return causal_lm_params.read_generation_defaults(folder, eos)
 # --------------------------------------------------------------------------- DeBERTa-v2/v3, QA heads
 # (one section, so that merges with the other families' additions stay simple)
 
@@ -299,21 +257,12 @@ def load_classifier(path, *, dtype: str = "float32", param_dtype: str = "float32
 
 def _classifier_tensors(model) -> dict[str, np.ndarray]:
     """Hugging Face name -> torch-layout float32 tensor of every parameter of `model`."""
-    params = dict(_host_params(model))
     if isinstance(model, DebertaSequenceClassifier):
         maps = deberta_tensor_maps(DebertaSequenceClassifier, model.config, "deberta.")
-        return {maps[p].hf_name: maps[p].to_hf(v) for p, v in params.items()}
-    out = {}
-    for ours, name, kind in checkpoint_rules(model.config, prefix=f"{model.config.model_type}.",
-                                             classifier=True):
-        value = params[ours]
-        if kind.startswith("linear:"):  # ours [*in, *out] -> torch [out, in]
-            n_in = int(kind.split(":")[1])
-            value = value.reshape(int(np.prod(value.shape[:n_in])), -1).T
-        elif kind == "vector":
-            value = value.reshape(-1)
-        out[name] = value
-    return out
+    else:
+        maps = encoder_tensor_maps(model.config, prefix=f"{model.config.model_type}.",
+                                   classifier=True)
+    return {maps[p].hf_name: maps[p].to_hf(v) for p, v in _host_params(model)}
 
 
 def save_sequence_classifier(model, path: str | os.PathLike, source: str | os.PathLike) -> Path:

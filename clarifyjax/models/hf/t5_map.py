@@ -1,9 +1,10 @@
 """Hugging Face T5 checkpoint names <-> the NNX `T5`'s parameters: the T5 family's tensor map,
 config ranges and checks, which `clarifyjax.models.hf` loads and saves through.
 
-One table, `tensor_maps(config)`, says for every NNX parameter which Hugging Face tensor holds it
-and how to get from the torch layout to ours: a reshape that splits a dimension (the joined
-`heads * d_kv` of q/k/v/o) followed by a transpose. Loading and saving both read that table.
+One table, `t5_tensor_maps(config)`, says for every NNX parameter which Hugging Face tensor holds
+it and how to get from the torch layout to ours (a `tensor_map.TensorMap`): a reshape that splits a
+dimension (the joined `heads * d_kv` of q/k/v/o) followed by a transpose. Loading and saving both
+read that table.
 
 Name correspondence (i = layer; enc/dec = encoder/decoder):
   shared.weight                                   [V, m]    -> embedding            [V, m]
@@ -18,14 +19,12 @@ Name correspondence (i = layer; enc/dec = encoder/decoder):
 """
 from __future__ import annotations
 
-import dataclasses
-import math
 from pathlib import Path
 
 import numpy as np
 
-from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, check_config_numbers,
-                                             check_shape)
+from clarifyjax.models.hf.tensor_map import TensorMap, check_tensors, linear, same_layout
+from clarifyjax.models.safetensors_io import CheckpointError, TensorSource, check_config_numbers
 from clarifyjax.models.t5 import T5Config
 
 # In Hugging Face checkpoints but redundant (copies of shared.weight) or unused by the model.
@@ -47,92 +46,45 @@ T5_CONFIG_RANGES = {
     "dropout_rate": "[0, 1)", "layer_norm_epsilon": "> 0", "initializer_factor": "> 0"}
 
 
-@dataclasses.dataclass(frozen=True)
-class TensorMap:
-    """ours = hf.reshape(view).transpose(perm); `groups[i]` lists the view dims that make HF dim i."""
-
-    hf_name: str
-    hf_shape: tuple[int, ...]
-    view: tuple[int, ...]
-    perm: tuple[int, ...]
-    groups: tuple[tuple[int, ...], ...]
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.view[p] for p in self.perm)
-
-    def read(self, source: TensorSource, index: tuple | None = None) -> np.ndarray:
-        """Our-layout block `index` (tuple of unit-step slices over `self.shape`), reading only
-        the rows/columns of the Hugging Face tensor that it needs."""
-        shape = self.shape
-        index = tuple(index) if index is not None else ()
-        index = index + (slice(None),) * (len(shape) - len(index))
-        ours = [slice(*s.indices(n)) for s, n in zip(index, shape)]
-        view_index: list[slice] = [slice(None)] * len(self.view)
-        for j, p in enumerate(self.perm):
-            view_index[p] = ours[j]
-        hf_index, local_shape, post = [], [], []
-        for group in self.groups:
-            outer = view_index[group[0]]
-            inner = math.prod(self.view[g] for g in group[1:])
-            hf_index.append(slice(outer.start * inner, outer.stop * inner))
-            local_shape += [outer.stop - outer.start] + [self.view[g] for g in group[1:]]
-            post += [slice(None)] + [view_index[g] for g in group[1:]]
-        block = np.asarray(source.get_slice(self.hf_name, tuple(hf_index)))
-        return block.reshape(local_shape)[tuple(post)].transpose(self.perm)
-
-    def to_hf(self, value: np.ndarray) -> np.ndarray:
-        """Our layout -> the torch layout of `hf_name`."""
-        return np.asarray(value).transpose(np.argsort(self.perm)).reshape(self.hf_shape)
-
-
-def _same(name: str, shape: tuple[int, ...]) -> TensorMap:
-    dims = tuple(range(len(shape)))
-    return TensorMap(name, shape, shape, dims, tuple((i,) for i in dims))
-
-
-def _transposed(name: str, hf_shape: tuple[int, int]) -> TensorMap:
-    return TensorMap(name, hf_shape, hf_shape, (1, 0), ((0,), (1,)))
-
-
-def tensor_maps(config: T5Config) -> dict[tuple, TensorMap]:
+def t5_tensor_maps(config: T5Config) -> dict[tuple, TensorMap]:
     """NNX state path -> TensorMap, for every parameter of `T5(config)`."""
     c = config
     m, h, d, f = c.d_model, c.num_heads, c.d_kv, c.d_ff
-    maps: dict[tuple, TensorMap] = {("embedding",): _same("shared.weight", (c.vocab_size, m))}
+    maps: dict[tuple, TensorMap] = {
+        ("embedding",): same_layout("shared.weight", (c.vocab_size, m))}
     if not c.tie_word_embeddings:
-        maps[("lm_head",)] = _transposed("lm_head.weight", (c.vocab_size, m))
+        maps[("lm_head",)] = linear("lm_head.weight", (m,), (c.vocab_size,))
 
     def attention(ours: tuple, theirs: str) -> None:
         for p, name in (("query", "q"), ("key", "k"), ("value", "v")):
-            maps[ours + (p,)] = TensorMap(f"{theirs}.{name}.weight", (h * d, m), (h, d, m),
-                                          (2, 0, 1), ((0, 1), (2,)))
-        maps[ours + ("out",)] = TensorMap(f"{theirs}.o.weight", (m, h * d), (m, h, d), (1, 2, 0),
-                                          ((0,), (1, 2)))
+            maps[ours + (p,)] = linear(f"{theirs}.{name}.weight", (m,), (h, d))
+        maps[ours + ("out",)] = linear(f"{theirs}.o.weight", (h, d), (m,))
 
     def feed_forward(ours: tuple, theirs: str) -> None:
         names = ("wi_0", "wi_1") if c.is_gated_act else ("wi",)
         for j, name in enumerate(names):
-            maps[ours + ("wi", j)] = _transposed(f"{theirs}.{name}.weight", (f, m))
-        maps[ours + ("wo",)] = _transposed(f"{theirs}.wo.weight", (m, f))
+            maps[ours + ("wi", j)] = linear(f"{theirs}.{name}.weight", (m,), (f,))
+        maps[ours + ("wo",)] = linear(f"{theirs}.wo.weight", (f,), (m,))
 
     for stack, n_layers in (("encoder", c.num_layers), ("decoder", c.num_decoder_layers)):
-        maps[(stack, "relative_bias", "embedding")] = _same(
+        maps[(stack, "relative_bias", "embedding")] = same_layout(
             f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight",
             (c.relative_attention_num_buckets, h))
-        maps[(stack, "final_norm", "scale")] = _same(f"{stack}.final_layer_norm.weight", (m,))
+        maps[(stack, "final_norm", "scale")] = same_layout(f"{stack}.final_layer_norm.weight",
+                                                           (m,))
         for i in range(n_layers):
             ours, theirs = (stack, "layers", i), f"{stack}.block.{i}.layer"
-            maps[ours + ("self_attention_norm", "scale")] = _same(
+            maps[ours + ("self_attention_norm", "scale")] = same_layout(
                 f"{theirs}.0.layer_norm.weight", (m,))
             attention(ours + ("self_attention",), f"{theirs}.0.SelfAttention")
             ff = 1
             if stack == "decoder":
-                maps[ours + ("cross_attention_norm", "scale")] = _same(
+                maps[ours + ("cross_attention_norm", "scale")] = same_layout(
                     f"{theirs}.1.layer_norm.weight", (m,))
                 attention(ours + ("cross_attention",), f"{theirs}.1.EncDecAttention")
                 ff = 2
-            maps[ours + ("mlp_norm", "scale")] = _same(f"{theirs}.{ff}.layer_norm.weight", (m,))
+            maps[ours + ("mlp_norm", "scale")] = same_layout(
+                f"{theirs}.{ff}.layer_norm.weight", (m,))
             feed_forward(ours + ("mlp",), f"{theirs}.{ff}.DenseReluDense")
     return maps
 
@@ -158,19 +110,10 @@ def resolve_config(folder: Path, hf: dict, source: TensorSource, **overrides) ->
         raise CheckpointError(f"{folder / 'config.json'}: {e}") from e
 
 
-def check_tensors(folder: Path, source: TensorSource, maps: dict[tuple, TensorMap],
-                   tied: bool) -> None:
-    expected = {tm.hf_name: tm for tm in maps.values()}
-    missing = sorted(name for name in expected if name not in source)
-    if missing:
-        raise CheckpointError(f"{folder}: {len(missing)} tensor(s) missing from the checkpoint: "
-                              f"{', '.join(missing[:8])}{' ...' if len(missing) > 8 else ''}")
-    for name, tm in expected.items():
-        check_shape(name, source.shape(name), tm.hf_shape)
-    ignored = IGNORED_TENSORS | ({"lm_head.weight"} if tied else set())
-    unexpected = sorted(set(source.keys()) - set(expected) - ignored)
-    if unexpected:
-        raise CheckpointError(
-            f"{folder}: {len(unexpected)} tensor(s) the T5 config does not account for (wrong "
-            f"feed_forward_proj or layer counts?): {', '.join(unexpected[:8])}"
-            f"{' ...' if len(unexpected) > 8 else ''}")
+def check_t5_tensors(folder: Path, source: TensorSource, maps: dict[tuple, TensorMap],
+                     tied: bool) -> None:
+    """`tensor_map.check_tensors` with the T5's ignored tensors (and `lm_head.weight` when tied:
+    a copy of shared.weight)."""
+    check_tensors(folder, source, maps, "the T5 config",
+                  hint="wrong feed_forward_proj or layer counts?",
+                  ignore=IGNORED_TENSORS | ({"lm_head.weight"} if tied else set()))

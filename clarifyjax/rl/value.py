@@ -26,7 +26,7 @@ class ValueModel(nnx.Module):
         self.head_bias = nnx.Param(jnp.zeros((1,), config.param_dtype))
 
     @classmethod
-    def from_t5(cls, model: T5, *, seed: int = 0) -> "ValueModel":
+    def from_t5(cls, model: T5, *, seed: int = 0) -> ValueModel:
         """A value model whose trunk is a *copy* of `model` (the policy's initial weights) and
         whose head is new (seeded)."""
         graphdef, state = nnx.split(model)

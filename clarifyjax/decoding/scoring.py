@@ -1,0 +1,65 @@
+"""Teacher-forced scoring of given targets, one jitted program per family: `score_t5` (encoder
+input, decoder targets) and `score_causal` (prompts, then their continuations in one forward).
+`api.score` checks the arguments and picks one. Both return log p(target_ids[:, i] | input,
+targets before i): [b, t] float32, 0 where target_mask is 0.
+
+Shapes: b = batch, s = source / prompt length, t = target length.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from clarifyjax.core import buckets, traces
+from clarifyjax.decoding.causal_loop import pad_left_to_bucket
+from clarifyjax.models.causal_lm import CausalLM, left_align
+from clarifyjax.models.t5 import T5, shift_right
+
+
+def score_t5(model: T5, input_ids: jax.Array, attention_mask: jax.Array, target_ids: jax.Array,
+             target_mask: jax.Array) -> jax.Array:
+    """[b, s] encoder input and [b, t] targets, int32 -> [b, t] float32 log-probs."""
+    graphdef, state = nnx.split(model)
+    return _score_t5(graphdef, state, input_ids, attention_mask, target_ids, target_mask)
+
+
+def score_causal(model: CausalLM, prompt_ids: jax.Array, prompt_mask: jax.Array,
+                 target_ids: jax.Array, target_mask: jax.Array) -> jax.Array:
+    """[b, s] prompts (left- or right-padded, every row >= 1 token) and [b, t] continuations
+    (right-padded), int32 -> [b, t] float32 log-probs. Both widths are padded to buckets, so a
+    stream of batches compiles a handful of programs."""
+    t = target_ids.shape[1]
+    prompt_ids, prompt_mask = pad_left_to_bucket(prompt_ids, prompt_mask)
+    extra = buckets.bucket_length(t) - t
+    target_ids, target_mask = (jnp.pad(a, ((0, 0), (0, extra))) for a in (target_ids, target_mask))
+    graphdef, state = nnx.split(model)
+    return _score_causal(graphdef, state, prompt_ids, prompt_mask, target_ids, target_mask)[:, :t]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _score_t5(graphdef, state, input_ids, attention_mask, target_ids, target_mask) -> jax.Array:
+    traces.note("score")
+    model: T5 = nnx.merge(graphdef, state)
+    start = model.config.decoder_start_token_id
+    decoder_input_ids = shift_right(target_ids, start)
+    decoder_mask = shift_right(target_mask, 1)  # the start position is always visible
+    logits = model(input_ids, attention_mask, decoder_input_ids, decoder_mask)
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    token_logp = jnp.take_along_axis(logp, target_ids[..., None], axis=-1)[..., 0]
+    return jnp.where(target_mask.astype(bool), token_logp, 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _score_causal(graphdef, state, prompt_ids, prompt_mask, target_ids, target_mask):
+    traces.note("score_causal")
+    model: CausalLM = nnx.merge(graphdef, state)
+    ids, mask = left_align(prompt_ids, prompt_mask)
+    P = ids.shape[1]
+    hidden, _ = model.hidden_states(jnp.concatenate([ids, target_ids], axis=1),
+                                    jnp.concatenate([mask, target_mask], axis=1))
+    logp = jax.nn.log_softmax(model.logits(hidden[:, P - 1:-1]), axis=-1)
+    token_logp = jnp.take_along_axis(logp, target_ids[..., None], axis=-1)[..., 0]
+    return jnp.where(target_mask.astype(bool), token_logp, 0.0)

@@ -1,0 +1,78 @@
+"""`clarifyjax generate` (a JSONL file of prompts, resumable) and `clarifyjax serve` (the
+OpenAI-compatible server), both on a local causal LM folder."""
+from __future__ import annotations
+
+import argparse
+
+from clarifyjax.core.commands import CLIError, json_line, subcommand
+from clarifyjax.files.textfiles import atomic_write_bytes
+
+
+
+def _generate_options(p: argparse.ArgumentParser) -> None:
+    from clarifyjax.serve.batch_job import add_generate_options
+
+    add_generate_options(p)
+
+
+def _local_lm(args):
+    from clarifyjax.decoding.local_lm import LocalLM
+
+    if not args.model.is_dir():
+        raise CLIError(f"MODEL_DIR {args.model}: " + (
+            "not a folder" if args.model.exists() else "no such folder"))
+    return LocalLM(args.model, dtype=args.dtype, chat_template=args.chat_template,
+                   batch_size=args.batch_size)
+
+
+@subcommand("generate", "complete every prompt of a JSONL file with a local causal LM (n samples "
+            "each); resumes a killed run", _generate_options)
+def run_generate(args: argparse.Namespace) -> int:
+    from clarifyjax.serve import batch_job as generation_job
+    from clarifyjax.files.textfiles import check_output
+
+    sampling = generation_job.sampling_of(args, error=CLIError)
+    check_output(args.output, overwrite=args.overwrite, option="--output", error=CLIError,
+                 inputs=(("--input", args.input),))
+    rows = generation_job.read_prompts(args.input)
+    lm = _local_lm(args)  # the tokenizer now, the weights when the first chunk runs
+    generation_job.check_fit(lm, rows, sampling)
+    options = {k: str(v) for k, v in vars(args).items()
+               if k not in ("input", "output", "overwrite", "no_progress", "run", "command")}
+    records, reused, store = generation_job.generate_records(
+        lm, rows, out=args.output, sampling=sampling, n=args.n, seed=args.seed,
+        chunk_rows=args.chunk_rows, options=options, folders=(args.model,),
+        logprobs=args.logprobs, overwrite=args.overwrite, progress=not args.no_progress,
+        error=CLIError)
+    lines = [json_line(r, f"{args.input} id {r['id']!r}") for r in records]
+    atomic_write_bytes(args.output, ("\n".join(lines) + "\n").encode("utf-8"))
+    store.finish()
+    if reused:
+        print(f"resumed: {reused} chunk(s) were finished by an interrupted run")
+    print(f"generated {len(rows)} x {args.n} completions -> {args.output}")
+    return 0
+
+
+def _serve_options(p: argparse.ArgumentParser) -> None:
+    from clarifyjax.serve.batch_job import add_model_options
+    from clarifyjax.serve.openai_api import add_server_options
+
+    add_model_options(p)
+    add_server_options(p)
+
+
+@subcommand("serve", "an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, "
+            "/v1/models) for a local causal LM, batching concurrent requests", _serve_options)
+def run_serve(args: argparse.Namespace) -> int:
+    from clarifyjax.serve.openai_api import OpenAIServer, ServerLimits
+    from clarifyjax.serve.http_server import serve_forever
+
+    lm = _local_lm(args)
+    lm.load()
+    limits = ServerLimits(max_n=args.max_n, max_tokens=args.max_tokens,
+                          max_batch_rows=args.batch_size, max_queued_rows=args.max_queued_rows,
+                          window_s=args.window_ms / 1000)
+    server = OpenAIServer(lm, name=args.name, limits=limits)
+    serve_forever(server.app, args.host, args.port,
+                  announce=lambda url: print(f"serving {server.name} at {url}/v1", flush=True))
+    return 0
