@@ -18,7 +18,7 @@ from _common import write_results
 
 from clarifyjax.core import traces
 from clarifyjax.decoding.local_lm import LocalLM
-from clarifyjax.models.tiny import corpus, tiny_llama_folder
+from clarifyjax.models.tiny import tiny_corpus, tiny_llama_folder
 from clarifyjax.serve.openai_api import OpenAIServer, ServerLimits
 from clarifyjax.serve.http_server import BackgroundServer
 from clarifyjax.text.generator import Sampling
@@ -37,7 +37,7 @@ def main() -> None:
                                num_hidden_layers=4, num_attention_heads=8,
                                num_key_value_heads=4, max_position_embeddings=512)
     lm = LocalLM(folder, batch_size=args.batch_size).load()
-    prompts = [" ".join(t.split()[:6]) for t in corpus(args.requests)][: args.requests]
+    prompts = [" ".join(t.split()[:6]) for t in tiny_corpus(args.requests)][: args.requests]
     server = OpenAIServer(lm, name="bench", limits=ServerLimits(max_batch_rows=args.batch_size,
                                                                  window_s=0.01))
     with BackgroundServer(server.app) as background:

@@ -3,7 +3,7 @@ against the same math in PyTorch on the same weights.
 
 Models: random, float32, T5 v1.0 (d_model 512, 6+6 layers, 8 heads, d_ff 2048, vocabulary 32128)
 for the policy, the frozen reference (a copy) and the value model
-(`models.value.ValueModel.from_t5`, as `train.train_ppo` builds it). Texts use a SentencePiece
+(`rl.value.ValueModel.from_t5`, as `train.train_ppo` builds it). Texts use a SentencePiece
 vocabulary of 2,000 pieces trained on δ-CLARIFY; the policy's ids beyond it are folded into it for
 decoding (`FoldedVocabulary`), so that every sampled token becomes text. Queries: "question: " +
 δ-CLARIFY dev situations, 64 tokens.
@@ -41,7 +41,6 @@ each), on the first step's rollout; its losses and parameter changes are compare
 from __future__ import annotations
 
 import argparse
-import copy
 import csv
 import dataclasses
 import os
@@ -62,7 +61,7 @@ from clarifyjax.training import optim  # noqa: E402
 
 from clarifyjax.rl import ppo
 
-from clarifyjax.training import programs
+from clarifyjax.training import builders, programs
 
 from clarifyjax.core import traces
 
@@ -70,15 +69,15 @@ from clarifyjax.training import loops as train
 from clarifyjax.core import sharding as sharding_lib  # noqa: E402
 from clarifyjax.text import formats as text_lib  # noqa: E402
 from clarifyjax.config import load_config  # noqa: E402
-from clarifyjax.models.hf.t5_map import tensor_maps  # noqa: E402
 from clarifyjax.models.tiny import save_t5_folder, tiny_spm_folder, tiny_t5_config  # noqa: E402
 from clarifyjax.models.state import copy_params, split_model  # noqa: E402
-from clarifyjax.models.value import ValueModel  # noqa: E402
+from clarifyjax.rl.value import ValueModel  # noqa: E402
 from clarifyjax.rl.policy import make_ppo_fns  # noqa: E402
 from clarifyjax.rl.rollout import RolloutSampler  # noqa: E402
 from clarifyjax.reward.jsd import RewardNormalizer  # noqa: E402
 from clarifyjax.text.tokenizer import Tokenizer  # noqa: E402
 from t5 import matmul_flops_per_s  # noqa: E402  (benchmarks/t5.py)
+from _ppo_torch import torch_peer  # noqa: E402  (benchmarks/_ppo_torch.py: the PyTorch peer)
 
 DEV = REPO_ROOT.parent / "shared" / "data" / "delta-clarify" / "dev.tsv"
 
@@ -170,135 +169,6 @@ def summary(times: list[float]) -> dict:
     return {"median_s": statistics.median(times), "best_s": min(times), "all_s": times}
 
 
-# --------------------------------------------------------------------------- the PyTorch peer
-
-
-class TorchValue(torch.nn.Module):
-    """HF T5 trunk + scalar head on every decoder position (as `models.value.ValueModel`)."""
-
-    def __init__(self, t5, head_kernel: np.ndarray, head_bias: np.ndarray, scale: bool):
-        super().__init__()
-        self.t5, self.scale = t5, scale
-        self.head = torch.nn.Linear(head_kernel.shape[0], 1)
-        with torch.no_grad():
-            self.head.weight.copy_(torch.tensor(np.asarray(head_kernel, np.float32).T))
-            self.head.bias.copy_(torch.tensor(np.asarray(head_bias, np.float32)))
-
-    def forward(self, ids, mask, decoder_ids):
-        enc = self.t5.encoder(input_ids=ids, attention_mask=mask).last_hidden_state
-        hidden = self.t5.decoder(input_ids=decoder_ids, encoder_hidden_states=enc,
-                                 encoder_attention_mask=mask, use_cache=False).last_hidden_state
-        if self.scale:
-            hidden = hidden * self.t5.config.d_model ** -0.5
-        return self.head(hidden)[..., 0]
-
-
-def _masked_mean(x, mask):
-    return (x * mask).sum() / mask.sum().clamp_min(1e-12)
-
-
-def _whiten(x, mask, shift_mean=True, eps=1e-8):
-    mean = _masked_mean(x, mask)
-    var = _masked_mean((x - mean) ** 2, mask)
-    out = (x - mean) * torch.rsqrt(var + eps)
-    return (out if shift_mean else out + mean) * mask
-
-
-def torch_advantages(r: dict, cfg: ppo.PPOConfig, kl_coef: float):
-    """Shaped rewards -> (whitened) rewards -> GAE (a reverse loop) -> whitened advantages."""
-    mask = r["response_mask"].float()
-    b, t = mask.shape
-    positions = torch.arange(t)
-    last = torch.where(mask > 0, positions, torch.full_like(positions, -1)).max(dim=1).values
-    rewards = r["rewards"][:, None] * (positions[None] == last[:, None]).float()
-    rewards = rewards - kl_coef * (r["logprobs"] - r["ref_logprobs"]) * mask
-    if cfg.whiten_rewards:
-        rewards = _whiten(rewards, mask, shift_mean=False)
-    values = r["values"] * mask
-    advantages = torch.zeros_like(values)
-    running = torch.zeros(b)
-    for i in reversed(range(t)):
-        next_value = values[:, i + 1] if i + 1 < t else torch.zeros(b)
-        next_mask = mask[:, i + 1] if i + 1 < t else torch.zeros(b)
-        delta = rewards[:, i] + cfg.gamma * next_value - values[:, i]
-        running = delta + cfg.gamma * cfg.lam * next_mask * running
-        advantages[:, i] = running
-    advantages = advantages * mask
-    returns = (advantages + values) * mask
-    if cfg.whiten_advantages:
-        advantages = _whiten(advantages, mask)
-    return advantages, returns
-
-
-def torch_ppo_update(policy, value, opt_p, opt_v, r: dict, cfg: ppo.PPOConfig, kl_coef: float,
-                     generator: torch.Generator) -> dict[str, float]:
-    """`ppo.make_ppo_update`'s math: epochs x minibatches of clipped policy + value loss, one Adam
-    step for each model per minibatch. Returns the losses averaged over all minibatch steps."""
-    with torch.no_grad():
-        advantages, returns = torch_advantages(r, cfg, kl_coef)
-    mask = r["response_mask"].float()
-    resp = r["response_ids"]
-    decoder_ids = torch.cat([torch.zeros_like(resp[:, :1]), resp[:, :-1]], dim=1)  # start id 0
-    b = resp.shape[0]
-    logs = {"policy_loss": [], "value_loss": [], "policy_entropy": []}
-    for _ in range(cfg.epochs):
-        order = torch.randperm(b, generator=generator)
-        for idx in order.view(cfg.minibatches, -1):
-            m = mask[idx]
-            logits = policy(input_ids=r["query_ids"][idx], attention_mask=r["query_mask"][idx],
-                            decoder_input_ids=decoder_ids[idx], use_cache=False).logits
-            logp_all = torch.log_softmax(logits.float(), dim=-1)
-            logp = logp_all.gather(-1, resp[idx][..., None])[..., 0]
-            logp = torch.where(m > 0, logp, torch.zeros_like(logp))
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-            values = value(r["query_ids"][idx], r["query_mask"][idx], decoder_ids[idx])
-            values = torch.where(m > 0, values, torch.zeros_like(values))
-            ratio = torch.exp(logp - r["logprobs"][idx])
-            adv = advantages[idx]
-            pg = _masked_mean(torch.maximum(-adv * ratio,
-                                            -adv * ratio.clamp(1 - cfg.clip, 1 + cfg.clip)), m)
-            old_v, ret = r["values"][idx], returns[idx]
-            v_clipped = old_v + (values - old_v).clamp(-cfg.value_clip, cfg.value_clip)
-            vf = 0.5 * _masked_mean(torch.maximum((values - ret) ** 2, (v_clipped - ret) ** 2), m)
-            loss = pg + cfg.vf_coef * vf
-            for opt in (opt_p, opt_v):
-                opt.zero_grad(set_to_none=True)
-            loss.backward()
-            for opt in (opt_p, opt_v):
-                opt.step()
-            for k, x in zip(logs, (pg, vf, _masked_mean(entropy, m))):
-                logs[k].append(float(x.detach()))
-    return {k: float(np.mean(v)) for k, v in logs.items()}
-
-
-def hf_named(params, config) -> dict[str, np.ndarray]:
-    """Our T5 parameters (a pure dict) under their Hugging Face names, in torch layout."""
-    maps = tensor_maps(config)
-    out = {}
-    for path, value in jax.tree_util.tree_flatten_with_path(params)[0]:
-        key = tuple(getattr(k, "key", getattr(k, "idx", k)) for k in path)
-        out[maps[key].hf_name] = maps[key].to_hf(np.asarray(value, np.float64))
-    return out
-
-
-def relative_update_difference(ours_before, ours_after, torch_before, torch_after) -> float:
-    """||delta_ours - delta_torch|| / ||delta_torch|| over the tensors both name."""
-    num = den = 0.0
-    for name in ours_before.keys() & torch_before.keys():
-        d_ours = ours_after[name] - ours_before[name]
-        d_torch = torch_after[name] - torch_before[name]
-        num += float(np.sum((d_ours - d_torch) ** 2))
-        den += float(np.sum(d_torch ** 2))
-    return (num / den) ** 0.5 if den else float("nan")
-
-
-def torch_state(module) -> dict[str, np.ndarray]:
-    return {k: v.detach().numpy().astype(np.float64) for k, v in module.state_dict().items()}
-
-
-# --------------------------------------------------------------------------- ours
-
-
 def build(args, root: Path):
     """The config, the models (ours and the torch policy with the same weights), the sampler,
     the jitted update factory: what `train.train_ppo` sets up, on a 1-device mesh."""
@@ -337,7 +207,7 @@ def build(args, root: Path):
     h = cfg.ppo
     mesh = sharding_lib.make_mesh(cfg.mesh)
     tokenizer = Tokenizer.from_pretrained(spm)
-    p_config, policy = programs.build_t5(cfg.policy, seed=0, mesh=mesh,
+    p_config, policy = builders.build_t5(cfg.policy, seed=0, mesh=mesh,
                                          rules=sharding_lib.DEFAULT_RULES, tokenizer=tokenizer,
                                          where="policy")
     graphdef, params = split_model(policy)
@@ -348,7 +218,7 @@ def build(args, root: Path):
     program = programs.PPOProgram.build(cfg, mesh, graphdef, params, value_graphdef, value_params)
     tx = optim.make_optimizer(o, cfg.run.steps)
 
-    def jit_update(config: ppo.PPOConfig):
+    def jit_update(config: ppo.PPOUpdateConfig):
         fn = ppo.make_ppo_update(*make_ppo_fns(graphdef, value_graphdef), tx, tx, config)
         return jax.jit(fn, in_shardings=program.in_shardings,
                        out_shardings=(program.state_shardings["ppo"], program.in_shardings[2]))
@@ -360,7 +230,7 @@ def build(args, root: Path):
     return SimpleNamespace(
         cfg=cfg, mesh=mesh, tokenizer=tokenizer, p_config=p_config, torch_policy=torch_policy,
         state0=program.init_state()["ppo"], ref_params=copy_params(params),
-        ppo_config=h,  # the config's ppo section is the update's ppo.PPOConfig
+        ppo_config=h,  # the config's ppo section is the update's ppo.PPOUpdateConfig
         jit_update=jit_update, reward_fn=reward_fn, sampler=sampler,
         normalizer=RewardNormalizer(gain=cfg.normalizer.gain, bias=cfg.normalizer.bias))
 
@@ -392,27 +262,24 @@ def rollout(bench, state: ppo.PPOState, batch, situations, key):
     return r, {"sample_s": t1 - t0, "reward_s": t2 - t1, "score_s": t3 - t2}, fields
 
 
-def main() -> None:
-    args = parse_args()
-    args.torch_threads = sorted({int(n) for n in str(args.torch_threads).split(",")})
-    torch.set_num_threads(max(args.torch_threads))
-    load_before = load_average()
-    b = args.batch
-    tmp = tempfile.TemporaryDirectory()
-    t0 = time.perf_counter()
-    bench = build(args, Path(tmp.name))
-    build_s = time.perf_counter() - t0  # includes writing the folders
-    cfg, h, ppo_config = bench.cfg, bench.cfg.ppo, bench.ppo_config
-    situations = dev_situations((1 + args.warmup_steps + args.steps) * b)
 
-    def step_inputs(i: int):  # batch i of the situations: (batch, texts)
+def make_step_inputs(bench, args, situations):
+    """step_inputs(i): batch i of the situations as (the policy's batch, the situations)."""
+    b = args.batch
+
+    def step_inputs(i: int):
         sits = situations[i * b:(i + 1) * b]
         ids, mask = bench.tokenizer.encode_batch([text_lib.policy_input(s) for s in sits],
                                                  args.query_len, pad_to=args.query_len)
         return {"input_ids": ids, "input_mask": mask}, sits
+    return step_inputs
 
-    key, state0 = jax.random.key(0), bench.state0
-    # --- the first step: everything compiles ----------------------------------------------------
+
+def first_step(bench, args, step_inputs, key) -> SimpleNamespace:
+    """The first step, where everything compiles: its rollout (phases timed with their compiles),
+    the update compiled ahead of time (and, for its FLOPs, once more with epochs=1,
+    minibatches=1 on one minibatch), then run."""
+    b, ppo_config, state0 = args.batch, bench.ppo_config, bench.state0
     rollout0, first, _ = rollout(bench, state0, *step_inputs(0), jax.random.fold_in(key, 0))
     k_update0 = jax.random.fold_in(key, 10_000)
     t0 = time.perf_counter()
@@ -425,14 +292,20 @@ def main() -> None:
         k_update0).compile()
     one_step_compile_s = time.perf_counter() - t0
     step_flops = flops_of(one)
-    update_flops = ppo_config.epochs * ppo_config.minibatches * step_flops
     del one
     t0 = time.perf_counter()
     state1, metrics0 = jax.block_until_ready(update(state0, rollout0, k_update0))
     first["update_s"] = time.perf_counter() - t0
+    return SimpleNamespace(
+        rollout0=rollout0, first=first, update=update, update_compile_s=update_compile_s,
+        raw_update_flops=raw_update_flops, one_step_compile_s=one_step_compile_s,
+        step_flops=step_flops, update_flops=ppo_config.epochs * ppo_config.minibatches * step_flops,
+        state0=state0, state1=state1, metrics0=metrics0)
 
-    # --- warm-up, then the timed steps ----------------------------------------------------------
-    state = state1
+
+def timed_steps(bench, args, update, state, step_inputs, key) -> SimpleNamespace:
+    """`--warmup-steps` untimed steps, then `--steps` timed ones: each phase's seconds, the
+    programs each timed step compiled, its sampled tokens, and the last step's reward fields."""
     phases = {"sample_s": [], "score_s": [], "reward_s": [], "update_s": []}
     response_tokens, new_programs = [], []
     for i in range(1, 1 + args.warmup_steps + args.steps):
@@ -449,79 +322,92 @@ def main() -> None:
     # A step that compiled something (a padded length not met before) is reported, not used.
     clean = [j for j, n in enumerate(new_programs) if n == 0] or list(range(len(new_programs)))
     med = {k: statistics.median([v[j] for j in clean]) for k, v in phases.items()}
+    return SimpleNamespace(phases=phases, response_tokens=response_tokens,
+                           new_programs=new_programs, clean=clean, med=med, fields=fields,
+                           update_best=min(phases["update_s"][j] for j in clean))
+
+
+def settings_section(args, bench, build_s: float) -> dict:
+    cfg, h, r_cfg = bench.cfg, bench.cfg.ppo, bench.cfg.rewards
+    return {
+        "policy_and_value": {"d_model": args.d_model, "layers": f"{args.layers}+{args.layers}",
+                             "heads": args.heads, "d_ff": args.d_ff, "vocab": args.vocab,
+                             "family": "v1.0 (relu, tied)", "dtype": "float32",
+                             "weights": "random"},
+        "batch": args.batch, "query_len": args.query_len,
+        "max_question_length": h.max_question_length,
+        "ppo": dataclasses.asdict(bench.ppo_config), "kl_coef": h.kl_coef,
+        "adaptive_kl": h.adaptive_kl,
+        "optimizer": {"name": cfg.optimizer.name, "lr": cfg.optimizer.lr},
+        "sampling": {"temperature": h.temperature, "top_p": h.top_p, "top_k": h.top_k},
+        "config": str(args.config), "reward": args.reward,
+        "reward_models": (f"answerer, fusion, judge: random, the policy's sizes; no NLI; "
+                          f"answers {r_cfg.answer_max_length} tokens, fusions "
+                          f"{r_cfg.fusion_max_length}, judgment text 32, dropped answers: "
+                          f"{r_cfg.dropped_answer}") if args.reward == "pipeline"
+        else "stand-in: share of 'wh' words (host, ~0 s)",
+        "warmup_steps": args.warmup_steps, "steps_timed": args.steps,
+        "jax_threads": "XLA CPU default (all cores)", "torch_threads": args.torch_threads,
+        "build_models_s": build_s,
+    }
+
+
+def first_step_section(one: SimpleNamespace, med: dict) -> dict:
+    first = one.first
+    return {
+        **first, "update_compile_s": one.update_compile_s,
+        "compile_estimate_s": {k: first[k] - med[k] for k in ("sample_s", "score_s",
+                                                              "reward_s")},
+        "note": "first calls of sampling, scoring and reward include their compiles; the "
+                "update was compiled ahead of time (update_compile_s), then run (update_s)",
+    }
+
+
+def steady_step_section(args, bench, one: SimpleNamespace, steps: SimpleNamespace) -> dict:
+    med, b, epochs = steps.med, args.batch, bench.ppo_config.epochs
     rollout_s = med["sample_s"] + med["score_s"]
     step_s = rollout_s + med["reward_s"] + med["update_s"]
-    update_best = min(phases["update_s"][j] for j in clean)
-    matmul = matmul_flops_per_s()
-    t_resp = int(np.asarray(rollout0.response_ids).shape[1])
-    tokens = float(np.mean(response_tokens))
-    r_cfg = cfg.rewards
-    results = {
-        "mode": "quick" if args.quick else "full",
-        "load_before": load_before,
-        "settings": {
-            "policy_and_value": {"d_model": args.d_model, "layers": f"{args.layers}+{args.layers}",
-                                 "heads": args.heads, "d_ff": args.d_ff, "vocab": args.vocab,
-                                 "family": "v1.0 (relu, tied)", "dtype": "float32",
-                                 "weights": "random"},
-            "batch": b, "query_len": args.query_len, "max_question_length": h.max_question_length,
-            "ppo": dataclasses.asdict(ppo_config), "kl_coef": h.kl_coef, "adaptive_kl": h.adaptive_kl,
-            "optimizer": {"name": cfg.optimizer.name, "lr": cfg.optimizer.lr},
-            "sampling": {"temperature": h.temperature, "top_p": h.top_p, "top_k": h.top_k},
-            "config": str(args.config), "reward": args.reward,
-            "reward_models": (f"answerer, fusion, judge: random, the policy's sizes; no NLI; "
-                              f"answers {r_cfg.answer_max_length} tokens, fusions "
-                              f"{r_cfg.fusion_max_length}, judgment text 32, dropped answers: "
-                              f"{r_cfg.dropped_answer}") if args.reward == "pipeline"
-            else "stand-in: share of 'wh' words (host, ~0 s)",
-            "warmup_steps": args.warmup_steps, "steps_timed": args.steps,
-            "jax_threads": "XLA CPU default (all cores)", "torch_threads": args.torch_threads,
-            "build_models_s": build_s,
-        },
-        "first_step_with_compile": {
-            **first, "update_compile_s": update_compile_s,
-            "compile_estimate_s": {k: first[k] - med[k] for k in ("sample_s", "score_s",
-                                                                  "reward_s")},
-            "note": "first calls of sampling, scoring and reward include their compiles; the "
-                    "update was compiled ahead of time (update_compile_s), then run (update_s)",
-        },
-        "steady_step": {
-            "rollout_s": rollout_s, "sample_s": med["sample_s"], "score_s": med["score_s"],
-            "reward_s": med["reward_s"], "update_s": med["update_s"], "step_s": step_s,
-            "share": {"rollout": rollout_s / step_s, "reward": med["reward_s"] / step_s,
-                      "update": med["update_s"] / step_s},
-            "per_phase_all_timed_steps": {k: summary(v) for k, v in phases.items()},
-            "new_programs_per_timed_step": new_programs,
-            "steps_used": len(clean) if any(n == 0 for n in new_programs) else 0,
-            "steps_note": "medians over the timed steps that compiled nothing (else all)",
-            "response_tokens_per_step": tokens, "response_token_slots": b * t_resp,
-            "tokens_per_s": tokens / step_s,
-            "sampling_tokens_per_s": tokens / med["sample_s"],
-            "update_tokens_per_s": ppo_config.epochs * b * (args.query_len + t_resp)
-            / med["update_s"],
-            "tokens_note": "tokens_per_s: sampled question tokens per second of PPO step; "
-                           "update: (query + response) tokens x epochs per second",
-            "reward_stage_s_last_step": dict(getattr(bench.reward_fn, "timings", {}) or {}),
-            "reward_raw_mean_last_step": float(np.mean(fields["raw_reward"])),
-        },
-        "update": {
-            "flops": update_flops, "flops_one_minibatch_step": step_flops,
-            "xla_raw_flops_full_update": raw_update_flops,
-            "raw_over_one_step": raw_update_flops / step_flops if step_flops else None,
-            "flops_method": "cost_analysis() of the update compiled with epochs=1, minibatches=1 "
-                            "on one minibatch, x epochs x minibatches (XLA counts a loop body "
-                            "once: raw_over_one_step ~ 1)",
-            "one_step_compile_s": one_step_compile_s,
-            "best_s": update_best, "median_s": med["update_s"],
-            "flops_per_s": update_flops / update_best, "matmul_f32_flops_per_s": matmul,
-            "fraction_of_matmul_throughput": update_flops / update_best / matmul,
-        },
+    t_resp = int(np.asarray(one.rollout0.response_ids).shape[1])
+    tokens = float(np.mean(steps.response_tokens))
+    new_programs = steps.new_programs
+    return {
+        "rollout_s": rollout_s, "sample_s": med["sample_s"], "score_s": med["score_s"],
+        "reward_s": med["reward_s"], "update_s": med["update_s"], "step_s": step_s,
+        "share": {"rollout": rollout_s / step_s, "reward": med["reward_s"] / step_s,
+                  "update": med["update_s"] / step_s},
+        "per_phase_all_timed_steps": {k: summary(v) for k, v in steps.phases.items()},
+        "new_programs_per_timed_step": new_programs,
+        "steps_used": len(steps.clean) if any(n == 0 for n in new_programs) else 0,
+        "steps_note": "medians over the timed steps that compiled nothing (else all)",
+        "response_tokens_per_step": tokens, "response_token_slots": b * t_resp,
+        "tokens_per_s": tokens / step_s,
+        "sampling_tokens_per_s": tokens / med["sample_s"],
+        "update_tokens_per_s": epochs * b * (args.query_len + t_resp) / med["update_s"],
+        "tokens_note": "tokens_per_s: sampled question tokens per second of PPO step; "
+                       "update: (query + response) tokens x epochs per second",
+        "reward_stage_s_last_step": dict(getattr(bench.reward_fn, "timings", {}) or {}),
+        "reward_raw_mean_last_step": float(np.mean(steps.fields["raw_reward"])),
     }
-    if not args.no_torch:
-        results["torch_update"] = torch_peer(args, bench, rollout0, state0, state1, metrics0,
-                                             update_best)
-    results["load_after"] = load_average()
-    write_results(args.name, results)
+
+
+def update_section(one: SimpleNamespace, steps: SimpleNamespace, matmul: float) -> dict:
+    update_flops, step_flops, raw = one.update_flops, one.step_flops, one.raw_update_flops
+    best = steps.update_best
+    return {
+        "flops": update_flops, "flops_one_minibatch_step": step_flops,
+        "xla_raw_flops_full_update": raw,
+        "raw_over_one_step": raw / step_flops if step_flops else None,
+        "flops_method": "cost_analysis() of the update compiled with epochs=1, minibatches=1 "
+                        "on one minibatch, x epochs x minibatches (XLA counts a loop body "
+                        "once: raw_over_one_step ~ 1)",
+        "one_step_compile_s": one.one_step_compile_s,
+        "best_s": best, "median_s": steps.med["update_s"],
+        "flops_per_s": update_flops / best, "matmul_f32_flops_per_s": matmul,
+        "fraction_of_matmul_throughput": update_flops / best / matmul,
+    }
+
+
+def print_summary(results: dict, matmul: float, update_best: float) -> None:
     s, u = results["steady_step"], results["update"]
     print(f"PPO step {s['step_s']:.2f} s: rollout {s['rollout_s']:.2f} (sample {s['sample_s']:.2f}"
           f" + score {s['score_s']:.2f}), reward {s['reward_s']:.2f}, update {s['update_s']:.2f}; "
@@ -535,72 +421,38 @@ def main() -> None:
               f"{update_best:.2f} s -> {t['ratio_torch_over_ours']:.2f}x; losses agree to "
               f"{t['agreement']['max_rel_loss_diff']:.1e}, updates to "
               f"{t['agreement']['policy_update_rel_diff']:.1e} (policy)")
-    tmp.cleanup()
 
 
-def torch_peer(args, bench, rollout0, state0, state1, metrics0, ours_best_s: float) -> dict:
-    """Time the PyTorch update on the first rollout (from the first state: the same weights);
-    compare its first update with ours (`state0` -> `state1`, `metrics0`)."""
-    ppo_config, p_config, kl_coef = bench.ppo_config, bench.p_config, float(bench.cfg.ppo.kl_coef)
-    torch_policy = bench.torch_policy.train()  # dropout is 0: only the mode changes
-    torch_value = TorchValue(copy.deepcopy(torch_policy), state0.value_params["head_kernel"],
-                             state0.value_params["head_bias"], p_config.scale_decoder_outputs)
-    o = bench.cfg.optimizer
-    lr, b1, b2, eps = o.lr, o.b1, o.b2, o.eps
-    opt_p = torch.optim.Adam(torch_policy.parameters(), lr=lr, betas=(b1, b2), eps=eps)
-    opt_v = torch.optim.Adam(torch_value.parameters(), lr=lr, betas=(b1, b2), eps=eps)
-    r = {k: torch.from_numpy(np.array(v)) for k, v in rollout0._asdict().items()}
-    for k in ("query_ids", "query_mask", "response_ids", "response_mask"):
-        r[k] = r[k].long()
-    for k in ("logprobs", "ref_logprobs", "values", "rewards"):
-        r[k] = r[k].float()
-    generator = torch.Generator().manual_seed(0)
-
-    policy_before, value_before = torch_state(torch_policy), torch_state(torch_value)
+def main() -> None:
+    args = parse_args()
+    args.torch_threads = sorted({int(n) for n in str(args.torch_threads).split(",")})
+    torch.set_num_threads(max(args.torch_threads))
+    load_before = load_average()
+    tmp = tempfile.TemporaryDirectory()
     t0 = time.perf_counter()
-    losses = torch_ppo_update(torch_policy, torch_value, opt_p, opt_v, r, ppo_config, kl_coef,
-                              generator)
-    first_s = time.perf_counter() - t0
-    policy_after, value_after = torch_state(torch_policy), torch_state(torch_value)
-
-    ours = {k: float(metrics0[k]) for k in losses}
-    rel_loss = {k: abs(ours[k] - losses[k]) / max(abs(losses[k]), 1e-12) for k in losses}
-    # the value trunk has the policy's architecture: the same names under "t5."
-    ours_v0 = {f"t5.{k}": v for k, v in hf_named(state0.value_params["trunk"], p_config).items()}
-    ours_v1 = {f"t5.{k}": v for k, v in hf_named(state1.value_params["trunk"], p_config).items()}
-    for params, named in ((state0.value_params, ours_v0), (state1.value_params, ours_v1)):
-        named["head.weight"] = np.asarray(params["head_kernel"], np.float64).T
-        named["head.bias"] = np.asarray(params["head_bias"], np.float64)
-    agreement = {
-        "ours_losses": ours, "torch_losses": losses, "rel_loss_diff": rel_loss,
-        "max_rel_loss_diff": max(rel_loss.values()),
-        "policy_update_rel_diff": relative_update_difference(
-            hf_named(state0.policy_params, p_config), hf_named(state1.policy_params, p_config),
-            policy_before, policy_after),
-        "value_update_rel_diff": relative_update_difference(ours_v0, ours_v1, value_before,
-                                                            value_after),
-        "note": "losses averaged over the epochs x minibatches steps of the first update (same "
-                "state, same rollout); *_update_rel_diff = ||dtheta_ours - dtheta_torch|| / "
-                "||dtheta_torch|| over all parameters after that update (Adam at lr "
-                f"{lr:g}: float32 rounding of theta + dtheta and sign flips of Adam's first "
-                "steps on near-zero gradients dominate it)",
+    bench = build(args, Path(tmp.name))
+    build_s = time.perf_counter() - t0  # includes writing the folders
+    situations = dev_situations((1 + args.warmup_steps + args.steps) * args.batch)
+    step_inputs = make_step_inputs(bench, args, situations)
+    key = jax.random.key(0)
+    one = first_step(bench, args, step_inputs, key)
+    steps = timed_steps(bench, args, one.update, one.state1, step_inputs, key)
+    matmul = matmul_flops_per_s()
+    results = {
+        "mode": "quick" if args.quick else "full",
+        "load_before": load_before,
+        "settings": settings_section(args, bench, build_s),
+        "first_step_with_compile": first_step_section(one, steps.med),
+        "steady_step": steady_step_section(args, bench, one, steps),
+        "update": update_section(one, steps, matmul),
     }
-    del policy_before, value_before, policy_after, value_after
-    times = {}
-    for n in args.torch_threads:
-        torch.set_num_threads(n)
-        times[n] = []
-        for _ in range(args.torch_repeats):
-            t0 = time.perf_counter()
-            torch_ppo_update(torch_policy, torch_value, opt_p, opt_v, r, ppo_config, kl_coef,
-                             generator)
-            times[n].append(time.perf_counter() - t0)
-    best_threads = min(times, key=lambda n: min(times[n]) if times[n] else float("inf"))
-    best = min(times[best_threads]) if times[best_threads] else first_s
-    return {"best_s": best, "best_threads": best_threads, "first_s_with_warmup": first_s,
-            "first_threads": max(args.torch_threads),
-            "times_s_by_threads": {str(n): t for n, t in times.items()},
-            "ratio_torch_over_ours": best / ours_best_s, "agreement": agreement}
+    if not args.no_torch:
+        results["torch_update"] = torch_peer(args, bench, one.rollout0, one.state0, one.state1,
+                                             one.metrics0, steps.update_best)
+    results["load_after"] = load_average()
+    write_results(args.name, results)
+    print_summary(results, matmul, steps.update_best)
+    tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ from flax import nnx
 from clarifyjax.rl import ppo
 from clarifyjax.models.t5 import T5, T5Config
 from clarifyjax.models.state import split_model
-from clarifyjax.models.value import ValueModel
+from clarifyjax.rl.value import ValueModel
 from clarifyjax.rl.policy import make_ppo_fns
 
 
@@ -48,7 +48,7 @@ def flops_of(compiled) -> float:
     return float(cost.get("flops", 0.0)) if cost else float("nan")
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--query-len", type=int, default=64)
@@ -59,24 +59,28 @@ def main() -> None:
     p.add_argument("--cost-analysis", action="store_true",
                    help="also compile epochs=1 for XLA's cost analysis (one more compile)")
     p.add_argument("--profile", default="", help="write a trace of one update to this folder")
-    args = p.parse_args()
-    config = T5Config(vocab_size=32128, d_model=1024, d_kv=64, d_ff=4096, num_layers=args.layers,
+    return p.parse_args()
+
+
+def build_models(layers: int):
+    """The T5-large-shaped policy and its value model: (config, policy graphdef and parameters,
+    value graphdef and parameters, seconds to build them)."""
+    config = T5Config(vocab_size=32128, d_model=1024, d_kv=64, d_ff=4096, num_layers=layers,
                       num_heads=16, feed_forward_proj="relu", dropout_rate=0.0,
                       dtype="bfloat16", param_dtype="float32")
     t0 = time.perf_counter()
     policy = T5(config, rngs=nnx.Rngs(0))
     graphdef, params = split_model(policy)
     value_graphdef, value_params = split_model(ValueModel.from_t5(policy, seed=1))
-    init_s = time.perf_counter() - t0
-    n_params = sum(x.size for x in jax.tree.leaves(params))
-    tx = optax.adam(1e-5)
-    state = ppo.init_ppo_state(params, value_params, tx, tx, ppo.FixedKL(0.15))
+    return config, (graphdef, params), (value_graphdef, value_params), time.perf_counter() - t0
 
+
+def random_rollout(b: int, s: int, t: int) -> ppo.Rollout:
+    """A rollout of random queries and responses of 5 to t tokens."""
     rng = np.random.default_rng(0)
-    b, s, t = args.batch, args.query_len, args.response_len
     lengths = rng.integers(5, t + 1, size=b)
     response_mask = (np.arange(t)[None] < lengths[:, None]).astype(np.int32)
-    rollout = ppo.Rollout(
+    return ppo.Rollout(
         query_ids=jnp.asarray(rng.integers(2, 32128, (b, s)), jnp.int32),
         query_mask=jnp.ones((b, s), jnp.int32),
         response_ids=jnp.asarray(rng.integers(2, 32128, (b, t)) * response_mask, jnp.int32),
@@ -85,29 +89,25 @@ def main() -> None:
         ref_logprobs=jnp.asarray(-rng.uniform(0.5, 5, (b, t)) * response_mask, jnp.float32),
         values=jnp.asarray(rng.normal(size=(b, t)) * response_mask, jnp.float32),
         rewards=jnp.asarray(rng.normal(size=b), jnp.float32))
-    fns = make_ppo_fns(graphdef, value_graphdef)
 
-    def make_update(epochs: int):  # jitted as train.train_ppo jits it
-        fn = ppo.make_ppo_update(*fns, tx, tx, ppo.PPOConfig(epochs=epochs, minibatches=1))
-        return jax.jit(fn, donate_argnums=(0,))
 
-    one_epoch_compiled_flops = (
-        flops_of(make_update(1).lower(state, rollout, jax.random.key(0)).compile())
-        if args.cost_analysis else None)
-    c = config
+def one_epoch_matmul_flops(c: T5Config, b: int, s: int, t: int) -> int:
+    """The matmul FLOPs of one epoch of the update: forward and backward of policy and value
+    (6 x matmul parameters x tokens, plus the attention products) and the lm_head."""
     inner = c.num_heads * c.d_kv
     encoder_layer = 4 * c.d_model * inner + 2 * c.d_model * c.d_ff        # matmul parameters
     decoder_layer = 8 * c.d_model * inner + 2 * c.d_model * c.d_ff
     attention = c.num_layers * 4 * b * inner * (s * s + t * t + t * s)   # QK^T and PV, forward
     trunk = 6 * (c.num_layers * (encoder_layer * b * s + decoder_layer * b * t)) + 3 * attention
-    one_epoch_flops = 2 * trunk + 6 * c.d_model * c.vocab_size * b * t  # policy, value, lm_head
-    # `dispatch_s` is how long the call takes to return to the host: 0.26 s of a 0.41 s update on
-    # the H100, both through this jax.jit function and through an AOT `Compiled` object.
-    update = make_update(args.epochs)
+    return 2 * trunk + 6 * c.d_model * c.vocab_size * b * t  # policy, value, lm_head
 
+
+def time_updates(update, state, rollout, key, repeats: int):
+    """The first call (it compiles), then `repeats` timed calls, each waited for; `dispatch` is
+    how long each call took to return to the host. Returns (state, metrics, first call s,
+    times, dispatch times)."""
     times, dispatch = [], []
-    key = jax.random.key(0)
-    for i in range(args.repeats + 1):
+    for i in range(repeats + 1):
         t0 = time.perf_counter()
         state, metrics = update(state, rollout, key)
         dispatched = time.perf_counter() - t0
@@ -117,18 +117,49 @@ def main() -> None:
         else:
             times.append(time.perf_counter() - t0)
             dispatch.append(dispatched)
-    step_s = min(times)
-    compile_s = first_call_s - step_s
-    # back to back, without waiting between calls: what a loop that does not read the metrics
-    # of every update would see
+    return state, metrics, first_call_s, times, dispatch
+
+
+def time_pipelined(update, state, rollout, key, repeats: int):
+    """Back to back, without waiting between calls: what a loop that does not read the metrics
+    of every update would see. Returns (state, metrics, best seconds per update)."""
     pipelined = []
     for _ in range(2):
         t0 = time.perf_counter()
-        for _ in range(args.repeats):
+        for _ in range(repeats):
             state, metrics = update(state, rollout, key)
         jax.block_until_ready((state, metrics))
-        pipelined.append((time.perf_counter() - t0) / args.repeats)
-    pipelined_s = min(pipelined)
+        pipelined.append((time.perf_counter() - t0) / repeats)
+    return state, metrics, min(pipelined)
+
+
+def main() -> None:
+    args = parse_args()
+    config, (graphdef, params), (value_graphdef, value_params), init_s = build_models(args.layers)
+    n_params = sum(x.size for x in jax.tree.leaves(params))
+    tx = optax.adam(1e-5)
+    state = ppo.init_ppo_state(params, value_params, tx, tx, ppo.FixedKL(0.15))
+    b, s, t = args.batch, args.query_len, args.response_len
+    rollout = random_rollout(b, s, t)
+    fns = make_ppo_fns(graphdef, value_graphdef)
+
+    def make_update(epochs: int):  # jitted as train.train_ppo jits it
+        fn = ppo.make_ppo_update(*fns, tx, tx, ppo.PPOUpdateConfig(epochs=epochs, minibatches=1))
+        return jax.jit(fn, donate_argnums=(0,))
+
+    one_epoch_compiled_flops = (
+        flops_of(make_update(1).lower(state, rollout, jax.random.key(0)).compile())
+        if args.cost_analysis else None)
+    one_epoch_flops = one_epoch_matmul_flops(config, b, s, t)
+    # `dispatch_s` is how long the call takes to return to the host: 0.26 s of a 0.41 s update on
+    # the H100, both through this jax.jit function and through an AOT `Compiled` object.
+    update = make_update(args.epochs)
+    key = jax.random.key(0)
+    state, metrics, first_call_s, times, dispatch = time_updates(update, state, rollout, key,
+                                                                 args.repeats)
+    step_s = min(times)
+    compile_s = first_call_s - step_s
+    state, metrics, pipelined_s = time_pipelined(update, state, rollout, key, args.repeats)
     if args.profile:
         with jax.profiler.trace(args.profile, create_perfetto_trace=True):
             state, metrics = update(state, rollout, key)
@@ -156,7 +187,6 @@ def main() -> None:
         "target_share": 0.40,
         "policy_loss": float(metrics["policy_loss"]) if "policy_loss" in metrics else None,
     })
-
 
 if __name__ == "__main__":
     main()

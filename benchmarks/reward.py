@@ -63,7 +63,7 @@ from clarifyjax.reward import judge as delphi  # noqa: E402
 from clarifyjax.decoding import seq2seq as seq2seq_lib  # noqa: E402
 from clarifyjax.text import formats as text_lib  # noqa: E402
 from clarifyjax.reward.judge import DELPHI_CLASS_STEP, Judge  # noqa: E402
-from clarifyjax.decoding.seq2seq import Sampling, Seq2SeqModel  # noqa: E402
+from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel  # noqa: E402
 from clarifyjax.models.tiny import (WANLI_LABELS, save_classifier_folder,  # noqa: E402
                                     save_t5_folder, tiny_bpe_tokenizer, tiny_spm_folder,
                                     tiny_t5_config)
@@ -361,6 +361,37 @@ def stage_bound(calls: list[dict], stage_s: dict[str, float], original_best_s: f
     }
 
 
+def build_ours(folders: dict[str, Path], args) -> RewardPipeline:
+    """Our `RewardPipeline` over the saved folders (answer and fusion batches padded to a
+    multiple of 8)."""
+    config = PipelineConfig(answer_max_length=args.answer_max_length,
+                            fusion_max_length=args.fusion_max_length,
+                            judgment_max_length=args.judgment_max_length)
+    multiple = 8
+    return RewardPipeline(
+        Seq2SeqModel.from_pretrained(folders["answerer"], batch_multiple=multiple),
+        Seq2SeqModel.from_pretrained(folders["fusion"], batch_multiple=multiple),
+        Judge.from_pretrained(folders["judge"], class_step=DELPHI_CLASS_STEP,
+                              judgment=Seq2SeqSampling(max_new_tokens=args.judgment_max_length)),
+        NLIFilter.from_pretrained(folders["nli"], batch_size=2 * args.situations), config)
+
+
+def print_summary(results: dict, b: int) -> None:
+    pipeline, judge = results["pipeline"], results["judge_alone"]
+    ours_t, ref_t, bound = pipeline["ours"], pipeline["original"], pipeline["bound"]
+    ratio, judge_ratio = pipeline["ratio"], judge["ratio"]
+    print(f"pipeline: ours {b / ours_t['best_s']:.2f} situations/s, original "
+          f"{b / ref_t['best_s']:.2f}/s -> {ratio:.1f}x (target >= 10x)")
+    print(f"bound: {bound['gflop']:.0f} GFLOP, at least {bound['ours_min_s_at_shape_rates']:.2f} s "
+          f"at this CPU's rates for the shapes (peak {bound['peak_gflop_per_s']:.0f} GFLOP/s: "
+          f"{bound['ours_min_s_at_peak']:.2f} s); our stages reach "
+          f"{bound['bound_over_measured']:.2f} of it; this work at these shapes allows <= "
+          f"{bound['max_ratio_all_stages_at_shape_rates']:.1f}x the original, any implementation "
+          f"<= {bound['max_ratio_answers_fusion_at_peak']:.1f}x (answers + fusion at the peak)")
+    print(f"judge alone: ours {2 * b / judge['ours']['best_s']:.1f} texts/s, original "
+          f"{2 * b / judge['original']['best_s']:.1f}/s -> {judge_ratio:.1f}x (target >= 20x)")
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(os.cpu_count())
@@ -371,16 +402,7 @@ def main() -> None:
         folders = build_folders(Path(tmp), args)
         build_s = time.perf_counter() - t0
 
-        config = PipelineConfig(answer_max_length=args.answer_max_length,
-                                fusion_max_length=args.fusion_max_length,
-                                judgment_max_length=args.judgment_max_length)
-        multiple = 8
-        ours = RewardPipeline(
-            Seq2SeqModel.from_pretrained(folders["answerer"], batch_multiple=multiple),
-            Seq2SeqModel.from_pretrained(folders["fusion"], batch_multiple=multiple),
-            Judge.from_pretrained(folders["judge"], class_step=DELPHI_CLASS_STEP,
-                                  judgment=Sampling(max_new_tokens=args.judgment_max_length)),
-            NLIFilter.from_pretrained(folders["nli"], batch_size=2 * b), config)
+        ours = build_ours(folders, args)
         reference = OriginalReward(folders, args)
 
         t0 = time.perf_counter()
@@ -432,16 +454,7 @@ def main() -> None:
             "ratio": judge_ratio, "target": 20.0, "meets_target": judge_ratio >= 20.0},
     }
     write_results(args.name, results)
-    print(f"pipeline: ours {b / ours_t['best_s']:.2f} situations/s, original "
-          f"{b / ref_t['best_s']:.2f}/s -> {ratio:.1f}x (target >= 10x)")
-    print(f"bound: {bound['gflop']:.0f} GFLOP, at least {bound['ours_min_s_at_shape_rates']:.2f} s "
-          f"at this CPU's rates for the shapes (peak {bound['peak_gflop_per_s']:.0f} GFLOP/s: "
-          f"{bound['ours_min_s_at_peak']:.2f} s); our stages reach "
-          f"{bound['bound_over_measured']:.2f} of it; this work at these shapes allows <= "
-          f"{bound['max_ratio_all_stages_at_shape_rates']:.1f}x the original, any implementation "
-          f"<= {bound['max_ratio_answers_fusion_at_peak']:.1f}x (answers + fusion at the peak)")
-    print(f"judge alone: ours {2 * b / judge_ours['best_s']:.1f} texts/s, original "
-          f"{2 * b / judge_ref['best_s']:.1f}/s -> {judge_ratio:.1f}x (target >= 20x)")
+    print_summary(results, b)
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ def load_average() -> list[float]:
 
 
 def reference_question(keys, pair_rows, alpha: float = 10.0) -> float:
-    """One question as the reference code scores it (DESIGN §5), from its pair rows.
+    """One question as the reference code scores it (docs/originals.md, SaGE), from its pair rows.
 
     keys: the node key (the text) of each position; identical keys are one node.
     pair_rows: (i, j, weight) for each pair of positions i < j.

@@ -64,7 +64,7 @@ def worker(batch: int, repeats: int) -> dict:
 
     from clarifyjax.rl import ppo
     from clarifyjax.models.state import split_model
-    from clarifyjax.models.value import ValueModel
+    from clarifyjax.rl.value import ValueModel
     from clarifyjax.core import sharding as sh
     from clarifyjax.models.t5 import T5, T5Config
 
@@ -94,7 +94,7 @@ def worker(batch: int, repeats: int) -> dict:
                               np.float64 else np.asarray(x), rollout_np)
 
     tx = optax.adam(1e-4)
-    update = ppo.make_ppo_update(*policy.make_ppo_fns(pol_def, val_def), tx, tx, ppo.PPOConfig())
+    update = ppo.make_ppo_update(*policy.make_ppo_fns(pol_def, val_def), tx, tx, ppo.PPOUpdateConfig())
     state = ppo.init_ppo_state(pol, val, tx, tx)
     key = jax.random.key(0)
 

@@ -37,17 +37,18 @@ def matmul_flops_per_s(n: int = 2048, repeats: int = 10) -> float:
     return 2 * n ** 3 / t["best_s"]
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--source-len", type=int, default=64)
     p.add_argument("--target-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=5)
-    args = p.parse_args()
-    threads = os.cpu_count()
-    torch.set_num_threads(threads)
-    torch.manual_seed(0)
+    return p.parse_args()
+
+
+def build_models():
+    """The random t5-small-sized PyTorch model and ours loaded from its saved folder."""
     hf_config = HFT5Config(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6,
                            num_decoder_layers=6, num_heads=8, feed_forward_proj="relu",
                            dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0,
@@ -55,34 +56,38 @@ def main() -> None:
     torch_model = T5ForConditionalGeneration(hf_config).eval()
     with tempfile.TemporaryDirectory() as d:
         torch_model.save_pretrained(d, safe_serialization=True)
-        config, model = load_t5(d)
+        _, model = load_t5(d)
+    return torch_model, model
 
+
+def random_inputs(b: int, s: int, t: int) -> tuple[np.ndarray, ...]:
+    """(ids, mask, decoder ids, decoder mask): random tokens, no padding, decoder start id 0."""
     rng = np.random.default_rng(0)
-    b, s, t = args.batch, args.source_len, args.target_len
     ids = rng.integers(2, 32128, size=(b, s)).astype(np.int32)
     mask = np.ones((b, s), np.int32)
     dec = rng.integers(2, 32128, size=(b, t)).astype(np.int32)
     dec[:, 0] = 0
     dec_mask = np.ones((b, t), np.int32)
+    return ids, mask, dec, dec_mask
 
-    # --- teacher-forced forward -------------------------------------------------------------
+
+def bench_forward(model, torch_model, inputs, repeats: int) -> dict:
+    """The teacher-forced forward: ours jitted (compile apart, XLA's FLOPs) and PyTorch's."""
     graphdef, state = nnx.split(model)
 
     @jax.jit
     def forward(state, ids, mask, dec, dec_mask):
         return nnx.merge(graphdef, state)(ids, mask, dec, dec_mask)
 
-    jargs = [jnp.asarray(x) for x in (ids, mask, dec, dec_mask)]
+    jargs = [jnp.asarray(x) for x in inputs]
     t0 = time.perf_counter()
     compiled = forward.lower(state, *jargs).compile()
     compile_forward_s = time.perf_counter() - t0
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     forward_flops = float(cost.get("flops", 0.0))
-    ours_fwd = timeit(lambda: compiled(state, *jargs).block_until_ready(), repeats=args.repeats)
-
-    tids, tmask, tdec, tdec_mask = (torch.from_numpy(x.astype(np.int64)) for x in
-                                    (ids, mask, dec, dec_mask))
+    ours_fwd = timeit(lambda: compiled(state, *jargs).block_until_ready(), repeats=repeats)
+    tids, tmask, tdec, tdec_mask = (torch.from_numpy(x.astype(np.int64)) for x in inputs)
 
     def torch_forward():
         with torch.inference_mode():
@@ -92,58 +97,76 @@ def main() -> None:
     with torch.inference_mode():
         max_diff = float(np.max(np.abs(torch_forward().numpy()
                                        - np.asarray(compiled(state, *jargs)))))
-    torch_fwd = timeit(torch_forward, repeats=args.repeats)
-    fwd_tokens = b * (s + t)
+    torch_fwd = timeit(torch_forward, repeats=repeats)
+    b, s = inputs[0].shape
+    fwd_tokens = b * (s + inputs[2].shape[1])
+    return {
+        "ours_s": ours_fwd["best_s"], "torch_s": torch_fwd["best_s"],
+        "ours_tokens_per_s": fwd_tokens / ours_fwd["best_s"],
+        "torch_tokens_per_s": fwd_tokens / torch_fwd["best_s"],
+        "speedup_vs_torch": torch_fwd["best_s"] / ours_fwd["best_s"],
+        "compile_s": compile_forward_s, "max_abs_logit_diff_vs_torch": max_diff,
+        "flops": forward_flops, "ours_flops_per_s": forward_flops / ours_fwd["best_s"],
+    }
 
-    # --- sampling ---------------------------------------------------------------------------
-    n = args.new_tokens
+
+def bench_sampling(model, torch_model, ids: np.ndarray, mask: np.ndarray, n: int,
+                   repeats: int) -> dict:
+    """`n` sampled tokens per row (top_k 0): ours (first call with its compile apart) and
+    PyTorch's `generate`."""
     key = jax.random.key(0)
+    jids, jmask = jnp.asarray(ids), jnp.asarray(mask)
 
     def ours_sample():
-        out = generate(model, jargs[0], jargs[1], rng=key, max_new_tokens=n, min_new_tokens=n)
+        out = generate(model, jids, jmask, rng=key, max_new_tokens=n, min_new_tokens=n)
         return out.tokens.block_until_ready()
 
     t0 = time.perf_counter()
     ours_sample()
     compile_sample_s = time.perf_counter() - t0
-    ours_smp = timeit(ours_sample, repeats=args.repeats, warmup=0)
+    ours_smp = timeit(ours_sample, repeats=repeats, warmup=0)
+    tids, tmask = (torch.from_numpy(x.astype(np.int64)) for x in (ids, mask))
 
     def torch_sample():
         with torch.inference_mode():
             return torch_model.generate(input_ids=tids, attention_mask=tmask, do_sample=True,
                                         top_k=0, max_new_tokens=n, min_new_tokens=n)
 
-    torch_smp = timeit(torch_sample, repeats=max(2, args.repeats // 2))
+    torch_smp = timeit(torch_sample, repeats=max(2, repeats // 2))
+    b = ids.shape[0]
+    return {
+        "ours_s": ours_smp["best_s"], "torch_s": torch_smp["best_s"],
+        "ours_tokens_per_s": b * n / ours_smp["best_s"],
+        "torch_tokens_per_s": b * n / torch_smp["best_s"],
+        "ours_ms_per_step": 1e3 * ours_smp["best_s"] / n,
+        "torch_ms_per_step": 1e3 * torch_smp["best_s"] / n,
+        "speedup_vs_torch": torch_smp["best_s"] / ours_smp["best_s"],
+        "compile_s_first_call": compile_sample_s,
+    }
 
+
+def main() -> None:
+    args = parse_args()
+    threads = os.cpu_count()
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    torch_model, model = build_models()
+    b, s, t, n = args.batch, args.source_len, args.target_len, args.new_tokens
+    inputs = random_inputs(b, s, t)
+    forward = bench_forward(model, torch_model, inputs, args.repeats)
+    sampling = bench_sampling(model, torch_model, inputs[0], inputs[1], n, args.repeats)
     matmul = matmul_flops_per_s()
-    ours_fwd_flops_per_s = forward_flops / ours_fwd["best_s"]
     results = {
         "config": {"d_model": 512, "layers": "6+6", "heads": 8, "d_ff": 2048, "vocab": 32128,
                    "dtype": "float32", "batch": b, "source_len": s, "target_len": t,
                    "new_tokens": n, "threads": threads},
-        "forward": {
-            "ours_s": ours_fwd["best_s"], "torch_s": torch_fwd["best_s"],
-            "ours_tokens_per_s": fwd_tokens / ours_fwd["best_s"],
-            "torch_tokens_per_s": fwd_tokens / torch_fwd["best_s"],
-            "speedup_vs_torch": torch_fwd["best_s"] / ours_fwd["best_s"],
-            "compile_s": compile_forward_s, "max_abs_logit_diff_vs_torch": max_diff,
-            "flops": forward_flops, "ours_flops_per_s": ours_fwd_flops_per_s,
-        },
-        "sampling": {
-            "ours_s": ours_smp["best_s"], "torch_s": torch_smp["best_s"],
-            "ours_tokens_per_s": b * n / ours_smp["best_s"],
-            "torch_tokens_per_s": b * n / torch_smp["best_s"],
-            "ours_ms_per_step": 1e3 * ours_smp["best_s"] / n,
-            "torch_ms_per_step": 1e3 * torch_smp["best_s"] / n,
-            "speedup_vs_torch": torch_smp["best_s"] / ours_smp["best_s"],
-            "compile_s_first_call": compile_sample_s,
-        },
+        "forward": forward,
+        "sampling": sampling,
         "matmul_f32_flops_per_s": matmul,
-        "forward_fraction_of_matmul_throughput": ours_fwd_flops_per_s / matmul,
+        "forward_fraction_of_matmul_throughput": forward["ours_flops_per_s"] / matmul,
         "targets": {"forward_speedup": 2.0, "matmul_fraction": 0.70, "sampling_speedup": 4.0},
     }
     write_results("t5", results)
-
 
 if __name__ == "__main__":
     main()

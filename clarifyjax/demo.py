@@ -175,7 +175,8 @@ def sft_config(task: str, out: Path, tokenizer: Path, data: Path, plan: dict, ju
         "optimizer.schedule=constant", "optimizer.warmup_steps=10", *paths])
 
 
-def ppo_config(out: Path, data: Path, plan: dict):
+def ppo_config(out: Path, data: Path, plan: dict, extra: Sequence[str] = ()):
+    """The demo's PPO config on the SFT models under `out`; `extra` KEY=VALUE items last."""
     from clarifyjax.config import load_config
 
     final = {t: str(out / f"sft_{t}_tiny" / "final")
@@ -192,7 +193,7 @@ def ppo_config(out: Path, data: Path, plan: dict):
         f"data.dev_path={data / 'dev.tsv'}", f"data.dev_situations={plan['dev_situations']}",
         f"data.eval_batch_size={plan['dev_situations']}", "data.length_buckets=[48]",
         f"ppo.batch_size={plan['ppo_batch']}", "ppo.minibatches=2",
-        "ppo.max_question_length=16", "optimizer.lr=1e-4"])
+        "ppo.max_question_length=16", "optimizer.lr=1e-4", *extra])
 
 
 def plot_rewards(metrics: Path, png: Path) -> Path:

@@ -328,7 +328,7 @@ def test_adam_steps_equal_the_originals_torch_adam(presets, name):
     import jax.numpy as jnp
     import optax
 
-    from clarifyjax.training import optim
+    from clarifyjax.training import programs as optim  # the optimizer lives with the programs
 
     cfg = presets[name].optimizer
     grads = [np.full(4, 1e-6, np.float32) * (k + 1) for k in range(3)]

@@ -46,7 +46,7 @@ MOVED: dict[str, str] = {
     "clarifyjax.models.t5_params": "clarifyjax.models.hf.t5_map",
     "clarifyjax.nli": "clarifyjax.reward.nli",
     "clarifyjax.openai_server": "clarifyjax.serve.openai_api",
-    "clarifyjax.optim": "clarifyjax.training.optim",
+    "clarifyjax.optim": "clarifyjax.training.programs",
     "clarifyjax.policy": "clarifyjax.rl.policy",
     "clarifyjax.ppo": "clarifyjax.rl.ppo",
     "clarifyjax.programs": "clarifyjax.training.programs",

@@ -37,7 +37,6 @@ import numpy as np
 from clarifyjax import data as data_lib
 from clarifyjax import decoding
 from clarifyjax.core import metrics_log
-from clarifyjax.training import optim
 from clarifyjax.training import builders, programs
 from clarifyjax.training import run_record
 from clarifyjax.training import sft
@@ -48,21 +47,13 @@ from clarifyjax.core.metrics_log import MetricsLogger, say_through
 from clarifyjax.models.hf import save_sequence_classifier, save_t5
 from clarifyjax.models.t5 import T5, T5Config
 from clarifyjax.models.state import merge_model, split_model
-from clarifyjax.reward.jsd import RewardNormalizer, flip_rate
+from clarifyjax.reward.jsd import RewardNormalizer
 from clarifyjax.rl.rollout import RolloutSampler, host_rows
 from clarifyjax.files.textfiles import atomic_write_bytes
 from clarifyjax.text.tokenizer import Tokenizer
+from clarifyjax.training.ppo_eval import evaluate_ppo, fit_normalizer
 
 # --------------------------------------------------------------------------- runs
-
-
-def _all_hosts(x: np.ndarray) -> np.ndarray:
-    """Concatenate a host-local numpy array over all processes (itself on one process)."""
-    if jax.process_count() == 1:
-        return np.asarray(x)
-    from jax.experimental import multihost_utils
-
-    return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=True))
 
 
 def _start(cfg, kind: str, say) -> tuple[Path, Any, tuple]:
@@ -219,7 +210,7 @@ def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: b
                                         dropout=getattr(config, "dropout_rate", 0.0) > 0)
     state = program.init_state()
     eval_step = jax.jit(sft.make_eval_step(graphdef))
-    schedule = optim.make_schedule(cfg.optimizer, cfg.run.steps)
+    schedule = programs.make_schedule(cfg.optimizer, cfg.run.steps)
     logger = MetricsLogger(run_dir, tensorboard=tensorboard, say=say)
     result: dict[str, Any] = {"output_dir": str(run_dir), "final": None, "stopped": False,
                               "eval": None, "first_eval": None, "program": program}
@@ -292,63 +283,6 @@ def build_reward_fn(cfg):
                                          rules=sharding_lib.RULES[cfg.mesh.rules])
 
 
-def _fit_normalizer(cfg, sampler, params, dataset, say) -> RewardNormalizer:
-    n = cfg.normalizer
-    if not n.fit:
-        return RewardNormalizer(gain=n.gain, bias=n.bias)
-    # A separate iterator and key: fitting does not move the training data or RNG streams.
-    it = data_lib.BatchIterator(dataset, cfg.ppo.batch_size, seed=cfg.run.seed + 7919)
-    key = jax.random.fold_in(jax.random.key(cfg.run.seed), 7919)
-    raw, valid = [], []
-    for i in range(n.fit_batches):
-        batch = next(it)
-        k_sample, k_reward = jax.random.split(jax.random.fold_in(key, i))
-        _, _, _, questions = sampler.questions(params, batch, k_sample)
-        fields = sampler.rewards([dataset.texts["situation"][j] for j in batch["index"]],
-                                 questions, k_reward)
-        raw.append(fields["raw_reward"])
-        valid.append(fields.get("valid", np.ones(len(questions), bool)))
-    normalizer = RewardNormalizer.fit(_all_hosts(np.concatenate(raw)),
-                                      _all_hosts(np.concatenate(valid)))
-    say(f"[ppo] reward normalizer fitted on {n.fit_batches} batches: mu0 {normalizer.mu0:.4g}, "
-        f"sigma0 {normalizer.sigma0:.4g} (gain {normalizer.gain:.4g}, bias {normalizer.bias:.4g})")
-    return normalizer
-
-
-def evaluate_ppo(sampler: RolloutSampler, params, ref_params, dataset, *, batch_size: int,
-                 normalizer, key) -> dict[str, float]:
-    """Greedy questions for the dev situations: mean raw and normalized reward, JSD, judgment
-    flip rate (when the reward function reports judge distributions), reference NLL per token."""
-    raw_rewards, valid, jsds, flips = [], [], [], []
-    nll, tokens = 0.0, 0.0
-    for i, batch in enumerate(data_lib.eval_batches(dataset, batch_size)):
-        keep = batch["example_mask"].astype(bool)
-        ids, mask, gen, questions = sampler.questions(params, batch, None, greedy=True)
-        situations = [dataset.texts["situation"][j] for j in batch["index"]]
-        fields = sampler.rewards(situations, questions, jax.random.fold_in(key, i))
-        rows = sharding_lib.shard_batch(keep.astype(np.int32)[:, None], sampler.mesh)
-        s, n = sampler.ref_nll(ref_params, ids, mask, gen.tokens, gen.mask * rows)
-        nll, tokens = nll + float(s), tokens + float(n)
-        raw_rewards.append(fields["raw_reward"][keep])
-        valid.append(fields.get("valid", np.ones(len(keep), bool))[keep])
-        if "jsd" in fields:
-            jsds.append(np.asarray(fields["jsd"])[keep])
-        if all(k in fields for k in ("p_base", "p_weak", "p_strong")):
-            updated = np.stack([fields["p_weak"], fields["p_strong"]], axis=1)[keep]
-            flips.append(float(flip_rate(fields["p_base"][keep], updated,
-                                         np.repeat(valid[-1][:, None], 2, axis=1))))
-    raw = _all_hosts(np.concatenate(raw_rewards))
-    metrics = {"eval/reward_raw": float(raw.mean()),
-               "eval/reward": float(np.mean(normalizer(raw))),
-               "eval/valid_rate": float(_all_hosts(np.concatenate(valid)).mean()),
-               "eval/ref_nll": nll / max(tokens, 1.0)}
-    if jsds:
-        metrics["eval/jsd"] = float(np.nanmean(_all_hosts(np.concatenate(jsds))))
-    if flips:
-        metrics["eval/flip_rate"] = float(np.nanmean(flips))
-    return metrics
-
-
 def _sampler(cfg, tokenizer, m: builders.PPOModels, reward_fn, mesh) -> RolloutSampler:
     """Rollouts of the policy `m`, rewarded by `reward_fn` (default: the config's pipeline)."""
     h = cfg.ppo
@@ -372,7 +306,7 @@ def _normalizer(cfg, saved: dict | None, where: str, sampler, params, dataset, s
     """The reward normalizer: the checkpoint's (`saved`), else fitted on the initial policy."""
     if saved is not None:
         return RewardNormalizer.from_dict(saved, where=where)
-    return _fit_normalizer(cfg, sampler, params, dataset, say)
+    return fit_normalizer(cfg, sampler, params, dataset, say)
 
 
 def _log_ppo_step(logger, bar, step: int, metrics, fields, times: dict, t_update: float, rollout,
@@ -426,10 +360,16 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
                                          shuffle=cfg.data.shuffle, position=extra.get("data"))
 
         def evaluate(at: int):
-            return _log_eval(logger, say, at, evaluate_ppo(
+            rows: dict = {}
+            metrics = _log_eval(logger, say, at, evaluate_ppo(
                 sampler, state["ppo"].policy_params, m.ref_params, dev_ds,
                 batch_size=cfg.data.eval_batch_size, normalizer=normalizer,
-                key=jax.random.fold_in(jax.random.key(seed + 1), at)))
+                key=jax.random.fold_in(jax.random.key(seed + 1), at), rows=rows))
+            result["eval_rows" if at else "first_eval_rows"] = rows
+            say(f"  most frequent dev questions ({metrics['eval/distinct_questions']:.0f} distinct of "
+                f"{len(rows['questions'])}; the first asked of {metrics['eval/top_question_share']:.0%}): "
+                + "; ".join(f"{q!r} x{n}" for q, n in rows["top"][:3]))
+            return metrics
 
         if dev_ds is not None and cfg.run.eval_every and step == 0:
             result["first_eval"] = evaluate(0)
