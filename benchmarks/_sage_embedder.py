@@ -57,7 +57,7 @@ def matmul_rates(config, rows: int, length: int, repeats: int) -> dict:
     }
     out, total_flops, total_s = {}, 0, 0.0
     for name, (fn, args, flops, count) in cases.items():
-        t, _, _ = best_of(lambda: jax.block_until_ready(fn(*args)), repeats + 1)
+        t, _, _ = best_of(lambda fn=fn, args=args: jax.block_until_ready(fn(*args)), repeats + 1)
         out[name] = {"flops": flops, "best_s": t, "gflop_per_s": flops / t / 1e9, "per_layer": count}
         total_flops += count * flops
         total_s += count * t

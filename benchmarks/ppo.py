@@ -57,7 +57,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from clarifyjax.training import optim  # noqa: E402
+from clarifyjax.training import programs as optim  # noqa: E402  (the optimizer)
 
 from clarifyjax.rl import ppo
 

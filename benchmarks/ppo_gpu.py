@@ -9,8 +9,9 @@ FLOPs: the matmul count of the update, exactly (6 x matmul parameters x tokens f
 backward of policy and value, plus the attention products), times the epochs. XLA's cost analysis
 of the compiled update (epochs=1, a loop body counts once) is reported beside it: on CPU it agrees
 within 10%, on GPU it misses the matmuls that became cuBLAS custom calls (5.3e13 against 9.9e13 on
-the H100), and the lowered program has none there. `--cost-analysis` adds it (one more compile). The peer is a jitted 8192^3 bf16 matmul in
-the same process. `--profile DIR` also writes a trace of one update (perfetto) to DIR.
+the H100), and the lowered program has none there. `--cost-analysis` adds it (one more compile).
+The peer is a jitted 8192^3 bf16 matmul in the same process. `--profile DIR` also writes a trace
+of one update (perfetto) to DIR.
 
     python benchmarks/ppo_gpu.py [--batch 64] [--layers 24] [--repeats 3]
 """

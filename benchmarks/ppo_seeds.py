@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import RESULTS, environment, write_json  # noqa: E402
+from _common import RESULTS_DIR, machine_info  # noqa: E402
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -124,7 +124,7 @@ def main(argv=None) -> int:
     p.add_argument("--models", type=Path, default=Path(__file__).resolve().parents[1] / "runs")
     p.add_argument("--data", type=Path, default=None)
     p.add_argument("--work", type=Path, default=None, help="PPO runs' folder (default MODELS/ppo_seeds)")
-    p.add_argument("--out", type=Path, default=RESULTS / "ppo_seeds.json")
+    p.add_argument("--out", type=Path, default=RESULTS_DIR / "ppo_seeds.json")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="PPO config overrides")
     args = p.parse_args(argv)
     import jax
@@ -147,8 +147,11 @@ def main(argv=None) -> int:
                "every_seed_gains": all(g > 0 for g in gains),
                "every_seed_over_3se": all((r["gain_over_se"] or 0) >= 3 for r in rows)}
     png = plot(rows, args.out.with_suffix(".png"))
-    write_json(args.out, {"benchmark": "ppo_seeds", "environment": environment(), "summary": summary,
-                          "seeds": rows, "figure": png.name})
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps({"benchmark": "ppo_seeds", "machine": machine_info(), "summary": summary,
+                               "seeds": rows, "figure": png.name}, indent=1) + "\n")
+    os.replace(tmp, args.out)
     print(f"[ppo_seeds] mean gain {summary['mean_gain']:+.3f}, 95% interval "
           f"[{low if low is None else round(low, 3)}, {high if high is None else round(high, 3)}]; "
           f"every seed gains: {summary['every_seed_gains']}; wrote {args.out} and {png}")

@@ -48,7 +48,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 from _common import REPO_ROOT, timeit, write_results
 

@@ -291,7 +291,7 @@ def main(argv=None) -> dict:
 
 
 def utc_now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 # Top-level keys of the one-run layout, before each part carried its own load average and time.

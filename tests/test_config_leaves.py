@@ -14,7 +14,7 @@ the code the loops use where there is such code (no weights read, no forward pas
 * optimizer: three updates of `optim.make_optimizer` on a small parameter tree (lr, schedule,
   moments, decay, clipping all show in them);
 * data: what `data.load_sft_pairs` / `load_ppo_situations` read (stubbed readers) and return;
-* normalizer: `train._fit_normalizer`'s normalizer, or the number of batches it fits on;
+* normalizer: `ppo_eval.fit_normalizer`'s normalizer, or the number of batches it fits on;
 * mesh: the axis sizes and the rules table.
 
 Keys read only by the loops (`LOOP_KEYS`: run.*, batch sizes, shuffling, micro-batches) are
@@ -209,7 +209,7 @@ def _optimizer_trace(opt, steps):
     norms 100, 1 and 10 (so clipping changes the moments), and the schedule over the run."""
     import jax.numpy as jnp
 
-    from clarifyjax.training import optim
+    from clarifyjax.training import programs as optim  # the optimizer lives with the programs
 
     schedule = optim.make_schedule(opt, steps)
     out = [float(schedule(c)) for c in np.linspace(0, steps - 1, 9)]
@@ -226,7 +226,7 @@ def _optimizer_trace(opt, steps):
 def _runtime(cfg, rec) -> dict:
     from clarifyjax import data
 
-    from clarifyjax.training import builders, programs
+    from clarifyjax.training import builders, ppo_eval, programs
     from clarifyjax.core import sharding
     from clarifyjax.training import loops as train
     rt = {"mesh": (cfg.mesh.axis_sizes(), sharding.RULES[cfg.mesh.rules]),
@@ -250,7 +250,7 @@ def _runtime(cfg, rec) -> dict:
     rt["sampler"] = _recorded(rec, train._sampler, cfg, None, models, "reward_fn", None)
     rt["rewards"] = _recorded(rec, train.build_reward_fn, cfg)
     n = cfg.normalizer
-    rt["normalizer"] = ("fit", n.fit_batches) if n.fit else train._fit_normalizer(
+    rt["normalizer"] = ("fit", n.fit_batches) if n.fit else ppo_eval.fit_normalizer(
         cfg, None, None, None, print)
     rt["data"] = _recorded(rec, data.load_ppo_situations, cfg.data)
     return rt

@@ -11,7 +11,7 @@ import optax
 import pytest
 from flax import nnx
 
-from clarifyjax.training import optim
+from clarifyjax.training import programs as optim  # the optimizer lives with the programs
 
 from clarifyjax.training import sft
 from clarifyjax.models.t5 import T5, T5Config

@@ -184,7 +184,7 @@ class NormalizerConfig:
     _bounds: ClassVar = {"gain": "> 0", "bias": "finite", "fit_batches": ">= 1"}
 
     def check(self, at: str) -> None:
-        if self.fit:  # `train._fit_normalizer` replaces gain and bias
+        if self.fit:  # `ppo_eval.fit_normalizer` replaces gain and bias
             refuse_changed(self, at, dict.fromkeys(("gain", "bias"),
                                                    f"{at}.fit is true, so they are refitted"))
         else:

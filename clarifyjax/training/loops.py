@@ -328,6 +328,13 @@ def _log_ppo_step(logger, bar, step: int, metrics, fields, times: dict, t_update
     return row
 
 
+def _say_top_questions(say, metrics: dict, rows: dict) -> None:
+    """The dev questions asked most often, so that a collapsed policy is named as such."""
+    say(f"  most frequent dev questions ({metrics['eval/distinct_questions']:.0f} distinct of "
+        f"{len(rows['questions'])}; the first asked of {metrics['eval/top_question_share']:.0%}): "
+        + "; ".join(f"{q!r} x{n}" for q, n in rows["top"][:3]))
+
+
 def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = True,
               progress: bool = True, export: bool = True) -> dict[str, Any]:
     """ClarifyDelphi's PPO for a `PPOConfig` (Algorithm 1).
@@ -366,9 +373,7 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
                 batch_size=cfg.data.eval_batch_size, normalizer=normalizer,
                 key=jax.random.fold_in(jax.random.key(seed + 1), at), rows=rows))
             result["eval_rows" if at else "first_eval_rows"] = rows
-            say(f"  most frequent dev questions ({metrics['eval/distinct_questions']:.0f} distinct of "
-                f"{len(rows['questions'])}; the first asked of {metrics['eval/top_question_share']:.0%}): "
-                + "; ".join(f"{q!r} x{n}" for q, n in rows["top"][:3]))
+            _say_top_questions(say, metrics, rows)
             return metrics
 
         if dev_ds is not None and cfg.run.eval_every and step == 0:
