@@ -125,12 +125,19 @@ def main(argv=None) -> int:
     p.add_argument("--data", type=Path, default=None)
     p.add_argument("--work", type=Path, default=None, help="PPO runs' folder (default MODELS/ppo_seeds)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "ppo_seeds.json")
+    p.add_argument("--merge", type=Path, nargs="+", default=None,
+                   help="combine the seeds of earlier runs' JSON files (run in parallel) into --out")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="PPO config overrides")
     args = p.parse_args(argv)
+    if args.merge:
+        runs = [json.loads(f.read_text()) for f in args.merge]
+        if len({json.dumps(r["summary"]["overrides"]) for r in runs}) != 1:
+            raise SystemExit("--merge: the runs used different overrides")
+        return report([row for r in runs for row in r["seeds"]], runs[0]["summary"]["overrides"],
+                      args.out)
     import jax
 
     from clarifyjax import demo
-    from clarifyjax.rl.diagnostics import t_interval
 
     jax.config.update("jax_compilation_cache_dir", str(args.models / ".jax_cache"))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
@@ -140,21 +147,28 @@ def main(argv=None) -> int:
     ensure_sft_models(args.models, data, plan)
     work = args.work or args.models / "ppo_seeds"
     rows = [one_seed(s, args.models, data, plan, work / f"seed{s}", args.overrides) for s in args.seeds]
+    return report(rows, args.overrides, args.out)
+
+
+def report(rows: list[dict], overrides, out: Path) -> int:
+    """The summary over the seeds (mean gain, its 95% t interval), the JSON and the figure."""
+    from clarifyjax.rl.diagnostics import t_interval
+
     gains = [r["gain"] for r in rows]
     low, high = t_interval(gains) if len(gains) > 1 else (None, None)
-    summary = {"seeds": args.seeds, "overrides": args.overrides, "gains": gains,
+    summary = {"seeds": [r["seed"] for r in rows], "overrides": list(overrides), "gains": gains,
                "mean_gain": sum(gains) / len(gains), "gain_95ci": [low, high],
                "every_seed_gains": all(g > 0 for g in gains),
                "every_seed_over_3se": all((r["gain_over_se"] or 0) >= 3 for r in rows)}
-    png = plot(rows, args.out.with_suffix(".png"))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".json.tmp")
+    png = plot(rows, out.with_suffix(".png"))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({"benchmark": "ppo_seeds", "machine": machine_info(), "summary": summary,
                                "seeds": rows, "figure": png.name}, indent=1) + "\n")
-    os.replace(tmp, args.out)
+    os.replace(tmp, out)
     print(f"[ppo_seeds] mean gain {summary['mean_gain']:+.3f}, 95% interval "
           f"[{low if low is None else round(low, 3)}, {high if high is None else round(high, 3)}]; "
-          f"every seed gains: {summary['every_seed_gains']}; wrote {args.out} and {png}")
+          f"every seed gains: {summary['every_seed_gains']}; wrote {out} and {png}")
     return 0
 
 

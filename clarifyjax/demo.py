@@ -134,16 +134,18 @@ def _plan(data: Path, quick: bool) -> dict:
     with open(data / "train.tsv", encoding="utf-8") as f:
         small = sum(1 for _ in f) < 1000
     plan = {"batch": 8 if small else 32, "ppo_batch": 8 if small else 16, "dev_rows": 64,
-            "dev_situations": 4 if small else 32,
+            "dev_situations": 8 if small else 256, "eval_samples": 8,
+            "evaluate_situations": 8 if small else 32,
             "steps": {"question": 300, "wh_question": 300, "answerer": 250, "fusion": 300,
                       "judge": 250},
-            "ppo_steps": 40, "ppo_eval_every": 10}
+            "ppo_steps": 40, "ppo_eval_every": 40}
     if small:
         plan["steps"] = {"question": 80, "wh_question": 80, "answerer": 80, "fusion": 80,
                          "judge": 80}
     if quick:
         plan.update(steps={k: 6 for k in plan["steps"]}, ppo_steps=3, ppo_eval_every=3,
-                    dev_rows=16, dev_situations=min(plan["dev_situations"], 8))
+                    dev_rows=16, dev_situations=min(plan["dev_situations"], 8), eval_samples=2,
+                    evaluate_situations=8)
     return plan
 
 
@@ -192,13 +194,34 @@ def ppo_config(out: Path, data: Path, plan: dict, extra: Sequence[str] = ()):
         "rewards.judge.model.tokenizer=null", f"data.train_path={data / 'train.tsv'}",
         f"data.dev_path={data / 'dev.tsv'}", f"data.dev_situations={plan['dev_situations']}",
         f"data.eval_batch_size={plan['dev_situations']}", "data.length_buckets=[48]",
-        f"ppo.batch_size={plan['ppo_batch']}", "ppo.minibatches=2",
-        "ppo.max_question_length=16", "optimizer.lr=1e-4", *extra])
+        f"ppo.batch_size={plan['ppo_batch']}", "ppo.minibatches=2", "ppo.samples_per_situation=4",
+        f"ppo.eval_samples={plan['eval_samples']}", "ppo.max_question_length=16", "optimizer.lr=2e-4",
+        *extra])
+
+
+def ppo_summary(result: dict) -> str:
+    """The dev reward before and after PPO with their standard errors, and the paired gain in
+    standard errors: the line that says whether PPO helped by more than its noise."""
+    from clarifyjax.rl.diagnostics import paired_gain
+
+    first, last = result.get("first_eval") or {}, result.get("eval") or {}
+    nan = float("nan")
+    text = (f"dev reward {first.get('eval/reward', nan):.3f} +- {first.get('eval/reward_se', nan):.3f} -> "
+            f"{last.get('eval/reward', nan):.3f} +- {last.get('eval/reward_se', nan):.3f} (normalized, "
+            f"+- standard error over the dev situations)")
+    before, after = result.get("first_eval_rows"), result.get("eval_rows")
+    if before and after:
+        gain, se = paired_gain(before["reward"], after["reward"])
+        text += f"; gain {gain:+.3f} +- {se:.3f} paired = {gain / se:+.1f} SE"
+    return text + (f"; avg JSD {first.get('eval/jsd', nan):.4f} -> {last.get('eval/jsd', nan):.4f}; the most "
+                   f"common question asked of {last.get('eval/top_question_share', nan):.0%}")
 
 
 def plot_rewards(metrics: Path, png: Path) -> Path:
-    """reward_curve.png: the rollouts' mean normalized reward per PPO step, and the dev reward.
-    Paths may be str (the README calls it from the shell)."""
+    """reward_curve.png: the rollouts' mean normalized reward per PPO step and the dev reward
+    (with its standard error), beside the KL to the reference and the policy's entropy, so that a
+    run that drifts without gaining shows at a glance. Paths may be str (the README calls it from
+    the shell)."""
     metrics, png = Path(metrics), Path(png)
     import matplotlib
 
@@ -209,28 +232,37 @@ def plot_rewards(metrics: Path, png: Path) -> Path:
     train = sorted({r["step"]: r for r in rows if "train/mean_score" in r}.items())
     dev = sorted({r["step"]: r for r in rows if "eval/reward" in r}.items())
     steps = [s for s, _ in train]
-    rewards = [r["train/mean_score"] for _, r in train]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    ax.plot(steps, rewards, ".-", alpha=0.35, label="rollouts (normalized reward)")
-    if len(rewards) >= 5:  # the rollout batches are small: a running mean shows the trend
-        window = 5
-        mean = [sum(rewards[max(0, i - window + 1): i + 1])
-                / len(rewards[max(0, i - window + 1): i + 1]) for i in range(len(rewards))]
-        ax.plot(steps, mean, "-", color="C0", label=f"rollouts, running mean of {window}")
+    fig, (ax, ax_kl, ax_ent) = plt.subplots(1, 3, figsize=(13, 4), dpi=100)
+    _plot_rollout_rewards(ax, steps, [r["train/mean_score"] for _, r in train])
     if dev:
-        ax.plot([s for s, _ in dev], [r["eval/reward"] for _, r in dev], "o--",
-                label="dev situations, greedy")
-    ax.set_xlabel("PPO step")
+        ax.errorbar([s for s, _ in dev], [r["eval/reward"] for _, r in dev],
+                    yerr=[r.get("eval/reward_se", 0.0) for _, r in dev], fmt="o--", capsize=3,
+                    label="dev situations (+- standard error)")
     ax.set_ylabel("reward (normalized JSD)")
-    ax.set_title("ClarifyDelphi demo: PPO reward")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    ax.set_title("ClarifyDelphi demo: PPO reward", fontsize=10)
+    ax.legend(fontsize=8)
+    for axis, key, title in ((ax_kl, "train/kl_to_ref", "KL to the reference (nats per question)"),
+                             (ax_ent, "train/policy_entropy", "policy entropy (nats per token)")):
+        axis.plot(steps, [r.get(key, float("nan")) for _, r in train], ".-", color="C3")
+        axis.set_title(title, fontsize=10)
+    for axis in (ax, ax_kl, ax_ent):
+        axis.set_xlabel("PPO step")
+        axis.grid(alpha=0.3)
     fig.tight_layout()
     tmp = png.with_suffix(".tmp.png")
     fig.savefig(tmp)
     plt.close(fig)
     os.replace(tmp, png)
     return png
+
+
+def _plot_rollout_rewards(ax, steps, rewards) -> None:
+    ax.plot(steps, rewards, ".-", alpha=0.35, label="rollouts (normalized reward)")
+    if len(rewards) >= 5:  # the rollout batches are small: a running mean shows the trend
+        window = 5
+        mean = [sum(rewards[max(0, i - window + 1): i + 1])
+                / len(rewards[max(0, i - window + 1): i + 1]) for i in range(len(rewards))]
+        ax.plot(steps, mean, "-", color="C0", label=f"rollouts, running mean of {window}")
 
 
 def show_samples(cfg, before: Path, after: Path, data: Path, n: int = 5) -> None:
@@ -280,7 +312,7 @@ def evaluation_config(ppo_cfg, out: Path, data: Path, plan: dict):
     raw = {
         "out": str(out / "evaluate_tiny"),
         "data": {"situations_path": str(data / "dev.tsv"),
-                 "situations": max(plan["dev_situations"], 8), "batch_size": 16},
+                 "situations": plan["evaluate_situations"], "batch_size": 16},
         "generation": {"max_question_length": 16, "wh_starts": ["what", "how", "why", "is"]},
         "systems": [
             {"name": "ClarifyDelphi (PPO)", "kind": "ppo",
@@ -382,11 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     cfg = ppo_config(out, data, plan)
     result = train.train_ppo(cfg, progress=args.progress)
-    first, last = result.get("first_eval") or {}, result.get("eval") or {}
-    print(f"[demo] PPO: dev reward {first.get('eval/reward', float('nan')):.3f} -> "
-          f"{last.get('eval/reward', float('nan')):.3f} (normalized), avg JSD "
-          f"{first.get('eval/jsd', float('nan')):.4f} -> {last.get('eval/jsd', float('nan')):.4f} "
-          f"({time.time() - start:.0f} s)", flush=True)
+    print(f"[demo] PPO: {ppo_summary(result)} ({time.time() - start:.0f} s)", flush=True)
     ppo_dir = out / "ppo_tiny"
     png = plot_rewards(ppo_dir / "metrics.jsonl", ppo_dir / "reward_curve.png")
     print("\n(tiny models trained for minutes on a CPU: expect broken English; the point is the "

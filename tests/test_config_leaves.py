@@ -41,6 +41,7 @@ CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
 STRUCTURAL = {"kind"}  # picks the schema itself
 LOOP_KEYS = {f"run.{f.name}" for f in dataclasses.fields(RunConfig)} | {
     "data.batch_size", "data.eval_batch_size", "data.shuffle", "ppo.batch_size",
+    "ppo.samples_per_situation", "ppo.eval_samples",
     "optimizer.grad_accum", "optimizer.label_smoothing"}
 
 

@@ -58,7 +58,7 @@ def build(factory):
     return graphdef, params
 
 pol_def, pol = build(lambda: T5(config, rngs=nnx.Rngs(0)))
-val_def, val = build(lambda: ValueModel(config, rngs=nnx.Rngs(1)))
+val_def, val = build(lambda: ValueModel(config, rngs=nnx.Rngs(1), head_init="normal"))
 
 def place(x):
     """The whole numpy batch -> a global array split over data x fsdp (any process count)."""

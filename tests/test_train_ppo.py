@@ -41,7 +41,7 @@ def _query(rng, b=4, s=6):
 @pytest.mark.parametrize("tied", [False, True])
 def test_value_model_is_a_scalar_head_on_the_decoder_states(tied):
     model = _tiny_t5(tied=tied)
-    value = ValueModel.from_t5(model, seed=3)
+    value = ValueModel.from_t5(model, seed=3, head_init="torch")  # a head that is not 0
     ids, mask = _query(np.random.default_rng(0))
     resp = np.random.default_rng(1).integers(3, 41, (4, 5)).astype(np.int32)
     resp_mask = (np.arange(5)[None] < np.array([5, 4, 2, 1])[:, None]).astype(np.int32)
@@ -58,6 +58,16 @@ def test_value_model_is_a_scalar_head_on_the_decoder_states(tied):
     assert np.all(np.asarray(got)[resp_mask == 0] == 0)
     # the trunk is a copy: training the value model cannot move the policy
     assert value.trunk.embedding[...] is not model.embedding[...]
+    # the original's head: nn.Linear's default, weight and bias uniform in +-1/sqrt(d_model)
+    bound = 16 ** -0.5
+    assert np.all(np.abs(kernel) <= bound) and 0 < abs(float(value.head_bias[...][0])) <= bound
+    assert np.std(kernel) > 0.3 * bound
+    # ours starts at V = 0 everywhere (no value noise in the first advantages)
+    zero = ValueModel.from_t5(model, seed=3)
+    zg, zp = split_model(zero)
+    assert not np.any(np.asarray(policy.response_values(nnx.merge(zg, zp), ids, mask, resp, resp_mask)))
+    with pytest.raises(ValueError, match="head_init"):
+        ValueModel.from_t5(model, head_init="xavier")
 
 
 def test_response_logprobs_match_decoding():

@@ -220,16 +220,27 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
     top_p: float = 0.6
     top_k: int = 0
     max_question_length: int = 30
+    # questions sampled per situation in a rollout batch (`batch_size` counts questions); with
+    # more than one, each question's reward is paid relative to the mean of its situation's others
+    # (a leave-one-out baseline), so that the situation's own difficulty cancels out
+    samples_per_situation: int = 1
+    # the dev evaluation: 0 = one greedy question per situation; k = k questions sampled as in
+    # training, each situation scored by their mean (the quantity PPO raises)
+    eval_samples: int = 0
 
     _bounds: ClassVar = {
         **ppo.PPOUpdateConfig._bounds, "batch_size": ">= 1", "kl_coef": ">= 0", "kl_target": "> 0",
         "kl_horizon": ">= 1", "temperature": "> 0", "top_p": "(0, 1]", "top_k": ">= 0",
-        "max_question_length": ">= 2"}
+        "max_question_length": ">= 2", "samples_per_situation": ">= 1", "eval_samples": ">= 0"}
 
     def check(self, at: str) -> None:
         if self.batch_size % self.minibatches:
             raise ConfigError(f"{at}.minibatches = {self.minibatches} does not divide "
                               f"{at}.batch_size = {self.batch_size}", key=f"{at}.minibatches")
+        if self.batch_size % self.samples_per_situation:
+            raise ConfigError(f"{at}.samples_per_situation = {self.samples_per_situation} does not "
+                              f"divide {at}.batch_size = {self.batch_size} (questions per step)",
+                              key=f"{at}.samples_per_situation")
         if not self.adaptive_kl:
             refuse_changed(self, at, dict.fromkeys(("kl_target", "kl_horizon"),
                                                    f"{at}.adaptive_kl is false"))
@@ -245,6 +256,9 @@ class ValueConfig:
     """
 
     model: ModelConfig | None = None
+    # the scalar head's start: zero (ours: V = 0 until it learns, so it adds no noise to the
+    # advantages), torch (the original's nn.Linear default, uniform +-1/sqrt(d)) or normal
+    head_init: Literal["zero", "torch", "normal"] = "zero"
 
 
 # --------------------------------------------------------------------------- the two run kinds

@@ -382,6 +382,9 @@ def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = print) -> dict:
 
     run = Evaluation(cfg, say=say).run()
     summary = write_report(cfg, run)
+    for row in summary["systems"]:  # a system that asks one question of everything is named
+        say(f"[evaluate] {row['system']}: {row['distinct_questions']} distinct questions; the most "
+            f"common, {row['top_question']!r}, asked of {row['top_question_share']:.0f}% of the situations")
     say(f"[evaluate] chunks computed {run['computed']}, read from the cache {run['reused']} "
         f"({run['seconds']:.0f} s)")
     return summary

@@ -24,6 +24,7 @@ import numpy as np
 from clarifyjax.evaluation import metrics as eval_metrics
 from clarifyjax.config.loader import config_to_dict
 from clarifyjax.files.textfiles import atomic_write_bytes
+from clarifyjax.rl.diagnostics import question_stats
 
 SYSTEMS_COLUMNS = ("system", "kind", "situations", "avg_jsd", "flips", "flips_base", "flips_pair",
            "unanswerable_pct", "bertscore_f1", "data_fraction")
@@ -46,8 +47,17 @@ def system_rows(outputs, flip: str) -> list[dict]:
                                  if out.unanswerable is not None else float("nan")),
             "bertscore_f1": (float(np.mean(out.bertscore)) if out.bertscore is not None
                              else float("nan")),
-            "data_fraction": out.system.data_fraction})
+            "data_fraction": out.system.data_fraction,
+            **_collapse(question_stats(out.questions))})
     return rows
+
+
+def _collapse(stats: dict) -> dict:
+    """How varied a system's questions are: a policy that asks one question of every situation
+    (reward hacking) is named by its most common question and that question's share."""
+    top = stats["top"][0] if stats["top"] else [None, 0]
+    return {"distinct_questions": stats["distinct"], "top_question": top[0],
+            "top_question_share": 100 * stats["top_share"], "top_questions": stats["top"]}
 
 
 def table3_rows(updates) -> list[dict]:
@@ -78,6 +88,10 @@ def markdown(rows, t3, flip: str, n: int) -> str:
         lines.append(f"| {r['system']} | {r['kind']} | {_fmt(r['avg_jsd'], 4)} | "
                      f"{_fmt(r['flips'], 1)} | {_fmt(r['unanswerable_pct'], 1)} | "
                      f"{_fmt(r['bertscore_f1'], 4)} |")
+    lines += ["", "## The questions each system asks", "",
+              "| system | distinct questions | most common question | asked of (%) |", "|---|---|---|---|"]
+    lines += [f"| {r['system']} | {r['distinct_questions']} | {r['top_question']!r} | "
+              f"{_fmt(r['top_question_share'], 1)} |" for r in rows]
     if t3:
         lines += ["", f"## Table 3: update generation ({t3[0]['hypotheses']} groups)", "",
                   "| setting | BLEU-4 | ROUGE-L |", "|---|---|---|"]

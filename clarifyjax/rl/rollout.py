@@ -65,6 +65,19 @@ def reward_fields(output, n: int) -> dict[str, np.ndarray]:
     return out
 
 
+def group_baseline(rewards, group: int) -> np.ndarray:
+    """Each reward minus the mean of the other `group` - 1 rewards of its group (consecutive rows
+    share a situation): the leave-one-out baseline of RLOO (Ahmadian et al., 2024), which removes
+    the situation's own difficulty from what the policy is paid for. [n] -> [n] float32."""
+    r = np.asarray(rewards, np.float64)
+    if group < 2 or r.size % group:
+        raise ValueError(f"group_baseline: {r.size} rewards do not split into groups of {group} "
+                         "(at least 2)")
+    g = r.reshape(-1, group)
+    others = (g.sum(axis=1, keepdims=True) - g) / (group - 1)
+    return (g - others).reshape(-1).astype(np.float32)
+
+
 def _takes_rng(fn) -> bool:
     try:
         params = inspect.signature(fn).parameters.values()
@@ -112,8 +125,13 @@ class RolloutSampler:
             fields["reward"] = np.asarray(normalizer(fields["raw_reward"]), np.float32)
         return fields
 
-    def rollout(self, state: ppo.PPOState, ref_params, batch, situations, key, normalizer):
-        """(`ppo.Rollout`, questions, reward fields, host timings) for one batch of situations."""
+    def rollout(self, state: ppo.PPOState, ref_params, batch, situations, key, normalizer,
+                group: int = 1):
+        """(`ppo.Rollout`, questions, reward fields, host timings) for one batch of situations.
+
+        `group` > 1: the batch holds each situation `group` times in a row, and the reward paid
+        is each question's normalized reward minus the mean of its situation's other questions
+        (`group_baseline`); fields["reward"] keeps the normalized reward itself."""
         k_sample, k_reward = jax.random.split(key)
         t0 = time.perf_counter()
         ids, mask, gen, questions = self.questions(state.policy_params, batch, k_sample)
@@ -123,7 +141,8 @@ class RolloutSampler:
         logprobs, ref_logprobs, values = self.scorer(state.policy_params, ref_params,
                                                      state.value_params, ids, mask, gen.tokens,
                                                      gen.mask)
-        rewards = sharding_lib.shard_batch(fields["reward"], self.mesh)
+        paid = group_baseline(fields["reward"], group) if group > 1 else fields["reward"]
+        rewards = sharding_lib.shard_batch(paid, self.mesh)
         rollout = ppo.Rollout(query_ids=ids, query_mask=mask, response_ids=gen.tokens,
                               response_mask=gen.mask, logprobs=logprobs,
                               ref_logprobs=ref_logprobs, values=values, rewards=rewards)

@@ -132,7 +132,7 @@ def build_ppo_models(cfg, mesh, rules, tokenizer: Tokenizer) -> PPOModels:
                               "policy's")
     trunk = policy if cfg.value.model is None else build_t5(
         cfg.value.model, seed=seed + 1, mesh=mesh, rules=rules, where="value.model")[1]
-    value = ValueModel.from_t5(trunk, seed=seed + 2)  # a copy of the trunk, and a new head
+    value = ValueModel.from_t5(trunk, seed=seed + 2, head_init=cfg.value.head_init)  # a new head
     value_graphdef, value_params = split_model(value)
     value_params = jax.device_put(value_params, nnx.to_pure_dict(sharding_lib.model_shardings(
         nnx.state(value), mesh, rules)))

@@ -51,7 +51,7 @@ from clarifyjax.reward.jsd import RewardNormalizer
 from clarifyjax.rl.rollout import RolloutSampler, host_rows
 from clarifyjax.files.textfiles import atomic_write_bytes
 from clarifyjax.text.tokenizer import Tokenizer
-from clarifyjax.training.ppo_eval import evaluate_ppo, fit_normalizer
+from clarifyjax.training.ppo_eval import all_hosts, evaluate_ppo, fit_normalizer
 
 # --------------------------------------------------------------------------- runs
 
@@ -314,6 +314,9 @@ def _log_ppo_step(logger, bar, step: int, metrics, fields, times: dict, t_update
     """Log one step's scalars (the update's metrics, timings, raw reward, tokens per second) and
     show some on the bar; returns them."""
     row = {f"train/{k}": float(v) for k, v in metrics.items()}
+    # What PPO paid (after a group baseline) and the rollouts' normalized reward itself.
+    row["train/mean_score_paid"] = row["train/mean_score"]
+    row["train/mean_score"] = float(np.mean(all_hosts(fields["reward"])))
     times["time/update"] = time.perf_counter() - t_update  # float() above synchronized
     row.update(times)
     row["train/reward_raw"] = float(fields["raw_reward"].mean())
@@ -326,6 +329,11 @@ def _log_ppo_step(logger, bar, step: int, metrics, fields, times: dict, t_update
     bar.set_postfix(reward=f"{row['train/mean_score']:.3f}", kl=f"{row['train/kl_to_ref']:.3f}",
                     loss=f"{row['train/total_loss']:.3f}")
     return row
+
+
+def _say_samples(say, step: int, situations, questions, raw_rewards) -> None:
+    for sit, q, r in list(zip(situations, questions, raw_rewards))[:3]:
+        say(f"  [{step}] {sit!r}\n      -> {q!r} (raw reward {r:.4g})")
 
 
 def _say_top_questions(say, metrics: dict, rows: dict) -> None:
@@ -341,8 +349,8 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
 
     reward_fn(situations, questions) -> raw rewards [b] (or an object with ``.reward``); default:
     the config's `RewardPipeline`. Returns {"step", "history" (logged train metrics), "eval"
-    (last), "first_eval", "normalizer", "state" (the final `ppo.PPOState`), "output_dir",
-    "final", "stopped", "program" (the `programs.PPOProgram` it ran)}.
+    (last), "first_eval" and their per-situation "eval_rows" / "first_eval_rows", "normalizer",
+    "state" (the final `ppo.PPOState`), "output_dir", "final", "stopped", "program"}.
     """
     say = say_through(None)
     run_dir, mesh, rules = _start(cfg, "ppo", say)
@@ -363,7 +371,8 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
         step, state, extra = _restore(ckpt, state, say, cfg)
         normalizer = _normalizer(cfg, extra.get("normalizer"), f"{ckpt.directory}: normalizer",
                                  sampler, state["ppo"].policy_params, train_ds, say)
-        batches = data_lib.BatchIterator(train_ds, h.batch_size, seed=seed,
+        group = h.samples_per_situation
+        batches = data_lib.BatchIterator(train_ds, h.batch_size // group, seed=seed,
                                          shuffle=cfg.data.shuffle, position=extra.get("data"))
 
         def evaluate(at: int):
@@ -371,7 +380,8 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
             metrics = _log_eval(logger, say, at, evaluate_ppo(
                 sampler, state["ppo"].policy_params, m.ref_params, dev_ds,
                 batch_size=cfg.data.eval_batch_size, normalizer=normalizer,
-                key=jax.random.fold_in(jax.random.key(seed + 1), at), rows=rows))
+                key=jax.random.fold_in(jax.random.key(seed + 1), at), samples=h.eval_samples,
+                rows=rows))
             result["eval_rows" if at else "first_eval_rows"] = rows
             _say_top_questions(say, metrics, rows)
             return metrics
@@ -382,11 +392,11 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
         say = say_through(bar)
         while step < cfg.run.steps:
             rng, k_sample, k_update = jax.random.split(jax.random.wrap_key_data(state["rng"]), 3)
-            batch = next(batches)
+            batch = {k: np.repeat(v, group, axis=0) for k, v in next(batches).items()}
             situations = [train_ds.texts["situation"][j] for j in batch["index"]]
             # sample questions, reward them (normalized), score them: log-probs, values
             rollout, questions, fields, times = sampler.rollout(
-                state["ppo"], m.ref_params, batch, situations, k_sample, normalizer)
+                state["ppo"], m.ref_params, batch, situations, k_sample, normalizer, group)
             # KL-penalised per-token rewards, GAE, the PPO epochs: one jitted update
             t0 = time.perf_counter()
             new_ppo, metrics = program(state["ppo"], rollout, k_update)
@@ -397,8 +407,7 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
                 row = _log_ppo_step(logger, bar, step, metrics, fields, times, t0, rollout, mesh)
                 result["history"].append({"step": step, **row})
             if cfg.run.sample_every and step % cfg.run.sample_every == 0:
-                for sit, q, r in list(zip(situations, questions, fields["raw_reward"]))[:3]:
-                    say(f"  [{step}] {sit!r}\n      -> {q!r} (raw reward {r:.4g})")
+                _say_samples(say, step, situations, questions, fields["raw_reward"])
             if dev_ds is not None and _due(step, cfg.run.eval_every, cfg.run.steps):
                 result["eval"] = evaluate(step)
             if _checkpoint(ckpt, guard, step, cfg.run.steps, state, lambda state=state: {
