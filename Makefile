@@ -50,8 +50,7 @@ test-fast: setup
 	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile \
 	  -m "not slow and not child and not e2e and not reference" $(PYTEST_ARGS)
 
-# The whole suite, writing each test's time to tests/durations.json (tests/test_durations.py
-# checks every recorded time against its tier's budget).
+# The whole suite, writing each test's time (and its tier) to tests/durations.json.
 durations: setup
 	CLARIFYJAX_DURATIONS=tests/durations.json $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 

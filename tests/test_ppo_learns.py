@@ -40,6 +40,7 @@ def gains(tmp_path, spm, reward_of) -> list[float]:
     return out
 
 
+@pytest.mark.slow  # six short PPO runs: about two minutes on two cores
 def test_ppo_raises_a_learnable_reward_beyond_its_seeds_spread_and_not_a_noise_reward(tmp_path, spm):
     from clarifyjax.text.tokenizer import Tokenizer
 
