@@ -124,7 +124,7 @@ def test_discriminator_data_command(tmp_path, capsys):
     out = tmp_path / "d.tsv"
     assert main(["discriminator-data", "--input", str(gold), "--out", str(out),
                  "--neighbours", "1"]) == 0
-    rows = read_table(out, discriminator.COLUMNS).rows
+    rows = read_table(out, discriminator.DISCRIMINATOR_COLUMNS).rows
     # the bread situation's nearest other situation is the cake one, not the parking ticket
     assert [(r["question"], r["label"]) for r in rows
             if r["situation"] == "baking bread for a neighbour"] == [

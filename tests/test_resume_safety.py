@@ -43,7 +43,7 @@ def nothing_built(monkeypatch):
     def built(*args, **kwargs):
         raise AssertionError("something was built before the refusal")
 
-    monkeypatch.setattr(train.programs, "build_t5", built)
+    monkeypatch.setattr(train.builders, "build_t5", built)
     monkeypatch.setattr(train.data_lib, "load_sft_pairs", built)
     monkeypatch.setattr(train.data_lib, "load_ppo_situations", built)
     monkeypatch.setattr(train.Tokenizer, "from_pretrained", built)

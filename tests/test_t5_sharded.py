@@ -88,9 +88,9 @@ SHARDED = textwrap.dedent("""
         if not tie:
             r["lm_head_spec"] = spec(sharded.lm_head[...])
         r["shared_reads"] = sorted({shape for name, shape, _ in reads if name == "shared.weight"})
-        sharded = ("q.weight", "wo.weight", "shared.weight")
+        sliced = ("q.weight", "wo.weight", "shared.weight")
         r["full_reads_of_sharded"] = sorted({name for name, shape, full in reads
-                                             if shape == full and name.endswith(sharded)})
+                                             if shape == full and name.endswith(sliced)})
         b = shard_batch((ids, mask, dec, dec_mask), mesh)
         logits_1 = np.asarray(forward(single, ids, mask, dec, dec_mask))
         logits_8 = forward(sharded, *b)
