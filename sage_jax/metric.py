@@ -32,6 +32,11 @@ integer `groups` (equal ids within a row = identical text):
 
 With `groups=None` (the default, and the metric we recommend) every position is its own node.
 
+Precision: the metric computes in float32, or in float64 when its inputs are float64 and
+`jax.enable_x64` is on. The reference's `entropy()` works in Python floats (float64) over float32
+cosines; float32 strengths raised to alpha = 10 move a score by up to ~1.5e-6, so `sage_jax.scoring`
+scores in float64 on the host CPU.
+
 Bad vectors: a valid position whose embedding holds a NaN/inf (or a similarity between two valid
 positions that is non-finite or outside [-1, 1] beyond float32 rounding) makes the question's score
 NaN, so that `mean_sage` counts it as skipped instead of averaging a made-up number. Rows with fewer
@@ -64,6 +69,12 @@ ALPHA_MAX = 1e6
 # and clipped; anything further outside [-1, 1] is not a cosine.
 SIMILARITY_TOLERANCE = 1e-5
 BLOCK = 32  # questions per step of the jitted loop (see _in_blocks)
+
+
+def _real(dtype) -> jnp.dtype:
+    """The float type the metric computes in for inputs of `dtype`: float32, or float64 for
+    float64 inputs while `jax.enable_x64` is on (otherwise JAX has already made them float32)."""
+    return jnp.promote_types(dtype, jnp.float32)
 
 
 def _concrete(value, name: str):
@@ -167,7 +178,7 @@ def pairwise_cosine(embeddings: jax.Array, mask: jax.Array | None = None
     safe = (sq_norm >= _SAFE_SQ_NORM[0]) & (sq_norm <= _SAFE_SQ_NORM[1])
     sim, ok = jax.lax.cond(jnp.all(safe | ~mask), lambda: (sim, jnp.isfinite(sq_norm)),
                            lambda: _rescaled_cosines(x))
-    return sim.astype(jnp.float32), ok
+    return sim.astype(_real(x.dtype)), ok
 
 
 def blend_similarity(sim_answers: jax.Array, sim_rots: jax.Array, weight: float = 0.8) -> jax.Array:
@@ -211,7 +222,7 @@ def _sage_core(similarity: jax.Array, valid: jax.Array, groups: jax.Array | None
                alpha: jax.Array) -> jax.Array:
     """SaGE from similarities. similarity [b, n, n], valid [b, n] bool, groups [b, n] or None -> [b]."""
     n = similarity.shape[-1]
-    sim = similarity.astype(jnp.float32)
+    sim = similarity.astype(_real(similarity.dtype))
     eye = jnp.eye(n, dtype=bool)[None]
     pair = valid[:, :, None] & valid[:, None, :] & ~eye                      # [b, n, n]
     # Not a cosine (NaN, inf, or beyond [-1, 1] by more than float32 rounding): the question is
@@ -230,7 +241,7 @@ def _sage_core(similarity: jax.Array, valid: jax.Array, groups: jax.Array | None
     earlier = jnp.tril(jnp.ones((n, n), dtype=bool), k=-1)[None]            # j < i
     # The first valid member of each group stands for the group.
     representative = valid & ~jnp.any(same & earlier, axis=-1)              # [b, n]
-    k = jnp.sum(representative, axis=-1).astype(jnp.float32)                 # [b] distinct nodes
+    k = jnp.sum(representative, axis=-1).astype(sim.dtype)                   # [b] distinct nodes
     n_valid = jnp.sum(valid, axis=-1)
 
     # p over nodes in log space: s^alpha under/overflows float32 (1e-20^10 = 1e-200).
@@ -245,7 +256,7 @@ def _sage_core(similarity: jax.Array, valid: jax.Array, groups: jax.Array | None
 
     # lambda: the mean of W over the n_valid(n_valid - 1)/2 pairs of valid positions (with groups
     # too: the reference's `avg` counts the edges between identical texts).
-    n_pairs = n_valid.astype(jnp.float32) * (n_valid - 1).astype(jnp.float32) / 2.0
+    n_pairs = n_valid.astype(sim.dtype) * (n_valid - 1).astype(sim.dtype) / 2.0
     lam = 0.5 * jnp.sum(w, axis=(-2, -1)) / jnp.maximum(n_pairs, 1.0)
 
     score = jnp.clip(lam * h, -1.0, 1.0)  # |lam| <= 1 and H <= 1 but for float32 rounding
@@ -271,7 +282,8 @@ def _in_blocks(fn, arrays: tuple, block: int = BLOCK) -> jax.Array:
     def body(i, out):
         return jax.lax.dynamic_update_slice_in_dim(out, fn(*take(i * block, block)), i * block, 0)
 
-    out = jax.lax.fori_loop(0, n_blocks, body, jnp.zeros((n_blocks * block,), jnp.float32))
+    dtype = _real(next(a for a in arrays if a is not None).dtype)
+    out = jax.lax.fori_loop(0, n_blocks, body, jnp.zeros((n_blocks * block,), dtype))
     if rest:
         out = jnp.concatenate([out, fn(*take(n_blocks * block, rest))])
     return out
@@ -332,8 +344,9 @@ def sage_blend(answer_embeddings: jax.Array, rot_embeddings: jax.Array, mask: ja
                          "must both be [batch, n, d] with the same batch and n")
     mask = _default_mask(answer_embeddings.shape[:2], mask)
     groups = _check_groups(groups, answer_embeddings.shape[:2])
-    return _sage_blend_jit(answer_embeddings, rot_embeddings, mask, groups, jnp.float32(check_alpha(alpha)),
-                           jnp.float32(check_weight(weight)))
+    real = _real(answer_embeddings.dtype)
+    return _sage_blend_jit(answer_embeddings, rot_embeddings, mask, groups, jnp.asarray(check_alpha(alpha), real),
+                           jnp.asarray(check_weight(weight), real))
 
 
 def sage_from_similarity(similarity: jax.Array, mask: jax.Array | None = None, *,
@@ -357,7 +370,8 @@ def sage_from_similarity(similarity: jax.Array, mask: jax.Array | None = None, *
         raise ValueError(f"similarity must be [batch, n, n], got shape {similarity.shape}")
     mask = _default_mask(similarity.shape[:2], mask)
     groups = _check_groups(groups, similarity.shape[:2])
-    return _sage_from_similarity_jit(similarity, mask, groups, jnp.float32(check_alpha(alpha)))
+    return _sage_from_similarity_jit(similarity, mask, groups,
+                                     jnp.asarray(check_alpha(alpha), _real(similarity.dtype)))
 
 
 def sage(embeddings: jax.Array, mask: jax.Array | None = None, *, alpha: float = DEFAULT_ALPHA,
@@ -380,7 +394,7 @@ def sage(embeddings: jax.Array, mask: jax.Array | None = None, *, alpha: float =
         raise ValueError(f"embeddings must be [batch, n, d], got shape {embeddings.shape}")
     mask = _default_mask(embeddings.shape[:2], mask)
     groups = _check_groups(groups, embeddings.shape[:2])
-    return _sage_jit(embeddings, mask, groups, jnp.float32(check_alpha(alpha)))
+    return _sage_jit(embeddings, mask, groups, jnp.asarray(check_alpha(alpha), _real(embeddings.dtype)))
 
 
 @jax.jit
@@ -451,7 +465,8 @@ def sage_chunked(embeddings, mask=None, *, groups=None, similarity=None, rot_emb
         raise ValueError(f"expected a 3-d array [N, n, ...], got shape {tuple(source.shape)}")
     total, n = source.shape[0], source.shape[1]
     chunk_size = min(check_number(chunk_size, "chunk_size", 1, 2**31 - 1, integer=True), max(total, 1))
-    alpha = jnp.float32(check_alpha(alpha))
+    real = _real(jnp.asarray(source[:0]).dtype)
+    alpha = jnp.asarray(check_alpha(alpha), real)
     blend_weight = check_weight(blend_weight, "blend_weight")
     outputs = []
     for start in range(0, total, chunk_size):
@@ -463,7 +478,7 @@ def sage_chunked(embeddings, mask=None, *, groups=None, similarity=None, rot_emb
         g = None if groups is None else _pad_rows(jnp.asarray(groups[start:stop]), chunk_size)
         if rot_embeddings is not None:
             r = _pad_rows(jnp.asarray(rot_embeddings[start:stop]), chunk_size)
-            out = _sage_blend_jit(x, r, m, g, alpha, jnp.float32(blend_weight))
+            out = _sage_blend_jit(x, r, m, g, alpha, jnp.asarray(blend_weight, real))
         elif similarity is None:
             out = _sage_jit(x, m, g, alpha)
         else:
@@ -472,5 +487,5 @@ def sage_chunked(embeddings, mask=None, *, groups=None, similarity=None, rot_emb
         if on_chunk is not None:
             on_chunk(stop, total)
     if not outputs:
-        return jnp.zeros((0,), jnp.float32)
+        return jnp.zeros((0,), real)
     return jnp.concatenate(outputs)

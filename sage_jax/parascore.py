@@ -36,6 +36,8 @@ THRESHOLD = 0.6  # the reference code's (the paper says > 0.8)
 # A numbered line: "3. text" or "3) text" at the start of a line (the reference's unanchored
 # r"\d+\.\s(.+)" also cut "in 2023. Then ..." out of the middle of a line).
 NUMBERED_LINE = re.compile(r"^[ \t]*\d+[.)](?:[ \t]+(.*))?$", re.MULTILINE)
+# The reference's own pattern (generate_paraphrases.py:62), for its preset `code`.
+REFERENCE_NUMBERED = re.compile(r"\d+\.\s(.+)")
 
 
 def edit_distance(a: str, b: str) -> int:
@@ -116,8 +118,11 @@ class Screened(NamedTuple):
 
 def filter_paraphrases(question: str, generations: str | Sequence[str], *, model, layer: int | None = None,
                        threshold: float = THRESHOLD, gamma: float = GAMMA, omega: float = OMEGA,
-                       exclude: Sequence[str] = ()) -> Screened:
-    """Paraphrase candidates of `question` as SaGE's pipeline keeps them, its bugs fixed.
+                       exclude: Sequence[str] = (), reference: bool = False) -> Screened:
+    """Paraphrase candidates of `question` as SaGE's pipeline keeps them, its bugs fixed
+    (`reference=True`: as the reference keeps them, bugs included: `re.findall(r'\\d+\\.\\s(.+)')`
+    over the generation stripped of spaces and newlines, unanchored and unstripped, nothing dropped
+    before scoring, `exclude` ignored).
 
     Candidates are the numbered lines of each generation (anchored at the line start), stripped.
     Empty ones, verbatim copies of the (stripped) question and repeats (of an earlier candidate or
@@ -132,9 +137,11 @@ def filter_paraphrases(question: str, generations: str | Sequence[str], *, model
     seen = {t.strip() for t in exclude}
     candidates, rejected = [], []
     for text in texts:
-        for candidate in numbered_candidates(text):
-            reason = ("empty" if not candidate else "copy of the question" if candidate == question
-                      else "duplicate" if candidate in seen else None)
+        found = REFERENCE_NUMBERED.findall(text.strip(" \n")) if reference else numbered_candidates(text)
+        for candidate in found:
+            reason = None if reference else (
+                "empty" if not candidate else "copy of the question" if candidate == question
+                else "duplicate" if candidate in seen else None)
             if reason:
                 rejected.append((candidate, reason))
             else:

@@ -71,16 +71,25 @@ def embed_fields(item: Loaded, args, embedder_fn, progress) -> dict:
     return {f: data.gather(vectors, index) for f, index in zip(item.batches, indices)}
 
 
+def _float64(x):
+    return None if x is None else np.asarray(x, np.float64)
+
+
 def _sage(item: Loaded, args, progress, embeddings, mask, *, groups=None, rot_embeddings=None,
           similarity=None) -> np.ndarray:
+    """SaGE in float64 on the host CPU, as the reference's `entropy()` computes in Python floats
+    (float32 strengths to the 10th power move a score by up to ~1.5e-6; `sage_jax.metric`)."""
+    import jax
+
     from sage_jax import metric
 
-    with progress(len(item.questions), f"{item.name}: SaGE") as bar:
+    with progress(len(item.questions), f"{item.name}: SaGE") as bar, jax.enable_x64(True), \
+            jax.default_device(jax.devices("cpu")[0]):
         tick = lambda done, total: bar.update(done - bar.n)  # noqa: E731
-        scores = metric.sage_chunked(embeddings, mask, groups=groups, similarity=similarity, alpha=args.alpha,
-                                     chunk_size=args.chunk_size, on_chunk=tick, blend_weight=args.blend_weight,
-                                     rot_embeddings=rot_embeddings)
-    return np.asarray(scores, np.float64)
+        scores = metric.sage_chunked(_float64(embeddings), mask, groups=groups, similarity=_float64(similarity),
+                                     alpha=args.alpha, chunk_size=args.chunk_size, on_chunk=tick,
+                                     blend_weight=args.blend_weight, rot_embeddings=_float64(rot_embeddings))
+        return np.asarray(scores, np.float64)
 
 
 def sage_scores(item: Loaded, args, embedder_fn, progress) -> np.ndarray:
@@ -92,16 +101,22 @@ def sage_scores(item: Loaded, args, embedder_fn, progress) -> np.ndarray:
                  rot_embeddings=emb["rot"] if args.text == "blend" else None)
 
 
-def sage_per_text(item: Loaded, args, embedder_fn, progress) -> dict[str, np.ndarray]:
-    """SaGE on the answers, on the rules of thumb and on their blend, of a file loaded with text
-    "blend", from one embedding of its texts; each as `sage-jax score --text <that>` computes it
-    (answers and RoTs masked by their own empty texts, the blend by either)."""
+def sage_both_graphs(item: Loaded, args, embedder_fn, progress) -> dict[str, dict[str, np.ndarray]]:
+    """SaGE of each text of a loaded file (answer, and rot and blend when it has RoTs) under both
+    graphs, from one embedding: "distinct" (one node per position) and "text" (the reference's
+    graph keyed by text: identical texts are one node, the blend's keyed by its RoT)."""
     emb = embed_fields(item, args, embedder_fn, progress)
-    groups = {f: b.groups if args.collapse_identical else None for f, b in item.batches.items()}
-    return {"answer": _sage(item, args, progress, emb["answer"], item.batches["answer"].mask, groups=groups["answer"]),
-            "rot": _sage(item, args, progress, emb["rot"], item.batches["rot"].mask, groups=groups["rot"]),
-            "blend": _sage(item, args, progress, emb["answer"], item.mask, groups=item.groups,
-                           rot_embeddings=emb["rot"])}
+    masks = {f: b.mask for f, b in item.batches.items()}
+    keyed = {f: b.groups for f, b in item.batches.items()}
+    out: dict[str, dict[str, np.ndarray]] = {"distinct": {}, "text": {}}
+    for graph in out:
+        for f in item.batches:
+            out[graph][f] = _sage(item, args, progress, emb[f], masks[f],
+                                  groups=keyed[f] if graph == "text" else None)
+        if "rot" in item.batches:
+            out[graph]["blend"] = _sage(item, args, progress, emb["answer"], item.mask, rot_embeddings=emb["rot"],
+                                        groups=keyed["rot"] if graph == "text" else None)
+    return out
 
 
 def load_bertscore_model(args):

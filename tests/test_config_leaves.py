@@ -41,7 +41,7 @@ CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
 STRUCTURAL = {"kind"}  # picks the schema itself
 LOOP_KEYS = {f"run.{f.name}" for f in dataclasses.fields(RunConfig)} | {
     "data.batch_size", "data.eval_batch_size", "data.shuffle", "ppo.batch_size",
-    "ppo.samples_per_situation", "ppo.eval_samples",
+    "ppo.samples_per_situation", "ppo.eval_samples", "ppo.eval_schedule",
     "optimizer.grad_accum", "optimizer.label_smoothing"}
 
 
@@ -127,6 +127,16 @@ class _Recorder:
 
 
 @functools.cache
+def _concrete_t5():
+    from flax import nnx
+
+    from clarifyjax.models.t5 import T5, T5Config
+
+    config = T5Config(vocab_size=32, d_model=8, d_kv=4, d_ff=16, num_layers=1, num_heads=2)
+    return T5(config, rngs=nnx.Rngs(0))  # a real trunk for the value head's initializer
+
+
+@functools.cache
 def _tiny_t5(dtype, param_dtype):
     from flax import nnx
 
@@ -159,8 +169,8 @@ def stubs():
     rec = _Recorder()
     mp = pytest.MonkeyPatch()
 
-    def load_t5(path, *, dtype="float32", param_dtype=None, **_):
-        rec("load_t5")(path, dtype=dtype, param_dtype=param_dtype)
+    def load_t5(path, *, dtype="float32", param_dtype=None, precision="default", **_):
+        rec("load_t5")(path, dtype=dtype, param_dtype=param_dtype, precision=precision)
         return _tiny_t5(dtype, param_dtype or dtype)
 
     def read_pairs(path, task, **kw):
@@ -243,6 +253,8 @@ def _runtime(cfg, rec) -> dict:
     rt["policy"] = (_t5(rec, p), p.tokenizer_path,
                     column_buckets(cfg.data.length_buckets, p.max_input_length))
     rt["reference"], rt["value"] = _t5(rec, cfg.reference), _t5(rec, cfg.value.model)
+    value = builders.build_value(cfg, _concrete_t5())  # as build_ppo_models
+    rt["value_head"] = tuple(np.asarray(p[...]).tobytes() for p in (value.head_kernel, value.head_bias))
     from clarifyjax.rl import ppo  # what make_ppo_update reads of the section: its PPOConfig fields
 
     rt["ppo"] = tuple(getattr(h, f.name) for f in dataclasses.fields(ppo.PPOUpdateConfig))

@@ -33,6 +33,7 @@ from clarifyjax.config import load_config
 from clarifyjax.decoding.seq2seq import GeneratedText, Seq2SeqSampling
 from conftest import REPO_ROOT, require
 from helpers.tiny_models import tiny_spm_folder
+from helpers import markdown_table
 
 DOC = REPO_ROOT / "docs" / "fidelity.md"
 PRESETS = {"original": REPO_ROOT / "configs" / "ppo_t5_large_original.yaml",
@@ -49,18 +50,9 @@ def presets():
 
 
 def table_rows(path: Path | None = None) -> list[dict[str, str]]:
-    """The rows of the one table in `path` (default: docs/fidelity.md), as {column: cell}."""
-    lines = [line for line in (path or DOC).read_text(encoding="utf-8").splitlines()
-             if line.startswith("|")]
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    assert tuple(header) == COLUMNS, header
-    assert set(lines[1].replace("|", "").strip()) <= {"-"}
-    rows = []
-    for line in lines[2:]:
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        assert len(cells) == len(COLUMNS), line
-        rows.append(dict(zip(COLUMNS, cells)))
-    return rows
+    """The rows of the first table in `path` (default: docs/fidelity.md; the SaGE table after it is
+    tests/test_sage_fidelity.py's), as {column: cell}."""
+    return markdown_table.table_rows((path or DOC).read_text(encoding="utf-8").splitlines(), 0, COLUMNS)
 
 
 def _literals(cell: str) -> list:
@@ -93,6 +85,36 @@ def _whitening_divisor():
     x = np.array([[1.0, 2.0, 4.0, 9.0]], np.float32)
     out = np.asarray(ppo.masked_whiten(x, np.ones_like(x)))
     return "std" if abs(out.std() - 1) < 1e-3 else "other"
+
+
+def _reward_padding():
+    """"zero" when one PPO update computes the same advantages, returns and losses for a batch
+    with 3 more padding columns: reward whitening wrote nothing into the padding and GAE stopped
+    at each question's end (the original's advantages changed with the padding)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    rng = np.random.default_rng(0)
+    lengths = np.array([5, 3, 2, 4])
+    mask = (np.arange(5)[None] < lengths[:, None]).astype(np.float32)
+    logprobs, ref, values = (rng.normal(-1, 0.5, (4, 5)).astype(np.float32) * mask
+                             for _ in range(3))
+    tx = optax.sgd(0.0)
+    update = jax.jit(ppo.make_ppo_update(lambda p, mb: mb.logprobs + p,
+                                         lambda p, mb: mb.values + p, tx, tx))
+    state = ppo.init_ppo_state(jnp.zeros(()), jnp.zeros(()), tx, tx)
+    seen = []
+    for extra in (0, 3):
+        def pad(x, extra=extra):
+            return jnp.asarray(np.pad(x, ((0, 0), (0, extra))))
+        rollout = ppo.Rollout(pad(np.ones((4, 5), np.int32)), pad(mask), pad(mask.astype(np.int32)),
+                              pad(mask), pad(logprobs), pad(ref), pad(values),
+                              jnp.asarray([1.0, -0.5, 0.25, 2.0]))
+        metrics = update(state, rollout, jax.random.key(0))[1]
+        seen.append([float(metrics[k]) for k in ("advantages_raw_mean", "advantages_raw_std",
+                                                 "returns_mean", "policy_loss", "value_loss")])
+    return "zero" if np.allclose(seen[0], seen[1], rtol=1e-6, atol=1e-7) else "leaked"
 
 
 def _whitening_scope():
@@ -131,6 +153,7 @@ def _logprob_distribution():
 
 
 FIXED = {"whitening divisor": lambda root: _whitening_divisor(),
+         "reward whitening at padding": lambda root: _reward_padding(),
          "whitening and GAE scope": lambda root: _whitening_scope(),
          "min question tokens": lambda root: rollout.MIN_QUESTION_TOKENS,
          "policy prefix in judge and fusion inputs": lambda root: _prefix_in_judge_and_fusion(),

@@ -138,9 +138,13 @@ def test_edge_weights_from_a_pairs_file_and_bad_input(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     questions = read_questions(small, need=("answer", "rot"))
     batch, rots = text_batch(questions, "answer"), text_batch(questions, "rot")
-    # --text blend keys the collapsed nodes by RoT text, as the reference's use_rots graph does
-    want = np.asarray(sage_from_similarity(pair_matrix(questions, "cosine_rot"), batch.mask & rots.mask,
-                                           groups=rots.groups))
+    # --text blend keys the collapsed nodes by RoT text, as the reference's use_rots graph does;
+    # `score` computes in float64, as the reference's Python floats (sage_jax.scoring)
+    import jax
+
+    with jax.enable_x64(True):
+        want = np.asarray(sage_from_similarity(pair_matrix(questions, "cosine_rot").astype(np.float64),
+                                               batch.mask & rots.mask, groups=rots.groups))
     got = np.array([float(r["sage"]) for r in read_csv(out / "vicuna_small.per_question.csv")])
     np.testing.assert_allclose(got, want, atol=1e-7)
     summary = json.loads((out / "summary.json").read_text())["models"][0]

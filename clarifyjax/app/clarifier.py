@@ -99,7 +99,7 @@ class Clarifier:
         p = models.policy
         questioner = Seq2SeqModel.from_pretrained(
             p.init, tokenizer_path=p.tokenizer, dtype=p.dtype, backend=backend,
-            max_input_length=p.max_input_length)
+            max_input_length=p.max_input_length, precision=p.precision)
         return cls(questioner, load_pipeline(models.rewards, backend=backend), questions)
 
     @property

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal
 from clarifyjax.config.loader import ConfigError
 
 DTypeName = Literal["float32", "bfloat16", "float16"]
+PrecisionName = Literal["default", "high", "highest"]  # `clarifyjax.models.state.PRECISIONS`
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +61,9 @@ class ModelConfig:
     """One model: a Hugging Face folder (``init``, safetensors) or a tiny random one (``tiny``).
 
     ``tokenizer``: a folder with ``spiece.model`` or ``tokenizer.json``; null = the ``init`` folder.
-    Lengths are in tokens; inputs and targets longer than them are truncated. In a PPO run each
+    Lengths are in tokens; inputs and targets longer than them are truncated. ``precision``: of
+    the model's matmuls, "default" (JAX's: bfloat16 passes on TPU, TF32 on recent GPUs, whatever
+    ``dtype`` says), "high" or "highest" (float32 products, as PyTorch in float32). In a PPO run each
     role reads only some keys (`PPO_UNUSED_MODEL_KEYS`); the others are refused there.
     """
 
@@ -69,6 +72,7 @@ class ModelConfig:
     tokenizer: str | None = None
     dtype: DTypeName = "float32"  # compute
     param_dtype: DTypeName = "float32"  # storage
+    precision: PrecisionName = "default"  # of every matmul
     max_input_length: int = 128
     max_target_length: int = 64
     dropout_rate: float | None = None  # None: the checkpoint's (or 0 for a tiny model)

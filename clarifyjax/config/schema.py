@@ -227,6 +227,16 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
     # the dev evaluation: 0 = one greedy question per situation; k = k questions sampled as in
     # training, each situation scored by their mean (the quantity PPO raises)
     eval_samples: int = 0
+    # when it runs: before_training (step 0, then after every run.eval_every-th update and the
+    # last) or after_first_update (after updates 1, 1 + eval_every, 1 + 2 eval_every, ...: the
+    # original's `step_num % eval_interval == 0` on 0-based step numbers, checked after each one)
+    eval_schedule: Literal["before_training", "after_first_update"] = "before_training"
+    # the text the reward models read: questions decoded with transformers' clean_up_tokenization
+    # (" ?" -> "?", as the original's batch_decode(clean_up_tokenization_spaces=True)), and the
+    # situations as the data file gives them ("source") or decoded back from the policy's input
+    # ids ("decoded", the original's `query/text`), cleaned up likewise when the first is true
+    clean_up_tokenization_spaces: bool = False
+    reward_situations: Literal["source", "decoded"] = "source"
 
     _bounds: ClassVar = {
         **ppo.PPOUpdateConfig._bounds, "batch_size": ">= 1", "kl_coef": ">= 0", "kl_target": "> 0",

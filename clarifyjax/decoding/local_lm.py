@@ -81,12 +81,14 @@ class LocalLM:
       shared_prefix: when every row of a batch starts with the same run of at least this many
         tokens (a few-shot template), that run is computed once for the batch
         (`decoding.generate`'s `prefix_ids`); 0 turns it off.
+      raw_bos: a raw (string) prompt gets the tokenizer's special tokens (BOS); False tokenizes
+        it as transformers' text-generation `pipeline` did before 4.43 (no special tokens).
     """
 
     def __init__(self, folder: str | os.PathLike, *, dtype: str = "float32", mesh=None,
                  chat_template: str = "model", batch_size: int = 32,
                  buckets: Sequence[int] = FINE_BUCKETS, name: str | None = None,
-                 shared_prefix: int = 16):
+                 shared_prefix: int = 16, raw_bos: bool = True):
         if chat_template not in CHAT_TEMPLATES:
             raise ValueError(f"chat_template must be one of {list(CHAT_TEMPLATES)}, got "
                              f"{chat_template!r}")
@@ -94,6 +96,7 @@ class LocalLM:
         self.name = name or self.folder.resolve().name
         self.chat_template, self.batch_size, self.buckets = chat_template, batch_size, buckets
         self.shared_prefix = int(shared_prefix)
+        self.raw_bos = bool(raw_bos)
         self.tokenizer = CausalTokenizer(folder)
         self.defaults, eos = generation_defaults(folder)
         self.eos_ids = tuple(sorted(set(eos) | ({self.tokenizer.eos_id}
@@ -119,7 +122,7 @@ class LocalLM:
     # -- prompts ------------------------------------------------------------------------------
 
     def encode(self, prompt: Prompt) -> list[int]:
-        return self.tokenizer.encode(prompt, self.chat_template)
+        return self.tokenizer.encode(prompt, self.chat_template, raw_bos=self.raw_bos)
 
     def count_tokens(self, prompt: Prompt) -> int:
         return len(self.encode(prompt))

@@ -87,15 +87,15 @@ class Seq2SeqModel:
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, tokenizer_path=None,
                         backend: str = "hf", dtype: str = "float32", mesh=None, rules=None,
-                        **kwargs) -> Seq2SeqModel:
+                        precision: str = "default", **kwargs) -> Seq2SeqModel:
         """A Hugging Face T5 folder (safetensors) with its tokenizer (spiece.model /
         tokenizer.json, in `tokenizer_path` or the same folder); with `mesh`, the parameters are
         read straight into their shards by the logical axis `rules` (default
-        `sharding.DEFAULT_RULES`)."""
+        `sharding.DEFAULT_RULES`); `precision`: of the model's matmuls (`T5Config.precision`)."""
         from clarifyjax.models.hf import load_t5  # keeps `import clarifyjax.decoding.seq2seq` light
 
         folder = check_folder(path)
-        _, model = load_t5(folder, dtype=dtype, mesh=mesh, rules=rules)
+        _, model = load_t5(folder, dtype=dtype, mesh=mesh, rules=rules, precision=precision)
         tokenizer = Tokenizer.from_pretrained(tokenizer_path or folder, backend=backend)
         return cls(model, tokenizer, source=str(folder), mesh=mesh, **kwargs)
 

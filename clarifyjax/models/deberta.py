@@ -38,6 +38,7 @@ from flax import nnx
 
 from clarifyjax.models.encoder import (ENCODER_ACTIVATIONS, MLP, Dense, Embedding, LayerNorm,
                                        QuestionAnswering, SequenceClassifier)
+from clarifyjax.models.state import check_precision, honours_precision
 
 ATTENTION_TERMS = ("c2p", "p2c")
 
@@ -76,6 +77,10 @@ class DebertaConfig:
     dtype: str = "float32"
     param_dtype: str = "float32"
     model_type: str = "deberta-v2"
+    precision: str = "default"  # of every matmul (`state.PRECISIONS`)
+
+    def __post_init__(self):
+        check_precision(self, "DeBERTa")
 
     @property
     def num_labels(self) -> int:
@@ -240,6 +245,7 @@ class DebertaEncoder(nnx.Module):
         self.rel_norm = (LayerNorm(config, rngs=rngs) if relative and config.norm_rel_ebd
                          else None)
 
+    @honours_precision
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array,
                  token_type_ids: jax.Array | None = None) -> jax.Array:
         """input_ids [b, s] int, attention_mask [b, s] (1/True = token), token_type_ids [b, s] or

@@ -9,8 +9,8 @@ MLP -> add -> LayerNorm), as the original BERT.
 Every parameter carries logical axis names (`nnx.with_partitioning`) from the set shared with the
 T5: "vocab", "embed", "mlp", "heads", "kv", "classes", None. Parameters are stored in
 `config.param_dtype` and computed in `config.dtype`; LayerNorm and softmax run in float32.
-Matmuls use jax's default precision: on GPUs float32 products then run in TF32 (~1e-3 off a
-PyTorch float32 reference); wrap calls in `jax.default_matmul_precision("highest")` for full f32.
+Matmuls run at `config.precision` (`state.matmul_precision`): with JAX's default, float32
+products run in TF32 on GPUs (~1e-3 off a PyTorch float32 reference); "highest" gives full f32.
 
 Shapes: b = batch, s = sequence, d = hidden size, h = heads, k = head size, f = MLP width.
 """
@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from clarifyjax.models.safetensors_io import CheckpointError
+from clarifyjax.models.state import check_precision, honours_precision
 
 SUPPORTED_MODEL_TYPES = ("bert", "roberta")
 
@@ -63,8 +64,10 @@ class EncoderConfig:
     labels: tuple[str, ...] = ()
     dtype: str = "float32"  # compute
     param_dtype: str = "float32"  # storage
+    precision: str = "default"  # of every matmul (`state.PRECISIONS`)
 
     def __post_init__(self):
+        check_precision(self, "encoder")
         if self.model_type not in SUPPORTED_MODEL_TYPES:
             raise CheckpointError(
                 f"config.json field 'model_type' is {self.model_type!r}; this encoder supports "
@@ -306,6 +309,7 @@ class BertEncoder(nnx.Module):
         self.embeddings = Embeddings(config, rngs=rngs)
         self.layers = nnx.List([BertLayer(config, rngs=rngs) for _ in range(config.num_layers)])
 
+    @honours_precision
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array,
                  token_type_ids: jax.Array | None = None) -> jax.Array:
         """input_ids [b, s] int, attention_mask [b, s] (1/True = token), token_type_ids [b, s] or
@@ -347,6 +351,7 @@ class SequenceClassifier(nnx.Module):
     def pooler_activation(config) -> Callable[[jax.Array], jax.Array]:
         return jnp.tanh
 
+    @honours_precision
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array,
                  token_type_ids: jax.Array | None = None) -> jax.Array:
         """[b, s] ids and mask -> logits [b, num_labels] in float32."""
@@ -368,6 +373,7 @@ class QuestionAnswering(nnx.Module):
         self.qa_outputs = Dense((config.hidden_size,), (2,), ("embed",), (None,), config=config,
                                 rngs=rngs)
 
+    @honours_precision
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array,
                  token_type_ids: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
         """[b, s] ids and mask -> (start_logits [b, s], end_logits [b, s]) in float32.

@@ -6,6 +6,8 @@ and `merge_model` go between the two; `copy_params` gives the frozen reference i
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 from typing import Any
 
 import jax
@@ -14,6 +16,10 @@ from flax import nnx
 
 Params = Any  # a nested dict of arrays (nnx.to_pure_dict of a model's state)
 DTYPES = ("float32", "bfloat16", "float16")  # the compute and storage dtypes of every model
+# The precision of a model's matmuls (a run config's ``precision``): "default" is JAX's (one
+# bfloat16 pass on TPU and TF32 on recent NVIDIA GPUs, float32 operands included), "high" (three
+# bfloat16 passes on TPU) and "highest" (float32 products, as PyTorch computes in float32).
+PRECISIONS = ("default", "high", "highest")
 
 
 def set_dtype_fields(config, family: str) -> None:
@@ -29,6 +35,31 @@ def set_dtype_fields(config, family: str) -> None:
             raise ValueError(f"{family} config field {field!r} is {value!r}; "
                              f"allowed values: {', '.join(DTYPES)}")
         object.__setattr__(config, field, name)
+
+
+def check_precision(config, family: str) -> None:
+    """ValueError naming the field when a model config's `precision` is not one of `PRECISIONS`."""
+    if config.precision not in PRECISIONS:
+        raise ValueError(f"{family} config field 'precision' is {config.precision!r}; "
+                         f"allowed values: {', '.join(PRECISIONS)}")
+
+
+def matmul_precision(name: str):
+    """The context in which every matmul and einsum traced runs at precision `name` (one of
+    `PRECISIONS`): `jax.default_matmul_precision`, which the lowered program records on each
+    `dot_general`; "default" leaves the process's setting alone."""
+    if name not in PRECISIONS:
+        raise ValueError(f"matmul precision {name!r}; allowed values: {', '.join(PRECISIONS)}")
+    return contextlib.nullcontext() if name == "default" else jax.default_matmul_precision(name)
+
+
+def honours_precision(method):
+    """A model method that runs under `matmul_precision(self.config.precision)`."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with matmul_precision(self.config.precision):
+            return method(self, *args, **kwargs)
+    return run
 
 
 def split_model(model: nnx.Module) -> tuple[Any, Params]:

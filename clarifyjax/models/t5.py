@@ -8,6 +8,9 @@ transformers 5 decouples the two switches (its configs always say `tie_word_embe
 carry `scale_decoder_outputs`), so `T5Config` has both: `tie_word_embeddings` (one matrix or two)
 and `scale_decoder_outputs` (default: the same as `tie_word_embeddings`, as in transformers 4).
 
+Every public method runs its matmuls at `T5Config.precision` (`state.matmul_precision`): JAX's
+default, or float32 products ("highest") as PyTorch computes a float32 T5.
+
 Shapes: b = batch, s = source length, t = target length, m = d_model, L = cache length, V = vocab.
 The relative position bias of each stack is made once (it belongs to the stack's first layer in
 Hugging Face checkpoints) and shared by all its layers.
@@ -22,7 +25,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from clarifyjax.models.state import set_dtype_fields
+from clarifyjax.models.state import check_precision, honours_precision, set_dtype_fields
 
 from clarifyjax.models.t5_layers import (RelativePositionBias, RMSNorm, T5DecoderLayer,
                                          T5EncoderLayer, make_param, parse_feed_forward_proj)
@@ -51,10 +54,12 @@ class T5Config:
     dtype: str = "float32"        # compute dtype
     param_dtype: str = "float32"  # storage dtype of the parameters
     scale_decoder_outputs: bool | None = None  # None: same as tie_word_embeddings
+    precision: str = "default"  # of every matmul (`state.PRECISIONS`); not part of config.json
 
     def __post_init__(self):
         parse_feed_forward_proj(self.feed_forward_proj)  # ValueError naming the field
         set_dtype_fields(self, "T5")
+        check_precision(self, "T5")
         if self.num_decoder_layers is None:
             object.__setattr__(self, "num_decoder_layers", self.num_layers)
         if self.decoder_start_token_id is None:
@@ -84,7 +89,7 @@ class T5Config:
         missing = [k for k in _REQUIRED_HF_FIELDS if k not in hf]
         if missing:
             raise ValueError(f"config.json: missing T5 fields {missing}")
-        names = {f.name for f in dataclasses.fields(cls)} - {"dtype", "param_dtype"}
+        names = {f.name for f in dataclasses.fields(cls)} - {"dtype", "param_dtype", "precision"}
         kwargs = {k: hf[k] for k in names if k in hf and hf[k] is not None}
         eos = kwargs.get("eos_token_id")
         if isinstance(eos, (list, tuple)):  # transformers allows several; we stop on the first
@@ -214,6 +219,7 @@ class T5(nnx.Module):
         """ids [...] int -> [..., m] in the compute dtype."""
         return jnp.take(self.embedding[...], ids, axis=0).astype(self.config.dtype)
 
+    @honours_precision
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Final decoder hidden [..., m] -> logits [..., V] float32."""
         c = self.config
@@ -231,6 +237,7 @@ class T5(nnx.Module):
             raise ValueError("T5: deterministic=False (dropout) needs rngs with a 'dropout' stream")
 
     # -- public API -----------------------------------------------------------------------------
+    @honours_precision
     def encode(self, input_ids: jax.Array, attention_mask: jax.Array, *,
                deterministic: bool = True, rngs: nnx.Rngs | None = None) -> jax.Array:
         """input_ids [b, s] int, attention_mask [b, s] (1 = token) -> encoder hidden [b, s, m]."""
@@ -238,6 +245,7 @@ class T5(nnx.Module):
         return self.encoder(self.embed(input_ids), attention_mask, deterministic=deterministic,
                             rngs=rngs)
 
+    @honours_precision
     def decode(self, decoder_input_ids: jax.Array, encoder_hidden: jax.Array,
                encoder_mask: jax.Array, decoder_attention_mask: jax.Array | None = None, *,
                return_hidden: bool = False, deterministic: bool = True,
@@ -262,6 +270,7 @@ class T5(nnx.Module):
         return self.decode(decoder_input_ids, encoder_hidden, attention_mask,
                            decoder_attention_mask, deterministic=deterministic, rngs=rngs)
 
+    @honours_precision
     def init_cache(self, encoder_hidden: jax.Array, encoder_mask: jax.Array,
                    max_length: int) -> DecodeCache:
         """encoder_hidden [b, s, m], encoder_mask [b, s] -> an empty cache for `max_length`
@@ -278,6 +287,7 @@ class T5(nnx.Module):
             cross_k=tuple(k for k, _ in cross), cross_v=tuple(v for _, v in cross),
             encoder_mask=encoder_mask.astype(bool))
 
+    @honours_precision
     def decode_step(self, token_ids: jax.Array, cache: DecodeCache, position: jax.Array, *,
                     return_hidden: bool = False):
         """Feed token_ids [b] at decoder `position` (int scalar, < L) given the cache holding

@@ -165,13 +165,14 @@ class Judge(_BatchedJudge):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, tokenizer_path=None,
                         backend: str = "hf", dtype: str = "float32", max_input_length: int = 128,
-                        batch_multiple: int = 8, mesh=None, rules=None, **kwargs) -> Judge:
+                        batch_multiple: int = 8, mesh=None, rules=None,
+                        precision: str = "default", **kwargs) -> Judge:
         """A Hugging Face T5 folder; `kwargs` as `Judge` (input_prefix, class_prefix, ...);
-        `mesh`, `rules` as `Seq2SeqModel.from_pretrained`."""
+        `mesh`, `rules`, `precision` as `Seq2SeqModel.from_pretrained`."""
         seq2seq = Seq2SeqModel.from_pretrained(
             path, tokenizer_path=tokenizer_path, backend=backend, dtype=dtype,
             max_input_length=max_input_length, batch_multiple=batch_multiple, mesh=mesh,
-            rules=rules)
+            rules=rules, precision=precision)
         return cls(seq2seq, **kwargs)
 
     @property
@@ -241,13 +242,14 @@ class ClassifierJudge(_BatchedJudge):
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike, *, dtype: str = "float32",
                         max_input_length: int = 128, mesh=None, rules=None,
-                        **kwargs) -> ClassifierJudge:
-        """A BERT / RoBERTa `...ForSequenceClassification` folder; `mesh`, `rules` as
-        `Seq2SeqModel.from_pretrained`."""
+                        precision: str = "default", **kwargs) -> ClassifierJudge:
+        """A BERT / RoBERTa `...ForSequenceClassification` folder; `mesh`, `rules`, `precision`
+        as `Seq2SeqModel.from_pretrained`."""
         from clarifyjax.models.hf import load_encoder_tokenizer, load_sequence_classifier
 
         folder = check_folder(path)
-        model = load_sequence_classifier(folder, dtype=dtype, mesh=mesh, rules=rules)
+        model = load_sequence_classifier(folder, dtype=dtype, mesh=mesh, rules=rules,
+                                         precision=precision)
         return cls(model, load_encoder_tokenizer(folder, max_input_length),
                    max_input_length=max_input_length, source=str(folder / "config.json"),
                    mesh=mesh, **kwargs)
@@ -279,11 +281,13 @@ def load_judge(path: str | os.PathLike, *, kind: str | None = None, dtype: str =
                class_prefix: str = text_lib.DELPHI_CLASS_PREFIX,
                class_tokens: Sequence[str] = tuple(reversed(text_lib.DELPHI_CLASS_TOKENS)),
                class_step: int | None = None, judgment: Seq2SeqSampling = Seq2SeqSampling(max_new_tokens=32),
-               encoder_labels: Sequence[str] = text_lib.JUDGE_CLASSES, mesh=None, rules=None):
+               encoder_labels: Sequence[str] = text_lib.JUDGE_CLASSES, mesh=None, rules=None,
+               precision: str = "default"):
     """A `Judge` (T5 folder) or a `ClassifierJudge` (BERT / RoBERTa folder), told apart by
     config.json `model_type` unless `kind` ("t5" | "encoder") says. `input_prefix` None: the
     kind's default ("[moral_single]: " for a T5, none for a classifier). `mesh`, `rules`: place
-    the parameters on a `sharding.process_mesh` (see `Seq2SeqModel.from_pretrained`)."""
+    the parameters on a `sharding.process_mesh` (see `Seq2SeqModel.from_pretrained`);
+    `precision`: of the model's matmuls."""
     folder = check_folder(path)
     if kind is None:
         model_type = read_config(folder).get("model_type")
@@ -296,10 +300,11 @@ def load_judge(path: str | os.PathLike, *, kind: str | None = None, dtype: str =
         return Judge.from_pretrained(
             folder, dtype=dtype, backend=backend, max_input_length=max_input_length,
             batch_multiple=batch_multiple, class_prefix=class_prefix, class_tokens=class_tokens,
-            class_step=class_step, judgment=judgment, mesh=mesh, rules=rules,
+            class_step=class_step, judgment=judgment, mesh=mesh, rules=rules, precision=precision,
             input_prefix=text_lib.JUDGE_PREFIX if input_prefix is None else input_prefix)
     if kind == "encoder":
         return ClassifierJudge.from_pretrained(
             folder, dtype=dtype, max_input_length=max_input_length, batch_multiple=batch_multiple,
-            encoder_labels=encoder_labels, input_prefix=input_prefix or "", mesh=mesh, rules=rules)
+            encoder_labels=encoder_labels, input_prefix=input_prefix or "", mesh=mesh, rules=rules,
+            precision=precision)
     raise ValueError(f"judge kind must be 't5' or 'encoder', got {kind!r}")

@@ -120,11 +120,11 @@ class NLIFilter:
                         drop_labels: Sequence[str] = ("entailment", "contradiction"),
                         threshold: float | None = NLI_THRESHOLD, batch_size: int = 64,
                         max_length: int = 128, dtype: str = "float32", mesh=None,
-                        rules=None) -> NLIFilter:
+                        rules=None, precision: str = "default") -> NLIFilter:
         """Load a `...ForSequenceClassification` folder (BERT, RoBERTa or DeBERTa-v2/v3) with its
         tokenizer.json; with `mesh` (a `sharding.process_mesh`), each parameter straight into its
         shards by the logical axis `rules`, and the pairs of a batch split over the mesh's data x
-        fsdp devices.
+        fsdp devices. `precision`: of the classifier's matmuls.
 
         Raises:
           CheckpointError: the model's id2label lacks one of drop_labels (the message lists both),
@@ -135,7 +135,8 @@ class NLIFilter:
         hf_config = read_config(folder)
         _check_labels(labels_from_hf(hf_config), drop_labels, folder / "config.json")
         tokenizer = load_encoder_tokenizer(folder, max_length, hf_config.get("vocab_size"))
-        model = load_classifier(folder, dtype=dtype, mesh=mesh, rules=rules)  # BERT/RoBERTa/DeBERTa
+        model = load_classifier(folder, dtype=dtype, mesh=mesh, rules=rules,  # BERT/RoBERTa/DeBERTa
+                                precision=precision)
         return cls(model, tokenizer, drop_labels=drop_labels,
                    threshold=threshold, batch_size=batch_size, max_length=max_length,
                    source=str(folder), mesh=mesh)

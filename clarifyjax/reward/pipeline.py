@@ -438,18 +438,19 @@ def load_pipeline(rewards, *, normalizer: reward_lib.RewardNormalizer | None = N
     def seq2seq(m, key):
         return Seq2SeqModel.from_pretrained(
             folder(m, key), tokenizer_path=m.tokenizer, dtype=m.dtype, backend=backend,
-            max_input_length=m.max_input_length, mesh=mesh, rules=rules)
+            max_input_length=m.max_input_length, mesh=mesh, rules=rules, precision=m.precision)
 
     j = rewards.judge
     judge = delphi.load_judge(folder(j.model, "judge.model"), kind=j.kind, dtype=j.model.dtype,
                               backend=backend, max_input_length=j.model.max_input_length,
                               input_prefix=j.input_prefix, class_prefix=j.class_prefix,
                               class_tokens=j.class_tokens, encoder_labels=j.encoder_labels,
-                              mesh=mesh, rules=rules, **(judge_options or {}))
+                              mesh=mesh, rules=rules, precision=j.model.precision,
+                              **(judge_options or {}))
     nli = None if rewards.nli is None else NLIFilter.from_pretrained(
         folder(rewards.nli, "nli"), threshold=rewards.nli_threshold, dtype=rewards.nli.dtype,
         max_length=rewards.nli.max_input_length, batch_size=nli_batch_size, mesh=mesh,
-        rules=rules)
+        rules=rules, precision=rewards.nli.precision)
     return RewardPipeline(seq2seq(rewards.answerer, "answerer"), seq2seq(rewards.fusion, "fusion"),
                           judge, nli, rewards.pipeline, normalizer)
 

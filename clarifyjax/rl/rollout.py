@@ -23,6 +23,7 @@ from clarifyjax.rl import ppo
 from clarifyjax.core import sharding as sharding_lib
 from clarifyjax.models.state import merge_model
 from clarifyjax.rl.policy import make_reference_nll, make_rollout_scorer
+from clarifyjax.text import formats as text_lib
 
 MIN_QUESTION_TOKENS = 2  # the original sampled with min_length=3, counting the start token
 
@@ -94,12 +95,19 @@ class RolloutSampler:
 
     Batches are `clarifyjax.data` batches (input_ids, input_mask [b, s], host-local rows); arrays
     are placed on `mesh` with the batch split over its data axes.
+
+    What the reward models read (`decode`, `situations`): `clean_up_spaces` decodes as
+    transformers' ``clean_up_tokenization_spaces=True`` (" ?" -> "?"); `decode_situations` gives
+    them the situations decoded back from the policy's input ids (the original's `query/text`)
+    instead of the data file's text.
     """
 
     def __init__(self, tokenizer, policy_graphdef, value_graphdef, reward_fn, mesh, *,
                  max_new_tokens: int, temperature: float = 0.7, top_k: int = 0,
-                 top_p: float = 0.6, min_new_tokens: int = MIN_QUESTION_TOKENS):
+                 top_p: float = 0.6, min_new_tokens: int = MIN_QUESTION_TOKENS,
+                 clean_up_spaces: bool = False, decode_situations: bool = False):
         self.tokenizer, self.reward_fn, self.mesh = tokenizer, reward_fn, mesh
+        self.clean_up_spaces, self.decode_situations = bool(clean_up_spaces), bool(decode_situations)
         self.sampling = dict(max_new_tokens=int(max_new_tokens), min_new_tokens=int(min_new_tokens),
                              temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
         self._rng = _takes_rng(reward_fn)
@@ -107,13 +115,30 @@ class RolloutSampler:
         self.scorer = jax.jit(make_rollout_scorer(policy_graphdef, value_graphdef))
         self.ref_nll = jax.jit(make_reference_nll(policy_graphdef))
 
+    def decode(self, ids) -> list[str]:
+        """The text of each row of host-local `ids` [b, L], cleaned up when `clean_up_spaces`."""
+        texts = self.tokenizer.decode_batch(ids)
+        return [text_lib.clean_up_tokenization(t) for t in texts] if self.clean_up_spaces else texts
+
+    def situations(self, batch, texts) -> list[str]:
+        """The situations of `batch`'s rows as the reward models read them: `texts[index]` (the
+        data file's), or with `decode_situations` the policy's input ids after the tokens of its
+        "question:" prefix, decoded (`decode`)."""
+        if not self.decode_situations:
+            return [texts[j] for j in batch["index"]]
+        ids = np.asarray(batch["input_ids"])
+        prefix, mask = self.tokenizer.encode_batch([text_lib.POLICY_PREFIX.strip()], 16)
+        k = int(mask[0].sum()) - 1  # without EOS
+        if ids.shape[1] > k and np.all(ids[:, :k] == prefix[0, :k]):
+            ids = ids[:, k:]  # a vocabulary without ":" would not decode the prefix back
+        return [text_lib.strip_policy_prefix(t) for t in self.decode(ids)]
+
     def questions(self, params, batch, key, *, greedy: bool = False):
         """(ids, mask on the mesh, `decoding.Generation`, decoded questions of this host's rows)."""
         ids, mask = sharding_lib.shard_batch((batch["input_ids"], batch["input_mask"]), self.mesh)
         gen = decoding.generate(merge_model(self.graphdef, params), ids, mask, rng=key,
                                 greedy=greedy, **self.sampling)
-        texts = self.tokenizer.decode_batch(host_rows(gen.tokens, self.mesh))
-        return ids, mask, gen, texts
+        return ids, mask, gen, self.decode(host_rows(gen.tokens, self.mesh))
 
     def rewards(self, situations, questions, key, normalizer=None) -> dict[str, np.ndarray]:
         """`reward_fields` of the reward function's output, plus "reward" =

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from clarifyjax.models.t5 import T5, T5Config
+from clarifyjax.models.state import honours_precision
 from clarifyjax.models.t5_layers import make_param
 
 
@@ -52,11 +53,12 @@ class ValueModel(nnx.Module):
         trunk = nnx.merge(graphdef, jax.tree.map(lambda x: jnp.array(x, copy=True), state))
         return cls(model.config, rngs=nnx.Rngs(seed), trunk=trunk, head_init=head_init)
 
+    @honours_precision
     def __call__(self, input_ids: jax.Array, attention_mask: jax.Array,
                  decoder_input_ids: jax.Array) -> jax.Array:
         """input_ids/attention_mask [b, s], decoder_input_ids [b, t] (shifted right)
         -> values [b, t] float32. Only the decoder's hidden states are computed (no vocabulary
-        projection)."""
+        projection). Matmuls at the trunk's ``config.precision``."""
         t5 = self.trunk
         encoded = t5.encode(input_ids, attention_mask)
         hidden = t5.decoder(t5.embed(decoder_input_ids), encoded, attention_mask, None)

@@ -94,6 +94,21 @@ def ensure_period(text: str) -> str:
     return text if text.endswith(".") else text + "."
 
 
+# transformers' `PreTrainedTokenizerBase.clean_up_tokenization` (the same ten rules in 4.9.1, which
+# the original ran, and today), in its order: what `batch_decode(clean_up_tokenization_spaces=True)`
+# does to a decoded text.
+_CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
+             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
+
+
+def clean_up_tokenization(text: str) -> str:
+    """`text` as transformers' ``clean_up_tokenization_spaces=True`` leaves it: the space before
+    . ? ! , and before the contractions n't 'm 's 've 're removed, " ' " made "'"."""
+    for old, new in _CLEAN_UP:
+        text = text.replace(old, new)
+    return text
+
+
 def strip_policy_prefix(text: str) -> str:
     """Remove a leading "question: " (the policy's prefix) and surrounding whitespace.
 

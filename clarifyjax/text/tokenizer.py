@@ -377,16 +377,18 @@ class CausalTokenizer:
             return self._tok.apply_chat_template(list(prompt), tokenize=False,
                                                  add_generation_prompt=True)
 
-    def encode(self, prompt, chat_template: str = "model") -> list[int]:
+    def encode(self, prompt, chat_template: str = "model", raw_bos: bool = True) -> list[int]:
         """Token ids of a prompt. A model's chat template writes its own BOS (as
         `apply_chat_template(tokenize=True)` leaves special tokens out), so it is not added twice;
-        a raw prompt and a vicuna_v1.1 chat get the tokenizer's default special tokens, as
-        FastChat and `pipeline` tokenize them."""
+        a vicuna_v1.1 chat gets the tokenizer's default special tokens, as FastChat tokenizes it,
+        and so does a raw prompt unless `raw_bos` is False (transformers' text-generation
+        `pipeline` tokenized raw prompts with `add_special_tokens=False` until 4.43)."""
         text = self.render(prompt, chat_template)
         check_encodable([text])
         own_template = not isinstance(prompt, str) and chat_template == "model"
+        special = not own_template and (raw_bos or not isinstance(prompt, str))
         with self._lock:
-            return list(self._tok(text, add_special_tokens=not own_template)["input_ids"])
+            return list(self._tok(text, add_special_tokens=special)["input_ids"])
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of generated ids, special tokens left out."""

@@ -27,7 +27,8 @@ from clarifyjax.text.tokenizer import Tokenizer
 def t5_config_from_spec(model_cfg) -> T5Config:
     """The T5Config of a tiny random model (``model.tiny``): no dropout unless the config says."""
     return T5Config(**model_cfg.tiny.t5_kwargs(), dtype=model_cfg.dtype,
-                    param_dtype=model_cfg.param_dtype, dropout_rate=model_cfg.dropout_rate or 0.0)
+                    param_dtype=model_cfg.param_dtype, dropout_rate=model_cfg.dropout_rate or 0.0,
+                    precision=model_cfg.precision)
 
 
 def with_dropout(config: T5Config, model_cfg) -> T5Config:
@@ -43,7 +44,8 @@ def t5_config(model_cfg, hf: dict) -> T5Config:
     if model_cfg.tiny is not None:
         return t5_config_from_spec(model_cfg)
     return with_dropout(T5Config.from_hf(hf, dtype=model_cfg.dtype,
-                                         param_dtype=model_cfg.param_dtype), model_cfg)
+                                         param_dtype=model_cfg.param_dtype,
+                                         precision=model_cfg.precision), model_cfg)
 
 
 def abstract_model(kind: str, config: T5Config, mesh, rules) -> tuple[Any, Any]:
@@ -70,7 +72,7 @@ def build_t5(model_cfg, *, seed: int, mesh, rules, tokenizer: Tokenizer | None =
         return config, sharding_lib.create_sharded(lambda: T5(config, rngs=nnx.Rngs(seed)),
                                                    mesh, rules)
     loaded, model = load_t5(model_cfg.init, dtype=model_cfg.dtype, mesh=mesh, rules=rules,
-                            param_dtype=model_cfg.param_dtype)
+                            param_dtype=model_cfg.param_dtype, precision=model_cfg.precision)
     check_vocab(loaded)
     config = with_dropout(loaded, model_cfg)
     if config != loaded:
@@ -91,7 +93,8 @@ def build_classifier(model_cfg, *, mesh, rules, num_labels: int = 2, where: str 
 
     try:
         model = load_classifier(model_cfg.init, dtype=model_cfg.dtype,
-                                param_dtype=model_cfg.param_dtype, mesh=mesh, rules=rules)
+                                param_dtype=model_cfg.param_dtype, mesh=mesh, rules=rules,
+                                precision=model_cfg.precision)
         tokenizer = load_encoder_tokenizer(model_cfg.init, model_cfg.max_input_length,
                                            vocab_size=model.config.vocab_size)
     except (CheckpointError, OSError) as e:
@@ -101,6 +104,11 @@ def build_classifier(model_cfg, *, mesh, rules, num_labels: int = 2, where: str 
                           f"{list(model.config.labels)}; the discriminator needs {num_labels} "
                           "(0 irrelevant, 1 relevant)", key=f"{where}.init")
     return model, tokenizer
+
+
+def build_value(cfg, trunk: T5) -> ValueModel:
+    """The value model on `trunk` with a new head (seeded from ``run.seed``, ``value.head_init``)."""
+    return ValueModel.from_t5(trunk, seed=cfg.run.seed + 2, head_init=cfg.value.head_init)
 
 
 class PPOModels(NamedTuple):
@@ -132,7 +140,7 @@ def build_ppo_models(cfg, mesh, rules, tokenizer: Tokenizer) -> PPOModels:
                               "policy's")
     trunk = policy if cfg.value.model is None else build_t5(
         cfg.value.model, seed=seed + 1, mesh=mesh, rules=rules, where="value.model")[1]
-    value = ValueModel.from_t5(trunk, seed=seed + 2, head_init=cfg.value.head_init)  # a new head
+    value = build_value(cfg, trunk)
     value_graphdef, value_params = split_model(value)
     value_params = jax.device_put(value_params, nnx.to_pure_dict(sharding_lib.model_shardings(
         nnx.state(value), mesh, rules)))

@@ -112,6 +112,16 @@ def _due(step: int, every: int, total: int) -> bool:
     return bool(every) and (step % every == 0 or step == total)
 
 
+def _eval_due(step: int, cfg) -> bool:
+    """Whether a PPO run evaluates after `step` updates (0: before the first), as
+    ``ppo.eval_schedule`` says: before_training at 0, every ``run.eval_every`` and the last;
+    after_first_update after updates 1, 1 + eval_every, ... (the original's schedule)."""
+    every = cfg.run.eval_every
+    if cfg.ppo.eval_schedule == "after_first_update":
+        return bool(every) and step >= 1 and (step - 1) % every == 0
+    return bool(every) and (step == 0 or _due(step, every, cfg.run.steps))
+
+
 def _checkpoint(ckpt, guard, step: int, total: int, state, extra: Callable[[], dict]) -> bool:
     """Save when due, at the last step or on a stop request (SIGTERM); True: stop now."""
     stop = guard.should_stop(step)
@@ -289,7 +299,9 @@ def _sampler(cfg, tokenizer, m: builders.PPOModels, reward_fn, mesh) -> RolloutS
     return RolloutSampler(tokenizer, m.graphdef, m.value_graphdef,
                           reward_fn if reward_fn is not None else build_reward_fn(cfg), mesh,
                           max_new_tokens=h.max_question_length, temperature=h.temperature,
-                          top_k=h.top_k, top_p=h.top_p)
+                          top_k=h.top_k, top_p=h.top_p,
+                          clean_up_spaces=h.clean_up_tokenization_spaces,
+                          decode_situations=h.reward_situations == "decoded")
 
 
 def _situations(cfg, tokenizer) -> tuple[Any, Any]:
@@ -348,9 +360,9 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
     """ClarifyDelphi's PPO for a `PPOConfig` (Algorithm 1).
 
     reward_fn(situations, questions) -> raw rewards [b] (or an object with ``.reward``); default:
-    the config's `RewardPipeline`. Returns {"step", "history" (logged train metrics), "eval"
-    (last), "first_eval" and their per-situation "eval_rows" / "first_eval_rows", "normalizer",
-    "state" (the final `ppo.PPOState`), "output_dir", "final", "stopped", "program"}.
+    the config's `RewardPipeline`. Returns {"step", "history" (logged train metrics), "eval" (last),
+    "first_eval" (at step 0, if `_eval_due`) and their per-situation "eval_rows" / "first_eval_rows",
+    "normalizer", "state" (the final `ppo.PPOState`), "output_dir", "final", "stopped", "program"}.
     """
     say = say_through(None)
     run_dir, mesh, rules = _start(cfg, "ppo", say)
@@ -386,14 +398,14 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
             _say_top_questions(say, metrics, rows)
             return metrics
 
-        if dev_ds is not None and cfg.run.eval_every and step == 0:
+        if dev_ds is not None and step == 0 and _eval_due(0, cfg):
             result["first_eval"] = evaluate(0)
         bar = metrics_log.progress(cfg.run.steps, step, progress)
         say = say_through(bar)
         while step < cfg.run.steps:
             rng, k_sample, k_update = jax.random.split(jax.random.wrap_key_data(state["rng"]), 3)
             batch = {k: np.repeat(v, group, axis=0) for k, v in next(batches).items()}
-            situations = [train_ds.texts["situation"][j] for j in batch["index"]]
+            situations = sampler.situations(batch, train_ds.texts["situation"])
             # sample questions, reward them (normalized), score them: log-probs, values
             rollout, questions, fields, times = sampler.rollout(
                 state["ppo"], m.ref_params, batch, situations, k_sample, normalizer, group)
@@ -408,7 +420,7 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
                 result["history"].append({"step": step, **row})
             if cfg.run.sample_every and step % cfg.run.sample_every == 0:
                 _say_samples(say, step, situations, questions, fields["raw_reward"])
-            if dev_ds is not None and _due(step, cfg.run.eval_every, cfg.run.steps):
+            if dev_ds is not None and _eval_due(step, cfg):
                 result["eval"] = evaluate(step)
             if _checkpoint(ckpt, guard, step, cfg.run.steps, state, lambda state=state: {
                     "data": batches.position, "normalizer": normalizer.to_dict(),

@@ -3,11 +3,14 @@ the dev evaluation, reported with its noise and with the signs of a collapsed po
 
 `evaluate_ppo` decodes one question per dev situation (greedy, or sampled as in training with
 ``samples`` > 0 questions per situation, averaged per situation) and rewards it with the run's
-reward function. Beside each mean it reports the standard error over the dev situations, and it
-keeps the per-situation rewards (`rows`), so that the gain of the trained policy over its start
-is a paired difference on the same situations (`rl.diagnostics.paired_gain`). It also counts the
-distinct questions, their length, and the share of situations that received the single most
-common one: a policy that asks "What are you?" of everything is named as such.
+reward function. The reference's NLL of the questions is reported per token (``eval/ref_nll``)
+and, as the original's "perplexity", summed over each question and averaged over the questions
+(``eval/ref_nll_per_question``). Beside each mean it reports the standard error over the dev
+situations, and it keeps the per-situation rewards (`rows`), so that the gain of the trained
+policy over its start is a paired difference on the same situations
+(`rl.diagnostics.paired_gain`). It also counts the distinct questions, their length, and the
+share of situations that received the single most common one: a policy that asks "What are you?"
+of everything is named as such.
 """
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ def fit_normalizer(cfg, sampler, params, dataset, say) -> RewardNormalizer:
         batch = next(it)
         k_sample, k_reward = jax.random.split(jax.random.fold_in(key, i))
         _, _, _, questions = sampler.questions(params, batch, k_sample)
-        fields = sampler.rewards([dataset.texts["situation"][j] for j in batch["index"]],
+        fields = sampler.rewards(sampler.situations(batch, dataset.texts["situation"]),
                                  questions, k_reward)
         raw.append(fields["raw_reward"])
         valid.append(fields.get("valid", np.ones(len(questions), bool)))
@@ -63,7 +66,8 @@ def _draw(sampler, params, ref_params, batch, situations, keep, key, greedy: boo
     s, n = sampler.ref_nll(ref_params, ids, mask, gen.tokens, gen.mask * rows)
     valid = fields.get("valid", np.ones(len(keep), bool))
     out = {"raw": fields["raw_reward"][keep], "valid": valid[keep], "nll": float(s),
-           "tokens": float(n), "questions": [q for q, k in zip(questions, keep) if k]}
+           "tokens": float(n), "rows": float(all_hosts(keep).sum()),
+           "questions": [q for q, k in zip(questions, keep) if k]}
     if "jsd" in fields:
         out["jsd"] = np.asarray(fields["jsd"])[keep]
     if all(k in fields for k in ("p_base", "p_weak", "p_strong")):
@@ -77,8 +81,9 @@ def evaluate_ppo(sampler: RolloutSampler, params, ref_params, dataset, *, batch_
                  normalizer, key, samples: int = 0, rows: dict | None = None) -> dict[str, float]:
     """The policy's questions for the dev situations, rewarded: mean raw and normalized reward
     and JSD with their standard errors over the situations, judgment flip rate (when the reward
-    function reports judge distributions), reference NLL per token, and the questions' statistics
-    (distinct, mean words, the share of the single most common one).
+    function reports judge distributions), reference NLL per token and per question (summed over
+    its tokens, the original's "perplexity"), and the questions' statistics (distinct, mean words,
+    the share of the single most common one).
 
     `samples` 0: one greedy question per situation; k > 0: k questions sampled as in training,
     each situation's reward their mean. `rows`, when given, receives the per-situation arrays
@@ -87,7 +92,7 @@ def evaluate_ppo(sampler: RolloutSampler, params, ref_params, dataset, *, batch_
     draws: list[list[dict]] = []
     for i, batch in enumerate(data_lib.eval_batches(dataset, batch_size)):
         keep = batch["example_mask"].astype(bool)
-        situations = [dataset.texts["situation"][j] for j in batch["index"]]
+        situations = sampler.situations(batch, dataset.texts["situation"])
         draws.append([_draw(sampler, params, ref_params, batch, situations, keep,
                             jax.random.fold_in(jax.random.fold_in(key, i), d), greedy=samples == 0)
                       for d in range(max(samples, 1))])
@@ -102,6 +107,8 @@ def evaluate_ppo(sampler: RolloutSampler, params, ref_params, dataset, *, batch_
     metrics = {"eval/reward_raw": float(raw.mean()), "eval/reward": mean, "eval/reward_se": se,
                "eval/valid_rate": float(all_hosts(np.concatenate([d["valid"] for d in flat])).mean()),
                "eval/ref_nll": sum(d["nll"] for d in flat) / max(sum(d["tokens"] for d in flat), 1.0),
+               "eval/ref_nll_per_question": sum(d["nll"] for d in flat) / max(
+                   sum(d["rows"] for d in flat), 1.0),
                "eval/question_words": stats["mean_words"], "eval/distinct_questions": stats["distinct"],
                "eval/top_question_share": stats["top_share"]}
     if "jsd" in per:

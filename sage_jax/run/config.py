@@ -1,6 +1,6 @@
 """The config of `sage-jax run` (YAML + ``key=value`` overrides, read by `clarifyjax.config.loader`).
 
-    preset: code                      # or paper (sage_jax.run.prompts)
+    preset: ours                      # or code, paper (sage_jax.run.presets)
     questions: questions.csv          # question_id, question (CSV, TSV or JSONL)
     out: runs/q20
     limit: 20                         # first N questions (null: all)
@@ -14,7 +14,7 @@
         generator: {kind: openai, base_url: http://127.0.0.1:8000/v1, model: llama-2-7b}
     rot:
       generator: {kind: local, model: path/to/vicuna}
-    score: {embedder: null}           # null: all-MiniLM-L6-v2
+    score: {embedder: null}           # null: the preset's (ours: all-MiniLM-L6-v2)
 
 Every number has a range; an unknown key or a bad value is one line naming the key and the file
 (or the override). Nothing here imports JAX.
@@ -30,13 +30,26 @@ from collections.abc import Sequence
 from clarifyjax.config.loader import ConfigError, build_root, read_yaml
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+# The request arguments `sage-jax run` may send to an OpenAI-compatible endpoint (besides model and
+# prompt / messages); `GeneratorConfig.accepts` lists those a target accepts.
+REQUEST_ARGUMENTS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n")
+# Those of them in OpenAI's documented chat-completions request body (platform.openai.com API
+# reference, "Create chat completion"): top_k is not, and OpenAI answers an argument it does not
+# know with 400 "Unrecognized request argument supplied" (not retried).
+OPENAI_CHAT_ARGUMENTS = ("max_tokens", "temperature", "top_p", "seed", "stop", "n")
 
 
 @dataclasses.dataclass(frozen=True)
 class GeneratorConfig:
     """Where texts come from. local: `model` is a causal LM folder; openai: `model` is the
     endpoint's model name at `base_url`; file: `model` is a long-format file and `column` the
-    column of its texts (model_output for answers, rot for rules of thumb)."""
+    column of its texts (model_output for answers, rot for rules of thumb).
+
+    bos (local): add the tokenizer's special tokens (BOS) to a raw prompt; None: the preset's.
+    accepts (openai): the request arguments the endpoint accepts, of `REQUEST_ARGUMENTS`; only
+    these are ever sent. None: `OPENAI_CHAT_ARGUMENTS` for api chat, all of them for api
+    completions (vLLM and `clarifyjax serve` take top_k). A run's config.yaml records what it
+    sent (preset code narrows a chat target's to temperature, as the reference's GPT call)."""
 
     kind: Literal["local", "openai", "file"] = "local"
     model: str = ""
@@ -49,6 +62,8 @@ class GeneratorConfig:
     chat_template: Literal["model", "vicuna_v1.1"] = "model"  # local: how chat prompts are rendered
     dtype: Literal["float32", "bfloat16"] = "float32"
     column: str = "model_output"
+    bos: bool | None = None
+    accepts: tuple[str, ...] | None = None
 
     _bounds: ClassVar = {"concurrency": "[1, 1024]", "timeout_s": "(0, 86400]", "max_retries": "[0, 100]"}
 
@@ -63,19 +78,28 @@ class GeneratorConfig:
             raise ConfigError(f"{at}.api_key_env: must be the name of an environment variable, got a value "
                               "that is not one (the key itself belongs in the environment)",
                               key=f"{at}.api_key_env")
+        unknown = [a for a in self.accepts or () if a not in REQUEST_ARGUMENTS]
+        if unknown:
+            raise ConfigError(f"{at}.accepts: {unknown[0]!r} is not a request argument sage-jax run sends; list "
+                              f"those of {', '.join(REQUEST_ARGUMENTS)} that the endpoint accepts",
+                              key=f"{at}.accepts")
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-    """None: the preset's value (top_k, max_new_tokens), else the model's own default."""
+    """None: the preset's value (sage_jax.run.presets). A run's config.yaml holds the values it
+    used, per stage and model. max_total_tokens: prompt + new tokens, as transformers'
+    `max_length` (the reference's paraphrase call); a local generator counts the prompt's tokens,
+    an endpoint gets max_new_tokens."""
 
     max_new_tokens: int | None = None
+    max_total_tokens: int | None = None
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
 
-    _bounds: ClassVar = {"max_new_tokens": "[1, 32768]", "temperature": "[0, 100]", "top_k": ">= 1",
-                         "top_p": "(0, 1]"}
+    _bounds: ClassVar = {"max_new_tokens": "[1, 32768]", "max_total_tokens": "[2, 65536]",
+                         "temperature": "[0, 100]", "top_k": ">= 0", "top_p": "(0, 1]"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,12 +169,18 @@ class StageConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ScoreConfig:
-    embedder: str | None = None  # sentence-transformers folder; None: all-MiniLM-L6-v2
+    """The scoring models: a folder, a Hugging Face name found in the local cache, or
+    all-MiniLM-L6-v2 (the offline package). None: the preset's (code: the reference's
+    sentence-transformers/stsb-distilroberta-base-v2, and bert-base-uncased at layer 9 for
+    BERTScore; ours: all-MiniLM-L6-v2 for both); a BERTScore layer left None with a model given is
+    bert-score's default layer for it, else its last."""
+
+    embedder: str | None = None
     alpha: float = 10.0
     blend_weight: float = 0.8
     bertscore: bool = True
-    bertscore_model: str | None = None  # BERT / RoBERTa folder (the reference: bert-base-uncased); None: embedder
-    bertscore_layer: int | None = None  # None: bert-score's default layer for the model, else its last
+    bertscore_model: str | None = None
+    bertscore_layer: int | None = None
     lexical: bool = True
     batch_size: int = 64
 
@@ -179,7 +209,7 @@ class HostsConfig:
 class SageRunConfig:
     questions: str = ""
     out: str = ""
-    preset: Literal["code", "paper"] = "code"
+    preset: Literal["ours", "code", "paper"] = "ours"
     question_id_column: str = "question_id"
     question_column: str = "question"
     limit: int | None = None

@@ -4,11 +4,14 @@ The local one is `clarifyjax.decoding.local_lm.LocalLM`, used as it is.
 
 * `OpenAIGenerator`: any OpenAI-compatible endpoint (vLLM, a hosted API, `clarifyjax serve`)
   through the `openai` package: `/v1/completions` for string prompts, `/v1/chat/completions` for
-  chats. At most `concurrency` requests in flight; a request that fails for a reason worth another
-  try (429, 408, 5xx, a time-out, a dropped connection) is retried up to `max_retries` times with
-  exponential backoff that waits at least what the server's `Retry-After` asks. Prompt i of a call
-  seeded s is sent with seed hash(s, i). The API key comes from the environment variable the config
-  names; it is never part of a message, a log line or an output (`describe` names the variable).
+  chats. Only the request arguments in `accepts` are sent (OpenAI answers an argument it does not
+  know, such as top_k, with a 400 that no retry helps; `config.OPENAI_CHAT_ARGUMENTS` is the
+  default for chat), and of those only the ones a `Sampling` sets; n only when above 1. At most
+  `concurrency` requests in flight; a request that fails for a reason worth another try (429, 408,
+  5xx, a time-out, a dropped connection) is retried up to `max_retries` times with exponential
+  backoff that waits at least what the server's `Retry-After` asks. Prompt i of a call seeded s is
+  sent with seed hash(s, i). The API key comes from the environment variable the config names; it
+  is never part of a message, a log line or an output (`describe` names the variable).
 * `RecordedGenerator`: the texts of an existing long-format file (the published SaGE files),
   looked up by the prompt each row would have been given: published outputs go through the same
   stages and scoring as generated ones.
@@ -28,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Mapping, Sequence
 
 from clarifyjax.text.generator import Completion, Prompt, Sampling, per_prompt
+from sage_jax.run.config import OPENAI_CHAT_ARGUMENTS, REQUEST_ARGUMENTS
 
 # Backoff between retries of one request, in seconds: BACKOFF_BASE * 2**attempt, at most BACKOFF_CAP,
 # and never less than the server's Retry-After (itself capped at RETRY_AFTER_CAP: a server asking
@@ -102,11 +106,18 @@ class OpenAIGenerator:
     """An OpenAI-compatible endpoint; see the module docstring for retries and the key."""
 
     def __init__(self, *, base_url: str, model: str, api: str = "completions", api_key_env: str | None = None,
-                 concurrency: int = 8, timeout_s: float = 120.0, max_retries: int = 5, sleep=time.sleep):
+                 concurrency: int = 8, timeout_s: float = 120.0, max_retries: int = 5, sleep=time.sleep,
+                 accepts: Sequence[str] | None = None):
         import openai
 
         if api not in ("completions", "chat"):
             raise ValueError(f"api must be 'completions' or 'chat', got {api!r}")
+        if accepts is None:
+            accepts = OPENAI_CHAT_ARGUMENTS if api == "chat" else REQUEST_ARGUMENTS
+        unknown = [a for a in accepts if a not in REQUEST_ARGUMENTS]
+        if unknown:
+            raise ValueError(f"accepts: {unknown[0]!r} is not one of {', '.join(REQUEST_ARGUMENTS)}")
+        self.accepts = tuple(accepts)
         self.base_url, self.model, self.api = base_url, model, api
         self.api_key_env, self.concurrency, self.timeout_s, self.max_retries = (
             api_key_env, concurrency, timeout_s, max_retries)
@@ -124,7 +135,7 @@ class OpenAIGenerator:
 
     def describe(self) -> dict:
         return {"kind": "openai", "base_url": self.base_url, "model": self.model, "api": self.api,
-                "api_key_env": self.api_key_env}
+                "api_key_env": self.api_key_env, "accepts": list(self.accepts)}
 
     def _retryable(self, error: Exception) -> bool:
         o = self._openai
@@ -132,15 +143,20 @@ class OpenAIGenerator:
             return True
         return isinstance(error, o.APIStatusError) and (error.status_code >= 500 or error.status_code == 408)
 
+    def arguments(self, n: int, sampling: Sampling, seed: int | None) -> dict:
+        """The request's arguments besides the prompt: those of `accepts` that are set."""
+        if n != 1 and "n" not in self.accepts:
+            raise GenerationError(f"{self.base_url}: {n} samples per prompt need the argument n, which the "
+                                  f"endpoint does not accept (accepts: {list(self.accepts)})")
+        values = {"max_tokens": sampling.max_new_tokens, "temperature": sampling.temperature,
+                  "top_p": sampling.top_p, "top_k": sampling.top_k or None,  # 0: off, not sent
+                  "seed": seed, "stop": list(sampling.stop) or None, "n": n if n != 1 else None}
+        return {k: v for k, v in values.items() if v is not None and k in self.accepts}
+
     def _once(self, prompt: Prompt, n: int, sampling: Sampling, seed: int | None) -> list[Completion]:
-        extra = {"top_k": sampling.top_k} if sampling.top_k else {}  # vLLM's extension; 0 / None: off
-        common = dict(model=self.model, n=n, extra_body=extra or None)
-        for key, value in (("seed", seed), ("max_tokens", sampling.max_new_tokens),
-                           ("temperature", sampling.temperature), ("top_p", sampling.top_p)):
-            if value is not None:
-                common[key] = value
-        if sampling.stop:
-            common["stop"] = list(sampling.stop)
+        common = dict(model=self.model, **self.arguments(n, sampling, seed))
+        if "top_k" in common:  # not an argument of the openai client: vLLM's extension, in the body
+            common["extra_body"] = {"top_k": common.pop("top_k")}
         if self.api == "completions":
             if not isinstance(prompt, str):
                 raise GenerationError(f"{self.base_url}: api completions takes text prompts; this stage "

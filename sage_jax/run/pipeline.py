@@ -8,7 +8,9 @@ Stages (each resumable, see `sage_jax.run.stages`), with what they write under `
     score       report/<model>.answers.csv, scores.json   every process's rows merged
     report      report/table1.md, table1.csv, <model>.per_question.csv, summary.json, PNG
 
-`config.yaml` (the resolved config) and `prompts/` (every template) are written beside them. Every
+`config.yaml` (the resolved config: every setting the preset or a model's generation_config.json
+filled in, per stage and model, as `sage_jax.run.presets.resolve` gives it; it loads back as a
+config that runs the same) and `prompts/` (every template) are written beside them. Every
 output row names its question, paraphrase, model, sample, attempt and prompt. Several models share
 one paraphrase stage and are answered one after the other. Process i of n (`hosts`) takes questions
 i, i + n, ...; the score stage needs every process's rows and merges them.
@@ -22,8 +24,9 @@ from collections.abc import Callable, Sequence
 
 from clarifyjax.config.loader import ConfigError, dump_config
 from clarifyjax.files.textfiles import atomic_write_bytes
+from clarifyjax.text.generator import Sampling, TokenCounter
+from sage_jax.run import presets
 from sage_jax.run import prompts as P
-from clarifyjax.text.generator import Sampling
 from sage_jax.run.config import GeneratorConfig, SageRunConfig, SamplingConfig
 from sage_jax.run.stages import Stage, StageError, Task
 
@@ -86,10 +89,33 @@ def process_share(cfg: SageRunConfig) -> tuple[int, int]:
     return jax.process_index(), jax.process_count()
 
 
-def sampling(cfg: SamplingConfig, *, top_k: int | None, max_new_tokens: int, temperature=None) -> Sampling:
-    return Sampling(max_new_tokens=cfg.max_new_tokens or max_new_tokens,
-                    temperature=cfg.temperature if cfg.temperature is not None else temperature,
-                    top_k=cfg.top_k if cfg.top_k is not None else top_k, top_p=cfg.top_p)
+@dataclasses.dataclass(frozen=True)
+class TotalLength:
+    """A row's sampling when its stage caps prompt + new tokens together (transformers'
+    `max_length`, the reference's paraphrase call): the generator counts the prompt's tokens; one
+    that cannot count (an endpoint) gets `fallback` new tokens."""
+
+    sampling: Sampling
+    total: int
+    fallback: int
+
+    def __call__(self, generator, task) -> Sampling | str:
+        if not isinstance(generator, TokenCounter):
+            return dataclasses.replace(self.sampling, max_new_tokens=self.fallback)
+        try:
+            tokens = generator.count_tokens(task.prompt)
+        except ValueError as e:
+            return f"prompt cannot be encoded: {e}"
+        if tokens >= self.total:
+            return f"prompt of {tokens} tokens leaves no room under max_total_tokens {self.total}"
+        return dataclasses.replace(self.sampling, max_new_tokens=self.total - tokens)
+
+
+def sampling(cfg: SamplingConfig, fallback: int = 512) -> Sampling | TotalLength:
+    """A stage's sampling from its resolved settings (`presets.resolve`: nothing left to a default
+    but what an endpoint is not sent)."""
+    s = Sampling(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+    return TotalLength(s, cfg.max_total_tokens, fallback) if cfg.max_total_tokens else s
 
 
 class Generators:
@@ -113,14 +139,16 @@ def build_generator(cfg: GeneratorConfig, batch_size: int, prompt_of=None):
 
     if cfg.kind == "openai":
         return G.OpenAIGenerator(base_url=cfg.base_url, model=cfg.model, api=cfg.api, api_key_env=cfg.api_key_env,
-                                 concurrency=cfg.concurrency, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
+                                 concurrency=cfg.concurrency, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries,
+                                 accepts=cfg.accepts)
     if cfg.kind == "file":
         from clarifyjax.files.tables import resolve_data_path
 
         return G.RecordedGenerator(resolve_data_path(cfg.model), column=cfg.column, prompt_of=prompt_of)
     from clarifyjax.decoding.local_lm import LocalLM
 
-    return LocalLM(cfg.model, dtype=cfg.dtype, chat_template=cfg.chat_template, batch_size=batch_size)
+    return LocalLM(cfg.model, dtype=cfg.dtype, chat_template=cfg.chat_template, batch_size=batch_size,
+                   raw_bos=True if cfg.bos is None else cfg.bos)
 
 
 def check_generator(cfg: GeneratorConfig | None, at: str) -> None:
@@ -147,9 +175,10 @@ class AnswerPromptOf:
     """The answer prompt a recorded file's row answered (its `paraphrased` column)."""
 
     chat: bool
+    system: str = P.ANSWER_CHAT_SYSTEM
 
     def __call__(self, row) -> object:
-        return P.answer_prompt(row["paraphrased"].strip(), self.chat)
+        return P.answer_prompt(row["paraphrased"].strip(), self.chat, self.system)
 
 
 def rot_prompt_of(row) -> str:
@@ -161,11 +190,13 @@ class Run:
     """One `sage-jax run`: the resolved config, the output folder and the stages."""
 
     def __init__(self, cfg: SageRunConfig, *, generators: Generators | None = None, screen=None, embedder=None):
-        """generators, embedder, and `screen(question, generation, exclude) -> parascore.Screened` (the
-        paraphrase filter): built from the config when None (tests pass their own)."""
-        self.cfg, self.out = cfg, Path(cfg.out)
+        """generators, embedder, and `screen(question, generation, exclude, reference) ->
+        parascore.Screened` (the paraphrase filter): built from the config when None (tests pass
+        their own). `self.cfg` is `cfg` resolved (`presets.resolve`)."""
+        self.given, self.cfg, self.out = cfg, presets.resolve(cfg), Path(cfg.out)
         self.embedder = embedder
-        self.preset = P.PRESETS[cfg.preset]
+        self.preset = presets.PRESETS[cfg.preset]
+        self.reference = self.preset.parsing == "reference"
         self.generators = generators or Generators()
         self._screen = screen
         self.index, self.count = process_share(cfg)
@@ -193,17 +224,22 @@ class Run:
                 check_generator(target.generator, f"models[{i}].generator")
         if "rot" in stages:
             check_generator(cfg.rot.generator, "rot.generator")
-        for key in ("embedder", "bertscore_model"):
-            folder = getattr(cfg.score, key)
-            if "score" in stages and folder is not None and not Path(folder).is_dir():
-                raise ConfigError(f"score.{key}: {folder}: not a folder")
+        if "score" in stages:
+            self.score_folders()
+
+    def score_folders(self) -> dict:
+        """The scoring models' folders (`presets.model_folder`; a name not found is a ConfigError)."""
+        s = self.cfg.score
+        return {"embedder": None if self.embedder is not None else presets.model_folder(s.embedder, "score.embedder"),
+                "bertscore_model": presets.model_folder(s.bertscore_model, "score.bertscore_model")
+                if s.bertscore else None}
 
     # ------------------------------------------------------------------ records
 
     def save_records(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self.out / "config.yaml", dump_config(self.cfg).encode())
-        for name, text in P.templates(self.preset).items():
+        for name, text in P.templates(self.preset.paraphrase_template, self.preset.chat_system).items():
             (self.out / "prompts").mkdir(exist_ok=True)
             atomic_write_bytes(self.out / "prompts" / name, text.encode())
 
@@ -228,20 +264,21 @@ class Run:
 
             s = self.cfg.paraphrase.scorer
             model = load_model(s.model)
-            self._screen = lambda question, generation, exclude: filter_paraphrases(
+            self._screen = lambda question, generation, exclude, reference: filter_paraphrases(
                 question, generation, model=model, layer=s.layer, threshold=self.threshold(), gamma=s.gamma,
-                omega=s.omega, exclude=exclude)
+                omega=s.omega, exclude=exclude, reference=reference)
         return self._screen
 
     def _paraphrase_judge(self, tasks, texts, previous):
         """Each row's candidates screened (numbered lines, copies of the question and repeats of
-        anything kept before dropped, ParaScore at the threshold; the paper's preset is strict),
-        added to what earlier attempts kept, up to `count`."""
+        anything kept before dropped, ParaScore at the threshold; the paper's preset is strict;
+        preset code parses and keeps as the reference did), added to what earlier attempts kept,
+        up to `count`."""
         want, threshold, inclusive = self.cfg.paraphrase.count, self.threshold(), self.preset.parascore_inclusive
         out = []
         for task, text, prev in zip(tasks, texts, previous):
             kept = list(prev["kept"]) if prev else []
-            screened = self.screen()(task.context["question"], text, [k["text"] for k in kept])
+            screened = self.screen()(task.context["question"], text, [k["text"] for k in kept], self.reference)
             passing = [p for p in screened.kept if P.passes(p.score, threshold, inclusive)]
             kept += [{"text": p.text, "parascore": p.score} for p in passing[:max(0, want - len(kept))]]
             ok = len(kept) >= want
@@ -265,11 +302,11 @@ class Run:
             folder.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(folder / "rows.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
             return rows
-        tasks = [Task((q.question_id, -1, PARAPHRASER, 0), P.paraphrase_prompt(self.preset, q.question),
+        tasks = [Task((q.question_id, -1, PARAPHRASER, 0),
+                      P.paraphrase_prompt(self.preset.paraphrase_template, q.question),
                       {"question_id": q.question_id, "question": q.question})
                  for q in questions]
-        s = sampling(cfg.sampling, top_k=self.preset.paraphrase_top_k,
-                     max_new_tokens=self.preset.paraphrase_max_new_tokens)
+        s = sampling(cfg.sampling, self.preset.paraphrase_max_new_tokens)
         stage = self._stage("paraphrase", folder, tasks, {
             "questions": [(q.question_id, q.question) for q in questions], "generator": cfg.generator,
             "scorer": cfg.scorer, "sampling": s, "count": cfg.count, "threshold": self.threshold(),
@@ -316,16 +353,14 @@ class Run:
                 continue
             for i, k in enumerate(row["kept"][:self.cfg.paraphrase.count]):
                 for sample in range(settings.samples):
-                    prompt = P.answer_prompt(k["text"], target.chat)
+                    prompt = P.answer_prompt(k["text"], target.chat, self.preset.chat_system)
                     tasks.append(Task((row["question_id"], i, target.name, sample), prompt,
                                       {"question_id": row["question_id"], "question": row["question"],
                                        "paraphrase": k["text"], "parascore": k["parascore"], "sample": sample}))
-        s = sampling(dataclasses.replace(settings.sampling, **{f: getattr(target.sampling, f) for f in (
-            "max_new_tokens", "temperature", "top_k", "top_p") if getattr(target.sampling, f) is not None}),
-            top_k=self.preset.answer_top_k, max_new_tokens=self.preset.answer_max_new_tokens,
-            temperature=0.8 if target.chat else None)  # the reference's GPT temperature
-        return self._text_stage("answer", target, tasks, target.generator, settings, s, P.parse_answer, "answer",
-                                AnswerPromptOf(target.chat))
+        s = sampling(target.sampling)  # resolved: the shared answer sampling, the target's own, the preset's
+        parse = P.parse_chat_answer if target.chat else (lambda text: P.parse_answer(text, self.reference))
+        return self._text_stage("answer", target, tasks, target.generator, settings, s, parse, "answer",
+                                AnswerPromptOf(target.chat, self.preset.chat_system))
 
     def rot(self, target) -> list[dict]:
         settings = self.cfg.rot
@@ -334,9 +369,9 @@ class Run:
                       {"question_id": r["question_id"], "question": r["question"], "paraphrase": r["paraphrase"],
                        "parascore": r["parascore"], "sample": r["sample"]})
                  for r in self.finished_rows("answer", target.name) if r["status"] == "ok"]
-        s = sampling(settings.sampling, top_k=self.preset.rot_top_k, max_new_tokens=self.preset.rot_max_new_tokens)
-        return self._text_stage("rot", target, tasks, settings.generator, settings, s, P.parse_rot, "rot",
-                                rot_prompt_of)
+        s = sampling(settings.sampling)
+        return self._text_stage("rot", target, tasks, settings.generator, settings, s,
+                                lambda text: P.parse_rot(text, self.reference), "rot", rot_prompt_of)
 
     # ------------------------------------------------------------------ all
 

@@ -67,16 +67,18 @@ def _key(record: dict) -> tuple:
     return tuple(record[k] for k in KEY_FIELDS)
 
 
-def _unfit(generator, tasks: Sequence[Task], sampling) -> dict[int, str]:
+def _unfit(generator, tasks: Sequence[Task], samplings) -> dict[int, str]:
     """Rows whose prompt the generator can tell will not fit its context (a `TokenCounter`): they
     fail at once, with the reason, instead of stopping the stage."""
     from clarifyjax.text.generator import TokenCounter
 
+    out = {i: s for i, s in enumerate(samplings) if isinstance(s, str)}  # a sampling rule's reason
     if not isinstance(generator, TokenCounter):
-        return {}
-    budget = sampling.max_new_tokens or 0
-    out = {}
-    for i, task in enumerate(tasks):
+        return out
+    for i, (task, sampling) in enumerate(zip(tasks, samplings)):
+        if i in out:
+            continue
+        budget = sampling.max_new_tokens or 0
         try:
             tokens = generator.count_tokens(task.prompt)
         except ValueError as e:
@@ -150,7 +152,8 @@ class Stage:
             describe: str = "") -> list[dict]:
         """The final rows, in task order: from rows.jsonl when the stage finished before, else by
         generating (what batches a killed run left are replayed first). `generator_fn()` builds
-        the generator only when a row is left to generate."""
+        the generator only when a row is left to generate. `sampling`: a `Sampling`, or
+        `sampling(generator, task)` giving a row's own (or a str: why the row cannot run)."""
         self._start()
         if self.finished():
             return self.rows()
@@ -200,10 +203,12 @@ class Stage:
                 generator = generator or generator_fn()
                 tasks = [by_key[key] for key in batch]
                 tries = [attempts.get(key, 0) for key in batch]
-                unfit = _unfit(generator, tasks, sampling)  # row index -> why (no attempt can change it)
+                settings = [sampling(generator, t) if callable(sampling) else sampling for t in tasks]
+                unfit = _unfit(generator, tasks, settings)  # row index -> why (no attempt can change it)
                 asked = [t for i, t in enumerate(tasks) if i not in unfit]
+                chosen = [s for i, s in enumerate(settings) if i not in unfit]
                 try:
-                    outputs = generator.complete([t.prompt for t in asked], sampling, n,
+                    outputs = generator.complete([t.prompt for t in asked], chosen, n,
                                                  batch_seed(self.seed, self.name + describe, k)) if asked else []
                 except Exception as e:
                     raise StageError(f"stage {self.name}{describe}: {e}; {len(final)} of {len(self.tasks)} rows "

@@ -70,7 +70,7 @@ def fake_screen(threshold: float = -10.0):
     the filter's own parsing and drop rules, the fake's scores (the run applies its threshold)."""
     from sage_jax import parascore
 
-    def screen(question, generation, exclude):
+    def screen(question, generation, exclude, reference=False):
         real = parascore.parascore
 
         def scores(sources, candidates, references=None, **_):
@@ -79,7 +79,7 @@ def fake_screen(threshold: float = -10.0):
         parascore.parascore = scores
         try:
             return parascore.filter_paraphrases(question, generation, model=None, threshold=threshold,
-                                                exclude=exclude)
+                                                exclude=exclude, reference=reference)
         finally:
             parascore.parascore = real
 

@@ -43,7 +43,7 @@ from clarifyjax.models.hf.t5_map import check_t5_tensors, resolve_config, t5_ten
 
 def load_t5(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str | None = None,
             mesh: jax.sharding.Mesh | None = None, rules=None,
-            allow_pickle: bool = False) -> tuple[T5Config, T5]:
+            allow_pickle: bool = False, precision: str = "default") -> tuple[T5Config, T5]:
     """Read a Hugging Face T5 folder (config.json + model.safetensors or a sharded index).
 
     Args:
@@ -51,6 +51,7 @@ def load_t5(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
       mesh, rules: place every parameter on `mesh` by the logical axis `rules`
         (default `clarifyjax.core.sharding.DEFAULT_RULES`), reading per device only its slice.
       allow_pickle: accept a folder that holds only `pytorch_model.bin` (a pickle).
+      precision: of the model's matmuls (`T5Config.precision`).
     Raises:
       CheckpointError: a missing folder/config/tensor, a wrong shape (names the tensor and both
         shapes), an unknown config value (names the field), tensors the config does not explain.
@@ -58,7 +59,7 @@ def load_t5(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
     source = TensorSource(path, allow_pickle=allow_pickle)  # checks the folder, refuses pickles
     folder = source.folder
     config = resolve_config(folder, read_config(folder), source, dtype=dtype,
-                             param_dtype=param_dtype or dtype)
+                             param_dtype=param_dtype or dtype, precision=precision)
     maps = t5_tensor_maps(config)
     check_t5_tensors(folder, source, maps, config.tie_word_embeddings)
 
@@ -87,7 +88,7 @@ def save_t5(model: T5, config: T5Config, path: str | os.PathLike, *,
     """
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"save_t5: dtype {dtype!r}; allowed: float32, bfloat16, float16")
-    structural = ("dtype", "param_dtype")
+    structural = ("dtype", "param_dtype", "precision")
     mine = {k: v for k, v in dataclasses.asdict(model.config).items() if k not in structural}
     given = {k: v for k, v in dataclasses.asdict(config).items() if k not in structural}
     if mine != given:
@@ -124,11 +125,11 @@ def load_encoder(path, *, dtype: str = "float32", param_dtype: str = "float32",
 
 def load_sequence_classifier(path, *, dtype: str = "float32", param_dtype: str = "float32",
                              allow_pickle: bool = False, mesh=None,
-                             rules=None) -> SequenceClassifier:
+                             rules=None, precision: str = "default") -> SequenceClassifier:
     """A `SequenceClassifier` from a Hugging Face `BertForSequenceClassification` or
     `RobertaForSequenceClassification` folder; labels come from config.json `id2label`;
-    `mesh`, `rules` as `load_encoder`."""
-    config = read_encoder_config(path, dtype=dtype, param_dtype=param_dtype)
+    `mesh`, `rules` as `load_encoder`; `precision`: of its matmuls (`EncoderConfig.precision`)."""
+    config = read_encoder_config(path, dtype=dtype, param_dtype=param_dtype, precision=precision)
     if config.num_labels < 1:
         raise CheckpointError(f"{path}/config.json has no 'id2label' or 'num_labels': not a "
                               "sequence-classification checkpoint")
@@ -216,11 +217,11 @@ def load_deberta(path, *, dtype: str = "float32", param_dtype: str = "float32",
 
 def load_deberta_sequence_classifier(path, *, dtype: str = "float32",
                                      param_dtype: str = "float32", allow_pickle: bool = False,
-                                     mesh=None, rules=None):
+                                     mesh=None, rules=None, precision: str = "default"):
     """A `deberta.DebertaSequenceClassifier` from a `DebertaV2ForSequenceClassification` folder
-    (ContextPooler + classifier); labels from config.json `id2label`; the rest as
-    `load_deberta`."""
-    config = read_deberta_config(path, dtype=dtype, param_dtype=param_dtype)
+    (ContextPooler + classifier); labels from config.json `id2label`; `precision` as
+    `load_sequence_classifier`; the rest as `load_deberta`."""
+    config = read_deberta_config(path, dtype=dtype, param_dtype=param_dtype, precision=precision)
     if config.num_labels < 1:
         raise CheckpointError(f"{path}/config.json has no 'id2label' or 'num_labels': not a "
                               "sequence-classification checkpoint")
@@ -246,13 +247,14 @@ def load_question_answering(path, *, dtype: str = "float32", param_dtype: str = 
 
 
 def load_classifier(path, *, dtype: str = "float32", param_dtype: str = "float32", mesh=None,
-                    rules=None):
+                    rules=None, precision: str = "default"):
     """A sequence classifier by config.json `model_type`: `load_deberta_sequence_classifier`
     for "deberta-v2", else `load_sequence_classifier` (BERT / RoBERTa; any other model_type is
-    refused there, naming the field)."""
+    refused there, naming the field); `precision`: of its matmuls."""
     load = (load_deberta_sequence_classifier if read_config(path).get("model_type") == "deberta-v2"
             else load_sequence_classifier)
-    return load(path, dtype=dtype, param_dtype=param_dtype, mesh=mesh, rules=rules)
+    return load(path, dtype=dtype, param_dtype=param_dtype, mesh=mesh, rules=rules,
+                precision=precision)
 
 
 def _classifier_tensors(model) -> dict[str, np.ndarray]:
