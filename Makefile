@@ -38,7 +38,7 @@ demo: setup
 # PYTEST_WORKERS=0 runs them in this process.
 PYTEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # pyflakes, pycodestyle, bugbear and pyupgrade over the whole tree ([tool.ruff] in pyproject.toml).
 lint: $(STAMP)
@@ -47,12 +47,12 @@ lint: $(STAMP)
 # For iteration: everything but the tests marked slow, child (starts processes), e2e (whole
 # commands) and reference (PyTorch / reference packages); markers derived in tests/helpers/tiers.py.
 test-fast: setup
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile \
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder \
 	  -m "not slow and not child and not e2e and not reference" $(PYTEST_ARGS)
 
 # The whole suite, writing each test's time (and its tier) to tests/durations.json.
 durations: setup
-	CLARIFYJAX_DURATIONS=tests/durations.json $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	CLARIFYJAX_DURATIONS=tests/durations.json $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: setup
 	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done

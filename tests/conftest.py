@@ -15,6 +15,7 @@ __all__ = ["REPO_ROOT", "in_ci", "require", "shared_data", "shared_data_dir"]
 
 def pytest_collection_modifyitems(config, items):
     tiers.mark_items(items)
+    tiers.longest_files_first(items)
 
 
 def pytest_runtest_logreport(report):

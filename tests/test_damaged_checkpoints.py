@@ -43,6 +43,7 @@ DAMAGE = {
 }
 
 
+@pytest.mark.slow  # each resumes a training run: 12-24 s apiece, 8 kinds
 @pytest.mark.parametrize("kind", list(DAMAGE))
 def test_a_damaged_latest_checkpoint_is_set_aside_and_the_run_resumes(base, tmp_path, capsys,
                                                                       kind):

@@ -199,6 +199,7 @@ def test_a_folder_that_is_not_a_classifier_names_the_key(setup, tmp_path):
         load_config(CONFIG, ["model.max_target_length=8"])
 
 
+@pytest.mark.slow  # a run, a kill and a resume: ~45 s
 def test_resume_continues_as_the_uninterrupted_run(setup, tmp_path):
     """Stopped after 3 steps (checkpoint) and restarted for 6: steps 4-6 have the losses of an
     uninterrupted 6-step run (the classifier's state, RNG and data position come back)."""

@@ -61,6 +61,7 @@ def test_ppo_raises_a_learnable_reward_beyond_its_seeds_spread_and_not_a_noise_r
     assert np.mean(learned) > max(abs(n_low), abs(n_high))
 
 
+@pytest.mark.slow  # two short PPO runs: ~90 s on 2 busy cores
 def test_a_reward_that_only_knows_the_situation_pays_nothing_with_a_group_baseline(tmp_path, spm):
     """A reward that depends on the situation alone says nothing about the questions. With one
     question per situation (the original's rollouts) PPO reads it as a signal and the policy

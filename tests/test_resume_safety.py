@@ -149,6 +149,7 @@ def test_checkpoints_without_a_record_fall_back_to_config_yaml(base, tmp_path, c
     assert "has checkpoints but no recorded config" in out and "cannot be checked" in out
 
 
+@pytest.mark.slow  # resumes a run with every allowed change: ~20 s
 def test_allowed_changes_resume_and_are_recorded_after_the_restore(base, tmp_path, capsys):
     """Every RESUMABLE key of an SFT run changed at once (the mesh too: checkpoints restore into
     any layout); the run continues from step 2 to 3."""

@@ -119,6 +119,7 @@ def test_make_optimizer_variants():
 # ----------------------------------------------------------------------------- the step
 
 
+@pytest.mark.slow  # compiles two training steps: ~30 s
 def test_grad_accumulation_equals_the_whole_batch():
     """Two micro-batches of 4 give the update of one batch of 8 (token-weighted means), a padding
     row (example_mask 0) counts for nothing, and the loss is the model's teacher-forced NLL."""
@@ -163,6 +164,7 @@ def test_stack_micro_batches_pads_to_the_widest():
     assert not out["input_mask"][0, :, 4:].any() and not out["target_mask"][0, :, 3:].any()
 
 
+@pytest.mark.slow  # compiles training steps with dropout: ~23 s
 def test_dropout_step_uses_and_advances_the_rng():
     model = _tiny_t5(dropout=0.3)
     graphdef, params = split_model(model)

@@ -189,6 +189,7 @@ def test_bfloat16_compute_and_params(tmp_path):
             assert out.tokens.shape == (2, 4) and np.isfinite(np.asarray(out.logprobs)).all()
 
 
+@pytest.mark.slow  # compiles the model with and without dropout: ~15 s
 def test_dropout_only_when_asked():
     config = T5Config(**{**TINY, "dropout_rate": 0.5})
     model = random_t5(config)

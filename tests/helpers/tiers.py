@@ -102,7 +102,35 @@ def budget(marks) -> float:
 
 
 def record(report) -> None:
+    """A test phase's time; its tiers come from the report's keywords, so that the controller of an
+    xdist run (which collects nothing itself) knows them too."""
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + float(report.duration)
+    tiers = sorted(set(getattr(report, "keywords", {})) & (set(BUDGETS) - {"fast"}))
+    if tiers or report.nodeid not in _marks:
+        _marks[report.nodeid] = tiers
+
+
+def file_seconds(path: Path = TESTS / "durations.json") -> dict[str, float]:
+    """Each test file's recorded time (tests/durations.json), {} before the first `make durations`."""
+    if not path.exists():
+        return {}
+    totals: dict[str, float] = {}
+    for node, row in json.loads(path.read_text()).items():
+        totals[node.split("::")[0]] = totals.get(node.split("::")[0], 0.0) + row["seconds"]
+    return totals
+
+
+def longest_files_first(items) -> None:
+    """Reorder `items` in place, whole files kept together, by each file's recorded time, longest
+    first (files without a record first of all: they may be slow): with `--dist loadfile
+    --no-loadscope-reorder` the two workers then take the long files first and finish together,
+    instead of one worker running the slowest files alone at the end."""
+    seconds = file_seconds()
+    order = {}
+    for i, item in enumerate(items):
+        order.setdefault(item.nodeid.split("::")[0], i)
+    key = {f: (-seconds.get(f, float("inf")), i) for f, i in order.items()}
+    items.sort(key=lambda item: key[item.nodeid.split("::")[0]])
 
 
 def summary(terminalreporter, config) -> None:
