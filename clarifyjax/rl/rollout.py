@@ -11,6 +11,8 @@ function gave (the JSD), ``reward`` the normalized one that PPO pays at the last
 """
 from __future__ import annotations
 
+import functools
+
 import inspect
 import time
 
@@ -120,16 +122,21 @@ class RolloutSampler:
         texts = self.tokenizer.decode_batch(ids)
         return [text_lib.clean_up_tokenization(t) for t in texts] if self.clean_up_spaces else texts
 
+    @functools.cached_property
+    def _prefix_ids(self) -> np.ndarray:
+        """The token ids of the policy's "question:" prefix, without EOS (encoded once)."""
+        prefix, mask = self.tokenizer.encode_batch([text_lib.POLICY_PREFIX.strip()], 16)
+        return np.asarray(prefix[0, :int(mask[0].sum()) - 1])
+
     def situations(self, batch, texts) -> list[str]:
         """The situations of `batch`'s rows as the reward models read them: `texts[index]` (the
         data file's), or with `decode_situations` the policy's input ids after the tokens of its
         "question:" prefix, decoded (`decode`)."""
         if not self.decode_situations:
             return [texts[j] for j in batch["index"]]
-        ids = np.asarray(batch["input_ids"])
-        prefix, mask = self.tokenizer.encode_batch([text_lib.POLICY_PREFIX.strip()], 16)
-        k = int(mask[0].sum()) - 1  # without EOS
-        if ids.shape[1] > k and np.all(ids[:, :k] == prefix[0, :k]):
+        ids, prefix = np.asarray(batch["input_ids"]), self._prefix_ids
+        k = len(prefix)
+        if ids.shape[1] > k and np.all(ids[:, :k] == prefix):
             ids = ids[:, k:]  # a vocabulary without ":" would not decode the prefix back
         return [text_lib.strip_policy_prefix(t) for t in self.decode(ids)]
 
