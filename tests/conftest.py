@@ -7,8 +7,12 @@ whole command), ``reference`` (compares with PyTorch or a reference package). ``
 deselects them and ``slow``. Each test's time is recorded; ``CLARIFYJAX_DURATIONS=FILE`` writes the
 times to FILE at the end (``make durations``), and the summary names any test over its tier's budget.
 """
-from helpers.env import REPO_ROOT, in_ci, require, shared_data, shared_data_dir
-from helpers import tiers
+from helpers import compile_cache
+
+compile_cache.configure()  # before any test module imports jax
+
+from helpers.env import REPO_ROOT, in_ci, require, shared_data, shared_data_dir  # noqa: E402
+from helpers import tiers  # noqa: E402
 
 __all__ = ["REPO_ROOT", "in_ci", "require", "shared_data", "shared_data_dir"]
 
@@ -24,3 +28,7 @@ def pytest_runtest_logreport(report):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     tiers.summary(terminalreporter, config)
+
+
+def pytest_unconfigure(config):
+    compile_cache.cleanup()

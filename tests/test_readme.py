@@ -121,9 +121,10 @@ def _env(tmp_path: Path) -> dict:
     env["HF_HUB_OFFLINE"] = "1"
     env["JAX_PLATFORMS"] = "cpu"
     # Runs of the same shapes (the resumed run, the answerer and judge like the question model)
-    # reuse compiled programs, as the README's tip says.
-    env["JAX_COMPILATION_CACHE_DIR"] = str(tmp_path / "jax_cache")
-    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0.5"
+    # reuse compiled programs, as the README's tip says: the test run's shared cache
+    # (tests/helpers/compile_cache.py), else one of this module's own.
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax_cache"))
+    env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
     return env
 
 
