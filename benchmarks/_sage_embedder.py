@@ -45,9 +45,10 @@ def matmul_rates(config, rows: int, length: int, repeats: int) -> dict:
     key = iter(jax.random.split(jax.random.PRNGKey(0), 16))
     arr = lambda *shape: jax.random.normal(next(key), shape, jnp.float32)  # noqa: E731
     dot = jax.jit(jnp.dot)
-    scores = jax.jit(lambda q, k: jnp.einsum("bqhk,bshk->bhqs", q, k))
-    context = jax.jit(lambda p, v: jnp.einsum("bhqs,bshk->bqhk", p, v))
-    qkv = arr(rows, length, h, d // h)
+    # the attention products as the encoder runs them (`encoder.SelfAttention`): [b, h, s, k]
+    scores = jax.jit(lambda q, k: jnp.einsum("bhqk,bhsk->bhqs", q, k))
+    context = jax.jit(lambda p, v: jnp.einsum("bhqs,bhsk->bhqk", p, v))
+    qkv = arr(rows, h, length, d // h)
     cases = {  # name: (function, arguments, FLOPs, times per layer)
         "projection [m, d] x [d, d]": (dot, (arr(m, d), arr(d, d)), 2 * m * d * d, 4),
         "mlp in [m, d] x [d, f]": (dot, (arr(m, d), arr(d, f)), 2 * m * d * f, 1),
@@ -91,6 +92,48 @@ def torch_peer(folder, batches, normalize: bool):
     return run
 
 
+def attention_vs_peer(embedder, folder, shape: tuple[int, int], repeats: int) -> dict:
+    """The attention block of layer 0 (self-attention, output projection, residual, LayerNorm:
+    transformers' `BertAttention`) on the same hidden states [rows, length] (the last tenth of
+    each row padding), ours jitted against transformers' (its default SDPA) at the same threads;
+    and the largest difference of their outputs."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+    import transformers
+    from flax import nnx
+
+    rows, length = shape
+    layer = nnx.merge(embedder._graphdef, embedder._state).layers[0]
+    graphdef, state = nnx.split(layer)
+    x = jax.random.normal(jax.random.PRNGKey(1), (rows, length, embedder.config.hidden_size))
+    mask = jnp.arange(length)[None, :] < length - max(1, length // 10)
+    mask = jnp.broadcast_to(mask, (rows, length))
+
+    @jax.jit
+    def ours(state, x, mask):
+        block = nnx.merge(graphdef, state)
+        return block.attention_norm(x + block.attention(x, mask))
+
+    peer = transformers.AutoModel.from_pretrained(str(folder), dtype=torch.float32).eval()
+    block = peer.encoder.layer[0].attention
+    tx = torch.from_numpy(np.asarray(x))
+    additive = (~torch.from_numpy(np.asarray(mask)))[:, None, None, :].float() * torch.finfo(
+        torch.float32).min
+
+    def theirs():
+        with torch.inference_mode():
+            out = block(tx, attention_mask=additive)
+            return out[0] if isinstance(out, tuple) else out
+
+    t_ours, _, got = best_of(lambda: jax.block_until_ready(ours(state, x, mask)), repeats + 1)
+    t_peer, _, want = best_of(theirs, repeats + 1)
+    return {"shape": [rows, length], "ours_s": t_ours, "peer_s": t_peer,
+            "speedup_vs_peer": t_peer / t_ours,
+            "max_abs_diff": float(np.max(np.abs(np.asarray(got) - want.numpy()))),
+            "peer": f"transformers BertAttention ({peer.config._attn_implementation})"}
+
+
 def embed_steps(embedder, texts: list[str], batch_size: int):
     """The embed call in its steps (the same work as `embed()`, timed apart): (seconds per step,
     the padded batches, the vectors)."""
@@ -130,6 +173,7 @@ def bench_embedder(n_questions: int | None, repeats: int, reference_repeats: int
     import torch
 
     from clarifyjax.models.embedder import SentenceEmbedder, default_embedder_path, read_sentence_transformers_folder
+    from clarifyjax.models.encoder import chunk_rows
 
     load_start = load_average()
     texts = pairs_file_texts(n_questions)
@@ -148,13 +192,16 @@ def bench_embedder(n_questions: int | None, repeats: int, reference_repeats: int
     forward = lambda: jax.block_until_ready(  # noqa: E731
         [embedder._pooled(embedder._state, ids, mask) for _, ids, mask in batches])
     median_shape = median_flop_shape(config, batches, padded)  # the matmul rate is measured at it
-    ours_times, forward_times, peer_times, round_rates = [], [], [], []
+    ours_times, forward_times, peer_times, round_rates, run_rates = [], [], [], [], []
     for r in range(max(repeats, reference_repeats)):  # interleaved: the same load for each, the rate too
         ours_times.append(best_of(lambda: embedder.embed(texts, batch_size=batch_size), 1)[0])
         forward_times.append(best_of(forward, 1)[0])
         round_rates.append(matmul_rates(config, *median_shape, repeats=2))
+        run_rates.append(matmul_rates(config, chunk_rows(*median_shape), median_shape[1], repeats=2))
         if r < reference_repeats:
             peer_times.append(best_of(peer, 1)[0])
+    attention = attention_vs_peer(embedder, folder, median_shape, max(repeats, 3))
+    run_rate = max(r["model_shapes_flop_per_s"] for r in run_rates)
     rates = max(round_rates, key=lambda x: x["model_shapes_flop_per_s"])
     rates["model_shapes_flop_per_s_by_round"] = [x["model_shapes_flop_per_s"] for x in round_rates]
     t_ours, t_forward, t_peer = min(ours_times), min(forward_times), min(peer_times)
@@ -173,9 +220,15 @@ def bench_embedder(n_questions: int | None, repeats: int, reference_repeats: int
         "fraction_of_matmul_rate": real / t_ours / rate,
         "fraction_padded_forward": padded / t_forward / rate,
         "fraction_of_square_matmul_rate": real / t_ours / rates["square_1024_flop_per_s"],
+        "run_shapes": f"the forward runs {chunk_rows(*median_shape)} rows at a time "
+                      "(encoder.chunk_rows) on one CPU device; its products' rate at those shapes",
+        "matmul_run_shapes_flop_per_s": run_rate,
+        "fraction_of_matmul_rate_at_run_shapes": real / t_ours / run_rate,
+        "fraction_padded_forward_at_run_shapes": padded / t_forward / run_rate,
         "peer": "transformers AutoModel forward + mean pooling + normalize, same padded batches, "
                 f"torch threads {threads}",
         "peer_forward_s": t_peer, "peer_forward_times_s": peer_times,
         "speedup_forward_vs_peer": t_peer / t_forward,
+        "attention_block": attention,
         "load_average": {"start": load_start, "end": load_average()},
     }

@@ -2,18 +2,29 @@
 transformers on the same weights, with this machine's bounds measured in the same run.
 
 A random Llama-shaped model of ~125M parameters (hidden 768, 12 layers, 12 heads, 4 KV heads,
-MLP 2048, vocab 32,000, untied), float32, batch 16, prompts of 64 tokens, 32 new tokens.
+MLP 2048, vocab 32,000, untied), float32, prompts of 64 tokens, 32 new tokens.
 PyTorch runs with the same thread count as XLA's CPU client (all cores).
 
-* prefill: the jitted `CausalLM.prefill` (prompt -> cache + last logits), its FLOP/s (XLA's
-  cost analysis) as a fraction of the jitted float32 matmul rate;
-* decode: seconds per step = (generate 32 tokens - generate 1 token) / 31, for ours and for
-  `transformers` `generate` (sampling, top_k 0), and against the weight-streaming bound:
-  (bytes of weights + bytes of cache read per step) / the read bandwidth of a jitted reduction
-  over a 1 GiB array;
-* compile times apart.
+* prefill (batch 16): the jitted `CausalLM.prefill` (prompt -> cache + last logits), its FLOP/s
+  (XLA's cost analysis) as a fraction of the jitted float32 matmul rate;
+* decode at each batch of --batches (1, 16, 128): seconds per step = (generate 32 tokens -
+  generate 1 token) / 31, ours (top_k 0 sampling, as transformers' is timed; also greedy and
+  top-k 10) and `transformers` `generate` (sampling, top_k 0), against the step's bounds: the
+  streaming bound, (bytes of the weights a step reads -- every matrix, one row of the input
+  embedding -- + the cache's keys and values at that batch) / the read bandwidth of a jitted
+  reduction over a 1 GiB array, and the matmul bound, the step's FLOPs (2 per multiply-add,
+  XLA's count) at the jitted float32 matmul rate; the fraction is the larger bound over our step;
+* a profile of one step at each batch: the jitted `CausalLM.decode_step` alone, the sampling
+  choice alone (`step.choose_token`, top_k 0) and the bounds, so that what is neither weight nor
+  cache reads shows;
+* the sampling filters at batch 128 over the 32k vocabulary: `filter_logits` with top-k 10,
+  top-p 0.9 and both, the way it runs now (`top_k_values`) and by the bisections of the whole row
+  (the earlier CPU way), each as a fraction of the greedy step at batch 128, on the model's
+  own logits (near-uniform: random weights) and on peaked ones (the same, times 8);
+* compile times apart. The machine is shared: each figure is the best of --repeats runs, and
+  the load average is recorded.
 
-    python benchmarks/causal_lm.py [--batch 16] [--prompt-len 64] [--new-tokens 32]
+    python benchmarks/causal_lm.py [--batches 1 16 128] [--prompt-len 64] [--new-tokens 32]
 """
 from __future__ import annotations
 
@@ -33,7 +44,9 @@ from flax import nnx
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from clarifyjax.core import buckets
-from clarifyjax.decoding import generate
+from clarifyjax.decoding import filter_logits, generate
+from clarifyjax.decoding.api import _loop_settings
+from clarifyjax.decoding.step import choose_token
 from clarifyjax.models.hf import load_causal_lm
 
 
@@ -46,7 +59,7 @@ def read_bytes_per_s(n_bytes: int = 2 ** 30, repeats: int = 10) -> float:
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 128])
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
@@ -102,22 +115,27 @@ def bench_prefill(model, torch_model, ids, mask, cache_len: int, repeats: int) -
 
 
 def bench_decode(model, torch_model, ids, mask, n: int, repeats: int) -> dict:
-    """Seconds per decode step, ours and `transformers` `generate` (sampling, top_k 0):
-    (generate n tokens - generate 1 token) / (n - 1)."""
+    """Seconds per decode step, ours (top_k 0 sampling, greedy, top-k 10) and `transformers`
+    `generate` (sampling, top_k 0): (generate n tokens - generate 1 token) / (n - 1)."""
     jids, jmask = jnp.asarray(ids), jnp.asarray(mask)
     tids, tmask = torch.from_numpy(ids.astype(np.int64)), torch.from_numpy(mask.astype(np.int64))
     key = jax.random.key(0)
 
-    def ours(new):
+    def ours(new, **kw):
         return lambda: generate(model, jids, jmask, rng=key, max_new_tokens=new,
-                                min_new_tokens=new).tokens.block_until_ready()
+                                min_new_tokens=new, **kw).tokens.block_until_ready()
 
     t0 = time.perf_counter()
     ours(n)()
     compile_generate_s = time.perf_counter() - t0
-    ours(1)()
-    ours_n = timeit(ours(n), repeats=repeats, warmup=0)
-    ours_1 = timeit(ours(1), repeats=repeats, warmup=0)
+    steps = {}
+    for name, kw in (("sampling", {}), ("greedy", {"greedy": True}), ("top_k_10", {"top_k": 10})):
+        ours(n, **kw)()
+        ours(1, **kw)()
+        ours_n = timeit(ours(n, **kw), repeats=repeats, warmup=0)
+        ours_1 = timeit(ours(1, **kw), repeats=repeats, warmup=0)
+        steps[name] = (ours_n["best_s"] - ours_1["best_s"]) / (n - 1)
+        steps.setdefault("generate_s", ours_n["best_s"])
 
     def theirs(new):
         def run():
@@ -128,10 +146,91 @@ def bench_decode(model, torch_model, ids, mask, n: int, repeats: int) -> dict:
 
     torch_n = timeit(theirs(n), repeats=repeats)
     torch_1 = timeit(theirs(1), repeats=repeats)
-    return {"ours_step": (ours_n["best_s"] - ours_1["best_s"]) / (n - 1),
+    return {"ours_step": steps["sampling"], "greedy_step": steps["greedy"],
+            "top_k_10_step": steps["top_k_10"],
             "torch_step": (torch_n["best_s"] - torch_1["best_s"]) / (n - 1),
-            "ours_generate_s": ours_n["best_s"], "torch_generate_s": torch_n["best_s"],
+            "ours_generate_s": steps["generate_s"], "torch_generate_s": torch_n["best_s"],
             "compile_s": compile_generate_s}
+
+
+def profile_step(model, batch: int, cache_len: int, repeats: int) -> dict:
+    """One step in pieces: the jitted `decode_step` alone (XLA's FLOP count too) and the
+    sampling choice alone (`choose_token`, top_k 0), on a cache filled to its middle."""
+    graphdef, state = nnx.split(model)
+    cache = model.init_cache(batch, cache_len)
+    cache = cache._replace(index=jnp.int32(cache_len // 2),
+                           positions=jnp.full((batch,), cache_len // 2, jnp.int32))
+    tokens = jnp.ones((batch,), jnp.int32)
+
+    @jax.jit
+    def step(state, tokens, cache):
+        return nnx.merge(graphdef, state).decode_step(tokens, cache)
+
+    compiled = step.lower(state, tokens, cache).compile()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    logits = compiled(state, tokens, cache)[0]
+    settings = _loop_settings(32, 0, False, 1.0, 0, 1.0)
+    choose = jax.jit(lambda x, key: choose_token(x, jnp.int32(1), key, (2,), settings)[:2])
+    key = jax.random.key(0)
+    return {"decode_step_s": timeit(lambda: jax.block_until_ready(compiled(state, tokens, cache)),
+                                    repeats=2 * repeats)["best_s"],
+            "choose_token_s": timeit(lambda: jax.block_until_ready(choose(logits, key)),
+                                     repeats=2 * repeats)["best_s"],
+            "flops": float(cost.get("flops", 0.0)), "logits": logits}
+
+
+def bench_filters(logits, step_s: float, repeats: int) -> dict:
+    """`filter_logits` at [b, V] as it runs now and by the bisections, on `logits` and on
+    peaked ones (x 8), each as a fraction of the step `step_s`."""
+    out = {}
+    for spread, x in (("model_logits", logits), ("peaked_x8", logits * 8.0)):
+        for name, kw in (("top_k_10", {"top_k": 10}), ("top_p_0.9", {"top_p": 0.9}),
+                         ("top_k_10_top_p_0.9", {"top_k": 10, "top_p": 0.9})):
+            for way, bisect in (("now", False), ("bisection", True)):
+                f = jax.jit(lambda x, kw=kw, bisect=bisect: filter_logits(x, bisect=bisect, **kw))
+                kept = f(x)
+                t = timeit(lambda f=f, x=x: f(x).block_until_ready(), repeats=2 * repeats)["best_s"]
+                out[f"{spread}/{name}/{way}"] = {
+                    "ms": 1e3 * t, "fraction_of_step": t / step_s,
+                    "kept_per_row_mean": float(jnp.mean(jnp.sum(jnp.isfinite(kept), -1)))}
+    return out
+
+
+def decode_at(batch, model, torch_model, config, params, args, bandwidth, matmul) -> dict:
+    """Decode at `batch` rows: our step and transformers', the profile and the bounds."""
+    s, n, c = args.prompt_len, args.new_tokens, config
+    ids = np.random.default_rng(batch).integers(3, 32000, size=(batch, s)).astype(np.int32)
+    mask = np.ones((batch, s), np.int32)
+    cache_len = buckets.bucket_length(buckets.bucket_length(s) + n)
+    dec = bench_decode(model, torch_model, ids, mask, n, args.repeats)
+    prof = profile_step(model, batch, cache_len, args.repeats)
+    # a step reads every matrix, one row of the input embedding, and every layer's keys and
+    # values over the whole (bucketed) cache
+    weight_bytes = (params - (c.vocab_size - 1) * c.embed_size) * 4
+    cache_bytes = 2 * c.num_layers * batch * cache_len * c.num_kv_heads * c.head_dim * 4
+    streaming = (weight_bytes + cache_bytes) / bandwidth
+    compute = prof["flops"] / matmul
+    bound = max(streaming, compute)
+    row = {"batch": batch, "cache_len": cache_len,
+           "ours_ms_per_step": 1e3 * dec["ours_step"],
+           "ours_greedy_ms_per_step": 1e3 * dec["greedy_step"],
+           "ours_top_k_10_ms_per_step": 1e3 * dec["top_k_10_step"],
+           "torch_ms_per_step": 1e3 * dec["torch_step"],
+           "speedup_vs_torch": dec["torch_step"] / dec["ours_step"],
+           "streaming_bound_ms_per_step": 1e3 * streaming,
+           "matmul_bound_ms_per_step": 1e3 * compute,
+           "fraction_of_streaming_bound": streaming / dec["ours_step"],
+           "fraction_of_bound": bound / dec["ours_step"],
+           "weight_bytes_per_step": weight_bytes, "cache_bytes_per_step": cache_bytes,
+           "step_flops": prof["flops"],
+           "profile_ms": {"decode_step_alone": 1e3 * prof["decode_step_s"],
+                          "choose_token_alone": 1e3 * prof["choose_token_s"],
+                          "loop_rest": 1e3 * (dec["ours_step"] - prof["decode_step_s"]
+                                              - prof["choose_token_s"])},
+           "ours_generate_s": dec["ours_generate_s"], "torch_generate_s": dec["torch_generate_s"],
+           "compile_s_first_call": dec["compile_s"]}
+    return row, prof["logits"]
 
 
 def main() -> None:
@@ -139,27 +238,32 @@ def main() -> None:
     threads = os.cpu_count()
     torch.set_num_threads(threads)
     torch.manual_seed(0)
+    load_start = os.getloadavg()
     torch_model, config, model, params = build_models()
-    b, s, n = args.batch, args.prompt_len, args.new_tokens
+    s, n = args.prompt_len, args.new_tokens
+    b = 16
     ids = np.random.default_rng(0).integers(3, 32000, size=(b, s)).astype(np.int32)
-    mask = np.ones((b, s), np.int32)
     cache_len = buckets.bucket_length(buckets.bucket_length(s) + n)
-    pre = bench_prefill(model, torch_model, ids, mask, cache_len, args.repeats)
-    dec = bench_decode(model, torch_model, ids, mask, n, args.repeats)
-    ours_pre_s, ours_step, torch_step = pre["ours"]["best_s"], dec["ours_step"], dec["torch_step"]
-
-    c = config
-    weight_bytes = params * 4
-    # each step reads every layer's keys and values over the whole (bucketed) cache
-    cache_bytes = 2 * c.num_layers * b * cache_len * c.num_kv_heads * c.head_dim * 4
-    bandwidth = read_bytes_per_s()
-    bound_step = (weight_bytes + cache_bytes) / bandwidth
-    matmul = matmul_flops_per_s()
+    pre = bench_prefill(model, torch_model, ids, np.ones((b, s), np.int32), cache_len,
+                        args.repeats)
+    bandwidth, matmul = read_bytes_per_s(), matmul_flops_per_s()
+    by_batch, filters = {}, None
+    for batch in args.batches:
+        row, logits = decode_at(batch, model, torch_model, config, params, args, bandwidth,
+                                matmul)
+        by_batch[str(batch)] = row
+        print(row, flush=True)
+        if batch == max(args.batches):
+            filters = {"batch": batch, "vocab": config.vocab_size,
+                       "step": "our greedy step at this batch",
+                       "filters": bench_filters(logits, row["ours_greedy_ms_per_step"] / 1e3,
+                                                args.repeats)}
+    ours_pre_s = pre["ours"]["best_s"]
     results = {
         "config": {"hidden": 768, "layers": 12, "heads": 12, "kv_heads": 4, "mlp": 2048,
-                   "vocab": 32000, "parameters": int(params), "dtype": "float32", "batch": b,
-                   "prompt_len": s, "new_tokens": n, "cache_len": cache_len,
-                   "threads": threads},
+                   "vocab": 32000, "parameters": int(params), "dtype": "float32",
+                   "prefill_batch": b, "prompt_len": s, "new_tokens": n, "threads": threads,
+                   "repeats": args.repeats},
         "prefill": {
             "ours_s": ours_pre_s, "torch_s": pre["torch"]["best_s"],
             "ours_tokens_per_s": b * s / ours_pre_s,
@@ -169,22 +273,18 @@ def main() -> None:
             "fraction_of_matmul_rate": pre["flops"] / ours_pre_s / matmul,
             "compile_s": pre["compile_s"], "max_abs_logit_diff_vs_torch": pre["max_diff"],
         },
-        "decode": {
-            "ours_ms_per_step": 1e3 * ours_step, "torch_ms_per_step": 1e3 * torch_step,
-            "speedup_vs_torch": torch_step / ours_step,
-            "streaming_bound_ms_per_step": 1e3 * bound_step,
-            "fraction_of_streaming_bound": bound_step / ours_step,
-            "weight_bytes": weight_bytes, "cache_bytes_per_step": cache_bytes,
-            "ours_generate_s": dec["ours_generate_s"], "torch_generate_s": dec["torch_generate_s"],
-            "compile_s_first_call": dec["compile_s"],
-        },
+        "decode_by_batch": by_batch,
+        "decode": by_batch.get("16"),
+        "sampling_filters": filters,
         "matmul_f32_flops_per_s": matmul,
         "read_bytes_per_s": bandwidth,
-        "load_average": os.getloadavg(),
+        "load_average": {"start": load_start, "end": os.getloadavg()},
         "targets": {"prefill_fraction_of_matmul": 0.85, "decode_speedup": 1.5,
-                    "decode_fraction_of_streaming_bound": 0.60},
+                    "decode_fraction_of_bound_batch_1": 0.60,
+                    "filters_fraction_of_step_batch_128": 0.05},
     }
     write_results("causal_lm", results)
+
 
 if __name__ == "__main__":
     main()

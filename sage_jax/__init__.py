@@ -10,9 +10,12 @@
   scoring   one model's file scored (SaGE and the baselines), for `score` and `run` alike
   run       `sage-jax run`: its config, presets and prompts, generators, resumable stages, the
             pipeline and its report
-  cli       `sage-jax score ...`, `sage-jax run ...`
+  experiments  `sage-jax experiment`: the SaGE paper's experiments (Tables 1-4, Figures 3-4) as configs
+  cli       `sage-jax score ...`, `sage-jax run ...`, `sage-jax experiment ...`
 
-The metric functions are re-exported here lazily, so `import sage_jax` stays cheap.
+The metric functions are re-exported here lazily, so `import sage_jax` stays cheap, and so is
+`score(questions, get_response, use_rots=True)`, the reference library's function
+(sage_jax.run.library): `import sage_jax as sage; sage.score(...)`.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import clarifyjax.core.moved  # noqa: F401  (installs the old module paths, sage
 _METRIC = ("sage", "sage_from_similarity", "sage_blend", "sage_chunked", "blend_similarity",
            "mean_sage", "pairwise_cosine")
 
-__all__ = [*_METRIC, "SentenceEmbedder"]
+__all__ = [*_METRIC, "SentenceEmbedder", "score"]
 
 
 def __getattr__(name: str):
@@ -29,6 +32,10 @@ def __getattr__(name: str):
         from sage_jax import metric
 
         return getattr(metric, name)
+    if name == "score":
+        from sage_jax.run.library import score_questions
+
+        return score_questions
     if name == "SentenceEmbedder":
         from clarifyjax.models.embedder import SentenceEmbedder
 

@@ -1,4 +1,6 @@
-"""`sage-jax score FILE [FILE ...] --text answer|rot|blend --embedder PATH --out DIR`.
+"""`sage-jax score FILE [FILE ...] --text answer|rot|blend --embedder PATH --out DIR`; also
+`sage-jax run CONFIG` (sage_jax.run.pipeline) and `sage-jax experiment CONFIG`
+(sage_jax.experiments.command).
 
 For each file (one model's answers): read the questions (long or pairs format), embed every
 distinct text once, score SaGE per question, compute the BLEU / ROUGE-L / BERTScore consistency
@@ -58,6 +60,11 @@ def build_sage_parser() -> argparse.ArgumentParser:
     r.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. limit=20")
     r.add_argument("--stages", default="paraphrase,answer,rot,score,report",
                    help="comma-separated stages to run, of paraphrase,answer,rot,score,report")
+    e = sub.add_parser("experiment", allow_abbrev=False,
+                       help="one of the SaGE paper's experiments from its config: models, temperature, accuracy, "
+                            "agreement or rot_prompt (see sage_jax.experiments.command)")
+    e.add_argument("config", type=Path, help="YAML experiment config (sage_jax.experiments.config)")
+    e.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. run.limit=20")
     p.add_argument("files", nargs="+", type=Path, help="CSV / TSV / JSONL, long or pairs format")
     p.add_argument("--text", choices=sorted(TEXT_FIELDS), default="answer",
                    help="embed the answers, the rules of thumb, or blend both (the reference's use_rots)")
@@ -82,6 +89,10 @@ def build_sage_parser() -> argparse.ArgumentParser:
     p.add_argument("--question-column", default="question",
                    help="the original question's text, if the file has it (one id, one question)")
     p.add_argument("--no-lexical", action="store_true", help="skip BLEU and ROUGE-L")
+    p.add_argument("--lexical-tokenizer", choices=("reference", "unicode"), default="reference",
+                   help="BLEU / ROUGE-L tokens: the reference's (whitespace; rouge-score keeps "
+                        "[a-z0-9] only: English) or unicode (every script; emoji and characters "
+                        "of scripts without spaces are tokens); recorded in summary.json")
     p.add_argument("--no-bertscore", action="store_true", help="skip BERTScore")
     p.add_argument("--bertscore-model", type=Path, default=None,
                    help="BERT / RoBERTa folder for BERTScore (the reference: bert-base-uncased; "
@@ -263,10 +274,21 @@ def run_pipeline(args) -> int:
     return 0
 
 
+def run_experiment_command(args) -> int:
+    from sage_jax.experiments import command
+    from sage_jax.run.generators import GenerationError
+    from sage_jax.run.stages import StageError
+
+    try:
+        return command.main(args.config, args.overrides)
+    except (StageError, GenerationError) as e:
+        raise RunFailure(str(e)) from e
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_sage_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command == "run" and all("=" in e and not e.startswith("-") for e in extra):
+    if extra and args.command in ("run", "experiment") and all("=" in e and not e.startswith("-") for e in extra):
         args.overrides = [*args.overrides, *extra]  # overrides after --stages
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -276,6 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_score(args)
         if args.command == "run":
             return run_pipeline(args)
+        if args.command == "experiment":
+            return run_experiment_command(args)
     except ValueError as e:  # DataError, UsageError, OutputError, CheckpointError: before the work
         print(f"sage-jax: error: {e}", file=sys.stderr)
         return 2

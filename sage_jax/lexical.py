@@ -11,6 +11,16 @@ i < j of its pairs files, and so do we:
   whitespace tokens, text i the reference and text j the hypothesis. This reproduces the `bleu_*`
   columns of the reference pairs files exactly (paraphrase `_1` = reference, `_2` = hypothesis).
 * ROUGE-L: rouge-score's `rougeL` F-measure with `use_stemmer=True` (the `rouge_*` columns).
+
+Tokenisation (`tokenizer=`): "reference" (the default) is the reference's, as above; it suits
+English only. rouge-score keeps only [a-z0-9], so Chinese, Arabic, Russian or emoji answers lose
+every character (three identical Chinese answers get ROUGE-L 0), and a script written without
+spaces is one whitespace token per sentence for BLEU. `mostly_dropped` finds the questions whose
+texts lose most of their characters that way, for a warning. "unicode" (`unicode_tokens`) reads
+every script: NFKC, runs of letters, marks and digits are words, and each character of a script
+written without spaces (Han, kana, Thai, Lao, Khmer, Myanmar) and each non-ASCII symbol (emoji)
+is a token of its own; punctuation separates. For ROUGE-L its ASCII words are lowercased and
+stemmed exactly as rouge-score does, so English text scores as with the reference's tokenizer.
 * BERTScore F1: `clarifyjax.evaluation.bertscore`, the `bert-score` package's computation exactly (the
   reference calls it with bert-base-uncased, layer 9, no idf, no rescaling), text i the reference
   and text j the candidate.
@@ -20,6 +30,8 @@ rouge-score); BERTScore runs jitted batches over all the pairs.
 """
 from __future__ import annotations
 
+import re
+import unicodedata
 import warnings
 from functools import lru_cache
 from collections.abc import Callable, Sequence
@@ -48,6 +60,61 @@ def pairwise_mean(texts_per_question: Sequence[Sequence[str]], pair_score: Calla
 # ----------------------------------------------------------------------------- BLEU, ROUGE-L
 
 
+LEXICAL_TOKENIZERS = ("reference", "unicode")
+# Scripts written without spaces between words: each character is a token of its own.
+_NO_SPACES = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u31f0-\u31ff"
+                        "\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002fa1f]")
+_ROUGE_KEPT = re.compile(r"[a-z0-9]")
+
+
+def unicode_tokens(text: str) -> list[str]:
+    """The words of `text` in any script (see the module): NFKC; letters, marks and digits make
+    words; a character of a script written without spaces, or a symbol (emoji), is one token."""
+    tokens: list[str] = []
+    word: list[str] = []
+    for c in unicodedata.normalize("NFKC", text):
+        kind = unicodedata.category(c)[0]
+        if _NO_SPACES.match(c) or kind == "S":
+            if word:
+                tokens.append("".join(word))
+                word = []
+            tokens.append(c)
+        elif kind in "LMN":
+            word.append(c)
+        elif word:
+            tokens.append("".join(word))
+            word = []
+    if word:
+        tokens.append("".join(word))
+    return tokens
+
+
+def kept_share(text: str) -> float:
+    """The share of `text`'s non-space characters that rouge-score's tokenizer keeps ([a-z0-9]
+    after lowercasing); 1.0 for a text of spaces only."""
+    total = sum(not c.isspace() for c in text)
+    return len(_ROUGE_KEPT.findall(text.lower())) / total if total else 1.0
+
+
+def mostly_dropped(texts_per_question: Sequence[Sequence[str]], below: float = 0.5) -> list[int]:
+    """Indices of the questions whose (non-empty) texts lose most of their characters to the
+    reference's tokenisation: under `below` of them survive rouge-score's tokenizer."""
+    out = []
+    for b, texts in enumerate(texts_per_question):
+        texts = _clean(texts)
+        total = sum(sum(not c.isspace() for c in t) for t in texts)
+        kept = sum(len(_ROUGE_KEPT.findall(t.lower())) for t in texts)
+        if total and kept < below * total:
+            out.append(b)
+    return out
+
+
+def _check_tokenizer(tokenizer: str) -> str:
+    if tokenizer not in LEXICAL_TOKENIZERS:
+        raise ValueError(f"tokenizer must be one of {LEXICAL_TOKENIZERS}, got {tokenizer!r}")
+    return tokenizer
+
+
 @lru_cache(maxsize=1)
 def _smoothing():
     from nltk.translate.bleu_score import SmoothingFunction
@@ -55,54 +122,71 @@ def _smoothing():
     return SmoothingFunction().method1
 
 
-def bleu_pair(reference: str, hypothesis: str) -> float:
-    """Sentence BLEU-4 of `hypothesis` against `reference`, whitespace tokens, smoothing method 1."""
+def bleu_pair(reference: str, hypothesis: str, tokenizer: str = "reference") -> float:
+    """Sentence BLEU-4 of `hypothesis` against `reference`, smoothing method 1; whitespace tokens
+    ("reference") or `unicode_tokens` ("unicode")."""
     from nltk.translate.bleu_score import sentence_bleu
 
+    split = unicode_tokens if _check_tokenizer(tokenizer) == "unicode" else str.split
     with warnings.catch_warnings():  # nltk warns on every pair without higher-order overlaps
         warnings.simplefilter("ignore")
-        return float(sentence_bleu([reference.split()], hypothesis.split(), smoothing_function=_smoothing()))
+        return float(sentence_bleu([split(reference)], split(hypothesis), smoothing_function=_smoothing()))
 
 
 class _CachingTokenizer:
     """rouge-score's default tokenizer (with the Porter stemmer), memoized per text: each text is in
     n - 1 pairs, and stemming dominates the cost."""
 
-    def __init__(self):
+    def __init__(self, unicode: bool = False):
         from rouge_score import tokenizers
 
         self._inner = tokenizers.DefaultTokenizer(use_stemmer=True)
         self._cache: dict[str, list[str]] = {}
+        self._unicode = unicode
 
     def tokenize(self, text: str) -> list[str]:
         tokens = self._cache.get(text)
         if tokens is None:
             if len(self._cache) > 100_000:
                 self._cache.clear()
-            tokens = self._cache[text] = self._inner.tokenize(text)
+            tokens = self._cache[text] = self._tokens(text)
         return tokens
 
+    def _tokens(self, text: str) -> list[str]:
+        if not self._unicode:
+            return self._inner.tokenize(text)
+        out: list[str] = []
+        for token in unicode_tokens(text.lower()):  # ASCII words exactly as rouge-score's
+            out += self._inner.tokenize(token) if token.isascii() else [token]
+        return out
 
-@lru_cache(maxsize=1)
-def _rouge_scorer():
+
+@lru_cache(maxsize=2)
+def _rouge_scorer(tokenizer: str = "reference"):
     from rouge_score import rouge_scorer
 
-    return rouge_scorer.RougeScorer(["rougeL"], tokenizer=_CachingTokenizer())
+    return rouge_scorer.RougeScorer(["rougeL"], tokenizer=_CachingTokenizer(tokenizer == "unicode"))
 
 
-def rouge_l_pair(reference: str, hypothesis: str) -> float:
-    """ROUGE-L F1 (rouge-score, Porter stemmer)."""
-    return float(_rouge_scorer().score(reference, hypothesis)["rougeL"].fmeasure)
+def rouge_l_pair(reference: str, hypothesis: str, tokenizer: str = "reference") -> float:
+    """ROUGE-L F1 (rouge-score, Porter stemmer); rouge-score's tokens ("reference") or
+    `unicode_tokens` with rouge-score's lowercasing and stemming of ASCII words ("unicode")."""
+    scorer = _rouge_scorer(_check_tokenizer(tokenizer))
+    return float(scorer.score(reference, hypothesis)["rougeL"].fmeasure)
 
 
-def bleu_consistency(texts_per_question: Sequence[Sequence[str]]) -> np.ndarray:
+def bleu_consistency(texts_per_question: Sequence[Sequence[str]], tokenizer: str = "reference"
+                     ) -> np.ndarray:
     """[batch] mean pairwise BLEU per question."""
-    return pairwise_mean(texts_per_question, bleu_pair)
+    _check_tokenizer(tokenizer)
+    return pairwise_mean(texts_per_question, lambda a, b: bleu_pair(a, b, tokenizer))
 
 
-def rouge_l_consistency(texts_per_question: Sequence[Sequence[str]]) -> np.ndarray:
+def rouge_l_consistency(texts_per_question: Sequence[Sequence[str]], tokenizer: str = "reference"
+                        ) -> np.ndarray:
     """[batch] mean pairwise ROUGE-L F1 per question."""
-    return pairwise_mean(texts_per_question, rouge_l_pair)
+    _check_tokenizer(tokenizer)
+    return pairwise_mean(texts_per_question, lambda a, b: rouge_l_pair(a, b, tokenizer))
 
 
 def _normalized(text: str) -> str:

@@ -48,9 +48,10 @@ Scale: the cosine ignores a vector's length, and so does this code: each vector 
 largest |entry| before the products, so vectors with entries of 1e30 or 1e-30 (or a mix) give the
 same scores as unit vectors instead of overflowing float32 to inf / NaN.
 
-Parameters (alpha, the blend weight, chunk_size) are checked when they are concrete numbers: alpha
-must be finite and in (0, ALPHA_MAX], the weight in [0, 1]; a bad one is a ValueError naming it.
-Under jit tracing they cannot be read and are not checked.
+Arguments are checked at each public function's boundary, each bad one a ValueError naming it
+(docs/reliability.md, "Python API"): shapes, a real dtype, an embedding width d >= 1 and the mask's
+dtype eagerly and under `jax.jit` alike; alpha, the weight, chunk_size and mask values (0 / 1) when
+concrete. A traced alpha or weight outside its range makes every score NaN (it cannot raise).
 
 Memory is O(batch * n^2 + batch * n * d): the cosines come from one Gram matrix per question of
 the rescaled vectors, normalized by its diagonal.
@@ -116,6 +117,21 @@ def check_weight(weight, name: str = "weight"):
     return check_number(weight, name, 0.0, 1.0)
 
 
+def _real_array(value, name: str, embeddings: bool = False) -> jax.Array:
+    """`value` (integers or floats) in the metric's float type (`_real`), else a ValueError naming
+    it; `embeddings`: also [batch, n, d] with d >= 1 (a zero-width vector has no direction)."""
+    try:
+        x = jnp.asarray(value)
+    except (TypeError, ValueError):  # strings, objects, ragged lists
+        got = f"dtype {value.dtype}" if hasattr(value, "dtype") else type(value).__name__
+        raise ValueError(f"{name} must be an array of real numbers, got {got}") from None
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
+        raise ValueError(f"{name} must hold real numbers (integer or float), got dtype {x.dtype}")
+    if embeddings and (x.ndim != 3 or x.shape[-1] == 0):
+        raise ValueError(f"{name} must be [batch, n, d] with d >= 1, got shape {x.shape}")
+    return x.astype(_real(x.dtype))
+
+
 def _gram(x: jax.Array) -> jax.Array:
     """[b, n, d] -> [b, n, n] inner products of each question's vectors.
 
@@ -165,10 +181,7 @@ def pairwise_cosine(embeddings: jax.Array, mask: jax.Array | None = None
       holding a NaN/inf; their rows and columns of `similarity` are 0, as are an all-zero vector's.
       At masked positions `ok` may also be False for a finite vector.
     """
-    x = jnp.asarray(embeddings)
-    if x.ndim != 3:
-        raise ValueError(f"embeddings must be [batch, n, d], got shape {x.shape}")
-    x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    x = _real_array(embeddings, "embeddings", True)
     mask = _default_mask(x.shape[:2], mask)
     # The cosine is scale-invariant, float32 products are not: 1e20^2 overflows to inf and
     # 1e-30^2 underflows to 0. One Gram matrix of the vectors as they are serves when every used
@@ -182,17 +195,11 @@ def pairwise_cosine(embeddings: jax.Array, mask: jax.Array | None = None
 
 
 def blend_similarity(sim_answers: jax.Array, sim_rots: jax.Array, weight: float = 0.8) -> jax.Array:
-    """The reference's `use_rots` edge weights: weight * cos(answers) + (1 - weight) * cos(RoTs).
-
-    Args:
-      sim_answers, sim_rots: [batch, n, n].
-      weight: in [0, 1].
-    Returns:
-      [batch, n, n].
-    """
+    """The reference's `use_rots` edge weights: weight * cos(answers) + (1 - weight) * cos(RoTs),
+    of sim_answers and sim_rots [batch, n, n] -> [batch, n, n]; weight in [0, 1]."""
     weight = check_weight(weight)
-    sim_answers = jnp.asarray(sim_answers)
-    sim_rots = jnp.asarray(sim_rots)
+    sim_answers = _real_array(sim_answers, "sim_answers")
+    sim_rots = _real_array(sim_rots, "sim_rots")
     if sim_answers.shape != sim_rots.shape:
         raise ValueError(f"sim_answers {sim_answers.shape} and sim_rots {sim_rots.shape} differ")
     return weight * sim_answers + (1.0 - weight) * sim_rots
@@ -204,6 +211,12 @@ def _default_mask(shape: tuple[int, ...], mask: jax.Array | None) -> jax.Array:
     mask = jnp.asarray(mask)
     if mask.shape != shape:
         raise ValueError(f"mask must be [batch, n] = {shape}, got {mask.shape}")
+    if not (mask.dtype == bool or jnp.issubdtype(mask.dtype, jnp.integer) or jnp.issubdtype(mask.dtype, jnp.floating)):
+        raise ValueError(f"mask must hold booleans or 0 / 1, got dtype {mask.dtype}")
+    wrong = [] if mask.dtype == bool or isinstance(mask, jax.core.Tracer) else jnp.argwhere((mask != 0) & (mask != 1))
+    if len(wrong):
+        i, j = (int(v) for v in wrong[0])
+        raise ValueError(f"mask must hold booleans or 0 / 1; mask[{i}, {j}] = {mask[i, j].item()!r}")
     return mask.astype(bool)
 
 
@@ -261,7 +274,7 @@ def _sage_core(similarity: jax.Array, valid: jax.Array, groups: jax.Array | None
 
     score = jnp.clip(lam * h, -1.0, 1.0)  # |lam| <= 1 and H <= 1 but for float32 rounding
     score = jnp.where(k >= 2, score, jnp.where(n_valid >= 2, 0.0, jnp.nan))  # k = 1: collapsed
-    return jnp.where(bad, jnp.nan, score)
+    return jnp.where(bad | ~((alpha > 0) & (alpha <= ALPHA_MAX)), jnp.nan, score)  # a traced bad alpha
 
 
 def _in_blocks(fn, arrays: tuple, block: int = BLOCK) -> jax.Array:
@@ -289,10 +302,6 @@ def _in_blocks(fn, arrays: tuple, block: int = BLOCK) -> jax.Array:
     return out
 
 
-def _from_similarity(similarity, mask, groups, alpha):
-    return _sage_core(similarity, mask, groups, alpha)
-
-
 def _from_embeddings(embeddings, mask, groups, alpha):
     sim, ok = pairwise_cosine(embeddings, mask)
     # A bad vector at a valid position poisons the question: NaN, counted as skipped.
@@ -305,12 +314,12 @@ def _from_blend(answers, rots, mask, groups, alpha, weight):
     sim_r, ok_r = pairwise_cosine(rots, mask)
     bad = jnp.any(mask & ~(ok_a & ok_r), axis=-1)
     score = _sage_core(blend_similarity(sim_a, sim_r, weight), mask, groups, alpha)
-    return jnp.where(bad, jnp.nan, score)
+    return jnp.where(bad | ~((weight >= 0) & (weight <= 1)), jnp.nan, score)
 
 
 @jax.jit
 def _sage_from_similarity_jit(similarity, mask, groups, alpha):
-    return _in_blocks(lambda s, m, g: _from_similarity(s, m, g, alpha), (similarity, mask, groups))
+    return _in_blocks(lambda s, m, g: _sage_core(s, m, g, alpha), (similarity, mask, groups))
 
 
 @jax.jit
@@ -337,9 +346,9 @@ def sage_blend(answer_embeddings: jax.Array, rot_embeddings: jax.Array, mask: ja
     Returns:
       [batch] float32 in [-1, 1]; NaN as in `sage`, for either embedding.
     """
-    answer_embeddings = jnp.asarray(answer_embeddings)
-    rot_embeddings = jnp.asarray(rot_embeddings)
-    if answer_embeddings.ndim != 3 or answer_embeddings.shape[:2] != rot_embeddings.shape[:2]:
+    answer_embeddings = _real_array(answer_embeddings, "answer_embeddings", True)
+    rot_embeddings = _real_array(rot_embeddings, "rot_embeddings", True)
+    if answer_embeddings.shape[:2] != rot_embeddings.shape[:2]:
         raise ValueError(f"answer {answer_embeddings.shape} and RoT {rot_embeddings.shape} embeddings "
                          "must both be [batch, n, d] with the same batch and n")
     mask = _default_mask(answer_embeddings.shape[:2], mask)
@@ -356,8 +365,8 @@ def sage_from_similarity(similarity: jax.Array, mask: jax.Array | None = None, *
     Args:
       similarity: [batch, n, n] float; only the off-diagonal entries between valid positions are
         read (the matrix is symmetrized).
-      mask: [batch, n] bool, True for real texts; None means all valid.
-      alpha: exponent of the strengths (10 in the reference), in (0, ALPHA_MAX].
+      mask: [batch, n] bool or 0 / 1 (values checked when concrete); None means all valid.
+      alpha: exponent of the strengths (10), in (0, ALPHA_MAX]; traced under jit, outside it: NaN.
       groups: optional [batch, n] int, equal ids within a row = identical text; reproduces the
         reference's collapsing of identical strings (see the module docstring).
 
@@ -365,7 +374,7 @@ def sage_from_similarity(similarity: jax.Array, mask: jax.Array | None = None, *
       [batch] float32 in [-1, 1]; NaN for rows with fewer than 2 valid texts or a similarity that
       is non-finite or outside [-1, 1] (beyond SIMILARITY_TOLERANCE).
     """
-    similarity = jnp.asarray(similarity)
+    similarity = _real_array(similarity, "similarity")
     if similarity.ndim != 3 or similarity.shape[-1] != similarity.shape[-2]:
         raise ValueError(f"similarity must be [batch, n, n], got shape {similarity.shape}")
     mask = _default_mask(similarity.shape[:2], mask)
@@ -379,9 +388,9 @@ def sage(embeddings: jax.Array, mask: jax.Array | None = None, *, alpha: float =
     """SaGE of each question from its text embeddings (cosine similarities).
 
     Args:
-      embeddings: [batch, n, d] float.
-      mask: [batch, n] bool, True for real texts; None means all valid.
-      alpha: exponent of the strengths (10 in the reference), in (0, ALPHA_MAX].
+      embeddings: [batch, n, d] integers or floats, d >= 1 (checked eagerly and under jit).
+      mask: [batch, n] bool or 0 / 1 (values checked when concrete); None means all valid.
+      alpha: exponent of the strengths (10), in (0, ALPHA_MAX]; traced under jit, outside it: NaN.
       groups: optional [batch, n] int; see `sage_from_similarity`.
 
     Returns:
@@ -389,9 +398,7 @@ def sage(embeddings: jax.Array, mask: jax.Array | None = None, *, alpha: float =
       valid texts or a valid text whose vector holds a NaN/inf. An all-zero vector has cosine 0
       with every text (finite score).
     """
-    embeddings = jnp.asarray(embeddings)
-    if embeddings.ndim != 3:
-        raise ValueError(f"embeddings must be [batch, n, d], got shape {embeddings.shape}")
+    embeddings = _real_array(embeddings, "embeddings", True)
     mask = _default_mask(embeddings.shape[:2], mask)
     groups = _check_groups(groups, embeddings.shape[:2])
     return _sage_jit(embeddings, mask, groups, jnp.asarray(check_alpha(alpha), _real(embeddings.dtype)))
@@ -418,20 +425,17 @@ def mean_sage(scores: jax.Array) -> tuple[jax.Array, jax.Array]:
     scores = jnp.asarray(scores, dtype=jnp.float32)
     if scores.ndim != 1:
         raise ValueError(f"scores must be [batch], got shape {scores.shape}")
-    if not isinstance(scores, jax.core.Tracer):
-        wrong = jnp.flatnonzero(jnp.abs(scores) > 1.0 + SIMILARITY_TOLERANCE)  # NaN compares False
-        if wrong.size:
-            i = int(wrong[0])
-            raise ValueError(f"scores must be NaN or in [-1, 1]; scores[{i}] = {float(scores[i])} "
-                             f"({wrong.size} such value{'s' if wrong.size > 1 else ''})")
+    traced = isinstance(scores, jax.core.Tracer)  # NaN compares False below
+    wrong = [] if traced else jnp.flatnonzero(jnp.abs(scores) > 1.0 + SIMILARITY_TOLERANCE)
+    if len(wrong):
+        raise ValueError(f"scores must be NaN or in [-1, 1]; scores[{int(wrong[0])}] = {float(scores[wrong[0]])} "
+                         f"({len(wrong)} such value{'s' if len(wrong) > 1 else ''})")
     return _mean_sage_jit(scores)
 
 
 def _pad_rows(x: jax.Array, rows: int) -> jax.Array:
     missing = rows - x.shape[0]
-    if missing == 0:
-        return x
-    return jnp.concatenate([x, jnp.zeros((missing,) + x.shape[1:], x.dtype)], axis=0)
+    return jnp.concatenate([x, jnp.zeros((missing,) + x.shape[1:], x.dtype)], axis=0) if missing else x
 
 
 def sage_chunked(embeddings, mask=None, *, groups=None, similarity=None, rot_embeddings=None,
@@ -460,10 +464,15 @@ def sage_chunked(embeddings, mask=None, *, groups=None, similarity=None, rot_emb
         raise ValueError("give exactly one of embeddings [N, n, d] and similarity [N, n, n]")
     if rot_embeddings is not None and (embeddings is None or rot_embeddings.shape[:2] != embeddings.shape[:2]):
         raise ValueError("rot_embeddings need answer embeddings of the same [N, n]")
+    if rot_embeddings is not None:  # dtypes and widths from the first rows (a memory map stays put)
+        _real_array(rot_embeddings[:1], "rot_embeddings", True)
     source = embeddings if similarity is None else similarity
     if len(source.shape) != 3:
         raise ValueError(f"expected a 3-d array [N, n, ...], got shape {tuple(source.shape)}")
+    _real_array(source[:1], "embeddings" if similarity is None else "similarity", similarity is None)
     total, n = source.shape[0], source.shape[1]
+    if mask is not None:
+        _default_mask((total, n), mask)  # its shape and values, once
     chunk_size = min(check_number(chunk_size, "chunk_size", 1, 2**31 - 1, integer=True), max(total, 1))
     real = _real(jnp.asarray(source[:0]).dtype)
     alpha = jnp.asarray(check_alpha(alpha), real)

@@ -4,7 +4,7 @@ score through here.
 
 `args` is `sage-jax score`'s option namespace (or one with the same fields: text, format, columns,
 edge_weights, collapse_identical, question_id_column, alpha, blend_weight, chunk_size, batch_size,
-no_lexical, no_bertscore, embedder).
+no_lexical, no_bertscore, embedder; lexical_tokenizer, "reference" when absent).
 """
 from __future__ import annotations
 
@@ -135,6 +135,29 @@ def load_bertscore_model(args):
     return model, layer
 
 
+def lexical_tokenizer(args) -> str:
+    """How BLEU and ROUGE-L tokenise (`lexical.LEXICAL_TOKENIZERS`; "reference" by default)."""
+    return getattr(args, "lexical_tokenizer", None) or "reference"
+
+
+def warn_mostly_dropped(item: Loaded, texts) -> list[int]:
+    """One warning line on stderr when some questions' texts lose most of their characters to
+    the reference's tokenisation (non-Latin scripts, emoji); the indices of those questions."""
+    import sys
+
+    from sage_jax import lexical
+
+    dropped = lexical.mostly_dropped(texts)
+    if dropped:
+        ids = ", ".join(str(item.questions[b].question_id) for b in dropped[:5])
+        print(f"sage-jax: warning: {item.name}: the reference's BLEU / ROUGE-L tokenisation drops "
+              f"most characters of the texts of {len(dropped)} of {len(texts)} question(s) (e.g. "
+              f"{ids}; not English?), so their BLEU and ROUGE-L say little; the unicode "
+              "tokenizer reads every script (sage-jax score --lexical-tokenizer unicode, sage-jax "
+              "run score.lexical_tokenizer=unicode)", file=sys.stderr, flush=True)
+    return dropped
+
+
 def baselines(item: Loaded, args, embedder_fn, progress) -> dict:
     """BLEU, ROUGE-L and BERTScore per question (NaN columns for the skipped ones)."""
     from sage_jax import lexical
@@ -143,11 +166,14 @@ def baselines(item: Loaded, args, embedder_fn, progress) -> dict:
     out = {"bleu": nan, "rouge_l": nan, "bertscore": nan}
     texts = item.lexical_texts
     if not args.no_lexical:
+        tokenizer = lexical_tokenizer(args)
+        if tokenizer == "reference":
+            warn_mostly_dropped(item, texts)
         with progress(len(texts), f"{item.name}: BLEU / ROUGE-L") as bar:
             bleu, rouge = np.full(len(texts), np.nan), np.full(len(texts), np.nan)
             for b, t in enumerate(texts):
-                bleu[b] = lexical.bleu_consistency([t])[0]
-                rouge[b] = lexical.rouge_l_consistency([t])[0]
+                bleu[b] = lexical.bleu_consistency([t], tokenizer)[0]
+                rouge[b] = lexical.rouge_l_consistency([t], tokenizer)[0]
                 bar.update(1)
         out["bleu"], out["rouge_l"] = bleu, rouge
     if not args.no_bertscore:
@@ -188,6 +214,7 @@ def score_loaded(item: Loaded, args, embedder_fn, progress) -> tuple[dict, dict]
                      "collapse_identical": args.collapse_identical, "edge_weights": args.edge_weights,
                      "embedder": None if args.edge_weights else str(args.embedder or "all-MiniLM-L6-v2 (default)"),
                      "lexical_text": "rot" if args.text == "rot" else "answer",
+                     "lexical_tokenizer": None if args.no_lexical else lexical_tokenizer(args),
                      "bertscore": None if args.no_bertscore else {
                          "model": str(args.bertscore_model or args.embedder or "all-MiniLM-L6-v2 (default)"),
                          "layer": args.bertscore[1], "idf": False, "rescaled": False}},

@@ -48,6 +48,9 @@ def test_ask_writes_a_row_per_situation_and_a_killed_run_resumes_to_the_same_fil
         models_yaml, tmp_path, capsys):
     reference = tmp_path / "reference.jsonl"
     assert main(ask_argv(models_yaml, reference)) == 0
+    # the tiny models read short inputs: the cuts are counted, per model, in one closing note
+    note = [line for line in capsys.readouterr().out.splitlines() if line.startswith("note: ")]
+    assert len(note) == 1 and "cut to its max_input_length" in note[0], note
     rows = [json.loads(line) for line in reference.read_text(encoding="utf-8").splitlines()]
     with open(shared_data("delta-clarify/dev.tsv"), newline="", encoding="utf-8") as f:
         situations = [r["situation"] for r in csv.DictReader(f, delimiter="\t",
@@ -69,7 +72,9 @@ def test_ask_writes_a_row_per_situation_and_a_killed_run_resumes_to_the_same_fil
     assert not out.exists() and len(list(partial.glob("chunk-*.npz"))) == 1
     capsys.readouterr()
     assert main(ask_argv(models_yaml, out)) == 0
-    assert "resumed: 1 of 2 chunks" in capsys.readouterr().out
+    out_text = capsys.readouterr().out
+    assert "resumed: 1 of 2 chunks" in out_text
+    assert note[0] in out_text.splitlines()  # the resumed chunk's cuts are counted too
     assert out.read_bytes() == reference.read_bytes()  # as if it had never been killed
     assert not partial.exists()
 
@@ -111,3 +116,28 @@ def test_bad_models_files_are_one_line(tmp_path, capsys, content, message):
 def test_the_output_format_is_checked_first(models_yaml, tmp_path, capsys):
     assert main(ask_argv(models_yaml, tmp_path / "out.txt")) == 2
     assert "--output" in capsys.readouterr().err and not (tmp_path / "out.txt").exists()
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"situation": 5}', "field 'situation' must be text, got a number (5)"),
+    ('{"situation": 1.5}', "field 'situation' must be text, got a number (1.5)"),
+    ('{"situation": true}', "field 'situation' must be text, got true/false"),
+    ('{"situation": {"text": "a"}}', "holds a JSON array or object, not text"),
+    ('{"situation": "\\u200b\\u2060"}', "only invisible characters (U+200B, U+2060)"),
+    ('{"situation": "a \\ud800 b"}', "lone surrogate"),
+    ('{"situation": null}', "is empty"),
+])
+def test_a_situation_that_is_not_text_is_named_by_file_and_line(tmp_path, capsys, line, message):
+    folders = {k: tmp_path / k for k in ("p", "a", "f", "j")}
+    for folder in folders.values():
+        folder.mkdir()  # checked to exist; nothing is loaded before the situations are read
+    models = tmp_path / "models.yaml"
+    models.write_text(f"policy: {{init: {folders['p']}}}\nrewards: {{answerer: {folders['a']}, "
+                      f"fusion: {folders['f']}, judge: {{model: {folders['j']}}}}}\n")
+    situations = tmp_path / "s.jsonl"
+    situations.write_text('{"situation": "lying to a friend"}\n' + line + "\n")
+    status = main(["ask", str(models), "--situations", str(situations), "--output",
+                   str(tmp_path / "out.jsonl")])
+    err = capsys.readouterr().err
+    assert status == 2 and f"{situations}:2" in err and message in err, err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out.jsonl").exists()

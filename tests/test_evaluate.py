@@ -389,3 +389,36 @@ def test_train_fraction_keeps_whole_situations():
         kept_groups = {p.group for p in kept}
         assert len(kept_groups) == max(1, round(fraction * len(groups)))
         assert kept == [p for p in full if p.group in kept_groups]  # whole situations, in order
+
+
+@pytest.mark.parametrize("override, message", [
+    ("out=/dev/null", "out /dev/null: is not a folder"),
+    ("out=FILE", "is a file; give a folder"),
+    ("out=FILE/results", "is a file, not a folder"),
+    ("bertscore.layer=99", "bertscore.layer: layer must be an integer in [0, 6]"),
+    ("bertscore.layer=7", "bertscore.layer: layer must be an integer in [0, 6]"),
+])
+def test_out_and_the_bertscore_layer_are_checked_before_any_model_loads(tmp_path, capsys,
+                                                                        override, message):
+    """`evaluate` with out= naming a file or /dev/null, or a BERTScore layer past the model's
+    depth: one line naming the key, exit 2, before any model is read (the model folders here
+    are empty: reading one would be another error)."""
+    from clarifyjax import cli
+    from clarifyjax.models.embedder import default_embedder_path
+
+    empty = tmp_path / "model"
+    empty.mkdir()
+    taken = tmp_path / "taken.txt"
+    taken.write_text("an earlier file\n")
+    path = tmp_path / "e.yaml"
+    path.write_text(
+        f"kind: evaluate\nout: {tmp_path / 'out'}\n"
+        f"data: {{situations_path: {shared_data('delta-clarify/dev.tsv')}, situations: 2}}\n"
+        f"systems:\n  - {{name: a, kind: t5, model: {empty}}}\n"
+        f"rewards: {{answerer: {empty}, fusion: {empty}, judge: {{model: {empty}}}}}\n"
+        f"bertscore: {{model: {default_embedder_path()}, layer: 2}}\n")
+    status = cli.main(["evaluate", str(path), override.replace("FILE", str(taken))])
+    err = capsys.readouterr().err
+    assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+    assert taken.read_text() == "an earlier file\n"

@@ -134,3 +134,39 @@ def test_an_interrupted_run_resumes_with_the_same_output(tmp_path):
     records, reused, _ = generate_records(CountingGenerator(), rows, out=tmp_path / "out.jsonl",
                                           overwrite=True, **changed)
     assert reused == 0 and records != reference
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "garbage", "no json member"])
+def test_a_damaged_chunk_is_made_again_with_a_warning(tmp_path, capfd, damage):
+    """A chunk cut short by a crash (or emptied by a full disk) is unfinished: one warning line
+    naming it, the chunk made again, the same output as an uninterrupted run."""
+    import io
+
+    import numpy as np
+
+    rows = read_prompts(_write(tmp_path / "p.jsonl", [{"id": i, "prompt": f"p{i}"}
+                                                      for i in range(6)]))
+    settings = dict(sampling=Sampling(temperature=0.7), n=1, seed=3, chunk_rows=2,
+                    options={}, folders=(), progress=False)
+    reference, _, store = generate_records(CountingGenerator(), rows, out=tmp_path / "r.jsonl",
+                                           **settings)
+    store.finish()
+    with pytest.raises(KeyboardInterrupt):  # chunks 0 and 1 saved, then killed
+        generate_records(CountingGenerator(fail_at=3), rows, out=tmp_path / "o.jsonl",
+                         **settings)
+    chunk = tmp_path / ".o.jsonl.partial" / "chunk-000001.npz"
+    data = chunk.read_bytes()
+    if damage == "no json member":
+        buffer = io.BytesIO()
+        np.savez(buffer, other=np.zeros(3))
+    chunk.write_bytes({"truncated": data[:len(data) // 2], "empty": b"",
+                       "garbage": b"PK\x03\x04" + bytes(range(200)),
+                       "no json member": buffer.getvalue() if damage == "no json member"
+                       else b""}[damage])
+    capfd.readouterr()
+    generator = CountingGenerator()
+    records, reused, _ = generate_records(generator, rows, out=tmp_path / "o.jsonl", **settings)
+    err = capfd.readouterr().err
+    assert records == reference and reused == 1 and generator.calls == 2
+    warnings = [line for line in err.splitlines() if line.strip()]
+    assert len(warnings) == 1 and str(chunk) in warnings[0] and "made again" in warnings[0], err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -15,6 +16,14 @@ from helpers.children import clean_env
 from helpers.clarify_models import QUESTION_OPTIONS, FakeClarifier, models_yaml  # noqa: F401
 
 SITUATION = "ignoring a phone call from my mother"
+# What interact refuses, one error line each (and the words of each line)
+BAD_SITUATION_LINES = [b"/skip", b"/another", b"/frobnicate", "\u200b\u200b".encode(),
+                       b"caf\xe9 au lait", b"a nul \x00 here", b"\xff\xfe", "\u2060".encode()]
+BAD_ANSWER_LINES = [b"/bogus", "\u200b".encode(), b"\xc3(", b"yes \x00"]
+BAD_MESSAGES = ["/skip acts on a question", "/another acts on a question", "unknown command",
+                "only invisible characters", "lone surrogate", "NUL character", "lone surrogate",
+                "only invisible characters", "unknown command", "answer is empty",
+                "lone surrogate", "NUL character"]
 ANSWERS = ["she was in the hospital", "I was driving on the highway", "I called her back later"]
 
 
@@ -25,17 +34,30 @@ def test_three_turns_through_a_pipe_judged_as_the_judge_judges_directly(models_y
     from clarifyjax.reward import judge as delphi
 
     transcript = tmp_path / "transcript.jsonl"
-    # After three turns the session stops; the empty line then ends the program.
-    stdin = "\n".join([SITUATION, *ANSWERS, "", "never read"]) + "\n"
+    # Lines that are not situations first: each is one error line, and the prompt asks again.
+    # After three turns the session stops; a 100,000-character situation is cut (and counted),
+    # /quit ends its session; the empty line then ends the program.
+    lines = [*BAD_SITUATION_LINES, SITUATION.encode(), *BAD_ANSWER_LINES,
+             *(a.encode() for a in ANSWERS), b"worse " * 20000, b"/quit", b"", b"never read"]
     proc = subprocess.run([sys.executable, "-m", "clarifyjax", "interact", models_yaml,
                            "--transcript", str(transcript), *QUESTION_OPTIONS],
-                          input=stdin, cwd=REPO_ROOT, env=clean_env(JAX_PLATFORMS="cpu"),
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count("question: ") == MAX_TURNS and "summary: " in proc.stdout
+                          input=b"\n".join(lines) + b"\n", cwd=REPO_ROOT,
+                          env=clean_env(JAX_PLATFORMS="cpu"), capture_output=True, timeout=300)
+    stdout, stderr = proc.stdout.decode("utf-8"), proc.stderr.decode("utf-8", "replace")
+    assert proc.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
+    errors = [line for line in stdout.splitlines() if line.startswith("error: ")]
+    assert len(errors) == len(BAD_SITUATION_LINES) + len(BAD_ANSWER_LINES), errors
+    for error, expected in zip(errors, BAD_MESSAGES):
+        assert expected in error, (error, expected)
+    assert stdout.count("question: ") == MAX_TURNS + 1 and stdout.count("summary: ") == 2
+    out_lines = stdout.splitlines()
+    long_at = next(i for i, line in enumerate(out_lines) if line.startswith("situation: worse"))
+    note = out_lines[long_at - 1]  # the step's note comes before its judgment is shown
+    assert note.startswith("note: ") and "question generator 1" in note and "judge 1" in note
     turns = [json.loads(line) for line in transcript.read_text(encoding="utf-8").splitlines()]
-    assert [t["turn"] for t in turns] == [0, 1, 2, 3]
-    assert len({t["session"] for t in turns}) == 1
+    assert [t["turn"] for t in turns] == [0, 1, 2, 3, 0]
+    assert len({t["session"] for t in turns[:4]}) == 1
+    turns = turns[:4]
     assert turns[0]["situation"] == SITUATION
     assert [t["answer"] for t in turns] == [*ANSWERS, None]
     assert all(t["question"] for t in turns[:3]) and turns[3]["question"] == ""
@@ -86,3 +108,34 @@ def test_session_refuses_what_its_state_does_not_allow():
     s.answer("y")
     s.fail()  # a failed step leaves the session as it was
     assert s.pending is None and len(s.turns) == 1
+
+
+def test_commands_and_texts_at_each_prompt(capsys):
+    from clarifyjax.app.interact import command_of
+
+    cases = [("situation", "/quit", "quit"), ("situation", " /quit ", "quit"),
+             ("situation", "/skip", None), ("situation", "/another", None),
+             ("situation", "/help", None), ("situation", "/r/AITA lying to a friend", "situation"),
+             ("situation", "lying /skip", "situation"), ("answer", "", "skip"),
+             ("answer", "/skip", "skip"), ("answer", " /another", "another"),
+             ("answer", "/quit", "quit"), ("answer", "/stop", None),
+             ("answer", "she was ill", "answer"), ("answer", "/ yes", "answer")]
+    for prompt, line, expected in cases:
+        assert command_of(line, prompt) == expected, (prompt, line)
+    assert capsys.readouterr().out.count("error: ") == 4
+
+
+@pytest.mark.parametrize("text, message", [
+    ("   ", "is empty"), ("\u200b \u200b", "only invisible characters (U+200B)"),
+    ("\ufeff", "only invisible"), ("a \x00 b", "NUL character"), ("a \udcff", "lone surrogate"),
+    (5, "must be text, got a number"), (None, "must be text, got null"),
+    (["a"], "must be text, got a list")])
+def test_sessions_refuse_what_ask_and_web_refuse(text, message):
+    with pytest.raises(SessionError, match=re.escape(message)):
+        Session.start(text)
+    s = Session.start("x")
+    run_steps(FakeClarifier(), [s], None)
+    with pytest.raises(SessionError, match="empty" if isinstance(text, str) and (
+            text.isspace() or "\u200b" in text or "\ufeff" in text) else re.escape(message)):
+        s.answer(text)
+    assert s.pending is None  # still waiting for a usable answer

@@ -34,7 +34,8 @@ LAYERS: tuple[str, ...] = (
     "clarifyjax.serve",       # HTTP plumbing, the OpenAI-compatible server, batch generation
     "clarifyjax.app",         # the clarifier, ask, interact, web
     "sage_jax",               # SaGE: the metric, data, lexical baselines, ParaScore, scoring
-    "sage_jax.run",           # sage-jax run: config, presets, generators, stages, pipeline, report
+    "sage_jax.run",           # sage-jax run: config, presets, generators, stages, pipeline, report, library
+    "sage_jax.experiments",   # sage-jax experiment: the SaGE paper's experiments, their statistics
     "sage_jax.cli",           # sage-jax score / run
     "clarifyjax",             # the clarifyjax command (cli, __main__) and make demo (demo)
 )
@@ -44,6 +45,11 @@ PURE_MATH = ("clarifyjax.rl.ppo", "clarifyjax.reward.jsd", "clarifyjax.evaluatio
              "sage_jax.metric")
 PURE_MATH_IMPORTS = {"jax", "optax", "numpy", "math", "typing", "dataclasses", "functools",
                      "__future__", "collections", "enum"}
+
+
+# A package whose `__init__` re-exports from above its own unit ranks that `__init__` there:
+# `sage_jax.score` is the reference library's function, which runs the pipeline (sage_jax.run).
+FACADES = {"sage_jax": "sage_jax.run"}
 
 
 def module_name(path: Path) -> str:
@@ -58,7 +64,9 @@ def all_modules() -> dict[str, Path]:
 
 
 def unit_of(module: str) -> str:
-    """The longest unit of LAYERS that is `module` or a package above it."""
+    """The longest unit of LAYERS that is `module` or a package above it (a facade: its rank)."""
+    if module in FACADES:
+        return FACADES[module]
     units = [u for u in LAYERS if module == u or module.startswith(u + ".")]
     return max(units, key=len)
 

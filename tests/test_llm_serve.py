@@ -233,9 +233,9 @@ def test_a_client_that_disconnects_mid_request_stalls_nobody(server, setup, refe
                        "temperature": 0}).encode()
     for _ in range(3):
         with socket.create_connection((host, int(port)), timeout=10) as sock:
-            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                         b"application/json\r\nContent-Length: " + str(len(body)).encode()
-                         + b"\r\n\r\n" + body)
+            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+                         f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+                         + body)
         # closed before the answer
     started = time.monotonic()
     prompt = setup[3][0]["prompt"]

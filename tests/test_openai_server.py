@@ -126,6 +126,17 @@ def test_the_openai_client_gets_completions_chats_and_models(served):
     ("/v1/chat/completions", b'{"messages": "hi"}', 400, "messages"),
     ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "n": 2, '
                              b'"max_tokens": 1, "min_tokens": 2}', 400, None),
+    # two spellings of one setting that disagree: neither is dropped silently
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], '
+                             b'"max_tokens": 3, "max_completion_tokens": 4}', 400,
+     "max_completion_tokens"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], '
+                             b'"max_tokens": 30, "max_completion_tokens": 1}', 400,
+     "max_completion_tokens"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], '
+                             b'"max_completion_tokens": 0}', 400, "max_completion_tokens"),
+    ("/v1/completions", b'{"prompt": "ab", "max_completion_tokens": 4}', 400,
+     "max_completion_tokens"),  # a chat field
 ])
 def test_bad_requests_get_an_openai_style_error(served, path, body, status, param):
     generator, _, url = served
@@ -189,9 +200,8 @@ def test_seeded_sampled_requests_run_alone(served):
 def _send_and_close(url: str, body: bytes, queued) -> None:
     host, port = url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=5) as sock:
-        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                     b"application/json\r\nContent-Length: " + str(len(body)).encode()
-                     + b"\r\n\r\n" + body)
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: "
+                     f"application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
         _until(queued)  # the request is read and queued, then the client goes away
 
 
@@ -221,3 +231,56 @@ def test_a_disconnected_client_neither_stalls_nor_runs(served):
         code, answer = crowd.result(timeout=20)
     assert code == 200 and [c["text"] for c in answer["choices"]] == [f"C#{j}" for j in range(4)]
     assert [call[0] for call in generator.calls] == [["A"], ["C"]]  # B never ran
+
+
+def test_max_tokens_spellings_that_agree_and_model_names_that_cannot_be_served(served):
+    generator, _, url = served
+    code, answer = _post(url, "/v1/chat/completions",
+                         b'{"messages": [{"role": "user", "content": "hello"}], '
+                         b'"max_tokens": 3, "max_completion_tokens": 3}')
+    assert code == 200 and answer["choices"][0]["message"]["content"] == "hel"
+    for name in ("", "   ", " tiny", "tiny\n", "ti\x00ny"):
+        with pytest.raises(ValueError, match="model name"):
+            OpenAIServer(generator, name=name)
+
+
+def test_the_server_answers_only_its_own_host_origin_and_json(served):
+    """Raw HTTP against `clarifyjax serve`'s app: DNS rebinding (another Host), another site's
+    Origin and a text/plain POST are refused before anything is queued."""
+    import http.client
+
+    generator, _, url = served
+    own = url.removeprefix("http://")
+    body = b'{"prompt": "ab", "max_tokens": 2}'
+    cases = [({"Host": "evil.example", "Content-Type": "application/json"}, 400),
+             ({"Host": own, "Origin": "http://evil.example", "Content-Type": "application/json"},
+              403),
+             ({"Host": own, "Content-Type": "text/plain"}, 415),
+             ({"Host": own, "Content-Type": "application/x-www-form-urlencoded"}, 415),
+             ({"Host": own}, 415)]
+    host, port = own.rsplit(":", 1)
+    for headers, status in cases:
+        connection = http.client.HTTPConnection(host, int(port), timeout=20)
+        connection.request("POST", "/v1/completions", body, headers)
+        response = connection.getresponse()
+        assert response.status == status and json.loads(response.read())["error"]["message"]
+        connection.close()
+    assert generator.calls == []
+    assert _post(url, "/v1/completions", body)[0] == 200
+
+
+def test_a_client_that_closes_mid_body_is_one_line_in_the_log(served, capfd):
+    generator, _, url = served
+    host, port = url.removeprefix("http://").split(":")
+    capfd.readouterr()
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: "
+                     "application/json\r\nContent-Length: 900\r\n\r\n".encode() + b'{"prompt": "a')
+    err = ""
+    deadline = time.monotonic() + 20
+    while "closed the connection" not in err and time.monotonic() < deadline:
+        time.sleep(0.05)
+        err += capfd.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "POST /v1/completions" in lines[0], err
+    assert "Traceback" not in err and generator.calls == []

@@ -2,10 +2,11 @@
 situation of a file, with the imagined weakener and strengthener answers, their fused situations
 and the judge's P(bad, ok, good) of each (`clarify.Clarifier.ask`).
 
-The output (JSONL, or CSV by its suffix) is written once, at the end, by a rename; finished
-chunks wait beside it (`chunkstore.ChunkStore`) and chunk i is always drawn with the key
-fold_in(seed, i), so the same command resumes a killed run and writes what an uninterrupted run
-would have.
+Texts longer than a model's max_input_length are cut to it, and counted per model in a closing
+note (as score-questions counts its cuts). The output (JSONL, or CSV by its suffix) is written
+once, at the end, by a rename; finished chunks wait beside it (`chunkstore.ChunkStore`) and chunk
+i is always drawn with the key fold_in(seed, i), so the same command resumes a killed run and
+writes what an uninterrupted run would have.
 """
 from __future__ import annotations
 
@@ -73,6 +74,13 @@ def render(rows: list[dict], kind: str, where: list[str]) -> bytes:
     return buffer.getvalue().encode("utf-8")
 
 
+def cut_note(cuts: dict, rows: int) -> str:
+    """The line that says how many inputs were cut to their model's max_input_length."""
+    counts = ", ".join(f"{model} {count}" for model, count in sorted(cuts.items()))
+    return (f"note: texts longer than a model reads were cut to its max_input_length (MODELS.yaml) "
+            f"before it read them, over {rows} situation(s): {counts}")
+
+
 _NOT_IN_FINGERPRINT = ("output", "overwrite", "run", "command", "no_progress")
 
 
@@ -109,7 +117,7 @@ def run_ask(args: argparse.Namespace) -> int:
                        error=CLIError)
     found = store.start()
     chunks = equal_chunks(len(situations), args.batch_size)
-    key, clarifier, rows, reused = jax.random.key(args.seed), None, [], 0
+    key, clarifier, rows, reused, cuts = jax.random.key(args.seed), None, [], 0, {}
     bar = progress(len(situations), 0, not args.no_progress)
     for i, chunk in enumerate(chunks):
         output = store.load(i) if found else None
@@ -121,6 +129,8 @@ def run_ask(args: argparse.Namespace) -> int:
         else:
             reused += 1
         rows += [{"situation_at": w, **row} for w, row in zip(where[chunk], output.rows)]
+        for model, count in output.cuts.items():
+            cuts[model] = cuts.get(model, 0) + count
         bar.update(chunk.stop - chunk.start)
     bar.close()
     say = say_through(None)
@@ -129,5 +139,7 @@ def run_ask(args: argparse.Namespace) -> int:
             f"({store.folder})")
     atomic_write_bytes(args.output, render(rows, kind, where))
     store.finish()
+    if cuts:
+        say(cut_note(cuts, len(rows)))
     say(f"asked {len(rows)} questions -> {args.output}")
     return 0

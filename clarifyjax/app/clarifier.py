@@ -26,6 +26,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
+from clarifyjax.files.textfiles import is_blank, text_problem
 from clarifyjax.text import formats as text_lib
 from clarifyjax.config import ModelsConfig, PPOHyperparams
 from clarifyjax.reward.pipeline import RewardPipeline, load_pipeline, stage_sampling
@@ -80,9 +81,11 @@ def label_of(probabilities: Sequence[float]) -> str:
 @dataclasses.dataclass(frozen=True)
 class AskOutput:
     """What `Clarifier.ask` made for b situations: one JSON-ready dict per situation (plain
-    floats, so a `chunkstore.ChunkStore` round trip gives the same file)."""
+    floats, so a `chunkstore.ChunkStore` round trip gives the same file), and `cuts`: how many
+    inputs each model read cut to its max_input_length (`Clarifier.cuts`)."""
 
     rows: list
+    cuts: dict = dataclasses.field(default_factory=dict)
 
 
 class Clarifier:
@@ -92,6 +95,8 @@ class Clarifier:
                  questions: QuestionSampling = QuestionSampling()):
         self.questioner, self.pipeline, self.question_sampling = questioner, pipeline, questions
         self.timings: dict[str, float] = {}
+        # inputs cut to a model's max_input_length in the last `step` or `ask`, by model
+        self.cuts: dict[str, int] = {}
 
     @classmethod
     def from_config(cls, models: ModelsConfig, questions: QuestionSampling = QuestionSampling(),
@@ -112,9 +117,16 @@ class Clarifier:
         self.timings[name] = self.timings.get(name, 0.0) + time.perf_counter() - t0
         return out
 
+    def _cut(self, model: str, count: int) -> None:
+        if count:
+            self.cuts[model] = self.cuts.get(model, 0) + int(count)
+
     def judge_probabilities(self, situations: Sequence[str]) -> np.ndarray:
         """[n, 3] P(bad, ok, good) of each situation, in one batch."""
-        return self._timed("judge", self.judge.class_probabilities, list(situations))
+        before = getattr(self.judge, "truncated_inputs", 0)
+        probs = self._timed("judge", self.judge.class_probabilities, list(situations))
+        self._cut("judge", getattr(self.judge, "truncated_inputs", 0) - before)
+        return probs
 
     def questions(self, situations: Sequence[str], rng: jax.Array, n: int = 1) -> list[list[str]]:
         """`n` sampled questions per situation ([b][n]), all in one batch."""
@@ -122,9 +134,10 @@ class Clarifier:
                   for i, s in enumerate(situations) for _ in range(n)]
         if not inputs:
             return []
-        texts = self._timed("questions", self.questioner.generate, inputs,
-                            self.question_sampling.sampling(), rng=rng).texts
-        return [texts[i * n:(i + 1) * n] for i in range(len(situations))]
+        out = self._timed("questions", self.questioner.generate, inputs,
+                          self.question_sampling.sampling(), rng=rng)
+        self._cut("question generator", out.truncated_inputs)
+        return [out.texts[i * n:(i + 1) * n] for i in range(len(situations))]
 
     def fuse(self, situations: Sequence[str], questions: Sequence[str], answers: Sequence[str],
              rng: jax.Array | None = None) -> list[str]:
@@ -135,13 +148,14 @@ class Clarifier:
         if not inputs:
             return []
         sampling = stage_sampling(self.pipeline.config, "fusion")
-        return self._timed("fusion", self.pipeline.fusion.generate, inputs, sampling,
-                           rng=rng).texts
+        out = self._timed("fusion", self.pipeline.fusion.generate, inputs, sampling, rng=rng)
+        self._cut("fusion", out.truncated_inputs)
+        return out.texts
 
     def step(self, requests: Sequence[StepRequest], rng: jax.Array) -> list[StepResult]:
         """One turn for each request, batched: fuse the given answers (one fusion call), judge
         every situation (one judge call), ask the next questions (one generator call)."""
-        self.timings = {}
+        self.timings, self.cuts = {}, {}
         fuse_key, question_key = jax.random.split(rng)
         fuse_rows = [i for i, r in enumerate(requests) if r.question and r.answer]
         fused = self.fuse([requests[i].situation for i in fuse_rows],
@@ -165,16 +179,20 @@ class Clarifier:
         judge's probabilities. With `candidates` n > 1 the n sampled questions are all scored by
         the reward pipeline and the one with the highest raw reward (JSD) is kept."""
         n = self.question_sampling.candidates
+        self.cuts = {}
         q_key, r_key = jax.random.split(rng)
         candidates = self.questions(situations, q_key, n)
         if not answers and n == 1:
             probs = self.judge_probabilities(situations)
             return AskOutput([{"situation": s, "question": c[0],
                                "p_base": [float(x) for x in p], "judgment": label_of(p)}
-                              for s, c, p in zip(situations, candidates, probs)])
+                              for s, c, p in zip(situations, candidates, probs)], dict(self.cuts))
         flat_sits = [s for s in situations for _ in range(n)]
         out = self._timed("reward", self.pipeline, flat_sits, [q for c in candidates for q in c],
                           rng=r_key)
+        for model in ("judge", "answer", "fusion"):
+            self._cut("answerer" if model == "answer" else model,
+                      out.counts.get(f"truncated_{model}_inputs", 0))
         rows = out.rows()
         result = []
         for i, s in enumerate(situations):
@@ -190,7 +208,7 @@ class Clarifier:
                 row = {k: row[k] for k in ("situation", "question", "p_base", "judgment")
                        + (("candidates",) if n > 1 else ())}
             result.append(row)
-        return AskOutput(result)
+        return AskOutput(result, dict(self.cuts))
 
 
 # --------------------------------------------------------------------------- sessions
@@ -221,6 +239,16 @@ class SessionError(ValueError):
     """A request that the session's state does not allow (answering a finished session...)."""
 
 
+def checked_text(text, name: str) -> str:
+    """A user's situation or answer, its whitespace collapsed; SessionError "NAME is empty"
+    (or not text, invisible, a NUL...) by the one rule of `ask`, `interact` and `web`
+    (`textfiles.text_problem`)."""
+    problem = text_problem(text)
+    if problem is not None:
+        raise SessionError(f"{name} {problem}")
+    return text_lib.normalize_whitespace(text)
+
+
 @dataclasses.dataclass
 class Session:
     """One user's conversation: the turns so far and the request it is waiting on. The web server
@@ -236,10 +264,7 @@ class Session:
 
     @classmethod
     def start(cls, situation: str, **kwargs) -> Session:
-        situation = text_lib.normalize_whitespace(situation)
-        if not situation:
-            raise SessionError("the situation is empty")
-        return cls(situation, **kwargs)
+        return cls(checked_text(situation, "the situation"), **kwargs)
 
     @property
     def answered_turns(self) -> int:
@@ -259,10 +284,9 @@ class Session:
 
     def answer(self, answer: str) -> None:
         self._expect_open()
-        answer = text_lib.normalize_whitespace(answer)
-        if not answer:
+        if isinstance(answer, str) and is_blank(answer):
             raise SessionError("the answer is empty (skip the question instead)")
-        self.pending, self._answer = "answer", answer
+        self.pending, self._answer = "answer", checked_text(answer, "the answer")
 
     def skip(self) -> None:
         self._expect_open()

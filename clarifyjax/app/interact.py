@@ -2,9 +2,12 @@
 
 You type a situation; the judge gives its judgment with P(bad, ok, good); the system asks its
 question; you answer it (an empty line or /skip skips it, /another asks another question, /quit
-ends the session); the answer is fused into the situation and the judge judges the updated
-situation. After three turns (`clarify.MAX_TURNS`) a summary shows how the judgment moved, and
-the next situation may follow. Every turn is saved in the transcript (JSONL, rewritten whole after
+ends the session; at the situation prompt /quit ends, and a line that is one /word is always a
+command, never a text); the answer is fused into the situation and the judge judges the updated
+situation. A text that `ask` or `web` would refuse (empty, invisible, a NUL, bytes that are not
+UTF-8) is one error line, and the prompt asks again; texts cut to a model's max_input_length are
+counted in a note. After three turns (`clarify.MAX_TURNS`) a summary shows how the judgment
+moved, and the next situation may follow. Every turn is saved in the transcript (JSONL, rewritten whole after
 each turn), one line per turn: the session, the turn, the situation, its probabilities and
 judgment, the question asked, and the answer.
 """
@@ -12,13 +15,37 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
+from clarifyjax.app.ask import cut_note
 from clarifyjax.app.options import add_models_options, load_clarifier, load_models
 from clarifyjax.core.commands import subcommand
 
 COMMANDS = {"/skip": "skip", "": "skip", "/another": "another", "/quit": "quit"}
+_COMMAND = re.compile(r"/[A-Za-z]+")  # a line that is one /word is a command, never a text
+
+
+def command_of(line: str, prompt: str) -> str | None:
+    """The action a line asks for at `prompt` ("situation" or "answer"): "quit", "skip",
+    "another", "answer" (an answer's text) or "situation" (a situation's text); None when the
+    line is a command that does not apply there (a message says why)."""
+    word = line.strip()
+    if prompt == "situation":
+        if word == "/quit":
+            return "quit"
+        if word in ("/skip", "/another"):
+            print(f"error: {word} acts on a question; type a situation first (or /quit)",
+                  flush=True)
+            return None
+    elif word in COMMANDS:
+        return COMMANDS[word]
+    if _COMMAND.fullmatch(word):
+        print(f"error: unknown command {word}; the commands are /skip, /another and /quit",
+              flush=True)
+        return None
+    return prompt
 
 
 def _interact_options(p: argparse.ArgumentParser) -> None:
@@ -61,6 +88,39 @@ def transcript_lines(sessions) -> list[str]:
     return lines
 
 
+def _converse(session, step, interactive: bool) -> str | None:
+    """The answers to one session's questions until it is done; the last reply (None at the
+    end of the input, "/quit" when the user quits)."""
+    from clarifyjax.app.clarifier import SessionError
+
+    reply = ""
+    while not session.done:
+        reply = _read("answer> ", interactive)
+        if reply is None:
+            return None
+        action = command_of(reply, "answer")
+        if action == "quit":
+            return reply
+        try:
+            if action == "answer":
+                session.answer(reply)
+            elif action == "skip":
+                session.skip()
+            elif action == "another":
+                session.another_question()
+            else:
+                continue
+        except SessionError as e:
+            print(f"error: {e}", flush=True)
+            continue
+        step(session)
+        if action == "another":
+            print(f"question: {session.turns[-1].question}", flush=True)
+        else:
+            _show(session.turns[-1], len(session.turns) - 1)
+    return reply
+
+
 @subcommand("interact", "ClarifyDelphi in the terminal: a situation, its judgment, a question, "
             "your answer, the updated judgment (three turns); the transcript is saved as JSONL",
             _interact_options)
@@ -75,6 +135,8 @@ def run_interact(args: argparse.Namespace) -> int:
     from clarifyjax.app.clarifier import Session, SessionError, run_steps
 
     interactive = sys.stdin.isatty()
+    if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8: refused below, by line
+        sys.stdin.reconfigure(errors="surrogateescape")
     clarifier = load_clarifier(args, cfg)
     key, steps, sessions = jax.random.key(args.seed), 0, []
 
@@ -84,6 +146,8 @@ def run_interact(args: argparse.Namespace) -> int:
         steps += 1
         atomic_write_bytes(args.transcript,
                            ("\n".join(transcript_lines(sessions)) + "\n").encode("utf-8"))
+        if clarifier.cuts:
+            print(cut_note(clarifier.cuts, 1), flush=True)
 
     print("Type a situation (an empty line or the end of the input stops). Answer each question, "
           "or /skip, /another, /quit.", flush=True)
@@ -91,6 +155,11 @@ def run_interact(args: argparse.Namespace) -> int:
         text = _read("situation> ", interactive)
         if text is None or not text.strip():
             break
+        action = command_of(text, "situation")
+        if action == "quit":
+            break
+        if action is None:
+            continue
         try:
             session = Session.start(text)
         except SessionError as e:
@@ -99,25 +168,7 @@ def run_interact(args: argparse.Namespace) -> int:
         sessions.append(session)
         step(session)
         _show(session.turns[0], 0)
-        reply = ""
-        while not session.done:
-            reply = _read("answer> ", interactive)
-            if reply is None:
-                break
-            action = COMMANDS.get(reply.strip(), "answer")
-            if action == "quit":
-                break
-            if action == "answer":
-                session.answer(reply)
-            elif action == "skip":
-                session.skip()
-            else:
-                session.another_question()
-            step(session)
-            if action == "another":
-                print(f"question: {session.turns[-1].question}", flush=True)
-            else:
-                _show(session.turns[-1], len(session.turns) - 1)
+        reply = _converse(session, step, interactive)
         print(f"summary: {session.summary()}", flush=True)
         if reply is None:
             break

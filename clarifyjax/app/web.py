@@ -7,8 +7,8 @@ runs the flow of `clarifyjax.app.clarifier` through a JSON API, one endpoint per
                                                                   the first question asked)
     GET  /api/sessions/{id}                                   -> the session
     POST /api/sessions/{id}/answer      {"answer": "..."}     -> the session, one turn more
-    POST /api/sessions/{id}/skip                              -> one turn more, the situation kept
-    POST /api/sessions/{id}/another                           -> another question for this turn
+    POST /api/sessions/{id}/skip        {} (or no body)       -> one turn more, the situation kept
+    POST /api/sessions/{id}/another     {} (or no body)       -> another question for this turn
 
 A session is {"id", "situation", "max_turns", "done", "turns": [{"situation", "probabilities"
 [bad, ok, good], "judgment", "question", "answer", "fused", "skipped", "questions_asked"}]}.
@@ -18,8 +18,10 @@ sessions whose requests arrive together run as one batch (`serving.MicroBatcher`
 Bad input is `serving`'s error body, ``{"error": {"message", "type", "param", "code"}}``, with
 a 4xx status, never a stack trace: malformed JSON, a non-object, an unknown or missing field
 (400), an unknown session (404), a session that is busy or over (409), a body over
-`MAX_BODY_BYTES` (413), an empty, too long or unencodable text (422). The plumbing (body limits,
-batching, uvicorn bound to 127.0.0.1 unless told otherwise) is `clarifyjax.serve.http_server`'s.
+`MAX_BODY_BYTES` (413), a text that is not a string, empty, invisible, too long or unencodable
+(422: the rule `ask` and `interact` follow). The plumbing (body limits, batching, uvicorn bound to
+127.0.0.1 unless told otherwise, the Host / Origin / Content-Type checks) is
+`clarifyjax.serve.http_server`'s.
 """
 from __future__ import annotations
 
@@ -126,26 +128,20 @@ class ClarifyApp:
 
 
 def _text_field(body: dict, name: str, limit: int) -> str:
-    """`body[name]`: a non-empty, encodable string of at most `limit` characters (ApiError 422
+    """`body[name]`: a text by the rule `ask` and `interact` follow (`clarifier.checked_text`:
+    a string, not empty or invisible, no NUL), of at most `limit` characters (ApiError 422
     otherwise, naming the field)."""
+    from clarifyjax.app.clarifier import SessionError, checked_text
     from clarifyjax.serve.http_server import ApiError, check_keys
-    from clarifyjax.text.tokenizer import TextEncodingError, check_encodable
 
     check_keys(body, (name,), (name,))
-    value = body[name]
-    if not isinstance(value, str):
-        raise ApiError(422, f"field {name!r} must be a string, got {type(value).__name__}",
-                       param=name)
-    text = " ".join(value.split())
-    if not text:
-        raise ApiError(422, f"field {name!r} is empty", param=name)
+    try:
+        text = checked_text(body[name], f"field {name!r}")
+    except SessionError as e:
+        raise ApiError(422, str(e), param=name) from None
     if len(text) > limit:
         raise ApiError(422, f"field {name!r} has {len(text)} characters; at most {limit}",
                        param=name)
-    try:
-        check_encodable([text])
-    except TextEncodingError as e:
-        raise ApiError(422, f"field {name!r}: {e.reason}", param=name) from None
     return text
 
 
@@ -160,7 +156,8 @@ def build_app(clarifier, *, seed: int = 0, window_s: float = 0.01, max_batch: in
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 
-    from clarifyjax.serve.http_server import ApiError, error_response, read_json_object
+    from clarifyjax.serve.http_server import (ApiError, check_keys, error_response,
+                                              read_json_object)
 
     state = ClarifyApp(clarifier, seed=seed, window_s=window_s, max_batch=max_batch)
 
@@ -187,15 +184,14 @@ def build_app(clarifier, *, seed: int = 0, window_s: float = 0.01, max_batch: in
     async def show(request):
         return state.session(request.path_params["id"])
 
-    async def answer(request):
-        state.session(request.path_params["id"])  # 404 before reading the body
-        body = await read_json_object(request, max_bytes=MAX_BODY_BYTES)
-        text = _text_field(body, "answer", MAX_ANSWER_CHARS)
-        return await state.act(request.path_params["id"], "answer", text)
-
-    def bodiless(action: str):
+    def act(action: str):  # answer {"answer"}; skip and another: {} or no body, no field
         async def handler(request):
-            return await state.act(request.path_params["id"], action)
+            state.session(request.path_params["id"])  # 404 before reading the body
+            body = await read_json_object(request, max_bytes=MAX_BODY_BYTES,
+                                          empty_ok=action != "answer")
+            text = _text_field(body, "answer", MAX_ANSWER_CHARS) if action == "answer" else None
+            check_keys(body, ("answer",) if action == "answer" else ())
+            return await state.act(request.path_params["id"], action, text)
         return handler
 
     async def stats(request):
@@ -216,9 +212,8 @@ def build_app(clarifier, *, seed: int = 0, window_s: float = 0.01, max_batch: in
         Route("/", index),
         Route("/api/sessions", guarded(create, 201), methods=["POST"]),
         Route("/api/sessions/{id}", guarded(show), methods=["GET"]),
-        Route("/api/sessions/{id}/answer", guarded(answer), methods=["POST"]),
-        Route("/api/sessions/{id}/skip", guarded(bodiless("skip")), methods=["POST"]),
-        Route("/api/sessions/{id}/another", guarded(bodiless("another")), methods=["POST"]),
+        *(Route(f"/api/sessions/{{id}}/{action}", guarded(act(action)), methods=["POST"])
+          for action in ("answer", "skip", "another")),
         Route("/api/stats", stats, methods=["GET"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
@@ -245,6 +240,7 @@ def run_web(args: argparse.Namespace) -> int:
     app = build_app(clarifier, seed=args.seed, window_s=args.window_ms / 1000)
     serve_forever(app, args.host, args.port,
                   announce=lambda url: print(f"ClarifyDelphi at {url}/ (Ctrl-C stops)",
-                                             flush=True))
+                                             flush=True),
+                  allowed_hosts=args.allowed_host, allowed_origins=args.allow_origin)
     return 0
 

@@ -251,13 +251,19 @@ def eval_model_folders(cfg: EvalConfig) -> dict[str, str]:
 
 
 def check_eval_inputs(cfg: EvalConfig, source: str = "the config") -> None:
-    """Before any model loads: every model folder and data file the config names exists.
+    """Before any model loads: `out` can be a folder, and every model folder and data file the
+    config names exists.
 
     Raises:
       ConfigError: naming the key, the path and `source`.
     """
     from clarifyjax.files.tables import DataError, resolve_data_path
+    from clarifyjax.files.textfiles import check_output_folder
 
+    try:  # a file, /dev/null or a read-only place: before any model loads
+        check_output_folder(cfg.out, option="out", error=ConfigError)
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}", key="out") from None
     for key, folder in eval_model_folders(cfg).items():
         if not Path(folder).is_dir():
             raise ConfigError(f"{source}: {key}: {folder}: "

@@ -69,6 +69,8 @@ def build_root(cls, raw: Mapping[str, Any], overrides: Sequence[str] = (), *,
         value (naming the key, the value and the expected type), or a failed bound / ``check``.
     """
     raw = copy.deepcopy(dict(raw))
+    # Overrides composed in code apply in order (a later one wins: a helper's defaults, then a
+    # caller's); a key repeated on a command line is refused earlier, by `parse_overrides`.
     for item in overrides:
         _apply_override(raw, cls, item, source)
     cfg = _build(cls, raw, "", source)
@@ -89,11 +91,25 @@ def _source_of(overrides: Sequence[str], source: str):
 
 
 def parse_overrides(args: Sequence[str]) -> list[str]:
-    """Keep the ``key=value`` items of a command line (validated later by `load_config`)."""
+    """Keep the ``key=value`` items of a command line (validated later by `load_config`); a key
+    given twice is refused (`refuse_repeated`)."""
     bad = [a for a in args if "=" not in a or a.startswith("=")]
     if bad:
         raise ConfigError(f"overrides must look like key=value (e.g. ppo.batch_size=8), got {bad}")
+    refuse_repeated(args, "the command line")
     return list(args)
+
+
+def refuse_repeated(overrides: Sequence[str], where: str) -> None:
+    """ConfigError naming a key that two ``key=value`` items set (one of them would be dropped
+    without a word: a typo or a copied command line)."""
+    first: dict[str, str] = {}
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if key in first:
+            raise ConfigError(f"{where}: override key {key!r} is given twice ({first[key]!r}, "
+                              f"then {item!r}); give it once", key=key)
+        first[key] = item
 
 
 def config_to_dict(cfg) -> dict:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from collections.abc import Callable, Mapping, Sequence
 
-from clarifyjax.config.loader import ConfigError, build_root, read_yaml
+from clarifyjax.config.loader import ConfigError, build_root, parse_overrides, read_yaml
 from clarifyjax.core.ranges import number_type
 
 # Token lengths beyond this do not fit attention memory on one device anyway; capping them turns a
@@ -170,7 +170,7 @@ def reward_config(args: argparse.Namespace) -> RewardConfig:
         if missing:
             raise ConfigError(f"the following arguments are required: {', '.join(missing)} "
                               "(or give the models in --config)")
-    items = list(args.overrides)
+    items = parse_overrides(args.overrides)  # a key given twice is refused
     flags = {}  # dest -> (the override it stands for, how messages name it)
     for dest, key in FLAG_KEYS.items():
         value = getattr(args, dest)

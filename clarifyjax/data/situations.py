@@ -2,8 +2,9 @@
 or a column of a table, each checked (empty, invisible, unencodable) with its file and line named.
 
 Reading the bytes (UTF-8 with an optional byte-order mark) is `clarifyjax.files.textfiles`'s; this module
-adds the table formats (`clarifyjax.data.read_table`) and the tokenizer's encodability check, which
-is why it sits above both.
+adds the table formats (`clarifyjax.data.read_table`) and checks each text by the one rule of a
+user's text (`textfiles.text_problem`: a JSON number is not a situation; empty, invisible, NUL and
+lone surrogates are refused).
 """
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import os
 from pathlib import Path
 
 from clarifyjax.data import DataError, read_table
-from clarifyjax.files.textfiles import TABLE_SUFFIXES, is_blank, read_text_file, split_lines
-from clarifyjax.text.tokenizer import TextEncodingError, check_encodable
+from clarifyjax.files.tables import jsonl_objects
+from clarifyjax.files.textfiles import (TABLE_SUFFIXES, is_blank, read_text_file, split_lines,
+                                        text_problem)
 
 
 def read_texts(path: str | os.PathLike, column: str, *, limit: int | None = None
@@ -21,8 +23,9 @@ def read_texts(path: str | os.PathLike, column: str, *, limit: int | None = None
     other file (one text per line). `where[i]` is "FILE:LINE".
 
     Raises:
-      DataError: the file is missing, not UTF-8, empty, lacks the column, or a text is empty or
-        cannot be tokenized (naming file and line).
+      DataError: the file is missing, not UTF-8, empty, lacks the column, or a text breaks
+        `textfiles.text_problem`: not a string in JSON, empty or invisible, a NUL or lone
+        surrogate (naming file and line).
     """
     path = Path(path)
     suffix = path.suffix.lower()  # Windows tools write ".CSV"
@@ -32,22 +35,26 @@ def read_texts(path: str | os.PathLike, column: str, *, limit: int | None = None
         table = read_table(path, (column,), resolve=False)  # names file:line:column
         texts = [row[column] for row in table.rows]
         where = [table.where(i) for i in range(len(table))]
-        kind = f"column {column!r}"
+        kind = f"{'field' if suffix == '.jsonl' else 'column'} {column!r}"
     else:
         texts = split_lines(read_text_file(path, error=DataError))
         where = [f"{path}:{i}" for i in range(1, len(texts) + 1)]
         kind = f"field {column!r}"
     if not texts:
         raise DataError(f"{path}: no {column}s in the file")
+    if suffix == ".jsonl":  # the reader gives every cell as text; a JSON 5 is not a situation
+        for line, obj in jsonl_objects(path):
+            if obj.get(column) is not None and not isinstance(obj[column], str):
+                raise DataError(f"{path}:{line}: {kind} {text_problem(obj[column])}")
     for text, loc in zip(texts, where):
         if is_blank(text):
-            raise DataError(f"{loc}: {kind} is empty")
+            raise DataError(f"{loc}: {kind} {text_problem(text)}")
     if limit is not None:
         texts, where = texts[:limit], where[:limit]
-    try:
-        check_encodable(texts)
-    except TextEncodingError as e:
-        raise DataError(f"{where[e.index]}: {column} {e.reason}") from e
+    for text, loc in zip(texts, where):
+        problem = text_problem(text)
+        if problem is not None:
+            raise DataError(f"{loc}: {column} {problem}")
     return texts, where
 
 

@@ -3,7 +3,8 @@ and padded on the left to a bucket length (`clarifyjax.core.buckets`), prefilled
 preallocated cache whose length is bucketed too, and ONE `lax.while_loop` over
 `CausalLM.decode_step`, carrying a named state (`CausalLoopState`), samples until every row has
 emitted an EOS (any of `config.eos_token_ids`) or a stop token, so a stream of batches compiles a
-handful of programs (`clarifyjax.core.traces` counts them under "generate_causal").
+handful of programs (`clarifyjax.core.traces` counts them under "generate_causal"). n tokens
+take n - 1 decoding steps: the last one is chosen after the loop, with no step to feed it.
 
 A prefix that every prompt shares (`prefix_ids`) runs once for the batch
 (`CausalLM.prefill_after_prefix`) instead of once per row.
@@ -108,10 +109,12 @@ def _causal_loop(graphdef, state, input_ids, attention_mask, rng, prefix, *,
         logits, cache = model.prefill_after_prefix(*prefix, input_ids, attention_mask, cache)
     ends = jnp.asarray(c.eos_token_ids + stop_ids or (-1,), jnp.int32)
 
-    def cond(s: CausalLoopState):
-        return (s.step < settings.max_new_tokens) & ~jnp.all(s.done)
+    def cond(s: CausalLoopState):  # the last token is chosen after the loop, with no step
+        return (s.step < settings.max_new_tokens - 1) & ~jnp.all(s.done)
 
-    def body(s: CausalLoopState) -> CausalLoopState:
+    def choose(s: CausalLoopState) -> tuple[CausalLoopState, jax.Array]:
+        """The token [b] of step `s.step` from `s.logits`, recorded; logits and cache as they
+        were."""
         token, token_logp, rng = choose_token(s.logits, s.step, s.rng, c.eos_token_ids,
                                               settings)
         alive = ~s.done
@@ -119,10 +122,17 @@ def _causal_loop(graphdef, state, input_ids, attention_mask, rng, prefix, *,
         tokens, logprobs, mask = record_step(s.tokens, s.logprobs, s.mask, s.step, token,
                                              token_logp, alive)
         done = s.done | jnp.isin(token, ends)
+        return CausalLoopState(s.step + 1, done, s.logits, s.cache, tokens, logprobs, mask,
+                               rng), token
+
+    def body(s: CausalLoopState) -> CausalLoopState:
+        s, token = choose(s)
         logits, cache = model.decode_step(token, s.cache)
-        return CausalLoopState(s.step + 1, done, logits, cache, tokens, logprobs, mask, rng)
+        return s._replace(logits=logits, cache=cache)
 
     start = CausalLoopState(jnp.int32(0), jnp.zeros((b,), bool), logits, cache,
                             *empty_outputs(b, settings, c.pad_id), rng)
-    end = jax.lax.while_loop(cond, body, start)
+    # after the loop: the step of the last token, or (every row done early) a step whose
+    # column stays padding
+    end, _ = choose(jax.lax.while_loop(cond, body, start))
     return Generation(end.tokens, end.logprobs, end.mask)

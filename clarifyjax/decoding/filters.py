@@ -1,8 +1,9 @@
 """What a sampling step draws from, and the draw: `filter_logits` (temperature, then top-k,
 then top-p, transformers' order) and `sample_categorical` (one uniform per row, inverse CDF).
 
-Neither sorts the vocabulary: on accelerators the thresholds come from `lax.top_k`; on CPU,
-where `lax.top_k` is a sort of the row, from bisections of the float32 bit patterns.
+Neither sorts the vocabulary: the thresholds come from the few largest logits of each row
+(`top_k_values`: `lax.top_k` over the blocks of the row whose maxima are largest), or, where
+those do not settle a top-p threshold, from bisections of the float32 bit patterns.
 
 Shapes: b = batch, V = vocab.
 """
@@ -10,18 +11,21 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 TOP_P_CANDIDATES = 256  # most likely tokens searched first for the top-p nucleus
 
 
-def _top_p_threshold(descending: jax.Array, log_total: jax.Array,
-                     top_p: float) -> tuple[jax.Array, jax.Array]:
+def top_p_threshold(descending: jax.Array, log_total: jax.Array,
+                    top_p) -> tuple[jax.Array, jax.Array]:
     """The smallest logit kept by top-p: descending [b, n] logits (the n most likely of the row),
-    log_total [b, 1] = logsumexp of the whole row -> ([b, 1], [b] whether the n cover top_p)."""
+    log_total [b, 1] = logsumexp of the whole row, top_p a number or [b, 1] -> ([b, 1], [b]
+    whether the n cover top_p)."""
     probs = jnp.exp(descending - log_total)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
     kept = jnp.where(mass_before < top_p, descending, jnp.inf)
-    return jnp.min(kept, axis=-1, keepdims=True), jnp.sum(probs, axis=-1) >= top_p
+    covered = jnp.sum(probs, axis=-1, keepdims=True) >= top_p
+    return jnp.min(kept, axis=-1, keepdims=True), covered[:, 0]
 
 
 def _ordered_keys(x: jax.Array) -> jax.Array:
@@ -31,9 +35,10 @@ def _ordered_keys(x: jax.Array) -> jax.Array:
     return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
 
 
-def _top_p_threshold_by_bisection(logits: jax.Array, log_total: jax.Array,
-                                  top_p: float) -> jax.Array:
-    """The top-p threshold of every row without sorting: [b, V], [b, 1] -> [b, 1].
+def top_p_threshold_by_bisection(logits: jax.Array, log_total: jax.Array,
+                                 top_p) -> jax.Array:
+    """The top-p threshold of every row without sorting: [b, V], [b, 1], top_p a number or
+    [b, 1] -> [b, 1].
 
     A token is kept when the mass of the tokens strictly more likely than it is < top_p; that
     mass only falls as the logit rises, so the kept tokens are those whose key is >= the smallest
@@ -59,9 +64,9 @@ def _top_p_threshold_by_bisection(logits: jax.Array, log_total: jax.Array,
     return jnp.min(jnp.where(keys >= smallest, logits, jnp.inf), axis=-1, keepdims=True)
 
 
-def _kth_largest_by_bisection(logits: jax.Array, k: int) -> jax.Array:
+def kth_largest_by_bisection(logits: jax.Array, k) -> jax.Array:
     """The k-th largest logit of every row, ties counted (what `lax.top_k(logits, k)[0][..., -1]`
-    gives), without sorting: [b, V] -> [b, 1]. The largest key t with count(keys >= t) >= k is
+    gives), without sorting: [b, V], k a number or [b, 1] -> [b, 1]. The largest key t with count(keys >= t) >= k is
     the k-th largest's own key; 32 halvings of the int32 key range, one compare-and-count over
     the row each."""
     keys = _ordered_keys(logits)
@@ -78,48 +83,116 @@ def _kth_largest_by_bisection(logits: jax.Array, k: int) -> jax.Array:
     return jnp.min(jnp.where(keys >= smallest, logits, jnp.inf), axis=-1, keepdims=True)
 
 
-def _sorting_is_slow() -> bool:
-    """XLA:CPU runs `lax.top_k` as a sort of the row: 142 ms for [128, 8192] against 14 ms for
-    the bisections above (measured on this 2-core CPU). Accelerators have fast top-k kernels."""
-    return jax.default_backend() == "cpu"
+PRUNE_BLOCK = 32  # vocabulary entries per block of `top_k_values`' pruning
+
+
+def top_k_values(logits: jax.Array, n: int) -> jax.Array:
+    """The n largest logits of every row, descending, exactly `lax.top_k(logits, n)[0]`: [b, V]
+    -> [b, n], at a fraction of its cost on a large vocabulary.
+
+    The n largest lie in the n blocks (of PRUNE_BLOCK entries) with the largest maxima, so
+    `lax.top_k` runs over those n blocks only, after one max over the row. Ties can leave an
+    entry equal to the n-th largest outside them: a count over the row checks that none is
+    missing, and when one is (in any row) the whole rows go through `lax.top_k` instead. (A row
+    with fewer than n finite logits has all of them in the blocks, and -inf for the rest.)
+
+    Only the values are taken, never a slice of them: XLA:CPU runs a `lax.top_k` whose output is
+    sliced as a sort of the whole row (2.4 s for [128, 32000], against 20 ms for its TopK call).
+    """
+    b, v = logits.shape
+    blocks = -(-v // PRUNE_BLOCK)
+    if 2 * n * PRUNE_BLOCK > v:  # the blocks would hold most of the row: no gain
+        return jax.lax.top_k(logits, n)[0]
+    padded = jnp.pad(logits, ((0, 0), (0, blocks * PRUNE_BLOCK - v)), constant_values=-jnp.inf)
+    padded = padded.reshape(b, blocks, PRUNE_BLOCK)
+    best_blocks = jax.lax.top_k(jnp.max(padded, axis=-1), n)[1]                # [b, n]
+    candidates = jnp.take_along_axis(padded, best_blocks[:, :, None], axis=1).reshape(b, -1)
+    values = jax.lax.top_k(candidates, n)[0]
+    smallest = jnp.min(values, axis=-1, keepdims=True)
+
+    def above(x):  # entries that belong among the n largest (-inf ones need not: any will do)
+        return jnp.sum((x >= smallest) & (x > -jnp.inf), axis=-1)
+
+    complete = jnp.all(above(logits) == above(candidates))
+    return jax.lax.cond(complete, lambda: values, lambda: jax.lax.top_k(logits, n)[0])
+
+
+SMALLEST_TEMPERATURE = float(np.finfo(np.float32).tiny)  # 2**-126, float32's smallest normal
+LARGEST_TEMPERATURE = 2.0 ** 125  # its reciprocal (XLA divides by multiplying) is still normal
+
+
+def scale_by_temperature(logits: jax.Array, temperature: float) -> jax.Array:
+    """logits / temperature in float32, computed so that no temperature > 0 overflows: [b, V].
+
+    Each row's largest logit is subtracted first (the softmax, top-k and top-p do not change),
+    so the scaled logits are <= 0 and the largest is exactly 0: a tiny temperature sends the
+    others to -inf, which is the limit of the distribution as T -> 0 (the argmax; tied maxima
+    share it). A temperature below float32's smallest normal number (`SMALLEST_TEMPERATURE`,
+    about 1.18e-38; 5e-324 or a float32 subnormal such as 1e-40) is used as that number, since
+    XLA flushes subnormals to zero; one above `LARGEST_TEMPERATURE` (2**125, about 4.3e37) as
+    that one, where the distribution is already uniform in float32 (the limit as T -> infinity).
+    """
+    logits = logits.astype(jnp.float32)
+    temperature = float(temperature)
+    if temperature == 1.0:
+        return logits
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)  # a row of -inf stays -inf, not NaN
+    scale = np.float32(min(max(temperature, SMALLEST_TEMPERATURE), LARGEST_TEMPERATURE))
+    return (logits - top) / scale
 
 
 def filter_logits(logits: jax.Array, *, temperature: float = 1.0, top_k: int = 0,
-                  top_p: float = 1.0, bisect: bool | None = None) -> jax.Array:
+                  top_p: float = 1.0, bisect: bool = False) -> jax.Array:
     """The logits actually sampled from: [b, V] float32 -> [b, V], -inf outside the support.
 
-    Temperature first, then top-k (keep the k largest), then top-p (keep the smallest set of
-    most likely tokens whose probability reaches top_p; the most likely token always stays).
+    Temperature first (`scale_by_temperature`: no temperature > 0 overflows), then top-k (keep
+    the k largest), then top-p (keep the smallest set of most likely tokens whose probability
+    reaches top_p; the most likely token always stays).
 
     Neither sorts the vocabulary (a per-row sort of a 32k vocabulary can cost more than the
-    model's own decoding step). On accelerators, top-k is `lax.top_k` and top-p looks for the
-    nucleus among the TOP_P_CANDIDATES most likely tokens (`lax.top_k`), bisecting for the
-    threshold over the whole row (`_top_p_threshold_by_bisection`) only when, in some row, those
-    do not reach top_p. On CPU, where `lax.top_k` is a sort, both thresholds are bisections.
-    `bisect` picks the way explicitly (True: bisections, False: `lax.top_k`); None (the
-    default) picks by backend as above. Both keep the same tokens.
+    model's own decoding step). The top-k threshold is the smallest of `top_k_values`; top-p
+    looks for the nucleus among the top-k kept tokens when top-k is on (at most
+    TOP_P_CANDIDATES of them), else among the TOP_P_CANDIDATES most likely tokens, bisecting for
+    the threshold over the whole row (`top_p_threshold_by_bisection`) only when, in some row,
+    those do not reach top_p. `bisect=True` finds both thresholds by bisections of the whole
+    row instead; both ways keep the same tokens.
     """
-    logits = logits.astype(jnp.float32) / jnp.float32(temperature)
-    slow_sort = _sorting_is_slow() if bisect is None else bool(bisect)
+    logits = scale_by_temperature(logits, temperature)
+    descending = None
     if top_k > 0:
         k = min(top_k, logits.shape[-1])
-        kth = (_kth_largest_by_bisection(logits, k) if slow_sort
-               else jax.lax.top_k(logits, k)[0][..., -1:])
+        if bisect:
+            kth = kth_largest_by_bisection(logits, k)
+        else:
+            descending = top_k_values(logits, k)
+            kth = jnp.min(descending, axis=-1, keepdims=True)
         logits = jnp.where(logits < kth, -jnp.inf, logits)
-    if top_p < 1.0 and slow_sort:
-        log_total = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
-        threshold = _top_p_threshold_by_bisection(logits, log_total, top_p)
-        logits = jnp.where(logits < threshold, -jnp.inf, logits)
-    elif top_p < 1.0:
-        log_total = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
-        n = min(TOP_P_CANDIDATES, logits.shape[-1])
-        threshold, covered = _top_p_threshold(jax.lax.top_k(logits, n)[0], log_total, top_p)
-        if n < logits.shape[-1]:
-            threshold = jax.lax.cond(
-                jnp.all(covered), lambda: threshold,
-                lambda: _top_p_threshold_by_bisection(logits, log_total, top_p))
-        logits = jnp.where(logits < threshold, -jnp.inf, logits)
+    if top_p < 1.0:
+        logits = jnp.where(logits < _top_p_cut(logits, top_p, descending, bisect),
+                           -jnp.inf, logits)
     return logits
+
+
+def _top_p_cut(logits: jax.Array, top_p: float, descending: jax.Array | None,
+               bisect: bool) -> jax.Array:
+    """filter_logits' top-p threshold [b, 1] of logits [b, V] (after top-k, whose kept values,
+    descending, are `descending` [b, k] when top-k ran by `top_k_values`)."""
+    log_total = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+    if bisect:
+        return top_p_threshold_by_bisection(logits, log_total, top_p)
+    if descending is not None and descending.shape[-1] <= TOP_P_CANDIDATES:
+        # every kept token is >= the smallest of them, and the ones tied with it share its
+        # value: the nucleus found among them is the row's (when they do not cover top_p, the
+        # threshold is their smallest, which keeps every token top-k kept)
+        return top_p_threshold(descending, log_total, top_p)[0]
+    n = min(TOP_P_CANDIDATES, logits.shape[-1])
+    threshold, covered = top_p_threshold(top_k_values(logits, n), log_total, top_p)
+    if n < logits.shape[-1]:
+        threshold = jax.lax.cond(
+            jnp.all(covered), lambda: threshold,
+            lambda: top_p_threshold_by_bisection(logits, log_total, top_p))
+    return threshold
 
 
 SAMPLE_BLOCK = 128  # vocabulary entries per block of `sample_categorical`'s two-level search
@@ -137,24 +210,37 @@ def _first_above(cumulative: jax.Array, target: jax.Array, weights: jax.Array) -
 def sample_categorical(key: jax.Array, logits: jax.Array) -> jax.Array:
     """One draw per row from softmax(logits): [b, V] float -> [b] int32 (-inf = never drawn).
 
-    Inverse-CDF sampling with ONE uniform per row: `jax.random.categorical` draws a Gumbel
-    variate per vocabulary entry, and generating that many random bits is a sizeable share of a
-    small model's decoding step. The search is two-level (blocks of SAMPLE_BLOCK entries,
-    then inside the chosen block) so that no cumulative sum runs over the whole vocabulary:
-    sums stay short, exact enough in float32, and cheap on every backend.
+    Inverse-CDF sampling with ONE uniform per row (`draw_categorical`): `jax.random.categorical`
+    draws a Gumbel variate per vocabulary entry, and generating that many random bits is a
+    sizeable share of a small model's decoding step.
+    """
+    uniform = jax.random.uniform(key, (logits.shape[0], 1), jnp.float32)
+    return draw_categorical(uniform, logits)[0]
+
+
+def draw_categorical(uniform: jax.Array, logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The inverse-CDF draw of `sample_categorical` at given uniforms [b, 1] in [0, 1): logits
+    [b, V] -> (token [b] int32, log of the row's total mass [b], its logsumexp, from the same
+    exponentials, so that a step that needs the drawn token's log-prob takes one pass of exp).
+
+    The search is two-level (blocks of SAMPLE_BLOCK entries, then inside the chosen block) so
+    that no cumulative sum runs over the whole vocabulary: sums stay short, exact enough in
+    float32, and cheap on every backend.
     """
     b, v = logits.shape
     blocks = -(-v // SAMPLE_BLOCK)
     logits = logits.astype(jnp.float32)
-    weights = jnp.exp(logits - jnp.max(logits, axis=-1, keepdims=True))      # [b, V], max = 1
+    top = jnp.max(logits, axis=-1, keepdims=True)
+    weights = jnp.exp(logits - top)                                           # [b, V], max = 1
     weights = jnp.pad(weights, ((0, 0), (0, blocks * SAMPLE_BLOCK - v)))
     weights = weights.reshape(b, blocks, SAMPLE_BLOCK)
     block_mass = jnp.sum(weights, axis=-1)                                   # [b, blocks]
     block_cum = jnp.cumsum(block_mass, axis=-1)
-    target = jax.random.uniform(key, (b, 1), jnp.float32) * block_cum[:, -1:]
+    target = uniform.astype(jnp.float32) * block_cum[:, -1:]
     block = _first_above(block_cum, target, block_mass)                      # [b]
     previous = jnp.take_along_axis(block_cum, jnp.maximum(block - 1, 0)[:, None], axis=-1)
     before = jnp.where(block[:, None] > 0, previous, 0.0)                    # [b, 1]
     inside = jnp.take_along_axis(weights, block[:, None, None], axis=1)[:, 0]  # [b, SAMPLE_BLOCK]
     offset = _first_above(jnp.cumsum(inside, axis=-1), target - before, inside)
-    return block * SAMPLE_BLOCK + offset
+    log_total = top[:, 0] + jnp.log(block_cum[:, -1])
+    return block * SAMPLE_BLOCK + offset, log_total

@@ -60,7 +60,8 @@ def context_length(folder: str | os.PathLike, default: int = 2048) -> int:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Row:
+class EncodedRow:
+    """One row of a `complete` call: prompt `prompt`'s sample `sample`, its ids and settings."""
     prompt: int          # index of the prompt in the call
     sample: int          # which of its n samples
     ids: tuple[int, ...]
@@ -127,8 +128,11 @@ class LocalLM:
     def count_tokens(self, prompt: Prompt) -> int:
         return len(self.encode(prompt))
 
-    def _stop_ids(self, stop: tuple[str, ...]) -> tuple[int, ...]:
+    def stop_token_ids(self, stop: tuple[str, ...]) -> tuple[int, ...]:
         """EOS and the stop strings that are one token (they end the loop early)."""
+        return self._stop_ids(stop)
+
+    def _stop_ids(self, stop: tuple[str, ...]) -> tuple[int, ...]:
         if stop not in self._stop_cache:
             self._stop_cache[stop] = self._find_stop_ids(stop)
         return self._stop_cache[stop]
@@ -149,6 +153,20 @@ class LocalLM:
                  ) -> list[list[Completion]]:
         """`n` completions of each prompt (see `textgen.TextGenerator`). ValueError naming the
         prompt for one that cannot be rendered or does not fit the context."""
+        rows, counts = self.prompt_rows(prompts, sampling, n)
+        results: list[list[Completion | None]] = [[None] * c for c in counts]
+        if seed is None:
+            seed = int(np.random.SeedSequence().generate_state(1)[0])
+        for k, batch in enumerate(self._batches(rows)):
+            for row, completion in zip(batch, self._run(batch, _batch_seed(seed, k))):
+                results[row.prompt][row.sample] = completion
+        return results
+
+    def prompt_rows(self, prompts: Sequence[Prompt], sampling: Sampling | Sequence[Sampling],
+                    n: int | Sequence[int] = 1) -> tuple[list[EncodedRow], list[int]]:
+        """The rows of a `complete` call, before any runs: each prompt's token ids and settings
+        (the model's defaults filled in), `n` rows each, checked against the context -> (rows,
+        n per prompt). ValueError naming the prompt."""
         prompts = list(prompts)
         settings = [s.with_defaults(self.defaults)
                     for s in per_prompt(sampling, len(prompts), "sampling")]
@@ -163,22 +181,16 @@ class LocalLM:
                 raise ValueError(f"prompt {i}: {len(ids)} tokens + max_new_tokens "
                                  f"{s.max_new_tokens} is more than the context length of "
                                  f"{self.context_length}")
-            rows += [_Row(i, j, ids, s) for j in range(count)]
-        results: list[list[Completion | None]] = [[None] * c for c in counts]
-        if seed is None:
-            seed = int(np.random.SeedSequence().generate_state(1)[0])
-        for k, batch in enumerate(self._batches(rows)):
-            for row, completion in zip(batch, self._run(batch, _batch_seed(seed, k))):
-                results[row.prompt][row.sample] = completion
-        return results
+            rows += [EncodedRow(i, j, ids, s) for j in range(count)]
+        return rows, counts
 
     def _group_key(self, s: Sampling) -> tuple:
         sampled = () if s.greedy else (s.temperature, s.top_k, s.top_p)
         return (s.greedy, sampled, s.min_new_tokens,
                 bucket_length(s.max_new_tokens, NEW_TOKEN_BUCKETS), self._stop_ids(s.stop))
 
-    def _batches(self, rows: list[_Row]) -> list[list[_Row]]:
-        groups: dict[tuple, list[_Row]] = {}
+    def _batches(self, rows: list[EncodedRow]) -> list[list[EncodedRow]]:
+        groups: dict[tuple, list[EncodedRow]] = {}
         for row in rows:
             groups.setdefault(self._group_key(row.sampling), []).append(row)
         batches = []
@@ -188,7 +200,7 @@ class LocalLM:
                 batches.append([group[i] for i in index])
         return batches
 
-    def _run(self, batch: list[_Row], seed_state: int) -> list[Completion]:
+    def _run(self, batch: list[EncodedRow], seed_state: int) -> list[Completion]:
         import jax
 
         from clarifyjax.decoding.api import generate
@@ -226,10 +238,13 @@ class LocalLM:
                        top_k=0 if greedy else s.top_k, top_p=1.0 if greedy else s.top_p,
                        stop_token_ids=stop_ids, prefix_ids=list(prefix) or None)
         tokens, logprobs, kept = (np.asarray(a) for a in (out.tokens, out.logprobs, out.mask))
-        return [self._completion(tokens[i], logprobs[i], kept[i], row.sampling, stop_ids)
+        return [self.completion(tokens[i], logprobs[i], kept[i], row.sampling, stop_ids)
                 for i, row in enumerate(batch)]
 
-    def _completion(self, tokens, logprobs, kept, s: Sampling, stop_ids) -> Completion:
+    def completion(self, tokens, logprobs, kept, s: Sampling, stop_ids) -> Completion:
+        """One row's Completion from its tokens, log-probs and mask [n] (as `generate` gives
+        them), its settings and the ids that stopped it: text decoded and cut at the first stop
+        string (its tokens and log-probs with it)."""
         length = int(kept.sum())
         stopped = length > 0 and int(tokens[length - 1]) in stop_ids
         if length > s.max_new_tokens:  # the group ran to its bucket; this row asked for fewer

@@ -15,7 +15,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from clarifyjax.decoding.filters import filter_logits, sample_categorical
+from clarifyjax.decoding.filters import draw_categorical, filter_logits
 
 
 class Generation(NamedTuple):
@@ -50,14 +50,15 @@ def choose_token(logits: jax.Array, step: jax.Array, rng: jax.Array, eos_ids: Se
         logits = jnp.where(is_eos & (step < settings.min_new_tokens), -jnp.inf, logits)
     if settings.greedy:
         token = jnp.argmax(logits, axis=-1)
+        log_total = jax.nn.logsumexp(logits, axis=-1)
     else:
         rng, key = jax.random.split(rng)
         logits = filter_logits(logits, temperature=settings.temperature, top_k=settings.top_k,
                                top_p=settings.top_p)
-        token = sample_categorical(key, logits)
+        uniform = jax.random.uniform(key, (logits.shape[0], 1), jnp.float32)
+        token, log_total = draw_categorical(uniform, logits)  # as `sample_categorical(key, .)`
     # log_softmax at the chosen token only: no [b, V] array written per step
-    token_logp = (jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0]
-                  - jax.nn.logsumexp(logits, axis=-1))
+    token_logp = jnp.take_along_axis(logits, token[:, None], axis=-1)[:, 0] - log_total
     return token.astype(jnp.int32), token_logp, rng
 
 

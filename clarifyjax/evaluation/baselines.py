@@ -87,7 +87,8 @@ class Discriminator:
         from clarifyjax.reward.nli import NLIFilter
 
         folder = check_folder(folder)
-        labels = [str(label) for label in labels_from_hf(read_config(folder))]
+        labels = [str(label) for label in labels_from_hf(read_config(folder),
+                                                              folder / "config.json")]
         lower = [label.lower() for label in labels]
         if relevant_label.lower() not in lower or len(labels) < 2:
             raise CheckpointError(f"{folder / 'config.json'}: id2label {labels} has no "

@@ -36,6 +36,7 @@ import io
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 from collections.abc import Sequence
 
@@ -350,6 +351,27 @@ def _pack(vectors, weights, index, length: int, rows: int, d: int):
     return x, w
 
 
+class EmptyTextWarning(UserWarning):
+    """`bertscore` met a text with no tokens: its raw P and R are 0, as the package sets them."""
+
+
+def _warn_empty(empty_candidates: list[bool], empty_references: list[bool],
+                bounds: np.ndarray) -> None:
+    """One `EmptyTextWarning` counting the empty candidates and references, naming the first of
+    each (the package prints "Empty candidate / reference sentence detected")."""
+    parts = []
+    if any(empty_candidates):
+        parts.append(f"{sum(empty_candidates)} empty candidate(s) (the first: candidates"
+                     f"[{empty_candidates.index(True)}])")
+    if any(empty_references):
+        j = empty_references.index(True)
+        i = int(np.searchsorted(bounds[:, 1], j, side="right"))
+        parts.append(f"{sum(empty_references)} empty reference(s) (the first: references[{i}])")
+    if parts:
+        warnings.warn(f"bertscore: {' and '.join(parts)}: their raw P and R are 0, as bert-score "
+                      "sets them", EmptyTextWarning, stacklevel=3)
+
+
 def bertscore(candidates: Sequence[str], references, *, model, layer: int | None = None,
               idf: bool = False, baseline: str | os.PathLike | None = None, batch_size: int = 64
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -368,6 +390,13 @@ def bertscore(candidates: Sequence[str], references, *, model, layer: int | None
         `PAIRS_PER_CALL`).
     Returns:
       (P, R, F), each [N] float32 numpy arrays.
+
+    Every check is eager (nothing here runs under `jit`): candidates and each reference are
+    encodable `str` (a ValueError naming the argument and index), one reference entry per
+    candidate and no empty list of them, batch_size an integer >= 1, the layer within the model,
+    the baseline file's row. An empty text (nothing left once stripped and tokenized) is scored
+    as the package scores it, raw P = R = 0 (F 0), with one `EmptyTextWarning` that counts the
+    empty candidates and references and names the first of each.
     """
     candidates = check_texts(candidates, "candidates")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
@@ -383,6 +412,8 @@ def bertscore(candidates: Sequence[str], references, *, model, layer: int | None
     texts = list(dict.fromkeys(pair_cands + flat_refs))
     position = {t: i for i, t in enumerate(texts)}
     ids = model.encode(texts)
+    _warn_empty([len(ids[position[c]]) <= 2 for c in candidates],
+                [len(ids[position[r]]) <= 2 for r in flat_refs], bounds)
     token_weight = _token_weights(model, [ids[position[r]] for r in flat_refs], idf)
     weights = [np.array([token_weight[t] for t in x], np.float32) for x in ids]
     vectors = model.token_vectors(ids, layer)

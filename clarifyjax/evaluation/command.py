@@ -27,6 +27,19 @@ def run_evaluate(args: argparse.Namespace) -> int:
 
     cfg = load_eval_config(args.config, parse_overrides(args.overrides))  # before JAX starts
     check_eval_inputs(cfg, str(args.config))
+    if cfg.bertscore.model is not None:  # its config only: a layer past the model's depth
+        from clarifyjax.config.loader import ConfigError
+        from clarifyjax.evaluation.bertscore import check_layer
+
+        from clarifyjax.models.safetensors_io import CheckpointError
+
+        try:
+            check_layer(cfg.bertscore.model, cfg.bertscore.layer)
+        except CheckpointError:
+            raise
+        except ValueError as e:
+            raise ConfigError(f"{args.config}: bertscore.layer: {e}",
+                              key="bertscore.layer") from None
     from clarifyjax.evaluation.evaluate import evaluate
 
     summary = evaluate(cfg)

@@ -21,6 +21,8 @@ import json
 import os
 import re
 import shutil
+import sys
+import zipfile
 from pathlib import Path
 from typing import Any
 from collections.abc import Mapping, Sequence
@@ -93,13 +95,20 @@ class ChunkStore:
         return self.folder / f"chunk-{i:06d}.npz"
 
     def load(self, i: int):
-        """Chunk i's output, or None when it is missing or unreadable (then it is scored again)."""
+        """Chunk i's output, or None when it is missing or unreadable (then it is made again).
+        An unreadable one (truncated by a crash, emptied by a full disk) is a one-line warning
+        on stderr that names it; it is treated as unfinished."""
+        path = self._path(i)
+        if not path.exists():
+            return None
         try:
-            with np.load(self._path(i), allow_pickle=False) as saved:
+            with np.load(path, allow_pickle=False) as saved:
                 values = json.loads(bytes(saved["__json__"]).decode())
                 values.update({k: saved[k] for k in saved.files if k != "__json__"})
             return self.cls(**values)
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+            print(f"warning: {path}: unreadable ({type(e).__name__}: {str(e)[:120]}), so "
+                  "unfinished; it is made again", file=sys.stderr, flush=True)
             return None
 
     def save(self, i: int, output) -> None:

@@ -17,6 +17,8 @@ any model is loaded, and never half-way through the work:
 
 `check_texts` is the one check of a list of texts handed to a model (the judge, the seq2seq
 models, the NLI filter, the sentence embedder): a sequence of `str`, each encodable.
+`text_problem` is the one rule for a text a user gives (a situation, an answer, a paraphrase),
+whichever way it arrives (a file, the terminal, the web page's JSON).
 """
 from __future__ import annotations
 
@@ -93,6 +95,36 @@ def is_blank(text: str) -> bool:
     return all(c.isspace() or unicodedata.category(c) in ("Cf", "Cc") for c in text)
 
 
+def text_problem(value) -> str | None:
+    """What makes `value` unusable as a text a user typed for the models (a situation, an answer,
+    a paraphrase), or None: not a string (a JSON number stays a number), empty or only
+    whitespace and invisible characters (zero-width spaces), or a NUL character or lone
+    surrogate that no tokenizer encodes. The one rule of `ask`, `interact`, `web` and SaGE's
+    questions; each caller puts its own name in front ("field 'situation' is empty")."""
+    if not isinstance(value, str):
+        if isinstance(value, (bool, int, float)):
+            kind = "true/false" if isinstance(value, bool) else "a number"
+            return f"must be text, got {kind} ({value!r}); quote it to use it as text"
+        kind = {type(None): "null", list: "a list", dict: "an object"}.get(type(value))
+        return f"must be text, got {kind or type(value).__name__}"
+    if is_blank(value):
+        return "is empty" if not value.strip() else (
+            f"is empty: it holds only invisible characters ({_codepoints(value.strip())})")
+    nul = value.find("\x00")
+    if nul >= 0:
+        return f"holds a NUL character (at character {nul + 1}), which is not text"
+    at = unencodable(value)
+    if at is not None:
+        return (f"holds {value[at]!r} at character {at + 1} (a lone surrogate: bytes that were "
+                "not UTF-8), which is not encodable text")
+    return None
+
+
+def _codepoints(text: str, limit: int = 3) -> str:
+    names = list(dict.fromkeys(f"U+{ord(c):04X}" for c in text if not c.isspace()))
+    return ", ".join(names[:limit]) + (", ..." if len(names) > limit else "")
+
+
 def unencodable(text: str) -> int | None:
     """Index of the first character of `text` that has no UTF-8 encoding (a lone surrogate, as
     JSON's "\\ud800" or Python's surrogateescape make), or None when the text is fine."""
@@ -120,6 +152,31 @@ def check_texts(texts, name: str = "texts") -> list[str]:
             raise ValueError(f"{name}[{i}] holds {t[at]!r} at character {at} (a lone surrogate), "
                              f"which is not encodable text: {t[:60]!r}")
     return texts
+
+
+def check_output_folder(out: str | os.PathLike, *, option: str = "--out",
+                        error: type[Exception] = ValueError) -> Path:
+    """Check, before any work, that `out` can be (or already is) a folder to write into: not a
+    file, a device or /dev/null, and under a folder that exists as a folder and can be written
+    (probed). `error` names `option` and the path."""
+    if not str(out).strip():  # before Path(), which reads "" as "."
+        raise error(f"{option}: empty; give a folder")
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise error(f"{option} {out}: " + ("is a file" if out.is_file() else "is not a folder "
+                                            "(a device?)") + "; give a folder")
+    folder = out.absolute()
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise error(f"{option} {out}: {folder} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".probe.")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise error(f"{option} {out}: cannot write in {folder} ({e.strerror})") from e
+    return out
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:

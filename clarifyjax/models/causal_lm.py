@@ -28,6 +28,7 @@ and [n, d, H]) so that every projection is one [b*t, in] x [in, out] matmul.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import NamedTuple
 
 import jax
@@ -107,9 +108,31 @@ class CausalLMConfig:
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"causal LM config field 'sliding_window' must be >= 1, "
                              f"got {self.sliding_window}")
+        self._check_rope()
         if self.parallel_norms not in (1, 2):
             raise ValueError(f"causal LM config field 'parallel_norms' must be 1 or 2, "
                              f"got {self.parallel_norms}")
+
+    def _check_rope(self) -> None:
+        """The rotary settings a "rope" model reads: each a finite number in its range (a theta
+        of 0 or a scaling factor of 0 would make every rotary angle NaN or infinite)."""
+        if self.positions != "rope":
+            return
+        ranges = {"rope_theta": (0, False)}
+        if self.rope_type in ("linear", "llama3"):
+            ranges["rope_factor"] = (1, True)
+        if self.rope_type == "llama3":
+            ranges.update(rope_low_freq_factor=(0, False), rope_high_freq_factor=(0, False),
+                          rope_original_max_positions=(1, True))
+        for field, (low, closed) in ranges.items():
+            value = getattr(self, field)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool)
+            if not (number and math.isfinite(value) and (value >= low if closed else value > low)):
+                raise ValueError(f"causal LM config field {field!r} must be a finite number "
+                                 f"{'>=' if closed else '>'} {low}, got {value!r}")
+        if self.rope_type == "llama3" and self.rope_high_freq_factor <= self.rope_low_freq_factor:
+            raise ValueError("causal LM config: rope_high_freq_factor must be greater than "
+                             "rope_low_freq_factor")
 
     @property
     def pad_id(self) -> int:

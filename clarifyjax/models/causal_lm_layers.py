@@ -208,12 +208,16 @@ class Block(nnx.Module):
         self.mlp = CausalFeedForward(c, rngs=rngs)
         self.config = c
 
-    def __call__(self, x: jax.Array, cos, sin, mask: jax.Array, cache_kv=None, slot=None):
+    def __call__(self, x: jax.Array, cos, sin, mask: jax.Array, cache_kv=None, slot=None,
+                 kv_store=None):
         """x [b, t, H], cos/sin [b, t, 1, d] or None, mask [b, t, s] bool.
 
         Without `cache_kv`, attends over its own t positions (s = t) and returns (x, (k, v)),
         k/v [b, k, t, d]; with `cache_kv` = (keys, values) [b, k, L, d] (s = L), writes its k/v
-        at `slot` first and returns (x, (keys, values)) updated.
+        at `slot` first and returns (x, (keys, values)) updated. With `kv_store`, a function
+        (k, v) [b, k, t, d] -> (keys, values to attend over [b, k, s, d], anything), the layer
+        hands its new k/v to it (a cache laid out otherwise, `decoding.slots`) and returns
+        (x, that anything).
         """
         c = self.config
 
@@ -222,6 +226,9 @@ class Block(nnx.Module):
             # [b, k, s, d]: per (row, head) a contiguous [s, d] block, so that the attention
             # products read the cache in place (no per-step transpose of the whole cache)
             k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+            if kv_store is not None:
+                k, v, stored = kv_store(k, v)
+                return self.attention.attend(q, k, v, mask), stored
             if cache_kv is not None:
                 at = (0, 0, slot, 0)
                 k = jax.lax.dynamic_update_slice(cache_kv[0], k.astype(cache_kv[0].dtype), at)

@@ -29,7 +29,7 @@ from flax import nnx
 from clarifyjax.models.safetensors_io import CheckpointError, check_folder
 from clarifyjax.core.buckets import (SENTENCE_BUCKETS, bucket_length, bucket_rows, length_sorted_batches,
                                 pad_sequences)
-from clarifyjax.models.encoder import EncoderConfig
+from clarifyjax.models.encoder import EncoderConfig, map_rows
 from clarifyjax.models.hf.encoder_map import read_encoder_config
 from clarifyjax.models.hf import load_encoder, load_encoder_tokenizer
 from clarifyjax.files.textfiles import check_texts
@@ -199,15 +199,20 @@ class SentenceEmbedder:
 
     # -- jitted forwards (one trace per (rows, length) bucket) ------------------------------
 
+    def _encoded(self, state, input_ids, attention_mask):
+        """The encoder's last hidden state [rows, length, d]; on one CPU device a few rows at a
+        time (`encoder.map_rows`), whose activations stay in cache, not the whole batch."""
+        model = nnx.merge(self._graphdef, state)
+        return map_rows(model, input_ids, attention_mask)
+
     def _pooled_impl(self, state, input_ids, attention_mask):
         self.traces[("pooled", *input_ids.shape)] += 1  # runs only while tracing
-        hidden = nnx.merge(self._graphdef, state)(input_ids, attention_mask)
+        hidden = self._encoded(state, input_ids, attention_mask)
         return pool(hidden, attention_mask, self.modes, self.normalize)
 
     def _hidden_impl(self, state, input_ids, attention_mask):
         self.traces[("hidden", *input_ids.shape)] += 1
-        hidden = nnx.merge(self._graphdef, state)(input_ids, attention_mask)
-        return hidden.astype(jnp.float32)
+        return self._encoded(state, input_ids, attention_mask).astype(jnp.float32)
 
     # -- public API -------------------------------------------------------------------------
 

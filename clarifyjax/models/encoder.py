@@ -29,6 +29,8 @@ from clarifyjax.models.safetensors_io import CheckpointError
 from clarifyjax.models.state import check_precision, honours_precision
 
 SUPPORTED_MODEL_TYPES = ("bert", "roberta")
+# transformers' `PretrainedConfig`: a config.json without id2label or num_labels has two labels.
+DEFAULT_NUM_LABELS = 2
 
 # Hugging Face `hidden_act` names (transformers.activations.ACT2FN) -> jax.
 ENCODER_ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
@@ -139,18 +141,51 @@ class EncoderConfig:
         return cls(**values)
 
 
-def labels_from_hf(hf: Mapping[str, Any]) -> tuple[str, ...]:
-    """A classification head's labels in id order, from config.json `id2label` (ids 0..n-1) or
-    `num_labels` (LABEL_i); () when neither is there."""
-    if hf.get("id2label"):
-        id2label = {int(k): str(v) for k, v in hf["id2label"].items()}
-        if sorted(id2label) != list(range(len(id2label))):
+def labels_from_hf(hf: Mapping[str, Any], where=None) -> tuple[str, ...]:
+    """A classification head's labels in id order, read as transformers' `PretrainedConfig` reads
+    them: config.json `id2label` (ids 0..n-1) when it is there; else `num_labels` (LABEL_i) when
+    it is there; else transformers' default of two labels (LABEL_0, LABEL_1). transformers 5
+    writes neither field for a two-label head with default names, so a classifier it saved has
+    them only by that default. (A bare trunk gets the two default labels too; its loaders ignore
+    them.) A malformed `id2label` or `num_labels` names the field (and the file `where`)."""
+    at = "config.json" if where is None else f"{where}:"
+    id2label = hf.get("id2label")
+    if id2label is not None:
+        if not isinstance(id2label, Mapping) or not id2label:
+            raise CheckpointError(f"{at} field 'id2label' must be a non-empty object "
+                                  f"{{id: label}}, got {id2label!r}")
+        try:
+            labels = {int(k): str(v) for k, v in id2label.items()}
+        except (TypeError, ValueError):
+            raise CheckpointError(f"{at} field 'id2label' has keys {list(id2label)}; "
+                                  "they must be the ids 0..n-1") from None
+        if sorted(labels) != list(range(len(labels))):
             raise CheckpointError(
-                f"config.json field 'id2label' must have ids 0..n-1, got {sorted(id2label)}")
-        return tuple(id2label[i] for i in range(len(id2label)))
-    if hf.get("num_labels"):
-        return tuple(f"LABEL_{i}" for i in range(int(hf["num_labels"])))
-    return ()
+                f"{at} field 'id2label' must have ids 0..n-1, got {sorted(labels)}")
+        return tuple(labels[i] for i in range(len(labels)))
+    n = hf.get("num_labels")
+    if n is None:
+        n = DEFAULT_NUM_LABELS
+    if isinstance(n, float) and n.is_integer():
+        n = int(n)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise CheckpointError(f"{at} field 'num_labels' is {n!r}; must be an integer >= 1")
+    return tuple(f"LABEL_{i}" for i in range(n))
+
+
+def check_classifier_architecture(hf: Mapping[str, Any], where) -> None:
+    """Refuse a config.json whose `architectures` names models but no
+    `...ForSequenceClassification` (a bare trunk, a masked LM, a QA head), naming the field.
+    A config.json without `architectures` passes: its tensors decide."""
+    names = hf.get("architectures")
+    if not names:
+        return
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise CheckpointError(f"{where}: field 'architectures' must be a list of class names, "
+                              f"got {names!r}")
+    if not any(n.endswith("ForSequenceClassification") for n in names):
+        raise CheckpointError(f"{where}: field 'architectures' is {names}: not a "
+                              "sequence-classification checkpoint (a ...ForSequenceClassification)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,6 +288,33 @@ class Embeddings(nnx.Module):
         return self.norm(x)
 
 
+CHUNK_TOKENS = 512  # tokens run at once on one CPU device (see `chunk_rows`)
+
+
+def chunk_rows(rows: int, length: int) -> int:
+    """Rows of a [rows, length] batch to run at once: all of them, except on a lone CPU device,
+    where the largest divisor of rows with at most CHUNK_TOKENS tokens. A whole batch's
+    activations (and its [rows, heads, length, length] attention weights) spill the CPU's
+    caches between one product and the next; a few rows' stay in them (benchmarks/results/
+    sage_pipeline.json, part d: the embedder, its attention block)."""
+    if jax.default_backend() != "cpu" or jax.device_count() != 1:
+        return rows
+    fit = max(1, CHUNK_TOKENS // length)
+    return max(r for r in range(1, min(rows, fit) + 1) if rows % r == 0)
+
+
+def map_rows(fn: Callable, x: jax.Array, mask: jax.Array) -> jax.Array:
+    """fn(x, mask) -> [rows, length, ...] run `chunk_rows` rows at a time (`lax.map`), for
+    x [rows, length, ...] and mask [rows, length]."""
+    rows, length = mask.shape
+    chunk = chunk_rows(rows, length)
+    if chunk == rows:
+        return fn(x, mask)
+    split = (x.reshape(rows // chunk, chunk, *x.shape[1:]), mask.reshape(rows // chunk, chunk, length))
+    out = jax.lax.map(lambda a: fn(*a), split)
+    return out.reshape(rows, *out.shape[2:])
+
+
 class SelfAttention(nnx.Module):
     def __init__(self, config: EncoderConfig, *, rngs: nnx.Rngs):
         d, h, k = config.hidden_size, config.num_heads, config.head_dim
@@ -265,15 +327,38 @@ class SelfAttention(nnx.Module):
         self.dtype = jnp.dtype(config.dtype)
 
     def __call__(self, x: jax.Array, attention_mask: jax.Array) -> jax.Array:
-        """x [b, s, d], attention_mask [b, s] (True = attend) -> [b, s, d]."""
-        q, k, v = self.query(x), self.key(x), self.value(x)  # [b, s, h, k]
-        scores = jnp.einsum("bqhk,bshk->bhqs", q, k, preferred_element_type=jnp.float32)
-        scores = scores / math.sqrt(q.shape[-1])
+        """x [b, s, d], attention_mask [b, s] (True = attend) -> [b, s, d], a few rows at a
+        time on one CPU device (`map_rows`)."""
+        return map_rows(self._rows, x, attention_mask)
+
+    def _rows(self, x: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        """Q, K and V come from one matmul (the three kernels side by side, 1/sqrt(head size)
+        folded into Q's) and one transpose to [3, b, h, s, k], so that both attention products
+        read contiguous [s, k] blocks per (row, head); the softmax divides the context [.., s, k]
+        after the second product instead of the weights [.., s, s] before it. The numbers are
+        those of three projections and a softmax, to float rounding."""
+        b, s, d = x.shape
+        h, k = self.query.kernel.shape[1:]
+        scale = 1.0 / math.sqrt(k)
+        kernel = jnp.stack([self.query.kernel[...] * scale, self.key.kernel[...],
+                            self.value.kernel[...]], axis=1).astype(self.dtype)  # [d, 3, h, k]
+        bias = jnp.stack([self.query.bias[...] * scale, self.key.bias[...],
+                          self.value.bias[...]]).astype(self.dtype)             # [3, h, k]
+        qkv = (x.astype(self.dtype).reshape(b * s, d) @ kernel.reshape(d, 3 * h * k))
+        qkv = qkv.reshape(b, s, 3, h, k) + bias
+        q, keys, v = jnp.transpose(qkv, (2, 0, 3, 1, 4))                        # [b, h, s, k]
+        context = self._attend(q, keys, v, attention_mask)
+        return self.output(jnp.transpose(context, (0, 2, 1, 3)).astype(self.dtype))
+
+    def _attend(self, q, keys, v, attention_mask) -> jax.Array:
+        """q, keys, v [b, h, s, k], attention_mask [b, s] -> context [b, h, s, k] float32."""
+        scores = jnp.einsum("bhqk,bhsk->bhqs", q, keys, preferred_element_type=jnp.float32)
         # The most negative float, as Hugging Face's extended mask: fully padded rows stay finite.
         scores = jnp.where(attention_mask[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(self.dtype)
-        context = jnp.einsum("bhqs,bshk->bqhk", probs, v)
-        return self.output(context)
+        weights = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+        context = jnp.einsum("bhqs,bhsk->bhqk", weights.astype(self.dtype), v,
+                             preferred_element_type=jnp.float32)
+        return context / jnp.sum(weights, axis=-1, keepdims=True)
 
 
 class MLP(nnx.Module):

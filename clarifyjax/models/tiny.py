@@ -400,10 +400,36 @@ def tiny_llama_folder(root, *, seed: int = 0, chat_template: str | None = TINY_C
     return _cached("llama", root, key, build)
 
 
-if __name__ == "__main__":  # the tiny discriminator's starting folder (sft_discriminator_tiny.yaml)
-    import sys
+def main(argv: list[str] | None = None) -> int:
+    """``python -m clarifyjax.models.tiny [DIR]``: the tiny discriminator's starting folder
+    (sft_discriminator_tiny.yaml). Options are parsed as options (``--help`` is help, not a
+    folder); a DIR that is a file, or a folder holding other files, is refused."""
+    import argparse
 
-    target = Path(sys.argv[1] if len(sys.argv) > 1 else "runs/deberta_tiny_discriminator")
+    p = argparse.ArgumentParser(prog="python -m clarifyjax.models.tiny",
+                                description="Write the tiny random DeBERTa-v3 classifier folder "
+                                            "that configs/sft_discriminator_tiny.yaml starts from.")
+    p.add_argument("folder", nargs="?", default="runs/deberta_tiny_discriminator",
+                   metavar="DIR", help="the folder to write (default: %(default)s)")
+    args = p.parse_args(argv)
+    if not args.folder.strip():
+        p.error("DIR: empty; give a folder")
+    target = Path(args.folder)
+    if target.exists() and not target.is_dir():
+        p.error(f"DIR {target}: is a file, not a folder")
+    known = {"config.json", "model.safetensors", "spm.model", "tokenizer_config.json",
+             "special_tokens_map.json", "tokenizer.json", "added_tokens.json"}
+    others = sorted(f.name for f in target.iterdir() if f.name not in known) if target.is_dir() else []
+    if others:
+        p.error(f"DIR {target}: holds {others[:3]}, which are not a tiny classifier's files; "
+                "give a new or empty folder")
     target.mkdir(parents=True, exist_ok=True)
     save_deberta_classifier_folder(target)
     print(f"tiny DeBERTa classifier: {target}")
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -13,7 +13,8 @@ the last position are softmaxed over those tokens only, which equals the normali
 the full softmax. The prefix ids come from the judge's own tokenizer; each class token must be
 exactly one vocabulary id right after the prefix, or loading fails naming the token.
 
-`ClassifierJudge`: a BERT / RoBERTa sequence classifier with three labels, same interface.
+`ClassifierJudge`: a BERT / RoBERTa / DeBERTa sequence classifier with three labels, same
+interface.
 
 Both read their inputs as `text.judge_input` writes them and run one jitted forward per batch
 (`_BatchedJudge.class_probabilities`), on rows padded by `buckets.padded_rows`. The T5 judge runs
@@ -243,13 +244,12 @@ class ClassifierJudge(_BatchedJudge):
     def from_pretrained(cls, path: str | os.PathLike, *, dtype: str = "float32",
                         max_input_length: int = 128, mesh=None, rules=None,
                         precision: str = "default", **kwargs) -> ClassifierJudge:
-        """A BERT / RoBERTa `...ForSequenceClassification` folder; `mesh`, `rules`, `precision`
-        as `Seq2SeqModel.from_pretrained`."""
-        from clarifyjax.models.hf import load_encoder_tokenizer, load_sequence_classifier
+        """A BERT, RoBERTa or DeBERTa-v2/v3 `...ForSequenceClassification` folder
+        (`hf.load_classifier`); `mesh`, `rules`, `precision` as `Seq2SeqModel.from_pretrained`."""
+        from clarifyjax.models.hf import load_classifier, load_encoder_tokenizer
 
         folder = check_folder(path)
-        model = load_sequence_classifier(folder, dtype=dtype, mesh=mesh, rules=rules,
-                                         precision=precision)
+        model = load_classifier(folder, dtype=dtype, mesh=mesh, rules=rules, precision=precision)
         return cls(model, load_encoder_tokenizer(folder, max_input_length),
                    max_input_length=max_input_length, source=str(folder / "config.json"),
                    mesh=mesh, **kwargs)
@@ -283,7 +283,7 @@ def load_judge(path: str | os.PathLike, *, kind: str | None = None, dtype: str =
                class_step: int | None = None, judgment: Seq2SeqSampling = Seq2SeqSampling(max_new_tokens=32),
                encoder_labels: Sequence[str] = text_lib.JUDGE_CLASSES, mesh=None, rules=None,
                precision: str = "default"):
-    """A `Judge` (T5 folder) or a `ClassifierJudge` (BERT / RoBERTa folder), told apart by
+    """A `Judge` (T5 folder) or a `ClassifierJudge` (BERT / RoBERTa / DeBERTa folder), told apart by
     config.json `model_type` unless `kind` ("t5" | "encoder") says. `input_prefix` None: the
     kind's default ("[moral_single]: " for a T5, none for a classifier). `mesh`, `rules`: place
     the parameters on a `sharding.process_mesh` (see `Seq2SeqModel.from_pretrained`);
@@ -291,10 +291,11 @@ def load_judge(path: str | os.PathLike, *, kind: str | None = None, dtype: str =
     folder = check_folder(path)
     if kind is None:
         model_type = read_config(folder).get("model_type")
-        kinds = {"t5": "t5", "mt5": "t5", "bert": "encoder", "roberta": "encoder"}
+        kinds = {"t5": "t5", "mt5": "t5", "bert": "encoder", "roberta": "encoder",
+                 "deberta-v2": "encoder"}
         if model_type not in kinds:
             raise CheckpointError(f"{folder / 'config.json'}: model_type {model_type!r} is neither "
-                                  "a T5 judge nor a BERT/RoBERTa classifier judge")
+                                  "a T5 judge nor a BERT/RoBERTa/DeBERTa classifier judge")
         kind = kinds[model_type]
     if kind == "t5":
         return Judge.from_pretrained(

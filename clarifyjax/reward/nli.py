@@ -133,7 +133,8 @@ class NLIFilter:
         folder = check_folder(path)
         # Check the labels and the tokenizer before reading (possibly large) weights.
         hf_config = read_config(folder)
-        _check_labels(labels_from_hf(hf_config), drop_labels, folder / "config.json")
+        _check_labels(labels_from_hf(hf_config, folder / "config.json"), drop_labels,
+                      folder / "config.json")
         tokenizer = load_encoder_tokenizer(folder, max_length, hf_config.get("vocab_size"))
         model = load_classifier(folder, dtype=dtype, mesh=mesh, rules=rules,  # BERT/RoBERTa/DeBERTa
                                 precision=precision)

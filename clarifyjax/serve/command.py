@@ -55,10 +55,12 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def _serve_options(p: argparse.ArgumentParser) -> None:
     from clarifyjax.serve.batch_job import add_model_options
+    from clarifyjax.serve.continuous import add_batching_options
     from clarifyjax.serve.openai_api import add_server_options
 
     add_model_options(p)
     add_server_options(p)
+    add_batching_options(p)
 
 
 @subcommand("serve", "an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, "
@@ -72,7 +74,20 @@ def run_serve(args: argparse.Namespace) -> int:
     limits = ServerLimits(max_n=args.max_n, max_tokens=args.max_tokens,
                           max_batch_rows=args.batch_size, max_queued_rows=args.max_queued_rows,
                           window_s=args.window_ms / 1000)
-    server = OpenAIServer(lm, name=args.name, limits=limits)
+    server = OpenAIServer(lm, name=args.name, limits=limits, batcher=_batcher(lm, args))
     serve_forever(server.app, args.host, args.port,
-                  announce=lambda url: print(f"serving {server.name} at {url}/v1", flush=True))
+                  announce=lambda url: print(f"serving {server.name} at {url}/v1", flush=True),
+                  allowed_hosts=args.allowed_host, allowed_origins=args.allow_origin)
     return 0
+
+
+def _batcher(lm, args):
+    """`--batching continuous`: the slots engine (None, `--batching window`: the server's own
+    window batcher)."""
+    from clarifyjax.serve.continuous import ContinuousBatcher, SlotSettings
+
+    if args.batching == "window":
+        return None
+    settings = SlotSettings(slots=args.slots or args.batch_size, length=args.slot_length,
+                            chunk=args.prefill_chunk)
+    return ContinuousBatcher(lm, settings, max_queued_rows=args.max_queued_rows)

@@ -10,7 +10,8 @@ the project (the OpenAI-compatible `clarifyjax serve`, a web page) shares it:
   overloaded server answers 503 at once instead of queueing forever, and a request whose client
   went away before its batch started is dropped (`wait_unless_disconnected`).
 * `serve_forever` / `BackgroundServer`: uvicorn on a socket bound here, 127.0.0.1 by default;
-  port 0 picks a free port, and the address is announced only once the server accepts.
+  port 0 picks a free port, and the address is announced only once the server accepts. Every
+  request passes `guard.RequestGuard` first (its Host, Origin and Content-Type).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import concurrent.futures
 import dataclasses
 import json
 import socket
+import sys
 import threading
 import time
 from typing import Any
@@ -47,20 +49,32 @@ def error_response(error: ApiError):
     return JSONResponse(error.body(), status_code=error.status)
 
 
-async def read_json_object(request, *, max_bytes: int) -> dict:
+async def read_json_object(request, *, max_bytes: int, empty_ok: bool = False) -> dict:
     """The request's body as a JSON object; ApiError 413 past `max_bytes`, 400 when it is not
-    one JSON object (no NaN, no repeated key)."""
+    one JSON object (no NaN, no repeated key); {} for an empty body when `empty_ok`. A client
+    that closes the connection before its whole body arrived is one line in the server's log
+    (no traceback) and ApiError 499, which nobody reads."""
+    from starlette.requests import ClientDisconnect
+
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise ApiError(413, f"request body of {declared} bytes is over this server's limit of "
                             f"{max_bytes} bytes", code="request_too_large")
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise ApiError(413, f"request body is over this server's limit of {max_bytes} bytes",
-                           code="request_too_large")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise ApiError(413, f"request body is over this server's limit of {max_bytes} "
+                                    "bytes", code="request_too_large")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        print(f"clarifyjax: {request.method} {request.url.path}: the client closed the "
+              f"connection after {size} of {declared or 'its'} bytes of the body; request "
+              "dropped", file=sys.stderr, flush=True)
+        raise ApiError(499, "the client closed the connection", code="client_closed") from None
+    if empty_ok and not b"".join(chunks).strip():
+        return {}
 
     def no_repeats(pairs):
         keys = [k for k, _ in pairs]
@@ -226,18 +240,27 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{port}"
 
 
-def _uvicorn_server(app):
+def _uvicorn_server(app, sock: socket.socket, host: str, allowed_hosts: Sequence[str],
+                    allowed_origins: Sequence[str]):
+    """uvicorn serving `app` behind `guard.RequestGuard` (Host, Origin, Content-Type)."""
     import uvicorn
 
-    return uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                         timeout_graceful_shutdown=5))
+    from clarifyjax.serve.guard import RequestGuard, RequestPolicy
+
+    policy = RequestPolicy.for_socket(sock, host, allowed_hosts=allowed_hosts,
+                                      allowed_origins=allowed_origins)
+    return uvicorn.Server(uvicorn.Config(RequestGuard(app, policy), log_level="warning",
+                                         access_log=False, timeout_graceful_shutdown=5))
 
 
 def serve_forever(app, host: str = DEFAULT_HOST, port: int = 0,
-                  announce: Callable[[str], None] = print) -> None:
-    """Run `app` until SIGINT/SIGTERM; `announce(url)` once the server accepts connections."""
+                  announce: Callable[[str], None] = print, *, allowed_hosts: Sequence[str] = (),
+                  allowed_origins: Sequence[str] = ()) -> None:
+    """Run `app` until SIGINT/SIGTERM; `announce(url)` once the server accepts connections.
+    Requests pass `guard.RequestGuard` first: a Host of `host`'s address (or `allowed_hosts`),
+    no other web page's Origin unless in `allowed_origins`, JSON POSTs."""
     sock = bind(host, port)
-    server = _uvicorn_server(app)
+    server = _uvicorn_server(app, sock, host, allowed_hosts, allowed_origins)
 
     async def run():
         serving = asyncio.ensure_future(server.serve(sockets=[sock]))
@@ -258,10 +281,11 @@ class BackgroundServer:
     """
 
     def __init__(self, app, host: str = DEFAULT_HOST, port: int = 0, *,
-                 start_timeout_s: float = 30.0):
+                 start_timeout_s: float = 30.0, allowed_hosts: Sequence[str] = (),
+                 allowed_origins: Sequence[str] = ()):
         self.sock = bind(host, port)
         self.url = url_of(self.sock)
-        self._server = _uvicorn_server(app)
+        self._server = _uvicorn_server(app, self.sock, host, allowed_hosts, allowed_origins)
         self._thread = threading.Thread(target=self._server.run,
                                         kwargs={"sockets": [self.sock]}, daemon=True)
         self._start_timeout_s = start_timeout_s
@@ -285,13 +309,38 @@ class BackgroundServer:
         self.stop()
 
 
+def _checked(check: Callable[[str], str]) -> Callable[[str], str]:
+    """An argparse type from a check that raises ValueError (argparse prints its message)."""
+    import argparse
+
+    def parse(value: str) -> str:
+        try:
+            return check(value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = check.__name__
+    return parse
+
+
 def add_listen_options(p) -> None:
-    """--host, --port and --window-ms of a server (an argparse parser): where it listens and how
-    long a request waits for others to share its batch (`MicroBatcher`'s window)."""
+    """--host, --port, --allowed-host, --allow-origin and --window-ms of a server (an argparse
+    parser): where it listens, which Host names and web page origins it answers
+    (`guard.RequestGuard`), and how long a request waits for others to share its batch
+    (`MicroBatcher`'s window)."""
     from clarifyjax.core.ranges import number_type
+    from clarifyjax.serve.guard import host_name, origin
 
     p.add_argument("--host", default=DEFAULT_HOST,
                    help="address to listen on (127.0.0.1: this machine only)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   type=_checked(host_name),
+                   help="another name the Host header may give (repeat for more); the server "
+                        "answers only its own address (and localhost on a loopback address), "
+                        "which keeps DNS-rebinding pages out")
+    p.add_argument("--allow-origin", action="append", default=[], metavar="ORIGIN",
+                   type=_checked(origin),
+                   help="a web page origin (scheme://host:port, or *) allowed to call this "
+                        "server from a browser (CORS; repeat for more); none by default")
     p.add_argument("--port", type=number_type(int, "[0, 65535]"), default=8000,
                    help="0 = a free port (printed)")
     p.add_argument("--window-ms", type=number_type(float, "[0, 10000]"), default=10.0,

@@ -3,7 +3,8 @@
 
 Endpoints: ``POST /v1/completions`` (a prompt or a list of prompts), ``POST
 /v1/chat/completions``, ``GET /v1/models``, ``GET /health``. Request fields: ``model``, ``n``,
-``max_tokens`` (chat: also ``max_completion_tokens``), ``temperature`` (0 = greedy), ``top_p``,
+``max_tokens`` (chat: also ``max_completion_tokens``; both given must agree), ``temperature`` (0
+= greedy; any temperature > 0 is safe, `decoding.filters.scale_by_temperature`), ``top_p``,
 ``top_k`` (the OpenAI client sends it through ``extra_body``), ``min_tokens``, ``stop``, ``seed``,
 ``logprobs`` (completions: 0, the chosen tokens' log-probs; chat: true/false). Log-probs are
 those of the distribution each token was drawn from (after temperature, top-k and top-p). Fields
@@ -20,7 +21,8 @@ server's limit.
 Concurrent requests are gathered by `serving.MicroBatcher` and run as one `complete` call, so
 their prompts share jitted batches. A sampled request that gives a ``seed`` runs in a call of its
 own (its completions depend on its seed only, not on who else was waiting); greedy and unseeded
-requests share.
+requests share. `clarifyjax serve` gives the server a `serve.continuous.ContinuousBatcher`
+instead (``--batching continuous``, the default): requests join and leave one running batch.
 """
 from __future__ import annotations
 
@@ -105,13 +107,18 @@ class OpenAIServer:
     """The Starlette app (`.app`) serving `generator` under the model name `name`."""
 
     def __init__(self, generator: TextGenerator, *, name: str | None = None,
-                 limits: ServerLimits = ServerLimits()):
+                 limits: ServerLimits = ServerLimits(), batcher=None):
+        """`batcher`: what runs the requests, with `MicroBatcher`'s interface (`submit`,
+        `close`), e.g. `serve.continuous.ContinuousBatcher`; None: a `MicroBatcher` of
+        `limits`' window over `generator.complete`."""
         self.generator, self.limits = generator, limits
+        if name is not None:
+            model_name(name)
         self.name = name or generator.name
         self.counter = generator if isinstance(generator, TokenCounter) else None
-        self.batcher = MicroBatcher(self._run_batch, window_s=limits.window_s,
-                                    max_batch_rows=limits.max_batch_rows,
-                                    max_queued_rows=limits.max_queued_rows)
+        self.batcher = batcher or MicroBatcher(self._run_batch, window_s=limits.window_s,
+                                               max_batch_rows=limits.max_batch_rows,
+                                               max_queued_rows=limits.max_queued_rows)
         self._unseeded = 0
         self.app = self._build_app()
 
@@ -171,9 +178,12 @@ class OpenAIServer:
         best_of = body.get("best_of")
         if best_of is not None and best_of != n:
             raise ApiError(400, "best_of is not supported (only equal to n)", param="best_of")
-        max_tokens = _int(body, "max_tokens", 1, self.limits.max_tokens,
-                          default=_int(body, "max_completion_tokens", 1, self.limits.max_tokens,
-                                       default=default_max_tokens))
+        given = _int(body, "max_tokens", 1, self.limits.max_tokens)
+        newer = _int(body, "max_completion_tokens", 1, self.limits.max_tokens)
+        if given is not None and newer is not None and given != newer:
+            raise ApiError(400, f"max_tokens ({given}) and max_completion_tokens ({newer}) "
+                                "disagree; give one of them", param="max_completion_tokens")
+        max_tokens = next((v for v in (given, newer) if v is not None), default_max_tokens)
         top_k = _int(body, "top_k", -1)  # vLLM's "off" is -1, ours 0
         try:
             sampling = Sampling(max_new_tokens=max_tokens,
@@ -331,12 +341,33 @@ def _chat_logprobs(c: Completion) -> list[dict]:
              "top_logprobs": []} for t, x in zip(_token_texts(c), c.logprobs)]
 
 
+def model_name(name: str) -> str:
+    """A served model's name, checked: printed text that requests can repeat (not empty, no
+    spaces at its ends, no control characters); ValueError otherwise."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"a model name must be non-empty text, got {name!r}")
+    if name != name.strip() or any(not c.isprintable() for c in name):
+        raise ValueError(f"a model name may not hold control characters or start or end with "
+                         f"spaces, got {name!r}")
+    return name
+
+
+def _model_name_option(value: str) -> str:
+    import argparse
+
+    try:
+        return model_name(value)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_server_options(p) -> None:
     """`clarifyjax serve`'s address and `ServerLimits` options (an argparse parser)."""
     from clarifyjax.core.ranges import number_type
 
     add_listen_options(p)
-    p.add_argument("--name", default=None, help="the model's name in the API (the folder name)")
+    p.add_argument("--name", default=None, type=_model_name_option,
+                   help="the model's name in the API (default: the folder name)")
     p.add_argument("--max-n", type=number_type(int, "[1, 1024]"), default=16)
     p.add_argument("--max-tokens", type=number_type(int, ">= 1"), default=512,
                    help="most new tokens a request may ask for (and a chat's default)")

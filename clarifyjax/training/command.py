@@ -17,10 +17,12 @@ def _train_options(p: argparse.ArgumentParser) -> None:
                    help="config overrides, e.g. run.steps=20 ppo.batch_size=8 (an unknown key is an "
                         "error)")
     p.add_argument("--dry-run", action="store_true",
-                   help="build the abstract state (jax.eval_shape: nothing allocated), print every "
-                        "parameter's sharding and the bytes per device, compile one step without "
-                        "running it; options dryrun.compile=ppo|sft|none, dryrun.num_layers=N, "
-                        "dryrun.rows=N")
+                   help="check every input the run would read (data files, model folders, "
+                        "tokenizers), build the abstract state (jax.eval_shape: nothing "
+                        "allocated), print every parameter's sharding and the bytes per device, "
+                        "compile one step without running it; options dryrun.compile=ppo|sft|none, "
+                        "dryrun.num_layers=N, dryrun.rows=N, dryrun.check_models=false (model "
+                        "folders not there yet)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-tensorboard", action="store_true", help="metrics.jsonl only")
 

@@ -2,6 +2,14 @@
 
 What it does, on whatever devices this process sees (e.g. 8 fake CPU devices):
 
+0. checks every input the run would read, before anything is built or compiled (`check_run_inputs`):
+   the data files, read and checked in full as the run reads them; every model folder
+   (config.json, the safetensors headers, each T5 tensor's name and shape; a classifier's
+   `architectures` and labels) and every tokenizer, with the tokenizer's vocabulary against the
+   model's; and a resume's recorded settings. All problems come in one error, each naming its
+   option (``data.train_path: ...; rewards.fusion.init: ...``). ``dryrun.check_models=false``
+   plans a run whose model folders are not there yet (sized by name, `memory_plan`): then only
+   the data files are checked;
 1. reads the config and builds the run's mesh and rules table (`clarifyjax.core.sharding`);
 2. builds the policy's and the value model's *abstract* state with `jax.eval_shape` (shapes,
    dtypes and logical axis names; not one parameter is allocated, so a T5-large plan runs on a
@@ -22,7 +30,8 @@ Dry-run options are given like config overrides, with the prefix ``dryrun.``:
   (the listing and the bytes stay those of the full model). Compiling the full T5-large PPO update
   (24 + 24 layers, policy + value, 4 epochs) on a small CPU takes minutes; the tests use
   ``dryrun.num_layers=2``;
-* ``dryrun.rows=N``: batch rows of the compiled step (default: the config's batch size).
+* ``dryrun.rows=N``: batch rows of the compiled step (default: the config's batch size);
+* ``dryrun.check_models=true|false``: check the model folders and tokenizers (default true).
 
     main("configs/ppo_t5_large.yaml", ["mesh.fsdp=4", "dryrun.num_layers=2"]) -> dict
 """
@@ -45,9 +54,10 @@ from clarifyjax.training import memory_plan
 from clarifyjax.training import builders, programs
 from clarifyjax.core import sharding as sharding_lib
 from clarifyjax.config import CLASSIFIER_TASKS, ConfigError, PPOConfig, load_config
+from clarifyjax.core.commands import one_line
 from clarifyjax.models.t5 import T5Config
 
-DRYRUN_KEYS = ("compile", "num_layers", "rows")
+DRYRUN_KEYS = ("compile", "num_layers", "rows", "check_models")
 
 
 def split_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str]]:
@@ -64,6 +74,89 @@ def split_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str]
         else:
             config_overrides.append(item)
     return config_overrides, options
+
+
+def _model_roles(cfg) -> list[tuple[str, Any, str]]:
+    """(option, `ModelConfig`, kind) of every model the run reads: kind "t5" (a T5 and its
+    tokenizer), "t5-weights" (a T5 whose tokens are the policy's) or "classifier"."""
+    if not isinstance(cfg, PPOConfig):
+        return [("model", cfg.model, "classifier" if cfg.task in CLASSIFIER_TASKS else "t5")]
+    r = cfg.rewards
+    roles = [("policy", cfg.policy, "t5"), ("reference", cfg.reference, "t5-weights"),
+             ("value.model", cfg.value.model, "t5-weights"), ("rewards.answerer", r.answerer, "t5"),
+             ("rewards.fusion", r.fusion, "t5"),
+             ("rewards.judge.model", r.judge.model, "t5" if r.judge.kind == "t5" else "classifier"),
+             ("rewards.nli", r.nli, "classifier")]
+    return [role for role in roles if role[1] is not None]
+
+
+def _check_model(option: str, model_cfg, kind: str) -> list[str]:
+    """The problems of one model folder and of its tokenizer, read as the run reads them without
+    a weight, each naming its option."""
+    from clarifyjax.models.hf import (check_classifier_folder, check_t5_folder,
+                                      load_encoder_tokenizer)
+    from clarifyjax.text.tokenizer import Tokenizer
+
+    problems, vocab = [], None
+    if model_cfg.tiny is not None:
+        vocab = model_cfg.tiny.vocab_size
+    try:
+        if model_cfg.init is not None and kind == "classifier":
+            config = check_classifier_folder(model_cfg.init)
+            load_encoder_tokenizer(model_cfg.init, model_cfg.max_input_length, config.vocab_size)
+        elif model_cfg.init is not None:
+            vocab = check_t5_folder(model_cfg.init, dtype=model_cfg.dtype)[0].vocab_size
+    except (OSError, ValueError) as e:  # CheckpointError: a ValueError naming file and field
+        problems.append(f"{option}.init: {one_line(str(e))}")
+    if kind != "t5":
+        return problems
+    at = f"{option}.tokenizer" if model_cfg.tokenizer is not None else f"{option}.init"
+    try:
+        tokenizer = Tokenizer.from_pretrained(model_cfg.tokenizer_path)
+        if vocab is not None and tokenizer.vocab_size > vocab:
+            problems.append(f"{at}: the tokenizer {model_cfg.tokenizer_path} has "
+                            f"{tokenizer.vocab_size} tokens but the model's vocab_size is {vocab}")
+    except (OSError, ValueError) as e:
+        if not problems or at != f"{option}.init":  # the folder's own problem is said once
+            problems.append(f"{at}: {one_line(str(e))}")
+    return problems
+
+
+def check_run_inputs(cfg, *, models: bool = True) -> dict[str, list[str]]:
+    """Every input `cfg`'s run would read, read and checked as the run does, with no weight
+    loaded: its data files, and with `models` its model folders and tokenizers (`_check_model`),
+    then a resume's recorded settings (`run_record.check_resume`). Returns what was checked,
+    {"data": [...], "models": [...]} (options).
+
+    Raises:
+      ConfigError: one line naming every option whose input is missing or bad.
+    """
+    from clarifyjax import data as data_lib
+    from clarifyjax.training import run_record
+
+    problems: list[str] = []
+    done: dict[str, list[str]] = {"data": [], "models": []}
+    try:
+        if isinstance(cfg, PPOConfig):
+            data_lib.load_ppo_situations(cfg.data)
+        else:
+            data_lib.load_sft_pairs(cfg.data, cfg.task)
+        done["data"] = [f"data.{f}" for f in ("train_path", "dev_path")
+                        if getattr(cfg.data, f, None) is not None]
+    except (ValueError, OSError) as e:  # DataError: a ValueError naming the file and line
+        text = one_line(str(e))
+        named = [f"data.{f}" for f in ("train_path", "dev_path")
+                 if getattr(cfg.data, f, None) and Path(getattr(cfg.data, f)).name in text]
+        problems.append(text if text.startswith("data.") else f"{(named or ['data'])[0]}: {text}")
+    for option, model_cfg, kind in _model_roles(cfg) if models else ():
+        found = _check_model(option, model_cfg, kind)
+        problems += found
+        done["models"] += [] if found else [option]
+    if problems:
+        raise ConfigError(f"the run's inputs: {'; '.join(problems)}",
+                          key=problems[0].partition(":")[0])
+    run_record.check_resume(cfg, lambda line: None)
+    return done
 
 
 def _t5_config(model_cfg, role: str, configs_dir: Path, num_layers: int | None = None
@@ -192,6 +285,10 @@ def main(config_path: str, overrides: Sequence[str] = (), *, say: Callable[[str]
     seconds, memory, lowered_sha256 (of the step's StableHLO text)}}``."""
     config_overrides, options = split_overrides(overrides)
     cfg = load_config(config_path, config_overrides)
+    check = options.get("check_models", "true").lower()
+    if check not in ("true", "false"):
+        raise ValueError(f"dryrun.check_models={options['check_models']!r}: expected true or false")
+    checked = check_run_inputs(cfg, models=check == "true")  # 0. before anything is built
     configs_dir = Path(config_path).resolve().parent
     mesh = sharding_lib.make_mesh(cfg.mesh)
     rules = sharding_lib.RULES[cfg.mesh.rules]
@@ -206,10 +303,14 @@ def main(config_path: str, overrides: Sequence[str] = (), *, say: Callable[[str]
     if step_kind == "ppo" and not is_ppo:
         raise ValueError(f"dryrun.compile=ppo needs a PPO config; {config_path} is kind "
                          f"{cfg.kind!r}")
+    say(f"[dry-run] {config_path}: inputs checked: {', '.join(checked['data'])}"
+        + (f"; {', '.join(checked['models'])}" if check == "true" else
+           " (dryrun.check_models=false: model folders not checked)"))
     say(f"[dry-run] {config_path}: {jax.device_count()} {jax.default_backend()} device(s), mesh "
         f"{dict(mesh.shape)}, rules {cfg.mesh.rules}")
     models = _models(cfg, configs_dir)  # 1. every parameter of the trained models, sharded
-    report: dict[str, Any] = {"config": str(config_path), "devices": jax.device_count(),
+    report: dict[str, Any] = {"config": str(config_path), "inputs": checked,
+                              "devices": jax.device_count(),
                               "mesh": dict(mesh.shape), "rules": cfg.mesh.rules,
                               "architecture": models[0][2],
                               "parameters": _list_parameters(models, mesh, rules, say)}

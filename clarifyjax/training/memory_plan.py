@@ -125,18 +125,23 @@ def resolve_architecture(model: ModelConfig, role: str, configs_dir: Path,
 
 
 def _is_encoder(hf: dict) -> bool:
-    return hf.get("model_type") in ("bert", "roberta")
+    return hf.get("model_type") in ("bert", "roberta", "deberta-v2")
 
 
 @functools.cache
 def abstract_state(kind: str, hf_json: str, param_dtype: str):
     """The abstract (shape-only) state of one model ("t5", "value" or "encoder"), flattened:
     [(path, Variable holding a ShapeDtypeStruct)]; cached per architecture."""
+    from clarifyjax.models.deberta import DebertaSequenceClassifier
     from clarifyjax.models.encoder import EncoderConfig, SequenceClassifier
+    from clarifyjax.models.hf.deberta_map import deberta_config_from_hf
     from clarifyjax.models.t5 import T5, T5Config
     from clarifyjax.rl.value import ValueModel
 
     hf = json.loads(hf_json)
+    if kind == "encoder" and hf.get("model_type") == "deberta-v2":  # type_vocab_size 0 allowed
+        cfg = deberta_config_from_hf(hf, param_dtype=param_dtype)
+        return nnx.to_flat_state(nnx.state(shape_only(DebertaSequenceClassifier, cfg)))
     if kind == "encoder":
         cfg = EncoderConfig.from_hf(hf, param_dtype=param_dtype)
         return nnx.to_flat_state(nnx.state(shape_only(SequenceClassifier, cfg)))

@@ -43,7 +43,10 @@ OPENAI_CHAT_ARGUMENTS = ("max_tokens", "temperature", "top_p", "seed", "stop", "
 class GeneratorConfig:
     """Where texts come from. local: `model` is a causal LM folder; openai: `model` is the
     endpoint's model name at `base_url`; file: `model` is a long-format file and `column` the
-    column of its texts (model_output for answers, rot for rules of thumb).
+    column of its texts (model_output for answers, rot for rules of thumb), `prompt_column` the
+    column of the question each answer was given (paraphrased; question for files that asked the
+    question itself, as the temperature files); callable: a Python function that `sage_jax.score`
+    registers under the name `model` (not for config files).
 
     bos (local): add the tokenizer's special tokens (BOS) to a raw prompt; None: the preset's.
     accepts (openai): the request arguments the endpoint accepts, of `REQUEST_ARGUMENTS`; only
@@ -51,7 +54,7 @@ class GeneratorConfig:
     completions (vLLM and `clarifyjax serve` take top_k). A run's config.yaml records what it
     sent (preset code narrows a chat target's to temperature, as the reference's GPT call)."""
 
-    kind: Literal["local", "openai", "file"] = "local"
+    kind: Literal["local", "openai", "file", "callable"] = "local"
     model: str = ""
     base_url: str | None = None
     api: Literal["completions", "chat"] = "completions"
@@ -62,6 +65,7 @@ class GeneratorConfig:
     chat_template: Literal["model", "vicuna_v1.1"] = "model"  # local: how chat prompts are rendered
     dtype: Literal["float32", "bfloat16"] = "float32"
     column: str = "model_output"
+    prompt_column: str = "paraphrased"  # file: the column of the text each row answered
     bos: bool | None = None
     accepts: tuple[str, ...] | None = None
 
@@ -147,6 +151,7 @@ class TargetConfig:
     generator: GeneratorConfig = GeneratorConfig()
     sampling: SamplingConfig = SamplingConfig()
     chat: bool = False  # send the reference's chat messages (its GPT prompt) instead of the raw prompt
+    guided: bool = False  # answer with improve.py's prompt holding the question's rule of thumb (guide_column)
 
     def check(self, at: str) -> None:
         if not MODEL_NAME.match(self.name):
@@ -173,7 +178,9 @@ class ScoreConfig:
     all-MiniLM-L6-v2 (the offline package). None: the preset's (code: the reference's
     sentence-transformers/stsb-distilroberta-base-v2, and bert-base-uncased at layer 9 for
     BERTScore; ours: all-MiniLM-L6-v2 for both); a BERTScore layer left None with a model given is
-    bert-score's default layer for it, else its last."""
+    bert-score's default layer for it, else its last. ``lexical_tokenizer``: BLEU / ROUGE-L on the
+    reference's tokens (English; a warning names the questions they cannot read) or on
+    `sage_jax.lexical.unicode_tokens` (every script)."""
 
     embedder: str | None = None
     alpha: float = 10.0
@@ -182,6 +189,7 @@ class ScoreConfig:
     bertscore_model: str | None = None
     bertscore_layer: int | None = None
     lexical: bool = True
+    lexical_tokenizer: Literal["reference", "unicode"] = "reference"  # BLEU / ROUGE-L tokens
     batch_size: int = 64
 
     _bounds: ClassVar = {"alpha": "(0, 1e6]", "blend_weight": "[0, 1]", "batch_size": "[1, 4096]",
@@ -212,6 +220,7 @@ class SageRunConfig:
     preset: Literal["ours", "code", "paper"] = "ours"
     question_id_column: str = "question_id"
     question_column: str = "question"
+    guide_column: str | None = None  # a rule of thumb per question, for targets with guided: true
     limit: int | None = None
     seed: int = 0
     quiet: bool = False
@@ -234,6 +243,10 @@ class SageRunConfig:
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
             raise ConfigError(f"models: {twice[0]!r} is named twice; each model needs its own name", key="models")
+        guided = [i for i, m in enumerate(self.models) if m.guided]
+        if guided and not (self.guide_column or "").strip():
+            raise ConfigError(f"models[{guided[0]}].guided: a guided model needs guide_column, the questions "
+                              "file's column of rules of thumb", key=f"models[{guided[0]}].guided")
 
 
 def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> SageRunConfig:

@@ -247,3 +247,53 @@ class RecordedGenerator:
 
 def _prompt_key(prompt: Prompt) -> str:
     return json.dumps(prompt if isinstance(prompt, str) else [dict(m) for m in prompt], sort_keys=True)
+
+
+# ----------------------------------------------------------------------------- a Python function
+
+
+class CallableGenerator:
+    """A Python function `fn(text) -> str` as a generator (`sage_jax.score`'s `get_response`, the
+    reference library's callable). `argument_of(prompt)` is the text the function is given (the
+    paraphrase, for answers; the prompt itself otherwise). Up to `concurrency` calls run at once
+    in threads; a call that raises is tried again up to `max_retries` times, after
+    `backoff_seconds(attempt)`; then `GenerationError` names the function and its last error.
+    One sample per prompt (the function takes no seed)."""
+
+    def __init__(self, fn: Callable[[str], str], *, name: str, argument_of: Callable[[Prompt], str] | None = None,
+                 concurrency: int = 8, max_retries: int = 5, sleep=time.sleep):
+        self.fn, self._name, self.concurrency, self.max_retries = fn, name, concurrency, max_retries
+        self.argument_of = argument_of or (lambda prompt: prompt)
+        self._sleep = sleep
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def describe(self) -> dict:
+        return {"kind": "callable", "name": self._name}
+
+    def _call(self, prompt: Prompt) -> Completion:
+        argument = self.argument_of(prompt)
+        for attempt in range(self.max_retries + 1):
+            try:
+                text = self.fn(argument)
+            except Exception as e:  # the caller's function: any failure is worth another try
+                if attempt == self.max_retries:
+                    raise GenerationError(f"{self._name}: the function raised {type(e).__name__} after "
+                                          f"{attempt + 1} attempts: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                                          ) from None
+                self._sleep(backoff_seconds(attempt, None))
+                continue
+            if not isinstance(text, str):
+                raise GenerationError(f"{self._name}: the function returned {type(text).__name__}, not a str")
+            return _completion(text, "stop")
+        raise AssertionError("unreachable")
+
+    def complete(self, prompts, sampling, n=1, seed=None):
+        if any(count != 1 for count in per_prompt(n, len(prompts), "n")):
+            raise GenerationError(f"{self._name}: a function gives one answer per call; samples must be 1")
+        if len(prompts) <= 1 or self.concurrency == 1:
+            return [[self._call(p)] for p in prompts]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(prompts))) as pool:
+            return [[c] for c in pool.map(self._call, prompts)]

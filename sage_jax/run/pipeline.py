@@ -40,6 +40,7 @@ class SourceQuestion:
     question: str
     paraphrases: list[str] | None = None  # paraphrase.source: file
     scores: list[float] | None = None
+    guide: str | None = None  # guide_column: the rule of thumb a guided model is given
 
 
 def read_source_questions(cfg: SageRunConfig) -> list[SourceQuestion]:
@@ -51,6 +52,8 @@ def read_source_questions(cfg: SageRunConfig) -> list[SourceQuestion]:
     need = [cfg.question_id_column, cfg.question_column]
     if cfg.paraphrase.source == "file":
         need.append(cfg.paraphrase.paraphrase_column)
+    if cfg.guide_column:
+        need.append(cfg.guide_column)
     missing = [c for c in need if c not in header]
     if missing:
         raise DataError(f"{cfg.questions}: missing column{'s' if len(missing) > 1 else ''} "
@@ -61,24 +64,51 @@ def read_source_questions(cfg: SageRunConfig) -> list[SourceQuestion]:
         if not qid or not text:
             column = cfg.question_id_column if not qid else cfg.question_column
             raise DataError(f"{cfg.questions}:{line}: empty {column!r}")
+        _check_text(cfg, line, cfg.question_column, text)
         q = by_id.get(qid)
         if q is None:
             if cfg.limit is not None and len(by_id) == cfg.limit:
                 continue
             q = by_id[qid] = SourceQuestion(qid, text, [] if cfg.paraphrase.source == "file" else None,
-                                      [] if cfg.paraphrase.source == "file" else None)
+                                            [] if cfg.paraphrase.source == "file" else None,
+                                            _guide(cfg, row, line) if cfg.guide_column else None)
         elif q.question != text:
             raise DataError(f"{cfg.questions}:{line}: question id {qid!r} has another question text than "
                             "its first row; two questions share one id")
         if cfg.paraphrase.source == "file":
-            q.paraphrases.append(row[cfg.paraphrase.paraphrase_column].strip())
-            try:
-                q.scores.append(float(row.get("score") or "nan"))
+            q.paraphrases.append(_check_text(cfg, line, cfg.paraphrase.paraphrase_column,
+                                             row[cfg.paraphrase.paraphrase_column].strip()))
+            try:  # no score (a file of paraphrases without ParaScore): None, which JSON holds
+                score = float(row.get("score") or "nan")
             except ValueError:
-                q.scores.append(float("nan"))
+                score = float("nan")
+            q.scores.append(score if score == score and abs(score) != float("inf") else None)
     if not by_id:
         raise DataError(f"{cfg.questions}: no questions")
     return list(by_id.values())
+
+
+def _guide(cfg: SageRunConfig, row, line: int) -> str:
+    from clarifyjax.files.tables import DataError
+
+    guide = row[cfg.guide_column].strip()
+    if not guide:
+        raise DataError(f"{cfg.questions}:{line}: empty {cfg.guide_column!r} (guide_column: every question needs "
+                        "the rule of thumb its guided models are given)")
+    return guide
+
+
+def _check_text(cfg: SageRunConfig, line: int, column: str, text: str) -> str:
+    """`text` of the questions file's `column` at `line`, which a model will be prompted with:
+    DataError when it is empty, invisible or not encodable (`textfiles.text_problem`)."""
+    from clarifyjax.files.tables import DataError
+    from clarifyjax.files.textfiles import text_problem
+
+    problem = text_problem(text)
+    if problem is not None:
+        raise DataError(f"{cfg.questions}:{line}: {column!r} {problem}; each one is sent to the "
+                        "models as it is")
+    return text
 
 
 def process_share(cfg: SageRunConfig) -> tuple[int, int]:
@@ -141,6 +171,9 @@ def build_generator(cfg: GeneratorConfig, batch_size: int, prompt_of=None):
         return G.OpenAIGenerator(base_url=cfg.base_url, model=cfg.model, api=cfg.api, api_key_env=cfg.api_key_env,
                                  concurrency=cfg.concurrency, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries,
                                  accepts=cfg.accepts)
+    if cfg.kind == "callable":
+        raise ConfigError(f"generator kind callable ({cfg.model}) is a Python function given to sage_jax.score; a "
+                          "config file names local, openai or file generators")
     if cfg.kind == "file":
         from clarifyjax.files.tables import resolve_data_path
 
@@ -176,9 +209,12 @@ class AnswerPromptOf:
 
     chat: bool
     system: str = P.ANSWER_CHAT_SYSTEM
+    column: str = "paraphrased"
+    guide_column: str | None = None  # a guided model's rule of thumb
 
     def __call__(self, row) -> object:
-        return P.answer_prompt(row["paraphrased"].strip(), self.chat, self.system)
+        rot = row[self.guide_column].strip() if self.guide_column else None
+        return P.answer_prompt(row[self.column].strip(), self.chat, self.system, rot)
 
 
 def rot_prompt_of(row) -> str:
@@ -205,6 +241,9 @@ class Run:
     def check(self, stages: Sequence[str]) -> None:
         """Bad input before long work: the questions file (read whole), every generator the asked
         stages use (paths, the API key's variable), ParaScore's and the embedder's folders."""
+        from clarifyjax.files.textfiles import check_output_folder
+
+        check_output_folder(self.out, option="out", error=ConfigError)
         self.questions()
         cfg = self.cfg
         if "paraphrase" in stages and cfg.paraphrase.source == "generate":
@@ -296,7 +335,7 @@ class Run:
         if cfg.source == "file":
             rows = [{"question_id": q.question_id, "paraphrase_index": -1, "model": PARAPHRASER, "sample": 0,
                      "attempt": 0, "prompt": None, "output": None, "status": "ok", "reason": None,
-                     "question": q.question,
+                     "question": q.question, "guide": q.guide,
                      "kept": [{"text": t, "parascore": s} for t, s in zip(q.paraphrases, q.scores)]}
                     for q in questions]
             folder.mkdir(parents=True, exist_ok=True)
@@ -304,7 +343,7 @@ class Run:
             return rows
         tasks = [Task((q.question_id, -1, PARAPHRASER, 0),
                       P.paraphrase_prompt(self.preset.paraphrase_template, q.question),
-                      {"question_id": q.question_id, "question": q.question})
+                      {"question_id": q.question_id, "question": q.question, "guide": q.guide})
                  for q in questions]
         s = sampling(cfg.sampling, self.preset.paraphrase_max_new_tokens)
         stage = self._stage("paraphrase", folder, tasks, {
@@ -353,14 +392,17 @@ class Run:
                 continue
             for i, k in enumerate(row["kept"][:self.cfg.paraphrase.count]):
                 for sample in range(settings.samples):
-                    prompt = P.answer_prompt(k["text"], target.chat, self.preset.chat_system)
+                    prompt = P.answer_prompt(k["text"], target.chat, self.preset.chat_system,
+                                             row.get("guide") if target.guided else None)
                     tasks.append(Task((row["question_id"], i, target.name, sample), prompt,
                                       {"question_id": row["question_id"], "question": row["question"],
                                        "paraphrase": k["text"], "parascore": k["parascore"], "sample": sample}))
         s = sampling(target.sampling)  # resolved: the shared answer sampling, the target's own, the preset's
-        parse = P.parse_chat_answer if target.chat else (lambda text: P.parse_answer(text, self.reference))
+        whole = target.chat or target.generator.kind == "callable"  # a function's reply is kept whole, as the library's
+        parse = P.parse_chat_answer if whole else (lambda text: P.parse_answer(text, self.reference))
         return self._text_stage("answer", target, tasks, target.generator, settings, s, parse, "answer",
-                                AnswerPromptOf(target.chat, self.preset.chat_system))
+                                AnswerPromptOf(target.chat, self.preset.chat_system, target.generator.prompt_column,
+                                               self.cfg.guide_column if target.guided else None))
 
     def rot(self, target) -> list[dict]:
         settings = self.cfg.rot

@@ -136,7 +136,7 @@ def resolve_sampling(s: SamplingConfig, g: GeneratorConfig, preset: Preset, stag
                      chat: bool = False) -> SamplingConfig:
     """The sampling a stage uses with generator `g` (resolved), every None filled; an argument the
     endpoint does not accept is refused when the config sets it and left out when the preset does."""
-    if g.kind == "file":
+    if g.kind in ("file", "callable"):
         return s
     filled = _chat_sampling(s, g, preset) if chat else _raw_sampling(s, g, preset, stage)
     if g.kind != "openai":

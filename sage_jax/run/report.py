@@ -109,6 +109,7 @@ def _args(run, text: str, path, bertscore=None, folders=None):
                            collapse_identical=run.preset.graph == "text", question_id_column="question_id",
                            alpha=s.alpha, blend_weight=s.blend_weight, chunk_size=8192, batch_size=s.batch_size,
                            no_lexical=not s.lexical, no_bertscore=not s.bertscore,
+                           lexical_tokenizer=s.lexical_tokenizer,
                            embedder=folders.get("embedder"), files=[path],
                            bertscore_model=folders.get("bertscore_model"), bertscore_layer=s.bertscore_layer,
                            bertscore=bertscore)
@@ -252,7 +253,10 @@ def _header(run, scores: dict) -> str:
     bert = scoring.get("bertscore")
     models = f"SaGE embedder {run.cfg.score.embedder}" + (
         f"; BERTScore {bert['name']}, layer {bert['layer']}" if bert else "")
-    return f"Preset {run.cfg.preset}. Graph: {GRAPHS[run.preset.graph]}. Scoring models: {models}."
+    lexical = (f" BLEU / ROUGE-L tokenisation: {run.cfg.score.lexical_tokenizer}."
+               if run.cfg.score.lexical else "")
+    return (f"Preset {run.cfg.preset}. Graph: {GRAPHS[run.preset.graph]}. Scoring models: "
+            f"{models}.{lexical}")
 
 
 def write_run_report(run, scores: dict) -> dict:

@@ -7,6 +7,7 @@ import copy
 import os
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -55,16 +56,17 @@ def ensure_chromium() -> None:
     pytest.skip(message)
 
 
-def chromium_driver(profile: Path):
+def chromium_driver(profile: Path, extra_flags: Sequence[str] = ()):
     """A new headless Chromium session with the fresh profile folder `profile` (the caller quits
-    it)."""
+    it); `extra_flags` are added to FLAGS (e.g. ``--host-resolver-rules=MAP evil.test
+    127.0.0.1``, a name of another site that resolves to this machine)."""
     ensure_chromium()
     webdriver = require("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in FLAGS:
+    for flag in (*FLAGS, *extra_flags):
         options.add_argument(flag)
     # A loaded machine can take minutes to start Chromium; one more try with a new profile (the
     # first may be half-written) before the test fails.

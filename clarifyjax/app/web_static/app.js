@@ -119,8 +119,8 @@
       return next;
     });
   });
-  $("skip").addEventListener("click", () => run(() => call("POST", "/api/sessions/" + session.id + "/skip")));
-  $("another").addEventListener("click", () => run(() => call("POST", "/api/sessions/" + session.id + "/another")));
+  $("skip").addEventListener("click", () => run(() => call("POST", "/api/sessions/" + session.id + "/skip", {})));
+  $("another").addEventListener("click", () => run(() => call("POST", "/api/sessions/" + session.id + "/another", {})));
   $("restart").addEventListener("click", () => {
     session = null;
     render();

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from clarifyjax.core.ranges import within
 from clarifyjax.models.causal_lm import CausalLMConfig
 from clarifyjax.models.causal_lm_layers import CAUSAL_LM_ACTIVATIONS
 from clarifyjax.models.hf.tensor_map import (TensorMap, check_tensors, grid, linear, same_layout,
@@ -42,7 +43,7 @@ CONFIG_RANGES = {
                      "ffn_dim", "ffn_hidden_size", "word_embed_proj_dim",
                      "max_position_embeddings", "sliding_window"), "int >= 1"),
     **dict.fromkeys(("pad_token_id", "bos_token_id"), "int >= 0"),
-    **dict.fromkeys(("rms_norm_eps", "layer_norm_epsilon", "rope_theta"), "> 0"),
+    **dict.fromkeys(("rms_norm_eps", "layer_norm_epsilon"), "> 0"),  # rope_theta: ROPE_RANGES
 }
 
 
@@ -55,33 +56,70 @@ def eos_ids(value) -> tuple[int, ...]:
     return tuple(int(v) for v in (value if isinstance(value, (list, tuple)) else [value]))
 
 
+# Each rotary setting's range (`clarifyjax.core.ranges`), as transformers' rope validation states
+# it: a theta or a low / high frequency factor that is 0, negative or not a number makes the
+# rotary angles NaN or infinite, and a scaling factor below 1 is not a scaling transformers reads.
+ROPE_RANGES = {"rope_theta": "> 0", "factor": ">= 1", "low_freq_factor": "> 0",
+               "high_freq_factor": "> 0", "original_max_position_embeddings": "int >= 1"}
+
+
+def _rope_section(hf: dict, name: str, where: str) -> dict:
+    value = hf.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise CheckpointError(f"{where}: field {name!r} must be an object, got {value!r}")
+    return value
+
+
+def _rope_number(params: dict, sources: dict, name: str, where: str):
+    """params[name] checked against ROPE_RANGES, naming the field where config.json holds it."""
+    value, bound = params[name], ROPE_RANGES[name]
+    integer = bound.startswith("int ")
+    bound = bound.removeprefix("int ")
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not number or (integer and not float(value).is_integer()) or not within(value, bound):
+        kind = "an integer" if integer else "a finite number"
+        raise CheckpointError(f"{where}: field '{sources[name]}' is {value!r}; must be {kind} "
+                              f"{bound}")
+    return int(value) if integer else float(value)
+
+
 def _rope(hf: dict, where: str) -> dict:
     """rope_theta and scaling from `rope_parameters` (transformers 5) or the older top-level
-    `rope_theta` + `rope_scaling`."""
-    params = dict(hf.get("rope_parameters") or {})
-    scaling = dict(hf.get("rope_scaling") or {})
-    params = {**scaling, **params}
-    theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+    `rope_theta` + `rope_scaling`; every number is checked (`ROPE_RANGES`), the error naming the
+    file and the field as config.json writes it (e.g. 'rope_parameters.rope_theta')."""
+    params, sources = {"rope_theta": 10000.0}, {"rope_theta": "rope_theta"}
+    for section, prefix in ((hf, ""), (_rope_section(hf, "rope_scaling", where), "rope_scaling."),
+                            (_rope_section(hf, "rope_parameters", where), "rope_parameters.")):
+        for key in ("rope_theta", "rope_type", "type", "partial_rotary_factor", *ROPE_RANGES):
+            if key in section and (section is not hf or key in ("rope_theta",
+                                                                "partial_rotary_factor")):
+                params[key], sources[key] = section[key], prefix + key
     kind = params.get("rope_type", params.get("type", "default"))
     if kind not in ("default", "linear", "llama3"):
-        raise CheckpointError(f"{where}: field 'rope_parameters.rope_type' is {kind!r}; "
-                              "supported: default, linear, llama3")
-    partial = params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
-    if partial not in (None, 1, 1.0):
+        field = sources.get("rope_type", sources.get("type"))
+        raise CheckpointError(f"{where}: field '{field}' is {kind!r}; supported: default, "
+                              "linear, llama3")
+    partial = params.get("partial_rotary_factor", 1.0)
+    if partial not in (None, 1, 1.0) or isinstance(partial, bool):
         raise CheckpointError(f"{where}: field 'partial_rotary_factor' is {partial!r}; only "
                               "rotary embeddings over the whole head (1.0) are supported")
-    out = dict(rope_theta=float(theta), rope_type=kind)
-    if kind in ("linear", "llama3"):
-        if "factor" not in params:
-            raise CheckpointError(f"{where}: rope type {kind!r} needs field 'factor'")
-        out["rope_factor"] = float(params["factor"])
-    if kind == "llama3":
-        for ours, theirs in (("rope_low_freq_factor", "low_freq_factor"),
-                             ("rope_high_freq_factor", "high_freq_factor"),
-                             ("rope_original_max_positions", "original_max_position_embeddings")):
-            if theirs not in params:
-                raise CheckpointError(f"{where}: rope type 'llama3' needs field {theirs!r}")
-            out[ours] = params[theirs]
+    out = dict(rope_theta=_rope_number(params, sources, "rope_theta", where), rope_type=kind)
+    needed = {"linear": ("factor",), "default": (),
+              "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                         "original_max_position_embeddings")}[kind]
+    for name in needed:
+        if name not in params:
+            raise CheckpointError(f"{where}: rope type {kind!r} needs field {name!r}")
+    ours = {"factor": "rope_factor", "low_freq_factor": "rope_low_freq_factor",
+            "high_freq_factor": "rope_high_freq_factor",
+            "original_max_position_embeddings": "rope_original_max_positions"}
+    out.update({ours[name]: _rope_number(params, sources, name, where) for name in needed})
+    if kind == "llama3" and out["rope_high_freq_factor"] <= out["rope_low_freq_factor"]:
+        raise CheckpointError(f"{where}: field '{sources['high_freq_factor']}' "
+                              f"({out['rope_high_freq_factor']:g}) must be greater than "
+                              f"'{sources['low_freq_factor']}' ({out['rope_low_freq_factor']:g})")
     return out
 
 

@@ -32,7 +32,8 @@ from clarifyjax.models.deberta import (DebertaEncoder, DebertaQuestionAnswering,
                                        DebertaSequenceClassifier)
 from clarifyjax.models.hf.deberta_map import (deberta_tensor_maps, read_deberta,
                                               read_deberta_config)
-from clarifyjax.models.encoder import BertEncoder, QuestionAnswering, SequenceClassifier
+from clarifyjax.models.encoder import (BertEncoder, QuestionAnswering, SequenceClassifier,
+                                       check_classifier_architecture)
 from clarifyjax.models.hf.encoder_map import encoder_tensor_maps, read_encoder_config, read_params
 from clarifyjax.models.hf.tensor_map import read_into
 from clarifyjax.models.t5 import T5, T5Config
@@ -56,15 +57,25 @@ def load_t5(path: str | os.PathLike, *, dtype: str = "float32", param_dtype: str
       CheckpointError: a missing folder/config/tensor, a wrong shape (names the tensor and both
         shapes), an unknown config value (names the field), tensors the config does not explain.
     """
+    config, source, maps = check_t5_folder(path, dtype=dtype, param_dtype=param_dtype,
+                                           allow_pickle=allow_pickle, precision=precision)
+    abstract = nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))
+    return config, read_into(abstract, maps, source, config.param_dtype, mesh, rules)
+
+
+def check_t5_folder(path: str | os.PathLike, *, dtype: str = "float32",
+                    param_dtype: str | None = None, allow_pickle: bool = False,
+                    precision: str = "default"):
+    """Everything `load_t5` checks before it reads a weight: the folder, config.json and every
+    tensor's name and shape in the safetensors headers -> (T5Config, its TensorSource, its
+    tensor maps). The dry run checks a run's T5 folders with it. Raises as `load_t5`."""
     source = TensorSource(path, allow_pickle=allow_pickle)  # checks the folder, refuses pickles
     folder = source.folder
     config = resolve_config(folder, read_config(folder), source, dtype=dtype,
                              param_dtype=param_dtype or dtype, precision=precision)
     maps = t5_tensor_maps(config)
     check_t5_tensors(folder, source, maps, config.tie_word_embeddings)
-
-    abstract = nnx.eval_shape(lambda: T5(config, rngs=nnx.Rngs(0)))
-    return config, read_into(abstract, maps, source, config.param_dtype, mesh, rules)
+    return config, source, maps
 
 
 def _host_params(model: nnx.Module):
@@ -127,12 +138,12 @@ def load_sequence_classifier(path, *, dtype: str = "float32", param_dtype: str =
                              allow_pickle: bool = False, mesh=None,
                              rules=None, precision: str = "default") -> SequenceClassifier:
     """A `SequenceClassifier` from a Hugging Face `BertForSequenceClassification` or
-    `RobertaForSequenceClassification` folder; labels come from config.json `id2label`;
-    `mesh`, `rules` as `load_encoder`; `precision`: of its matmuls (`EncoderConfig.precision`)."""
+    `RobertaForSequenceClassification` folder; labels come from config.json as transformers
+    reads them (`encoder.labels_from_hf`: `id2label`, else `num_labels`, else two); a folder whose
+    `architectures` names no `...ForSequenceClassification` is refused. `mesh`, `rules` as
+    `load_encoder`; `precision`: of its matmuls (`EncoderConfig.precision`)."""
+    check_classifier_architecture(read_config(path), Path(path) / "config.json")
     config = read_encoder_config(path, dtype=dtype, param_dtype=param_dtype, precision=precision)
-    if config.num_labels < 1:
-        raise CheckpointError(f"{path}/config.json has no 'id2label' or 'num_labels': not a "
-                              "sequence-classification checkpoint")
     return read_params(SequenceClassifier, path, config, allow_pickle, mesh, rules)
 
 
@@ -219,12 +230,10 @@ def load_deberta_sequence_classifier(path, *, dtype: str = "float32",
                                      param_dtype: str = "float32", allow_pickle: bool = False,
                                      mesh=None, rules=None, precision: str = "default"):
     """A `deberta.DebertaSequenceClassifier` from a `DebertaV2ForSequenceClassification` folder
-    (ContextPooler + classifier); labels from config.json `id2label`; `precision` as
-    `load_sequence_classifier`; the rest as `load_deberta`."""
+    (ContextPooler + classifier); labels and `architectures` as `load_sequence_classifier`;
+    `precision` as there; the rest as `load_deberta`."""
+    check_classifier_architecture(read_config(path), Path(path) / "config.json")
     config = read_deberta_config(path, dtype=dtype, param_dtype=param_dtype, precision=precision)
-    if config.num_labels < 1:
-        raise CheckpointError(f"{path}/config.json has no 'id2label' or 'num_labels': not a "
-                              "sequence-classification checkpoint")
     return read_deberta(DebertaSequenceClassifier, path, config, allow_pickle, mesh, rules)
 
 
@@ -255,6 +264,18 @@ def load_classifier(path, *, dtype: str = "float32", param_dtype: str = "float32
             else load_sequence_classifier)
     return load(path, dtype=dtype, param_dtype=param_dtype, mesh=mesh, rules=rules,
                 precision=precision)
+
+
+def check_classifier_folder(path):
+    """What `load_classifier` checks before it reads a weight: config.json (`architectures`, the
+    labels, every field of its family) and the safetensors headers -> the model's config. The dry
+    run checks a run's classifier folders with it. Raises CheckpointError naming file and field."""
+    hf = read_config(path)
+    check_classifier_architecture(hf, Path(path) / "config.json")
+    read = read_deberta_config if hf.get("model_type") == "deberta-v2" else read_encoder_config
+    config = read(path)
+    TensorSource(path)  # the weights' headers, checked against the file (a pickle is refused)
+    return config
 
 
 def _classifier_tensors(model) -> dict[str, np.ndarray]:

@@ -1,0 +1,381 @@
+"""Continuous batching's engine: a fixed number of decode slots over one `CausalLM`, each slot a
+row of a preallocated KV cache (`SlotCache`) that requests enter and leave between steps.
+
+    engine = SlotEngine(model, slots=32, length=2048, chunk=64)
+    engine.add(SlotRequest(prompt_ids, max_new=64))
+    while not engine.idle:
+        for request in engine.step():  # the requests that finished in this step
+            ...request.tokens, request.logprobs, request.finish...
+
+Each `step` frees the slots of finished or cancelled requests, admits queued requests into free
+slots, runs one prefill chunk (`chunk` prompt tokens of up to `prefill_rows` admitted requests,
+so that a long prompt never stalls the running rows for more than one chunk) and then one
+decoding step of every slot. A slot's tokens sit at cache positions 0.. of its own row, whatever
+the other slots hold, so a request gets the tokens it would get alone (greedy), and a request
+joining the batch changes nothing for the others.
+
+Sampling settings (greedy, temperature, top-k, top-p, min_new_tokens, seed) are per-row arrays
+(`row_sampling.RowSampling`), so a new setting compiles nothing. The programs are jitted per
+shape only: the decoding step per attention span (the cache positions read: a bucket of the
+longest running row, `min_span` times a power of two up to `length`) and the prefill chunk per
+span and rows (1, or `prefill_rows`); `clarifyjax.core.traces` counts them under
+"slots_decode" and "slots_prefill".
+
+Shapes: S = slots, L = length (cache positions per slot), C = chunk, r = rows of a program,
+t = tokens per row, k = KV heads, d = head_dim, V = vocab.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from clarifyjax.core import traces
+from clarifyjax.decoding.row_sampling import RowSampling, choose_rows
+from clarifyjax.models.causal_lm import CausalLM
+from clarifyjax.models.causal_lm_layers import rope_tables
+
+
+class SlotCache(NamedTuple):
+    """Per layer [S + 1, k, L, d] keys and values; row S is scratch, where the padding rows of a
+    prefill chunk write."""
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
+
+
+def init_slot_cache(model: CausalLM, slots: int, length: int) -> SlotCache:
+    c = model.config
+    shape = (slots + 1, c.num_kv_heads, length, c.head_dim)
+    return SlotCache(tuple(jnp.zeros(shape, c.dtype) for _ in range(c.num_layers)),
+                     tuple(jnp.zeros(shape, c.dtype) for _ in range(c.num_layers)))
+
+
+def _store(cache: jax.Array, new: jax.Array, rows: jax.Array | None, starts: jax.Array,
+           span: int) -> tuple[jax.Array, jax.Array]:
+    """Write new [r, k, t, d] at positions starts[i].. of cache row rows[i] (rows None: row i,
+    t = 1, every row) -> (what the rows attend over [r, k, span, d], the cache)."""
+    if rows is None:
+        cache = cache.at[jnp.arange(cache.shape[0]), :, starts].set(
+            new[:, :, 0].astype(cache.dtype), indices_are_sorted=True, unique_indices=True)
+        return cache[:, :, :span], cache
+    for i in range(new.shape[0]):  # a few rows: one slice written in place each
+        cache = jax.lax.dynamic_update_slice(cache, new[i:i + 1].astype(cache.dtype),
+                                             (rows[i], 0, starts[i], 0))
+    return cache[rows, :, :span], cache
+
+
+def slot_hidden(model: CausalLM, ids: jax.Array, positions: jax.Array, rows: jax.Array | None,
+                cache: SlotCache, span: int) -> tuple[jax.Array, SlotCache]:
+    """Run ids [r, t] (row i: consecutive tokens at positions[i] [t], stored in cache row
+    rows[i]; rows None: every cache row, t = 1) over what each row holds at positions < span
+    -> (last layer's output [r, t, H], the cache with their keys and values)."""
+    c = model.config
+    key_pos = jnp.arange(span)
+    mask = key_pos[None, None, :] <= positions[:, :, None]                   # [r, t, span]
+    if c.sliding_window is not None:
+        mask &= positions[:, :, None] - key_pos[None, None, :] < c.sliding_window
+    cos, sin = rope_tables(c, positions) if c.positions == "rope" else (None, None)
+    x = model.embed(ids, positions)
+    keys, values = [], []
+    for layer, ck, cv in zip(model.layers, cache.keys, cache.values):
+        def store(k, v, ck=ck, cv=cv):
+            k_read, ck = _store(ck, k, rows, positions[:, 0], span)
+            v_read, cv = _store(cv, v, rows, positions[:, 0], span)
+            return k_read, v_read, (ck, cv)
+        x, (ck, cv) = layer(x, cos, sin, mask, kv_store=store)
+        keys.append(ck)
+        values.append(cv)
+    return x, SlotCache(tuple(keys), tuple(values))
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "span", "eos"), donate_argnames=("cache",))
+def decode_program(graphdef, state, cache: SlotCache, tokens, positions, steps,
+                   settings: RowSampling, *, span: int, eos: tuple[int, ...]):
+    """One decoding step of every slot: tokens [S + 1] fed at positions [S + 1] -> (the next
+    token [S + 1], its log-prob, the cache). steps [S + 1]: tokens each row has chosen."""
+    traces.note("slots_decode")
+    model: CausalLM = nnx.merge(graphdef, state)
+    hidden, cache = slot_hidden(model, tokens[:, None], positions[:, None], None, cache, span)
+    token, logp = choose_rows(model.logits(hidden[:, 0]), settings, steps, eos)
+    return token, logp, cache
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "span", "eos"), donate_argnames=("cache",))
+def prefill_program(graphdef, state, cache: SlotCache, ids, starts, lasts, rows,
+                    settings: RowSampling, *, span: int, eos: tuple[int, ...]):
+    """One prefill chunk: ids [r, C] at positions starts[i] + 0..C-1 of cache rows rows [r] ->
+    (each row's first token, chosen after its token at index lasts[i], its log-prob, the
+    cache). settings: every slot's; the chunk's rows are taken from them."""
+    traces.note("slots_prefill")
+    model: CausalLM = nnx.merge(graphdef, state)
+    positions = starts[:, None] + jnp.arange(ids.shape[1])[None, :]
+    hidden, cache = slot_hidden(model, ids, positions, rows, cache, span)
+    last = jnp.take_along_axis(hidden, lasts[:, None, None], axis=1)[:, 0]
+    rows_settings = RowSampling(*(a[rows] for a in settings))
+    token, logp = choose_rows(model.logits(last), rows_settings, jnp.zeros_like(rows), eos)
+    return token, logp, cache
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+@dataclasses.dataclass(eq=False)
+class SlotRequest:
+    """One row to generate: its prompt's token ids and settings; filled in as it runs."""
+    prompt: Sequence[int]
+    max_new: int
+    min_new: int = 0
+    greedy: bool = True
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0                                      # uint32: the row's sampling key
+    stop_ids: frozenset = frozenset()                  # tokens that end it (kept in `tokens`)
+    stop_text: Callable[[list[int]], bool] | None = None  # checked after each token
+    tag: Any = None                                    # the caller's
+    tokens: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] = dataclasses.field(default_factory=list)
+    finish: str | None = None                          # "stop", "length" or "cancelled"
+    queued_at: float = 0.0
+    first_token_at: float | None = None
+    done_at: float | None = None
+    slot: int | None = None
+    prefilled: int = 0                                  # prompt tokens in the cache so far
+
+
+def _bucket(need: int, smallest: int, length: int) -> int:
+    """The attention span for `need` positions: smallest * 2^i, at most `length`."""
+    span = smallest
+    while span < need:
+        span *= 2
+    return min(span, length)
+
+
+class SlotEngine:
+    """`slots` decode slots of `length` cache positions each over `model` (see the module's
+    docstring). Thread-safe: `add` and `cancel` may come from any thread while one thread runs
+    `step`. Counters: `steps` (decoding steps), `prefills` (prefill chunks), `joined_running`
+    (requests admitted while others were decoding)."""
+
+    def __init__(self, model: CausalLM, *, slots: int = 32, length: int = 2048,
+                 chunk: int = 64, prefill_rows: int = 4, min_span: int | None = None):
+        if min(slots, chunk, prefill_rows, min_span or 1) < 1:
+            raise ValueError(f"SlotEngine: slots {slots}, chunk {chunk}, prefill_rows "
+                             f"{prefill_rows} and min_span {min_span} must be >= 1")
+        self.slots, self.chunk, self.prefill_rows = slots, chunk, prefill_rows
+        self.length = -(-int(length) // chunk) * chunk   # chunks start at multiples of C
+        self.min_span = min(min_span or chunk, self.length)
+        self.eos = tuple(model.config.eos_token_ids)
+        self._graphdef, self._state = nnx.split(model)
+        self._new_cache = lambda: init_slot_cache(model, slots, self.length)
+        self._cache = self._new_cache()
+        self._pad = model.config.pad_id
+        self._running: list[SlotRequest | None] = [None] * slots
+        self._queue: collections.deque[SlotRequest] = collections.deque()
+        self._lock = threading.Lock()
+        self._last = np.zeros(slots + 1, np.int32)     # the token each slot feeds next
+        self._pos = np.zeros(slots + 1, np.int32)      # cache positions each slot fills
+        self._settings = _HostSettings(slots + 1)
+        self.steps = self.prefills = self.joined_running = 0
+
+    # -- requests (any thread) -----------------------------------------------------------------
+
+    def add(self, request: SlotRequest) -> None:
+        """Queue `request`; ValueError when its prompt and max_new do not fit a slot."""
+        if not request.prompt:
+            raise ValueError("SlotEngine: an empty prompt")
+        if request.max_new < 1 or len(request.prompt) + request.max_new > self.length:
+            raise ValueError(f"{len(request.prompt)} prompt tokens + max_new_tokens "
+                             f"{request.max_new} do not fit a slot of {self.length} positions")
+        request.queued_at = time.monotonic()
+        with self._lock:
+            self._queue.append(request)
+
+    def cancel(self, request: SlotRequest) -> None:
+        """Drop `request`: from the queue, or its slot at the next step."""
+        with self._lock:
+            if request.finish is None:
+                request.finish = "cancelled"
+            if request in self._queue:
+                self._queue.remove(request)
+
+    def warmup(self) -> int:
+        """Compile every program a stream of requests can use (the decoding step at each span,
+        prefill chunks of 1 and `prefill_rows` rows at each span a chunk can need) by running
+        it once on idle slots -> how many programs ran. Call it before adding requests."""
+        spans, span = [], self.min_span
+        while span < self.length:
+            spans.append(span)
+            span *= 2
+        spans.append(self.length)
+        settings, zeros = self._settings.device(), np.zeros(self.slots + 1, np.int32)
+        ran = 0
+        for span in spans:
+            self._cache = decode_program(self._graphdef, self._state, self._cache, zeros, zeros,
+                                         zeros, settings, span=span, eos=self.eos)[2]
+            ran += 1
+            if span < self.chunk:
+                continue
+            for rows in sorted({1, self.prefill_rows}):
+                self._cache = prefill_program(
+                    self._graphdef, self._state, self._cache,
+                    np.full((rows, self.chunk), self._pad, np.int32), np.zeros(rows, np.int32),
+                    np.zeros(rows, np.int32), np.full(rows, self.slots, np.int32), settings,
+                    span=span, eos=self.eos)[2]
+                ran += 1
+        jax.block_until_ready(self._cache)
+        return ran
+
+    def reset(self) -> list[SlotRequest]:
+        """Drop every queued and running request (after a step failed: its cache may be gone)
+        and start from an empty cache -> the requests dropped."""
+        with self._lock:
+            dropped = list(self._queue) + [r for r in self._running if r is not None]
+            self._queue.clear()
+            self._running = [None] * self.slots
+        self._cache = self._new_cache()
+        return dropped
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return not self._queue and not any(self._running)
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a slot."""
+        return len(self._queue)
+
+    @property
+    def decoding(self) -> int:
+        """Requests in a slot with at least one token."""
+        return sum(r is not None and bool(r.tokens) for r in self._running)
+
+    # -- one step (one thread) -----------------------------------------------------------------
+
+    def step(self) -> list[SlotRequest]:
+        """Admit, run one prefill chunk and one decoding step; the requests that finished."""
+        finished: list[SlotRequest] = []
+        self._admit()
+        prefilling = [r for r in self._running if r is not None and r.prefilled < len(r.prompt)]
+        if prefilling:
+            self._prefill(prefilling[:self.prefill_rows], finished)
+        if any(r is not None and r.prefilled == len(r.prompt) for r in self._running):
+            self._decode(finished)
+        return finished
+
+    def _admit(self) -> None:
+        with self._lock:
+            for slot, r in enumerate(self._running):
+                if r is not None and r.finish is not None:  # cancelled
+                    self._running[slot] = None
+            decoding = any(r is not None and r.tokens for r in self._running)
+            for slot in range(self.slots):
+                if self._running[slot] is not None or not self._queue:
+                    continue
+                r = self._queue.popleft()
+                r.slot, r.prefilled = slot, 0
+                self._running[slot] = r
+                self._settings.set(slot, r)
+                self._pos[slot] = 0
+                self.joined_running += decoding
+
+    def _prefill(self, rows: list[SlotRequest], finished: list[SlotRequest]) -> None:
+        count = 1 if len(rows) == 1 else self.prefill_rows  # two programs per span
+        ids = np.full((count, self.chunk), self._pad, np.int32)
+        starts, lasts = np.zeros(count, np.int32), np.zeros(count, np.int32)
+        slots = np.full(count, self.slots, np.int32)  # padding rows: the scratch row
+        for i, r in enumerate(rows):
+            piece = r.prompt[r.prefilled:r.prefilled + self.chunk]
+            ids[i, :len(piece)] = piece
+            starts[i], lasts[i], slots[i] = r.prefilled, len(piece) - 1, r.slot
+        span = _bucket(int(starts.max()) + self.chunk, self.min_span, self.length)
+        token, logp, self._cache = prefill_program(
+            self._graphdef, self._state, self._cache, ids, starts, lasts, slots,
+            self._settings.device(), span=span, eos=self.eos)
+        self.prefills += 1
+        done = []
+        for i, r in enumerate(rows):
+            r.prefilled = min(len(r.prompt), r.prefilled + self.chunk)
+            self._pos[r.slot] = r.prefilled
+            if r.prefilled == len(r.prompt):
+                done.append(i)
+        if done:
+            token, logp = np.asarray(token), np.asarray(logp)
+            for i in done:
+                self._record(rows[i], int(token[i]), float(logp[i]), finished)
+
+    def _decode(self, finished: list[SlotRequest]) -> None:
+        decoding = [r for r in self._running if r is not None and r.tokens and r.finish is None]
+        if not decoding:
+            return
+        span = _bucket(int(max(self._pos[r.slot] for r in decoding)) + 1, self.min_span,
+                       self.length)
+        steps = self._settings.steps
+        token, logp, self._cache = decode_program(  # copies: the host arrays change next
+            self._graphdef, self._state, self._cache, self._last.copy(), self._pos.copy(),
+            steps.copy(), self._settings.device(), span=span, eos=self.eos)
+        self.steps += 1
+        token, logp = np.asarray(token), np.asarray(logp)
+        for r in decoding:
+            self._pos[r.slot] += 1
+            self._record(r, int(token[r.slot]), float(logp[r.slot]), finished)
+
+    def _record(self, r: SlotRequest, token: int, logp: float,
+                finished: list[SlotRequest]) -> None:
+        """A request's new token: kept, and the request finished when it ends it."""
+        now = time.monotonic()
+        if r.first_token_at is None:
+            r.first_token_at = now
+        r.tokens.append(token)
+        r.logprobs.append(logp)
+        self._last[r.slot] = token
+        self._settings.steps[r.slot] = len(r.tokens)
+        if r.finish is None:
+            if token in r.stop_ids or (r.stop_text is not None and r.stop_text(r.tokens)):
+                r.finish = "stop"
+            elif len(r.tokens) >= r.max_new:
+                r.finish = "length"
+        if r.finish is not None:
+            r.done_at = now
+            with self._lock:
+                self._running[r.slot] = None
+            finished.append(r)
+
+
+class _HostSettings:
+    """Every slot's `RowSampling` on the host, sent to the device when one changed."""
+
+    def __init__(self, rows: int):
+        self.greedy = np.ones(rows, bool)
+        self.temperature = np.ones(rows, np.float32)
+        self.top_k = np.zeros(rows, np.int32)
+        self.top_p = np.ones(rows, np.float32)
+        self.min_new = np.zeros(rows, np.int32)
+        self.seed = np.zeros(rows, np.uint32)
+        self.steps = np.zeros(rows, np.int32)  # tokens each slot has chosen (sent every step)
+        self._device: RowSampling | None = None
+
+    def set(self, slot: int, r: SlotRequest) -> None:
+        self.greedy[slot] = r.greedy
+        self.temperature[slot] = 1.0 if r.greedy else r.temperature
+        self.top_k[slot] = 0 if r.greedy else r.top_k
+        self.top_p[slot] = 1.0 if r.greedy else r.top_p
+        self.min_new[slot], self.seed[slot], self.steps[slot] = r.min_new, r.seed, 0
+        self._device = None
+
+    def device(self) -> RowSampling:
+        if self._device is None:
+            self._device = RowSampling(*(jnp.array(a, copy=True) for a in (
+                self.greedy, self.temperature, self.top_k, self.top_p, self.min_new,
+                self.seed)))
+        return self._device

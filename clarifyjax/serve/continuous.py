@@ -1,0 +1,218 @@
+"""Continuous batching for `clarifyjax serve`: `ContinuousBatcher` has `http_server.MicroBatcher`'s
+interface (`await submit(job, rows)`, `close()`) but runs every request's rows in the decode
+slots of one `decoding.slots.SlotEngine` over a `LocalLM`: a request is admitted into free slots
+at the next step (its prompt prefilled chunk by chunk between the running rows' steps), and each
+row leaves the batch the moment it ends, so that a short request never waits for a long one.
+
+`OpenAIServer(lm, batcher=ContinuousBatcher(lm))` serves with it; `clarifyjax serve
+--batching window` keeps the window batcher (`MicroBatcher`: requests arriving within a window
+run together to the longest one's end).
+
+What a request gets: greedy rows the tokens `LocalLM.complete` gives the same request alone;
+sampled rows draw from their own key, derived from (seed, prompt, sample), so a seeded request
+repeats whatever else runs; an unseeded request gets a new seed (reproducible from the server's
+start). Limits: 413 for a request of more rows than `max_queued_rows`, 503 while the rows
+waiting for a slot would pass it; a request whose client goes away leaves the queue, or frees
+its slots at the next step.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import threading
+import time
+
+import numpy as np
+
+from clarifyjax.decoding.local_lm import EncodedRow, LocalLM
+from clarifyjax.decoding.slots import SlotEngine, SlotRequest
+from clarifyjax.serve.http_server import ApiError
+from clarifyjax.text.generator import Completion, cut_at_stop
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotSettings:
+    """The engine of `clarifyjax serve --batching continuous`."""
+    slots: int = 32          # rows decoded together
+    length: int | None = None  # cache positions per slot (prompt + new tokens); None: context
+    chunk: int = 64          # prompt tokens per row of a prefill chunk
+    prefill_rows: int = 4    # rows per prefill chunk
+    min_span: int | None = None  # fewest cache positions a step reads (None: chunk)
+
+
+@dataclasses.dataclass(eq=False)
+class _Job:
+    item: object                      # the server's job: prompts, sampling, n, seed
+    rows: list[SlotRequest]
+    encoded: list[EncodedRow]
+    counts: list[int]
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    arrived: float
+    left: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class JobTiming:
+    """When a finished request arrived, got its first token and its last (monotonic seconds),
+    with its prompts: what `benchmarks/serve_load.py` reads."""
+    prompts: tuple
+    arrived: float
+    first_token: float
+    done: float
+
+
+class ContinuousBatcher:
+    """`MicroBatcher`'s interface over a `SlotEngine` on `lm` (see the module's docstring).
+    Items are the server's jobs: `prompts`, `sampling` (one `Sampling`), `n`, `seed`."""
+
+    def __init__(self, lm: LocalLM, settings: SlotSettings = SlotSettings(), *,
+                 max_queued_rows: int = 1024):
+        if lm.mesh is not None:
+            raise ValueError("continuous batching runs on one device; a LocalLM on a mesh "
+                             "needs --batching window")
+        self.lm, self.max_queued_rows = lm.load(), max_queued_rows
+        self.engine = SlotEngine(lm.model, slots=settings.slots,
+                                 length=settings.length or lm.context_length,
+                                 chunk=settings.chunk, prefill_rows=settings.prefill_rows,
+                                 min_span=settings.min_span)
+        self.batches: list[int] = []  # MicroBatcher's counter: rows of each request admitted
+        self.timings: collections.deque[JobTiming] = collections.deque(maxlen=100_000)
+        self.cancelled_rows = 0       # rows dropped because their client went away
+        self._wakeup = threading.Event()
+        self._closed = False
+        self._unseeded = 0
+        self._thread: threading.Thread | None = None
+
+    async def submit(self, item, rows: int = 1):
+        if rows > self.max_queued_rows:
+            raise ApiError(413, f"the request needs {rows} rows (prompts x n); this server "
+                                f"queues at most {self.max_queued_rows}", code="too_many_rows")
+        if self.engine.queued + rows > self.max_queued_rows:
+            raise ApiError(503, f"the server is busy ({self.engine.queued} rows queued); retry "
+                                "later", code="overloaded")
+        loop = asyncio.get_running_loop()
+        job = self._job(item, loop)
+        for r in job.rows:
+            try:
+                self.engine.add(r)
+            except ValueError as e:
+                for added in job.rows:
+                    self.engine.cancel(added)
+                raise ApiError(400, str(e), code="context_length_exceeded") from None
+        self.batches.append(len(job.rows))
+        self._start()
+        self._wakeup.set()
+        try:
+            return await job.future
+        except asyncio.CancelledError:  # the client went away: its rows leave
+            for r in job.rows:
+                self.engine.cancel(r)
+            self.cancelled_rows += len(job.rows)
+            raise
+
+    def _job(self, item, loop) -> _Job:
+        try:
+            encoded, counts = self.lm.prompt_rows(item.prompts, item.sampling, item.n)
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+        seed = item.seed
+        sampled = any(not row.sampling.greedy for row in encoded)
+        if seed is None and sampled:  # a new seed per request, reproducible from the start
+            seed, self._unseeded = 2 ** 32 + self._unseeded, self._unseeded + 1
+        job = _Job(item, [], encoded, counts, loop.create_future(), loop, time.monotonic())
+        for row in encoded:
+            job.rows.append(self._request(row, job, seed))
+        job.left = len(job.rows)
+        return job
+
+    def _request(self, row: EncodedRow, job: _Job, seed: int | None) -> SlotRequest:
+        s = row.sampling
+        stop_text = None
+        if s.stop:
+            decode = self.lm.tokenizer.decode
+
+            def stop_text(tokens, stop=s.stop):
+                return cut_at_stop(decode(tokens), stop) is not None
+        row_seed = 0 if seed is None else int(np.random.SeedSequence(
+            [seed % 2 ** 64, row.prompt, row.sample]).generate_state(1)[0])
+        return SlotRequest(row.ids, s.max_new_tokens, s.min_new_tokens, s.greedy,
+                           s.temperature or 1.0, s.top_k, s.top_p, row_seed,
+                           frozenset(self.lm.stop_token_ids(s.stop)), stop_text, job)
+
+    # -- the worker thread ---------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._work, name="slots", daemon=True)
+            self._thread.start()
+
+    def _work(self) -> None:
+        while not self._closed:
+            if self.engine.idle:
+                self._wakeup.wait(0.5)
+                self._wakeup.clear()
+                continue
+            try:
+                finished = self.engine.step()
+            except Exception as e:  # every request in the engine hears why
+                error = ApiError(500, f"generation failed: {type(e).__name__}: {e}")
+                for job in {id(r.tag): r.tag for r in self.engine.reset()}.values():
+                    _settle(job, error)
+                continue
+            for r in finished:
+                job: _Job = r.tag
+                if r.finish == "cancelled" or job.future.done():
+                    continue
+                job.left -= 1
+                if job.left == 0:
+                    self._finish(job)
+
+    def _finish(self, job: _Job) -> None:
+        try:
+            out: list[list[Completion | None]] = [[None] * c for c in job.counts]
+            for row, r in zip(job.encoded, job.rows):
+                stop_ids = tuple(sorted(r.stop_ids))
+                out[row.prompt][row.sample] = self.lm.completion(
+                    np.asarray(r.tokens, np.int32), np.asarray(r.logprobs, np.float32),
+                    np.ones(len(r.tokens), np.int32), row.sampling, stop_ids)
+        except Exception as e:
+            _settle(job, ApiError(500, f"generation failed: {type(e).__name__}: {e}"))
+            return
+        firsts = [r.first_token_at for r in job.rows]
+        self.timings.append(JobTiming(tuple(map(str, job.item.prompts)), job.arrived,
+                                      min(firsts), max(r.done_at for r in job.rows)))
+        _settle(job, out)
+
+    def close(self) -> None:
+        self._closed = True
+        self._wakeup.set()
+
+
+def _settle(job: _Job, result) -> None:
+    """Hand `result` (a value, or an exception to raise) to the request's coroutine."""
+    def settle():
+        if job.future.done():
+            return
+        if isinstance(result, BaseException):
+            job.future.set_exception(result)
+        else:
+            job.future.set_result(result)
+    job.loop.call_soon_threadsafe(settle)
+
+
+def add_batching_options(p) -> None:
+    """`clarifyjax serve`'s batching options (an argparse parser)."""
+    from clarifyjax.core.ranges import number_type
+
+    p.add_argument("--batching", choices=("continuous", "window"), default="continuous",
+                   help="continuous: requests join and leave the running batch at every step "
+                        "(--slots rows); window: requests arriving within --window-ms run "
+                        "together, to the longest one's end")
+    p.add_argument("--slots", type=number_type(int, ">= 1"), default=None,
+                   help="rows decoded together by continuous batching (default --batch-size)")
+    p.add_argument("--slot-length", type=number_type(int, ">= 2"), default=None,
+                   help="cache positions per slot, prompt + new tokens (default: the context)")
+    p.add_argument("--prefill-chunk", type=number_type(int, ">= 1"), default=64,
+                   help="prompt tokens a row prefills per step, between the running rows' steps")

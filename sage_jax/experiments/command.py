@@ -1,0 +1,63 @@
+"""`sage-jax experiment CONFIG [key=value ...]`: one of the SaGE paper's experiments from its config
+(sage_jax.experiments.config), into `out/`:
+
+    config.yaml                      the config as run
+    runs/<name>/                     each `sage-jax run` of the experiment (resumable; a finished
+                                     stage is not run again)
+    table1 | temperature | table3 | table2 | table4 .md / .json     the table and its numbers
+    <same name>.png, .series.json    the figure and the data it draws (figure4 for accuracy)
+
+Bad input is one line naming the key or file, before any model is loaded: the config, the
+questions file and every generator (through each run's checks), the benchmark and label files.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from collections.abc import Sequence
+
+from clarifyjax.config.loader import dump_config
+from clarifyjax.files.textfiles import atomic_write_bytes
+from sage_jax.experiments import consistency, validity
+from sage_jax.experiments.config import ExperimentConfig, load_experiment_config
+
+RUNNERS = {"models": consistency.models_experiment, "temperature": consistency.temperature_experiment,
+           "rot_prompt": consistency.rot_prompt_experiment, "accuracy": validity.accuracy_experiment,
+           "agreement": validity.agreement_experiment}
+TABLES = {"models": "table1", "temperature": "temperature", "rot_prompt": "table4", "accuracy": "table3",
+          "agreement": "table2"}
+FIGURES = {**TABLES, "accuracy": "figure4"}
+
+
+def check_experiment_inputs(cfg: ExperimentConfig) -> None:
+    """The files the experiment reads itself, before any work (the runs check their own)."""
+    from clarifyjax.files.tables import resolve_data_path
+
+    for i, b in enumerate(cfg.benchmarks):
+        resolve_data_path(b.file, f"benchmarks[{i}].file")
+        if b.fewshot_file:
+            resolve_data_path(b.fewshot_file, f"benchmarks[{i}].fewshot_file")
+    if cfg.kind == "agreement":
+        validity.read_labels(cfg)
+    if cfg.kind != "accuracy" or cfg.run.questions.strip():
+        resolve_data_path(cfg.run.questions, "run.questions")
+
+
+def run_experiment(cfg: ExperimentConfig, **given) -> dict:
+    """Run one experiment; `given` (embedder, generators) goes to every `sage_jax.run.pipeline.Run`."""
+    check_experiment_inputs(cfg)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out / "config.yaml", dump_config(cfg).encode())
+    return RUNNERS[cfg.kind](cfg, out, **given)
+
+
+def main(config: Path, overrides: Sequence[str]) -> int:
+    """The command: the table printed, and where the files are."""
+    from clarifyjax.config.loader import parse_overrides
+
+    cfg = load_experiment_config(config, parse_overrides(overrides))
+    run_experiment(cfg)
+    out = Path(cfg.out)
+    print((out / f"{TABLES[cfg.kind]}.md").read_text().rstrip())
+    print(f"\nwrote {out / (TABLES[cfg.kind] + '.md')}, .json and {out / (FIGURES[cfg.kind] + '.png')}")
+    return 0

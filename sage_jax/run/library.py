@@ -1,0 +1,138 @@
+"""`sage_jax.score(questions, get_response, use_rots=True)`: the SaGE reference library's one
+function (priyanshul-govil/SaGE `library/sage/sage.py`, `score`), with its meaning: a list of
+questions and a Python function that answers one question; each question paraphrased, each
+paraphrase answered by the function, a rule of thumb written for each answer (`use_rots`), and
+SaGE. Code written for the reference moves over by changing its import::
+
+    from sage import sage            ->   import sage_jax as sage
+    sage.score(questions, get_response)
+
+It runs `sage-jax run` (sage_jax.run.pipeline) in `out`: the function is called up to
+`concurrency` at a time, a call that raises is tried again up to `max_retries` times, and the run
+resumes from its files if called again with the same `out`. The reference wrote paraphrases and
+rules of thumb with lmsys/vicuna-13b-v1.3 and scored paraphrases with ParaScore on
+bert-base-uncased; here they are arguments: `paraphraser` and `rot_writer`, each a local causal LM
+folder or a Python function of the prompt, `paraphrase_scorer` a BERT folder; or `paraphrases`,
+the paraphrases of each question given as they are.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import io
+import tempfile
+from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
+
+from clarifyjax.files.textfiles import atomic_write_bytes
+from sage_jax.run import prompts as P
+from sage_jax.run.config import GeneratorConfig, ParaphraseConfig, SageRunConfig, ScoreConfig, ScorerConfig, \
+    StageConfig, TargetConfig
+
+MODEL = "get_response"
+
+
+@dataclasses.dataclass
+class SageScores:
+    """What `score` returns: per question (in the order given) its id, text and SaGE (the 0.8 / 0.2
+    blend of answers and rules of thumb with `use_rots`, as the reference's `cosine_rot` edges;
+    else the answers'), the mean over the scored questions, and the run's folder."""
+
+    per_question: list[dict]
+    mean: float | None
+    out: Path
+
+
+def question_of_answer_prompt(prompt) -> str:
+    """The paraphrase inside an answer prompt (what the reference passed to `get_response`)."""
+    head, tail = P.ANSWER_TEMPLATE.split("{question}")
+    if not (isinstance(prompt, str) and prompt.startswith(head) and prompt.endswith(tail)):
+        raise ValueError("not an answer prompt of sage_jax.run.prompts.ANSWER_TEMPLATE")
+    return prompt[len(head):len(prompt) - len(tail)]
+
+
+def _generator(source, name: str) -> tuple[GeneratorConfig, Callable | None]:
+    if callable(source):
+        return GeneratorConfig(kind="callable", model=name), source
+    return GeneratorConfig(kind="local", model=str(source)), None
+
+
+def _questions_file(out: Path, questions: Sequence[str], paraphrases: Mapping[str, Sequence[str]] | None) -> Path:
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["question_id", "question", "paraphrased", "score"])
+    for i, q in enumerate(questions):
+        if not isinstance(q, str) or not q.strip():
+            raise ValueError(f"questions[{i}]: must be a non-empty str")
+        for p in (paraphrases[q] if paraphrases is not None else [q]):
+            writer.writerow([i, q, p, ""])
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(out / "questions.csv", buf.getvalue().encode())
+    return out / "questions.csv"
+
+
+def build_run(questions: Sequence[str], use_rots: bool, out: Path, *, paraphrases=None, paraphraser=None,
+              paraphrase_scorer=None, rot_writer=None, embedder=None, preset: str = "ours", count: int = 5,
+              concurrency: int = 8, max_retries: int = 5) -> tuple[SageRunConfig, dict]:
+    """The run `score` makes, and the functions its callable generators name."""
+    if paraphrases is None and paraphraser is None:
+        raise ValueError("give paraphraser (a causal LM folder or a function) with paraphrase_scorer (a BERT "
+                         "folder), or paraphrases (each question's paraphrases)")
+    if use_rots and rot_writer is None:
+        raise ValueError("use_rots needs rot_writer: a causal LM folder or a function of the prompt")
+    functions = {}
+    if paraphrases is not None:
+        missing = [q for q in questions if q not in paraphrases]
+        if missing:
+            raise ValueError(f"paraphrases: no paraphrases for the question {missing[0]!r}")
+        para = ParaphraseConfig(source="file", count=count)
+    else:
+        g, fn = _generator(paraphraser, "paraphraser")
+        functions["paraphraser"] = fn
+        para = ParaphraseConfig(source="generate", generator=g, count=count,
+                                scorer=ScorerConfig(model=str(paraphrase_scorer or "")))
+    rot = StageConfig()
+    if use_rots:
+        g, fn = _generator(rot_writer, "rot_writer")
+        functions["rot_writer"] = fn
+        rot = StageConfig(generator=g)
+    target = TargetConfig(name=MODEL, generator=GeneratorConfig(kind="callable", model=MODEL, concurrency=concurrency,
+                                                                max_retries=max_retries))
+    cfg = SageRunConfig(questions=str(_questions_file(out, questions, paraphrases)), out=str(out), preset=preset,
+                        quiet=True, paraphrase=para, models=(target,), rot=rot,
+                        score=ScoreConfig(embedder=None if embedder is None else str(embedder), bertscore=False,
+                                          lexical=False))
+    cfg.check("")
+    return cfg, functions
+
+
+def score_questions(questions: Sequence[str], get_response: Callable[[str], str], use_rots: bool = True, *,
+          out: str | Path | None = None, embedder_model=None, sleep=None, **settings) -> SageScores:
+    """SaGE of `get_response` on `questions` (see the module docstring; `settings` are `build_run`'s
+    keyword arguments; `embedder_model`: a loaded `SentenceEmbedder` to use instead of a folder)."""
+    import json
+
+    from sage_jax.run import generators as G
+    from sage_jax.run import pipeline
+
+    out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="sage-"))
+    cfg, functions = build_run(list(questions), use_rots, out, **settings)
+    functions[MODEL] = get_response
+    extra = {} if sleep is None else {"sleep": sleep}
+
+    def build(c: GeneratorConfig, batch_size: int, prompt_of=None):
+        if c.kind != "callable":
+            return pipeline.build_generator(c, batch_size, prompt_of)
+        argument_of = question_of_answer_prompt if c.model == MODEL else None
+        return G.CallableGenerator(functions[c.model], name=c.model, argument_of=argument_of,
+                                   concurrency=c.concurrency, max_retries=c.max_retries, **extra)
+
+    run = pipeline.Run(cfg, generators=pipeline.Generators(build), embedder=embedder_model)
+    run.check(pipeline.STAGES)
+    run.run(pipeline.STAGES)
+    pq = json.loads((out / "report" / "scores.json").read_text())["models"][MODEL]["per_question"] or {}
+    key = "sage_blend" if use_rots else "sage_answer"
+    found = dict(zip(pq.get("question_id", []), pq.get(key, [])))
+    rows = [{"question_id": str(i), "question": q, "sage": found.get(str(i))} for i, q in enumerate(questions)]
+    scored = [r["sage"] for r in rows if r["sage"] is not None]
+    return SageScores(rows, sum(scored) / len(scored) if scored else None, out)
