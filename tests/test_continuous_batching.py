@@ -11,7 +11,8 @@ behind the OpenAI-compatible server, in this process, on a tiny random Llama mad
   away frees its rows and stalls nobody.
 
 One module-scoped server; the slots read the whole (128-position) cache at every step, so that
-the run compiles three programs (one decoding step, prefill chunks of 1 and 4 rows).
+the run compiles four programs (one decoding step, prefill chunks of 1 and 4 rows, the choice of
+the next tokens).
 """
 from __future__ import annotations
 
@@ -41,7 +42,10 @@ SETTINGS = SlotSettings(slots=8, chunk=32, prefill_rows=4, min_span=128)
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    lm = LocalLM(tiny_llama_folder(tmp_path_factory, seed=3), batch_size=8).load()
+    # shared_prefix 0: `complete` runs one prompt's rows as any others (no prefix program),
+    # so that the requests alone compile a program per prompt length, not per prefix too
+    lm = LocalLM(tiny_llama_folder(tmp_path_factory, seed=3), batch_size=8,
+                 shared_prefix=0).load()
     assert [len(lm.encode(p)) > SETTINGS.chunk for p in PROMPTS].count(True) >= 2
     batcher = ContinuousBatcher(lm, SETTINGS, max_queued_rows=256)
     server = OpenAIServer(lm, name="tiny", batcher=batcher,
@@ -78,9 +82,11 @@ def _mixed_requests(lm: LocalLM) -> list[dict]:
         body = {"prompt": prompt, "logprobs": 0}
         if kind == 0:
             body |= {"temperature": 0, "max_tokens": 3 + i % 14}
-        elif kind == 1:
+        elif kind == 1:  # a stop string of several tokens: the requests alone share a program
             text = plain[i % len(PROMPTS)][0].text
-            body |= {"temperature": 0, "max_tokens": 16, "n": 2, "stop": [text[4:6] or "x"]}
+            stop = next(text[4:j] for j in range(6, len(text) + 2)
+                        if lm.stop_token_ids((text[4:j],)) == lm.eos_ids)
+            body |= {"temperature": 0, "max_tokens": 16, "n": 2, "stop": [stop]}
         elif kind == 2:
             body |= {"temperature": 0.7, "top_k": 5, "max_tokens": 12, "seed": i}
         else:
@@ -142,9 +148,10 @@ def test_new_sampling_settings_compile_nothing(served):
     lm, _, url = served
     _answer(url, {"prompt": PROMPTS[0], "max_tokens": 4, "temperature": 0})   # 1-row prefill
     _answer(url, {"prompt": PROMPTS[:4], "max_tokens": 4, "temperature": 0})  # 4 rows at once
-    names = ("slots_decode", "slots_prefill")
+    names = ("slots_decode", "slots_prefill", "slots_choose")
+    programs = (slots.decode_program, slots.prefill_program, slots.choose_program)
     before = [traces.count(n) for n in names]
-    sizes = (slots.decode_program._cache_size(), slots.prefill_program._cache_size())
+    sizes = [p._cache_size() for p in programs]
     assert min(before) >= 1
     new = [{"temperature": 0.31, "top_k": 7, "seed": 1},
            {"temperature": 1.7, "top_p": 0.42, "seed": 2, "n": 3},
@@ -154,7 +161,7 @@ def test_new_sampling_settings_compile_nothing(served):
         _answer(url, {"prompt": PROMPTS[i], "max_tokens": 6, **settings})
         _answer(url, {"prompt": PROMPTS[4:], "max_tokens": 6, **settings})
     assert [traces.count(n) for n in names] == before
-    assert (slots.decode_program._cache_size(), slots.prefill_program._cache_size()) == sizes
+    assert [p._cache_size() for p in programs] == sizes
 
 
 def test_limits_and_a_client_that_goes_away(served):

@@ -175,10 +175,25 @@ def test_top_k_1_and_tiny_top_p_equal_greedy():
 
 @pytest.fixture(params=["top_k", "bisection"])
 def threshold_path(request):
-    """Both ways of finding the top-k / top-p thresholds: `lax.top_k` (accelerators) and the
-    bisections (CPU, where top_k is a sort), whichever backend runs the test: the value of
-    `filter_logits`' `bisect` argument."""
+    """Both ways of finding the top-k / top-p thresholds: `lax.top_k` (the default) and the
+    bisections of the whole row: the value of `filter_logits`' `bisect` argument."""
     return request.param == "bisection"
+
+
+def test_no_threshold_sorts_the_vocabulary():
+    """The thresholds take `lax.top_k`'s values whole (a sliced top_k becomes a sort of the
+    row on XLA:CPU, 300x slower at [128, 32000]): no compiled filter or per-row choice sorts."""
+    from clarifyjax.decoding.row_sampling import RowSampling, choose_rows
+
+    x = jnp.zeros((4, 3000), jnp.float32)
+    for kw in (dict(top_k=10), dict(top_p=0.9), dict(top_k=7, top_p=0.5)):
+        text = jax.jit(lambda x, kw=kw: filter_logits(x, **kw)).lower(x).compile().as_text()
+        assert " sort(" not in text, kw
+    rows = RowSampling(jnp.zeros(4, bool), jnp.ones(4), jnp.full(4, 5, jnp.int32),
+                       jnp.full(4, 0.9), jnp.zeros(4, jnp.int32), jnp.zeros(4, jnp.uint32))
+    text = jax.jit(lambda x: choose_rows(x, rows, jnp.zeros(4, jnp.int32), (2,))).lower(
+        x).compile().as_text()
+    assert " sort(" not in text
 
 
 def test_filter_logits_matches_numpy(threshold_path):
@@ -314,3 +329,35 @@ def test_bad_sampling_arguments():
         generate(model, ids, mask, rng=None, max_new_tokens=4)
     with pytest.raises(ValueError, match="shape"):
         score(model, ids, mask, ids, mask[:, :3])
+
+
+def test_per_row_settings_filter_and_draw_as_each_row_alone():
+    """`row_sampling`: each row of one batch filtered with its own temperature, top-k (one above
+    TOP_K_CANDIDATES: the bisection) and top-p (a flat row: past the candidates) keeps what
+    `filter_logits` keeps for that row alone; a row's draw depends on its seed and step only."""
+    from clarifyjax.decoding.row_sampling import TOP_K_CANDIDATES, RowSampling, choose_rows, filter_rows
+
+    rng = np.random.RandomState(3)
+    logits = (rng.randn(6, 3000) * np.array([[4.0], [4.0], [0.3], [4.0], [2.0], [1.0]]))
+    logits = jnp.asarray(logits.astype(np.float32))
+    settings = [(1.0, 0, 1.0), (0.7, 10, 1.0), (1.3, 0, 0.9), (1.0, TOP_K_CANDIDATES + 36, 0.8),
+                (0.5, 5, 0.5), (2.0, 0, 1.0)]
+    t, k, p = (jnp.asarray(c) for c in zip(*settings))
+    rows = RowSampling(jnp.zeros(6, bool), t.astype(jnp.float32), k.astype(jnp.int32),
+                       p.astype(jnp.float32), jnp.zeros(6, jnp.int32), jnp.arange(6, dtype=jnp.uint32))
+    got = np.asarray(jax.jit(filter_rows)(logits, rows))
+    for i, (ti, ki, pi) in enumerate(settings):
+        want = np.asarray(filter_logits(logits[i:i + 1], temperature=ti, top_k=ki, top_p=pi))[0]
+        np.testing.assert_array_equal(np.isfinite(got[i]), np.isfinite(want), err_msg=str(i))
+        np.testing.assert_allclose(got[i][np.isfinite(want)], want[np.isfinite(want)], rtol=1e-6)
+    assert np.isfinite(got[2]).sum() > 1000  # the flat row's nucleus is past the candidates
+    choose = jax.jit(lambda x, s, step: choose_rows(x, s, step, (2,)))
+    steps = jnp.arange(6, dtype=jnp.int32)
+    tokens, _ = choose(logits, rows, steps)
+    # the same row, seed and step in another batch (other rows' settings and logits changed)
+    other = rows._replace(seed=rows.seed.at[1:].set(99), top_k=rows.top_k.at[1:].set(3))
+    alone, _ = choose(logits.at[1:].set(0.0), other, steps)
+    assert int(tokens[0]) == int(alone[0])
+    greedy = rows._replace(greedy=jnp.ones(6, bool))
+    np.testing.assert_array_equal(np.asarray(choose(logits, greedy, steps)[0]),
+                                  np.asarray(jnp.argmax(logits, -1)))

@@ -19,7 +19,8 @@ Sampling settings (greedy, temperature, top-k, top-p, min_new_tokens, seed) are 
 shape only: the decoding step per attention span (the cache positions read: a bucket of the
 longest running row, `min_span` times a power of two up to `length`) and the prefill chunk per
 span and rows (1, or `prefill_rows`); `clarifyjax.core.traces` counts them under
-"slots_decode" and "slots_prefill".
+"slots_decode" and "slots_prefill"; the choice of the next tokens (`choose_program`, every
+slot's at once) is one program, "slots_choose".
 
 Shapes: S = slots, L = length (cache positions per slot), C = chunk, r = rows of a program,
 t = tokens per row, k = KV heads, d = head_dim, V = vocab.
@@ -50,6 +51,12 @@ class SlotCache(NamedTuple):
     prefill chunk write."""
     keys: tuple[jax.Array, ...]
     values: tuple[jax.Array, ...]
+
+
+def slot_cache_bytes(config, slots: int, length: int) -> int:
+    """Bytes of the `SlotCache` of `slots` slots of `length` positions for a model `config`."""
+    return (2 * config.num_layers * (slots + 1) * config.num_kv_heads * length * config.head_dim
+            * np.dtype(config.dtype).itemsize)
 
 
 def init_slot_cache(model: CausalLM, slots: int, length: int) -> SlotCache:
@@ -97,32 +104,37 @@ def slot_hidden(model: CausalLM, ids: jax.Array, positions: jax.Array, rows: jax
     return x, SlotCache(tuple(keys), tuple(values))
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "span", "eos"), donate_argnames=("cache",))
-def decode_program(graphdef, state, cache: SlotCache, tokens, positions, steps,
-                   settings: RowSampling, *, span: int, eos: tuple[int, ...]):
-    """One decoding step of every slot: tokens [S + 1] fed at positions [S + 1] -> (the next
-    token [S + 1], its log-prob, the cache). steps [S + 1]: tokens each row has chosen."""
+@functools.partial(jax.jit, static_argnames=("graphdef", "span"), donate_argnames=("cache",))
+def decode_program(graphdef, state, cache: SlotCache, tokens, positions, *, span: int):
+    """One decoding step of every slot: tokens [S + 1] fed at positions [S + 1] -> (the logits
+    of each slot's next token [S + 1, V] float32, the cache)."""
     traces.note("slots_decode")
     model: CausalLM = nnx.merge(graphdef, state)
     hidden, cache = slot_hidden(model, tokens[:, None], positions[:, None], None, cache, span)
-    token, logp = choose_rows(model.logits(hidden[:, 0]), settings, steps, eos)
-    return token, logp, cache
+    return model.logits(hidden[:, 0]), cache
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "span", "eos"), donate_argnames=("cache",))
-def prefill_program(graphdef, state, cache: SlotCache, ids, starts, lasts, rows,
-                    settings: RowSampling, *, span: int, eos: tuple[int, ...]):
+@functools.partial(jax.jit, static_argnames=("graphdef", "span", "slots"),
+                   donate_argnames=("cache",))
+def prefill_program(graphdef, state, cache: SlotCache, ids, starts, lasts, rows, *, span: int,
+                    slots: int):
     """One prefill chunk: ids [r, C] at positions starts[i] + 0..C-1 of cache rows rows [r] ->
-    (each row's first token, chosen after its token at index lasts[i], its log-prob, the
-    cache). settings: every slot's; the chunk's rows are taken from them."""
+    (logits [S + 1, V] float32: at row rows[i], those after its token at index lasts[i], zeros
+    elsewhere; the cache)."""
     traces.note("slots_prefill")
     model: CausalLM = nnx.merge(graphdef, state)
     positions = starts[:, None] + jnp.arange(ids.shape[1])[None, :]
     hidden, cache = slot_hidden(model, ids, positions, rows, cache, span)
-    last = jnp.take_along_axis(hidden, lasts[:, None, None], axis=1)[:, 0]
-    rows_settings = RowSampling(*(a[rows] for a in settings))
-    token, logp = choose_rows(model.logits(last), rows_settings, jnp.zeros_like(rows), eos)
-    return token, logp, cache
+    last = model.logits(jnp.take_along_axis(hidden, lasts[:, None, None], axis=1)[:, 0])
+    return jnp.zeros((slots + 1, last.shape[-1]), last.dtype).at[rows].set(last), cache
+
+
+@functools.partial(jax.jit, static_argnames=("eos",))
+def choose_program(logits, settings: RowSampling, steps, *, eos: tuple[int, ...]):
+    """Every slot's next token from its logits [S + 1, V], settings and step (`row_sampling`):
+    (token [S + 1], its log-prob). One program for the decoding steps and the prefills."""
+    traces.note("slots_choose")
+    return choose_rows(logits, settings, steps, eos)
 
 
 # --------------------------------------------------------------------------- the engine
@@ -217,11 +229,11 @@ class SlotEngine:
             spans.append(span)
             span *= 2
         spans.append(self.length)
-        settings, zeros = self._settings.device(), np.zeros(self.slots + 1, np.int32)
+        zeros = np.zeros(self.slots + 1, np.int32)
         ran = 0
         for span in spans:
-            self._cache = decode_program(self._graphdef, self._state, self._cache, zeros, zeros,
-                                         zeros, settings, span=span, eos=self.eos)[2]
+            logits, self._cache = decode_program(self._graphdef, self._state, self._cache, zeros,
+                                                 zeros, span=span)
             ran += 1
             if span < self.chunk:
                 continue
@@ -229,11 +241,12 @@ class SlotEngine:
                 self._cache = prefill_program(
                     self._graphdef, self._state, self._cache,
                     np.full((rows, self.chunk), self._pad, np.int32), np.zeros(rows, np.int32),
-                    np.zeros(rows, np.int32), np.full(rows, self.slots, np.int32), settings,
-                    span=span, eos=self.eos)[2]
+                    np.zeros(rows, np.int32), np.full(rows, self.slots, np.int32), span=span,
+                    slots=self.slots)[1]
                 ran += 1
+        self._choose(logits)
         jax.block_until_ready(self._cache)
-        return ran
+        return ran + 1
 
     def reset(self) -> list[SlotRequest]:
         """Drop every queued and running request (after a step failed: its cache may be gone)
@@ -299,20 +312,24 @@ class SlotEngine:
             ids[i, :len(piece)] = piece
             starts[i], lasts[i], slots[i] = r.prefilled, len(piece) - 1, r.slot
         span = _bucket(int(starts.max()) + self.chunk, self.min_span, self.length)
-        token, logp, self._cache = prefill_program(
-            self._graphdef, self._state, self._cache, ids, starts, lasts, slots,
-            self._settings.device(), span=span, eos=self.eos)
+        logits, self._cache = prefill_program(self._graphdef, self._state, self._cache, ids,
+                                              starts, lasts, slots, span=span, slots=self.slots)
         self.prefills += 1
         done = []
-        for i, r in enumerate(rows):
+        for r in rows:
             r.prefilled = min(len(r.prompt), r.prefilled + self.chunk)
             self._pos[r.slot] = r.prefilled
             if r.prefilled == len(r.prompt):
-                done.append(i)
-        if done:
-            token, logp = np.asarray(token), np.asarray(logp)
-            for i in done:
-                self._record(rows[i], int(token[i]), float(logp[i]), finished)
+                done.append(r)
+        if done:  # their first tokens
+            token, logp = self._choose(logits)
+            for r in done:
+                self._record(r, int(token[r.slot]), float(logp[r.slot]), finished)
+
+    def _choose(self, logits) -> tuple[np.ndarray, np.ndarray]:
+        token, logp = choose_program(logits, self._settings.device(),
+                                     self._settings.steps.copy(), eos=self.eos)
+        return np.asarray(token), np.asarray(logp)
 
     def _decode(self, finished: list[SlotRequest]) -> None:
         decoding = [r for r in self._running if r is not None and r.tokens and r.finish is None]
@@ -320,12 +337,11 @@ class SlotEngine:
             return
         span = _bucket(int(max(self._pos[r.slot] for r in decoding)) + 1, self.min_span,
                        self.length)
-        steps = self._settings.steps
-        token, logp, self._cache = decode_program(  # copies: the host arrays change next
+        logits, self._cache = decode_program(  # copies: the host arrays change next
             self._graphdef, self._state, self._cache, self._last.copy(), self._pos.copy(),
-            steps.copy(), self._settings.device(), span=span, eos=self.eos)
+            span=span)
+        token, logp = self._choose(logits)
         self.steps += 1
-        token, logp = np.asarray(token), np.asarray(logp)
         for r in decoding:
             self._pos[r.slot] += 1
             self._record(r, int(token[r.slot]), float(logp[r.slot]), finished)

@@ -90,4 +90,7 @@ def _batcher(lm, args):
         return None
     settings = SlotSettings(slots=args.slots or args.batch_size, length=args.slot_length,
                             chunk=args.prefill_chunk)
-    return ContinuousBatcher(lm, settings, max_queued_rows=args.max_queued_rows)
+    try:
+        return ContinuousBatcher(lm, settings, max_queued_rows=args.max_queued_rows)
+    except ValueError as e:
+        raise CLIError(str(e)) from None

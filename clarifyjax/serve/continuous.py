@@ -26,7 +26,7 @@ import time
 import numpy as np
 
 from clarifyjax.decoding.local_lm import EncodedRow, LocalLM
-from clarifyjax.decoding.slots import SlotEngine, SlotRequest
+from clarifyjax.decoding.slots import SlotEngine, SlotRequest, slot_cache_bytes
 from clarifyjax.serve.http_server import ApiError
 from clarifyjax.text.generator import Completion, cut_at_stop
 
@@ -73,8 +73,9 @@ class ContinuousBatcher:
             raise ValueError("continuous batching runs on one device; a LocalLM on a mesh "
                              "needs --batching window")
         self.lm, self.max_queued_rows = lm.load(), max_queued_rows
-        self.engine = SlotEngine(lm.model, slots=settings.slots,
-                                 length=settings.length or lm.context_length,
+        length = settings.length or lm.context_length
+        _check_memory(lm.model.config, settings.slots, length)
+        self.engine = SlotEngine(lm.model, slots=settings.slots, length=length,
                                  chunk=settings.chunk, prefill_rows=settings.prefill_rows,
                                  min_span=settings.min_span)
         self.batches: list[int] = []  # MicroBatcher's counter: rows of each request admitted
@@ -188,6 +189,21 @@ class ContinuousBatcher:
     def close(self) -> None:
         self._closed = True
         self._wakeup.set()
+
+
+def _check_memory(config, slots: int, length: int) -> None:
+    """ValueError, before allocating, when the slots' KV cache would take more than 90% of the
+    device's memory (where the device reports it; a CPU does not)."""
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    need = slot_cache_bytes(config, slots, length)
+    if limit and need > 0.9 * (limit - stats.get("bytes_in_use", 0)):
+        raise ValueError(f"continuous batching: {slots} slots of {length} positions need a KV "
+                         f"cache of {need / 2 ** 30:.1f} GiB, more than the device has free "
+                         f"({(limit - stats.get('bytes_in_use', 0)) / 2 ** 30:.1f} GiB); "
+                         "lower --slots or --slot-length")
 
 
 def _settle(job: _Job, result) -> None:
