@@ -56,6 +56,7 @@ durations: setup
 
 bench: setup
 	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
+	$(PY) launch/sage_plan.py --readme  # the README's corpus plan reads the CPU rates just measured
 
 clean:
 	rm -rf $(VENV) build *.egg-info

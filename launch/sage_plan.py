@@ -5,6 +5,7 @@ one CPU host, one H100 and a TPU v4-32 slice.
 
     python launch/sage_plan.py                       # the table
     python launch/sage_plan.py --markdown plan.md    # as the README's table
+    python launch/sage_plan.py --readme              # rewrite the README's table (after `make bench`)
 
 The CPU host's rates are the ones this project's benchmarks measured (benchmarks/results/
 causal_lm.json: the float32 matmul rate, the prefill FLOP/s the causal LM reached, the bytes/s it
@@ -126,12 +127,33 @@ def assumptions() -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", type=Path, default=None, help="write the table and its assumptions here")
+    parser.add_argument("--readme", action="store_true",
+                        help="rewrite the table between README.md's <!-- sage_plan --> markers")
     args = parser.parse_args(argv)
     text = markdown(plan()) + "\n\n" + assumptions() + "\n"
     print(text, end="")
     if args.markdown:
         atomic_write_bytes(args.markdown, text.encode())
+    if args.readme:
+        atomic_write_bytes(README, readme_with(README.read_text(), text).encode())
     return 0
+
+
+README = REPO_ROOT / "README.md"
+OPEN, CLOSE = "<!-- sage_plan -->\n", "<!-- /sage_plan -->"
+
+
+def readme_block(readme: str) -> str:
+    """The text between the README's sage_plan markers."""
+    if OPEN not in readme or CLOSE not in readme.split(OPEN, 1)[1]:
+        raise SystemExit(f"error: {README}: no '{OPEN.strip()}' ... '{CLOSE}' block")
+    return readme.split(OPEN, 1)[1].split(CLOSE, 1)[0]
+
+
+def readme_with(readme: str, text: str) -> str:
+    head, rest = readme.split(OPEN, 1)[0], readme.split(OPEN, 1)[1]
+    readme_block(readme)
+    return head + OPEN + text + CLOSE + rest.split(CLOSE, 1)[1]
 
 
 if __name__ == "__main__":
