@@ -93,11 +93,12 @@ def test_local_multiprocess_sets_the_environment(tmp_path):
     proc = run([LAUNCH / "local_multiprocess.sh", 2, "bash", "-c",
                 'echo "$CLARIFYJAX_NUM_PROCESSES $CLARIFYJAX_PROCESS_ID $CLARIFYJAX_COORDINATOR '
                 '$JAX_PLATFORMS $XLA_FLAGS"'],
-               env=clean_env(PORT="12345", DEVICES_PER_PROCESS="3"))
+               env=clean_env(PORT="12345", DEVICES_PER_PROCESS="3", XLA_FLAGS="--xla_dump_to=x"))
     assert proc.returncode == 0, proc.stderr
     lines = sorted(proc.stdout.splitlines())
-    assert lines == [f"[{i}] 2 {i} 127.0.0.1:12345 cpu --xla_force_host_platform_device_count=3"
-                     for i in (0, 1)]
+    # the device count goes first, the caller's own flags are kept after it
+    assert lines == [f"[{i}] 2 {i} 127.0.0.1:12345 cpu --xla_force_host_platform_device_count=3 "
+                     "--xla_dump_to=x" for i in (0, 1)]
 
 
 @pytest.mark.parametrize("args", [[], [2], [0, "true"], ["two", "true"]])

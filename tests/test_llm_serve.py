@@ -28,6 +28,7 @@ import urllib.request
 import pytest
 
 from conftest import REPO_ROOT, require
+from helpers.compile_cache import inherited_xla_flags
 from helpers.tiny_models import tiny_llama_folder
 
 pytestmark = pytest.mark.slow
@@ -41,7 +42,7 @@ COMMON = ["--batch-size", "8", "--chat-template", "model"]
 
 
 def _env(cache) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = dict(os.environ, XLA_FLAGS=inherited_xla_flags())  # one device, the run's compile flags
     env.update(PYTHONPATH=str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
                JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", HF_HUB_OFFLINE="1")

@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO_ROOT, require, shared_data
+from helpers.compile_cache import inherited_xla_flags
 
 README = REPO_ROOT / "README.md"
 NOT_RUN = re.compile(r"<!--\s*not run in tests:\s*(.*?)\s*-->")
@@ -116,6 +117,7 @@ def _env(tmp_path: Path) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CLARIFYJAX_COORDINATOR", "CLARIFYJAX_NUM_PROCESSES",
                                 "CLARIFYJAX_PROCESS_ID", "SLURM_", "TPU_", "XLA_FLAGS"))}
+    env["XLA_FLAGS"] = inherited_xla_flags()  # the run's compile flags, no fake device count
     env["PATH"] = str(_shims(tmp_path / "bin")) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     env["HF_HUB_OFFLINE"] = "1"

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 from clarifyjax.files.child_result import RESULT_FILE_ENV, read_result, result_path
 from helpers.env import REPO_ROOT
+from helpers.compile_cache import inherited_xla_flags
 
 TESTS = REPO_ROOT / "tests"
 LAUNCH_VARS = ("CLARIFYJAX_COORDINATOR", "CLARIFYJAX_NUM_PROCESSES", "CLARIFYJAX_PROCESS_ID",
@@ -49,8 +50,7 @@ def clean_env(**extra: str) -> dict:
 def fake_device_env(n_devices: int, **extra: str) -> dict:
     """`clean_env` with `n_devices` fake CPU devices (XLA_FLAGS must be set before jax is
     imported, hence children)."""
-    return clean_env(XLA_FLAGS=f"--xla_force_host_platform_device_count={n_devices}",
-                     JAX_PLATFORMS="cpu", **extra)
+    return clean_env(XLA_FLAGS=inherited_xla_flags(n_devices), JAX_PLATFORMS="cpu", **extra)
 
 
 def free_port() -> int:
@@ -219,7 +219,8 @@ def run_launcher(argv: Sequence, n: int, *, n_devices: int = 4, timeout: float =
             base = Path(tmp) / "result.json"
             run_env = dict(clean_env() if env is None else env, PORT=str(port),
                            DEVICES_PER_PROCESS=str(n_devices), **{RESULT_FILE_ENV: str(base)})
-            run_env.pop("XLA_FLAGS", None)  # the launch script sets it from DEVICES_PER_PROCESS
+            # the launch script adds the device count from DEVICES_PER_PROCESS
+            run_env["XLA_FLAGS"] = inherited_xla_flags()
             try:
                 proc = subprocess.run(["bash", str(REPO_ROOT / "launch" / "local_multiprocess.sh"),
                                        str(n), *map(str, argv)], env=run_env, cwd=str(REPO_ROOT),
