@@ -124,6 +124,30 @@ def assumptions() -> str:
             "a 30-40 B model needs two H100s' memory in bf16, counted here as one H100's time.")
 
 
+README = REPO_ROOT / "README.md"
+OPEN, CLOSE = "<!-- sage_plan -->\n", "<!-- /sage_plan -->"
+
+
+def _split_readme(readme: str) -> tuple[str, str, str]:
+    """README.md's text -> (before the block, the block, after it); the markers stay outside."""
+    head, opened, rest = readme.partition(OPEN)
+    block, closed, tail = rest.partition(CLOSE)
+    if not (opened and closed):
+        raise SystemExit(f"error: {README}: no '{OPEN.strip()}' ... '{CLOSE}' block")
+    return head, block, tail
+
+
+def readme_block(readme: str) -> str:
+    """The text between the README's sage_plan markers."""
+    return _split_readme(readme)[1]
+
+
+def readme_with(readme: str, text: str) -> str:
+    """The README with `text` between its sage_plan markers."""
+    head, _, tail = _split_readme(readme)
+    return head + OPEN + text + CLOSE + tail
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", type=Path, default=None, help="write the table and its assumptions here")
@@ -137,23 +161,6 @@ def main(argv=None) -> int:
     if args.readme:
         atomic_write_bytes(README, readme_with(README.read_text(), text).encode())
     return 0
-
-
-README = REPO_ROOT / "README.md"
-OPEN, CLOSE = "<!-- sage_plan -->\n", "<!-- /sage_plan -->"
-
-
-def readme_block(readme: str) -> str:
-    """The text between the README's sage_plan markers."""
-    if OPEN not in readme or CLOSE not in readme.split(OPEN, 1)[1]:
-        raise SystemExit(f"error: {README}: no '{OPEN.strip()}' ... '{CLOSE}' block")
-    return readme.split(OPEN, 1)[1].split(CLOSE, 1)[0]
-
-
-def readme_with(readme: str, text: str) -> str:
-    head, rest = readme.split(OPEN, 1)[0], readme.split(OPEN, 1)[1]
-    readme_block(readme)
-    return head + OPEN + text + CLOSE + rest.split(CLOSE, 1)[1]
 
 
 if __name__ == "__main__":

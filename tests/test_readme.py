@@ -116,7 +116,7 @@ def _shims(folder: Path) -> Path:
 def _env(tmp_path: Path) -> dict:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("CLARIFYJAX_COORDINATOR", "CLARIFYJAX_NUM_PROCESSES",
-                                "CLARIFYJAX_PROCESS_ID", "SLURM_", "TPU_", "XLA_FLAGS"))}
+                                "CLARIFYJAX_PROCESS_ID", "SLURM_", "TPU_"))}
     env["XLA_FLAGS"] = inherited_xla_flags()  # the run's compile flags, no fake device count
     env["PATH"] = str(_shims(tmp_path / "bin")) + os.pathsep + env.get("PATH", "")
     env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")

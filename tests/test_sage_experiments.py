@@ -370,6 +370,8 @@ def test_the_readme_shows_the_corpus_plan_as_launch_sage_plan_computes_it():
         assert all(v > 0 for v in h["hours"].values())
         assert sum(h["hours"].values()) == pytest.approx(h["total_hours"])
     assert result["1 x H100"]["total_hours"] < result["CPU host"]["total_hours"]
-    shown = plan.readme_block((root / "README.md").read_text())
+    readme = (root / "README.md").read_text()
+    shown = plan.readme_block(readme)
+    assert plan.readme_with(readme, shown) == readme  # what --readme writes puts it back in place
     assert shown.strip() == (plan.markdown(result) + "\n\n" + plan.assumptions()).strip(), (
         "README.md's corpus plan is stale (benchmarks/results changed): run python launch/sage_plan.py --readme")
