@@ -151,8 +151,11 @@ def main() -> None:
             raise SystemExit(f"--batch {args.batch} is not divisible by {n} devices")
         with tempfile.TemporaryDirectory(prefix="scaling-") as tmp:
             result = Path(tmp) / "result.json"
+            # the caller's XLA flags (a compile level, a dump folder) with this run's device count
+            flags = [f for f in os.environ.get("XLA_FLAGS", "").split()
+                     if not f.startswith("--xla_force_host_platform_device_count")]
             env = dict(os.environ, JAX_PLATFORMS="cpu",
-                       XLA_FLAGS=f"--xla_force_host_platform_device_count={n}",
+                       XLA_FLAGS=" ".join([f"--xla_force_host_platform_device_count={n}", *flags]),
                        PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
                        **{RESULT_FILE_ENV: str(result)})
             proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker",

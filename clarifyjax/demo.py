@@ -379,9 +379,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import jax
 
-    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # else the caller's cache, its settings
         jax.config.update("jax_compilation_cache_dir", str(out / ".jax_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     from clarifyjax.training import loops as train
 
     data, kind = find_data(args.data)
