@@ -17,6 +17,13 @@ One body per case checks, in float32:
     each row's own 1-6 tokens, against transformers `generate` on the whole prompts: identical
     tokens, and the same logprobs as our run on the whole prompts within 1e-4; a sampled run
     with the prefix gives the same tokens as one without (same key).
+
+Compiling is most of the time: every batch that `generate` or `score` sees is ROWS rows whose
+prompts pad to the 16-token bucket, so the runs without a prefix (greedy, sampled) and `score`
+are one program each per case, shared by the checks. test_causal_lm and test_causal_lm_sharded
+run two of these models (llama-gqa-llama3, falcon-new-architecture) with the same shapes (the
+logits of [8, 12], greedy runs and `score` of 16 rows), so in a whole run the file that comes
+second loads those programs from the compile cache.
 """
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ from clarifyjax.models.hf import load_causal_lm
 
 TOL = 1e-4
 MAX_NEW = 8
+ROWS = 16  # rows of every generate / score batch, whose longest prompt has 10-15 tokens
 forward = nnx.jit(lambda model, ids, mask: model(ids, mask))
 
 
@@ -44,7 +52,7 @@ def torch_rows(torch_model, rows):
 
 
 def check_logits(torch_model, model, rng):
-    rows = prompts(rng, [1, 5, 12, 3, 9, 7])
+    rows = prompts(rng, [1, 5, 12, 3, 9, 7, 10, 4])  # [8, 12]
     reference = torch_rows(torch_model, rows)
     for pad in (right_padded, left_padded):
         ids, mask = pad(rows, 12)
@@ -56,7 +64,7 @@ def check_logits(torch_model, model, rng):
 
 def check_greedy(torch_model, model, rng):
     torch = require("torch")
-    rows = prompts(rng, rng.randint(1, 13, 16))
+    rows = prompts(rng, [12, *rng.randint(1, 13, ROWS - 1)])
     ids, mask = left_padded(rows)
     with torch.no_grad():
         out = torch_model.generate(torch.tensor(ids), attention_mask=torch.tensor(mask),
@@ -74,23 +82,25 @@ def check_greedy(torch_model, model, rng):
 
 def check_score(torch_model, model, rng):
     torch = require("torch")
-    rows = prompts(rng, [4, 1, 9, 6])
-    targets = prompts(rng, [5, 3, 1, 7])
+    rows = prompts(rng, [4, 1, 9, 6, 12, *rng.randint(1, 13, ROWS - 5)])
+    targets = prompts(rng, [5, 3, 1, 7, *rng.randint(1, 8, ROWS - 4)])
     target_ids, target_mask = right_padded(targets)
+    reference = []
+    with torch.no_grad():
+        for r, t in zip(rows, targets):
+            logp = torch.log_softmax(torch_model(torch.tensor([r + t])).logits[0], -1)
+            reference.append(logp[len(r) - 1:-1].numpy()[np.arange(len(t)), t])
     for pad in (left_padded, right_padded):
         got = np.asarray(score(model, *pad(rows), target_ids, target_mask))
-        for i, (r, t) in enumerate(zip(rows, targets)):
-            with torch.no_grad():
-                logits = torch_model(torch.tensor([r + t])).logits[0]
-            logp = torch.log_softmax(logits, -1)[len(r) - 1:-1].numpy()
-            ref = logp[np.arange(len(t)), t]
-            np.testing.assert_allclose(got[i, :len(t)], ref, atol=TOL, rtol=0)
+        for i, (ref, t) in enumerate(zip(reference, targets)):
+            np.testing.assert_allclose(got[i, :len(t)], ref, atol=TOL, rtol=0,
+                                       err_msg=f"{pad.__name__} row {i}")
             assert (got[i, len(t):] == 0).all()
 
 
 def check_sampled_logprobs(model, rng):
     import jax
-    rows = prompts(rng, [3, 10, 1, 6])
+    rows = prompts(rng, [3, 10, 1, 6, *rng.randint(1, 13, ROWS - 4)])
     ids, mask = right_padded(rows)
     got = generate(model, ids, mask, rng=jax.random.key(0), max_new_tokens=MAX_NEW)
     scored = np.asarray(score(model, ids, mask, got.tokens, got.mask))
@@ -101,7 +111,7 @@ def check_shared_prefix(torch_model, model, rng):
     import jax
     torch = require("torch")
     prefix = prompts(rng, [9])[0]
-    own = prompts(rng, [3, 1, 6, 2, 5, 4])
+    own = prompts(rng, [3, 1, 6, 2, 5, 4, *rng.randint(1, 7, ROWS - 6)])
     whole = [prefix + r for r in own]
     ids, mask = left_padded(whole)
     with torch.no_grad():

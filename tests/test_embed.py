@@ -22,6 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from clarifyjax.models.embedder import SentenceEmbedder, default_embedder_path, pool  # noqa: E402
 
 COSINE_MIN = 0.9999
+DEV_BATCH = 100
 
 
 @pytest.fixture(autouse=True)
@@ -49,20 +50,36 @@ def ours(minilm_folder):
 
 
 @pytest.fixture(scope="module")
-def theirs(minilm_folder):
-    st = require("sentence_transformers")
-    return st.SentenceTransformer(str(minilm_folder), device="cpu")
+def st_module():
+    """sentence_transformers (PyTorch on one thread: the suite's OMP_NUM_THREADS, see
+    helpers/compile_cache.py)."""
+    return require("sentence_transformers")
+
+
+@pytest.fixture(scope="module")
+def theirs(minilm_folder, st_module):
+    return st_module.SentenceTransformer(str(minilm_folder), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def dev200(ours):
+    """(the first 200 dev situations, our vectors of them): embedded once for the file, in two
+    batches of 100 ([100, 10] and [100, 17] tokens: two compiled shapes, as little padding as
+    batches of 64 in four shapes). In full float32 as the tests' own calls (a module fixture is
+    set up before `full_float32_matmuls`)."""
+    texts = dev_situations(200)
+    with jax.default_matmul_precision("highest"):
+        return texts, ours.embed(texts, batch_size=DEV_BATCH)
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
-def test_minilm_matches_sentence_transformers_on_200_dev_situations(ours, theirs):
-    texts = dev_situations(200)
+def test_minilm_matches_sentence_transformers_on_200_dev_situations(dev200, theirs):
+    texts, got = dev200
     assert len(texts) == 200
-    got = ours.embed(texts, batch_size=64)
-    expected = theirs.encode(texts, batch_size=64, convert_to_numpy=True)
+    expected = theirs.encode(texts, batch_size=DEV_BATCH, convert_to_numpy=True)
     assert got.shape == expected.shape == (200, 384) and got.dtype == np.float32
     cos = cosines(got, expected)
     print(f"MiniLM vs sentence-transformers: min cosine {cos.min():.8f}, "
@@ -80,12 +97,13 @@ def test_truncation_at_max_seq_length_matches(ours, theirs):
     assert cosines(got, expected).min() >= COSINE_MIN
 
 
-def test_original_order_is_restored(ours):
-    texts = dev_situations(40)
+def test_original_order_is_restored(ours, dev200):
+    """Shuffled texts (two batches, sorted by length across the whole list) come back in their
+    own order."""
+    texts, base = dev200
     rng = np.random.RandomState(0)
     perm = rng.permutation(len(texts))
-    base = ours.embed(texts, batch_size=8)
-    shuffled = ours.embed([texts[i] for i in perm], batch_size=8)
+    shuffled = ours.embed([texts[i] for i in perm], batch_size=DEV_BATCH)
     np.testing.assert_allclose(shuffled, base[perm], atol=1e-5)
     # Each row is the text's own vector: equal to embedding the text alone.
     for i in (0, 17, 39):
@@ -94,19 +112,20 @@ def test_original_order_is_restored(ours):
 
 def test_compiles_once_per_bucket_shape(minilm_folder):
     embedder = SentenceEmbedder.from_pretrained(minilm_folder)
-    # "the" is one token: 5 words -> 7 tokens, 20 words -> 22 tokens (both bucket lengths).
-    texts = ["the " * 20] * 3 + ["the " * 5] * 6
+    # "the" is one token: 5 words -> 7 tokens, 30 words -> 32 tokens (both bucket lengths; 32 is
+    # also one of the coarse buckets below, so those two shapes compile once for both embedders).
+    texts = ["the " * 30] * 3 + ["the " * 5] * 6
     texts = [t.strip() for t in texts]
     done = []
     embedder.embed(texts, batch_size=4, on_progress=done.append)
     assert sum(done) == len(texts) and len(done) == 3  # one report per batch
-    # sorted by length: [7, 7, 7, 7], [7, 7, 22, 22], [22] -> 3 shapes, the last padded to 1 row
-    expected = {("pooled", 4, 7): 1, ("pooled", 4, 22): 1, ("pooled", 1, 22): 1}
+    # sorted by length: [7, 7, 7, 7], [7, 7, 32, 32], [32] -> 3 shapes, the last padded to 1 row
+    expected = {("pooled", 4, 7): 1, ("pooled", 4, 32): 1, ("pooled", 1, 32): 1}
     assert dict(embedder.traces) == expected
     embedder.embed(list(reversed(texts)), batch_size=4)
-    embedder.embed(texts[:1] + texts[3:6], batch_size=4)  # [22, 7, 7, 7] -> (4, 22) again
+    embedder.embed(texts[:1] + texts[3:6], batch_size=4)  # [32, 7, 7, 7] -> (4, 32) again
     assert dict(embedder.traces) == expected
-    # Coarser buckets on request (fewer compiled shapes, more padding).
+    # Coarser buckets on request (fewer compiled shapes, more padding: 7 tokens pad to 16).
     coarse = SentenceEmbedder.from_pretrained(minilm_folder, length_buckets=(16, 32))
     np.testing.assert_allclose(coarse.embed(texts, batch_size=4), embedder.embed(texts, batch_size=4), atol=1e-5)
     assert set(coarse.traces) == {("pooled", 4, 16), ("pooled", 4, 32), ("pooled", 1, 32)}
@@ -148,9 +167,8 @@ def test_token_embeddings_exclude_special_tokens(ours, theirs):
     {"word_embedding_dimension": 384, "pooling_mode_weightedmean_tokens": True,
      "pooling_mode_lasttoken": True},
 ])
-def test_other_pooling_modes_match_sentence_transformers(tmp_path, minilm_folder, pooling):
+def test_other_pooling_modes_match_sentence_transformers(tmp_path, minilm_folder, st_module, pooling):
     """A copy of the MiniLM folder (files linked) with another Pooling config and no Normalize."""
-    st = require("sentence_transformers")
     for item in minilm_folder.iterdir():
         if item.name not in ("modules.json", "1_Pooling"):
             (tmp_path / item.name).symlink_to(item)
@@ -161,7 +179,7 @@ def test_other_pooling_modes_match_sentence_transformers(tmp_path, minilm_folder
     texts = dev_situations(10)
     ours = SentenceEmbedder.from_pretrained(tmp_path)
     got = ours.embed(texts)
-    expected = st.SentenceTransformer(str(tmp_path), device="cpu").encode(texts)
+    expected = st_module.SentenceTransformer(str(tmp_path), device="cpu").encode(texts)
     n_modes = 3 if "pooling_mode" in pooling else 2
     assert ours.dim == got.shape[1] == expected.shape[1] == 384 * n_modes
     assert not ours.normalize

@@ -2,7 +2,12 @@
 equal PyTorch `transformers` `generate` on the same folder (ids and text); a row's own
 max_new_tokens and stop strings cut where they should, with the right finish reason; sampled
 completions repeat with their seed and differ between samples; prompts that cannot be run are
-named before anything is generated."""
+named before anything is generated.
+
+Compiling is most of the time: every LocalLM here runs batches of 4 rows padded to the one prompt
+bucket of 64 tokens and 16 new tokens, so the runs without a shared prefix are two programs
+(greedy, sampled) and those with the RoT-like template's prefix two more; the 8-device child
+compiles only its own four, and its completions are compared with this process's."""
 from __future__ import annotations
 
 import pytest
@@ -13,20 +18,38 @@ from helpers.tiny_models import tiny_llama_folder
 
 PROMPTS = ["My friend lied", "Is it ok to cheat", [{"role": "user", "content": "Lie?"}]]
 MAX_NEW = 12
+GREEDY = Sampling(max_new_tokens=MAX_NEW, temperature=0)
+SAMPLED = Sampling(max_new_tokens=MAX_NEW, temperature=1.0, top_k=20)
+# one batch size and prompt bucket (64: the templated prompts' 45-54 tokens fit) for every LocalLM
+SHAPES = dict(batch_size=4, buckets=(64,))
+TEMPLATE = "Rule of thumb for each: be kind and honest with your friends, "
+TEMPLATED = [TEMPLATE + tail for tail in ("lies", "stealing bread", "a gift", "x")]
 
 
 @pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    require("torch")
+def folder(tmp_path_factory):
+    require("torch")  # every test here compares with transformers or builds on one that does
+    return tiny_llama_folder(tmp_path_factory, seed=3)
+
+
+@pytest.fixture(scope="module")
+def lm(folder):
     from clarifyjax.decoding.local_lm import LocalLM
 
-    # one prompt bucket: every call below runs one of two programs (greedy, sampled)
-    return LocalLM(tiny_llama_folder(tmp_path_factory, seed=3), batch_size=4, buckets=(32,))
+    return LocalLM(folder, **SHAPES)
+
+
+@pytest.fixture(scope="module")
+def shared(folder):
+    """A LocalLM that runs the template every TEMPLATED row shares once per batch."""
+    from clarifyjax.decoding.local_lm import LocalLM
+
+    return LocalLM(folder, **SHAPES, shared_prefix=8)
 
 
 @pytest.fixture(scope="module")
 def greedy(lm):
-    return lm.complete(PROMPTS, Sampling(max_new_tokens=MAX_NEW, temperature=0))
+    return lm.complete(PROMPTS, GREEDY)
 
 
 def test_greedy_completions_equal_transformers_generate(lm, greedy):
@@ -70,10 +93,9 @@ def test_max_new_tokens_and_stop_strings_cut_each_row(lm, greedy):
 
 
 def test_sampled_completions_repeat_with_their_seed(lm):
-    sampling = Sampling(max_new_tokens=MAX_NEW, temperature=1.0, top_k=20)
-    first = lm.complete(PROMPTS[:2], sampling, n=3, seed=7)
-    again = lm.complete(PROMPTS[:2], sampling, n=3, seed=7)
-    other = lm.complete(PROMPTS[:2], sampling, n=3, seed=8)
+    first = lm.complete(PROMPTS[:2], SAMPLED, n=3, seed=7)
+    again = lm.complete(PROMPTS[:2], SAMPLED, n=3, seed=7)
+    other = lm.complete(PROMPTS[:2], SAMPLED, n=3, seed=8)
     ids = [[c.token_ids for c in row] for row in first]
     assert ids == [[c.token_ids for c in row] for row in again]
     assert ids != [[c.token_ids for c in row] for row in other]
@@ -91,7 +113,7 @@ def test_prompts_that_cannot_run_are_named(lm):
             lm.chat_template = "model"
 
 
-def test_a_prefix_every_row_shares_runs_once_with_the_same_completions(tmp_path_factory):
+def test_a_prefix_every_row_shares_runs_once_with_the_same_completions(folder, shared):
     """Rows that share a long template (the SaGE RoT prompt's few shots) run it once per batch
     (`shared_prefix`): the completions, greedy and sampled with a seed, equal those of the same
     model with the path turned off, and greedy ones equal transformers on the whole prompts."""
@@ -100,22 +122,17 @@ def test_a_prefix_every_row_shares_runs_once_with_the_same_completions(tmp_path_
 
     from clarifyjax.decoding.local_lm import LocalLM
 
-    folder = tiny_llama_folder(tmp_path_factory, seed=3)
-    template = "Rule of thumb for each: " + "be kind and honest with your friends, " * 3
-    prompts = [template + tail for tail in ("lies", "stealing bread", "a gift", "x")]
-    shared = LocalLM(folder, batch_size=4, buckets=(32,), shared_prefix=8)
-    alone = LocalLM(folder, batch_size=4, buckets=(32,), shared_prefix=0)
+    prompts = TEMPLATED
+    alone = LocalLM(folder, **SHAPES, shared_prefix=0)  # the programs of `lm`
     assert len(shared.encode(prompts[0])) > 40
-    greedy = Sampling(max_new_tokens=MAX_NEW, temperature=0)
-    sampled = Sampling(max_new_tokens=MAX_NEW, temperature=1.0, top_k=20)
-    for s in (greedy, sampled):
+    for s in (GREEDY, SAMPLED):
         a, b = shared.complete(prompts, s, n=2, seed=7), alone.complete(prompts, s, n=2, seed=7)
         assert [[c.token_ids for c in row] for row in a] == [[c.token_ids for c in row] for row in b]
         for row_a, row_b in zip(a, b):
             for x, y in zip(row_a, row_b):
                 assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-4
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(folder)).eval()
-    for prompt, (completion, _) in zip(prompts, shared.complete(prompts, greedy, n=2)):
+    for prompt, (completion, _) in zip(prompts, shared.complete(prompts, GREEDY, n=2)):
         ids = torch.tensor([shared.encode(prompt)])
         with torch.no_grad():
             expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=MAX_NEW,
@@ -125,43 +142,50 @@ def test_a_prefix_every_row_shares_runs_once_with_the_same_completions(tmp_path_
         assert list(completion.token_ids) == expected
 
 
+# The 8-device half of the comparison; `folder`, `CALLS` (prompts, sampling, n, seed, whether the
+# template's prefix is shared) and the LocalLM arguments come first, from the parent.
 SHARDED_LM = """
-import tempfile
 import jax
 from clarifyjax.files.child_result import write_result
 from clarifyjax.decoding.local_lm import LocalLM
-from clarifyjax.models.tiny import tiny_llama_folder
 from clarifyjax.core.sharding import MeshConfig, make_mesh
 from clarifyjax.text.generator import Sampling
 
 assert jax.device_count() == 8
-folder = tiny_llama_folder(tempfile.mkdtemp(), seed=3)
 mesh = make_mesh(MeshConfig(data=2, fsdp=2, model=2))
-template = "Rule of thumb for each: " + "be kind and honest with your friends, " * 2
-prompts = [template + t for t in ("lies", "stealing bread", "a gift")] + ["My friend lied", "Cheat?"]
-one, eight = LocalLM(folder, batch_size=8), LocalLM(folder, batch_size=8, mesh=mesh)
-out = {}
-for name, s in (("greedy", Sampling(max_new_tokens=8, temperature=0)),
-                ("sampled", Sampling(max_new_tokens=8, temperature=1.0, top_k=20))):
-    a, b = one.complete(prompts, s, n=2, seed=5), eight.complete(prompts, s, n=2, seed=5)
-    out[name] = [[list(x.token_ids) == list(y.token_ids) for x, y in zip(ra, rb)] for ra, rb in zip(a, b)]
-    out[name + "_logprob_diff"] = max(abs(p - q) for ra, rb in zip(a, b) for x, y in zip(ra, rb)
-                                      for p, q in zip(x.logprobs, y.logprobs))
-q = eight.model.layers[0].attention.query[...]
+plain = LocalLM(folder, mesh=mesh, **SHAPES)
+shared = LocalLM(folder, mesh=mesh, **SHAPES, shared_prefix=8)
+out = {"completions": []}
+for prompts, sampling, n, seed, prefix in CALLS:
+    got = (shared if prefix else plain).complete(prompts, Sampling(**sampling), n=n, seed=seed)
+    out["completions"].append([[[list(c.token_ids), list(c.logprobs)] for c in row] for row in got])
+q = plain.model.layers[0].attention.query[...]
 out["query_spec"] = [list(a) if isinstance(a, tuple) else a for a in q.sharding.spec]
 write_result(out)
 """
 
 
 @pytest.mark.slow  # a child with 8 fake devices compiling four programs
-def test_on_a_mesh_of_8_devices_the_completions_equal_one_device():
+def test_on_a_mesh_of_8_devices_the_completions_equal_one_device(folder, lm, shared):
     """LocalLM(mesh=...): weights sharded (fsdp x model), each batch's rows split over data x fsdp,
-    the shared-prefix path included: the same tokens, greedy and sampled with a seed."""
-    require("torch")
+    the shared-prefix path included: the same tokens, greedy and sampled with a seed, as this
+    (one-device) process's LocalLMs with the same arguments."""
+    import dataclasses
+
     from helpers.children import run_with_fake_devices
 
-    r = run_with_fake_devices(SHARDED_LM, 8)
+    calls = [(prompts, dataclasses.asdict(s), 2, 5, prefix)
+             for prompts, prefix in ((PROMPTS[:2], False), (TEMPLATED, True))
+             for s in (GREEDY, SAMPLED)]
+    header = f"folder = {str(folder)!r}\nSHAPES = {SHAPES!r}\nCALLS = {calls!r}\n"
+    r = run_with_fake_devices(header + SHARDED_LM, 8)
     assert any(axis is not None for axis in r["query_spec"]), r  # the weights are sharded
-    for name in ("greedy", "sampled"):
-        assert all(all(row) for row in r[name]), r
-        assert r[name + "_logprob_diff"] < 1e-4, r
+    for (prompts, sampling, n, seed, prefix), eight in zip(calls, r["completions"], strict=True):
+        one = (shared if prefix else lm).complete(prompts, Sampling(**sampling), n=n, seed=seed)
+        what = (sampling["temperature"], prefix)
+        assert [[c.token_ids for c in row] for row in one] == [
+            [tuple(ids) for ids, _ in row] for row in eight], what
+        diff = max(abs(p - q) for row_one, row_eight in zip(one, eight)
+                   for c, (_, logprobs) in zip(row_one, row_eight)
+                   for p, q in zip(c.logprobs, logprobs))
+        assert diff < 1e-4, (what, diff)

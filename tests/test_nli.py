@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from conftest import require, shared_data
 from clarifyjax.models.safetensors_io import CheckpointError
@@ -141,8 +142,9 @@ def test_logits_match_pytorch_sequence_classifier(classifier, model_type):
         kwargs["token_type_ids"] = torch.tensor(types)
     with torch.no_grad():
         expected = reference(**kwargs).logits.numpy()
-    got = np.asarray(ours(jnp.asarray(ids), jnp.asarray(mask),
-                          jnp.asarray(types) if model_type == "bert" else None))
+    forward = nnx.jit(lambda m, *args: m(*args))  # one program, not each primitive eagerly
+    got = np.asarray(forward(ours, jnp.asarray(ids), jnp.asarray(mask),
+                             jnp.asarray(types) if model_type == "bert" else None))
     err = np.abs(got - expected).max()
     print(f"{model_type} classifier: max |ours - torch| logits = {err:.2e}")
     assert got.shape == (6, 3) and err < TOL
@@ -180,13 +182,16 @@ def test_filter_probabilities_and_decisions(classifier, model_type):
 
 
 def test_compiles_once_per_bucket_shape(classifier):
+    """The rows and batch size of the roberta filter test: the same bucket shapes, so the
+    programs load from the compile cache (a trace still counts)."""
     folder, _, _ = classifier("roberta")
-    nli = NLIFilter.from_pretrained(folder, batch_size=4, max_length=64)
-    rows = dev_rows(10)
+    nli = NLIFilter.from_pretrained(folder, batch_size=8, max_length=64)
+    rows = dev_rows(24)
     premises, hypotheses = [r["situation"] for r in rows], [r["question"] for r in rows]
     first = nli(premises, hypotheses)
     traces = dict(nli.traces)
     assert traces and all(count == 1 for count in traces.values())
+    assert len(traces) < -(-24 // 8), "no two batches shared a bucket shape"
     again = nli(premises[::-1], hypotheses[::-1])
     assert dict(nli.traces) == traces
     np.testing.assert_allclose(again.probabilities[::-1], first.probabilities, atol=1e-6)
@@ -196,9 +201,12 @@ def test_truncation_and_bad_inputs(classifier, tmp_path):
     folder, _, _ = classifier("roberta")
     nli = NLIFilter.from_pretrained(folder, max_length=32)
     long_answer = " ".join(r["situation"] for r in dev_rows(50))  # 500+ words
-    result = nli(["a short situation."], [long_answer])
-    assert result.probabilities.shape == (1, 3)
-    assert np.isclose(result.probabilities.sum(), 1.0, atol=1e-5)
+    # with 7 dev pairs, one [8, 32] batch: the filter tests' shape, loaded from the compile cache
+    rows = dev_rows(7)
+    result = nli(["a short situation."] + [r["situation"] for r in rows],
+                 [long_answer] + [r["question"] for r in rows])
+    assert result.probabilities.shape == (8, 3)
+    assert np.isclose(result.probabilities[0].sum(), 1.0, atol=1e-5)
     assert max(nli.traces)[1] == 32  # truncated to max_length
     empty = nli([], [])
     assert empty.probabilities.shape == (0, 3) and empty.keep.shape == (0,)

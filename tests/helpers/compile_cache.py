@@ -11,30 +11,47 @@ removes it at the end. A cache size limit is set because it is what makes JAX ta
 around every read and write (`jax._src.lru_cache.LRUCache`), so that two processes compiling the
 same program at the same moment (two workers, or the processes of a multi-host test) never read
 a half-written entry. A run started with ``JAX_COMPILATION_CACHE_DIR`` already set uses that
-folder and keeps it (useful for iterating: the second run compiles almost nothing).
+folder and keeps it (useful for iterating: the second run compiles almost nothing). With the size
+limit, JAX scans the whole folder before every write to see what to evict; `startup/
+sitecustomize.py`, which every process of the run loads, removes that scan (the folder stays far
+below the limit, and the scan cost 0.7 s per write at a few thousand entries).
 
-The run also compiles with XLA's backend optimization level 0 (``TEST_XLA_FLAGS``, added to
+The run also compiles with XLA's backend optimization level 0 (in ``TEST_XLA_FLAGS``, added to
 ``XLA_FLAGS``, which children inherit: `inherited_xla_flags`): the tests' models are tiny, so
 compiling is most of their time and running them very little. Measured on tests/test_sft.py
 (one process, a fresh cache): 155 s of CPU at the default level, 94 s at level 0; a tiny T5
 decoding loop compiles in 1.2 s instead of 3.1 s and runs in 0.13 s instead of 0.07 s. The
 level changes no result beyond float rounding (no LLVM fast-math either way), which the tests'
-tolerances already allow for. ``CLARIFYJAX_TEST_XLA_OPTIMIZE=1`` keeps the default level.
+tolerances already allow for. ``--xla_cpu_use_fusion_emitters=false`` (the older loop emitter
+for fusions) compiles faster again at level 0: a tiny T5 training step 4.6 s -> 1.85 s of CPU, the
+README's SFT block 74.6 s -> 64.3 s. ``CLARIFYJAX_TEST_XLA_OPTIMIZE=1`` keeps XLA's defaults.
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 OWNER_ENV = "CLARIFYJAX_TEST_COMPILE_CACHE_OWNER"
 MAX_BYTES = 8 << 30
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+STARTUP = Path(__file__).parent / "startup"  # its sitecustomize.py: every process of the run
 
 
 def configure() -> None:
     """Call before jax is imported in this process (the conftest's import time)."""
+    # every process of the run skips JAX's eviction scan on each cache write (see the module)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(STARTUP) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(STARTUP), *filter(None, paths)])
+    spec = importlib.util.spec_from_file_location("clarifyjax_test_sitecustomize",
+                                                  STARTUP / "sitecustomize.py")
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))  # and this process
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="clarifyjax-xla-cache-")
         os.environ[OWNER_ENV] = str(os.getpid())
@@ -44,8 +61,14 @@ def configure() -> None:
     os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(MAX_BYTES))
     if os.environ.get("CLARIFYJAX_TEST_XLA_OPTIMIZE") != "1":
         flags = os.environ.get("XLA_FLAGS", "").split()
-        if not any(f.startswith("--xla_backend_optimization_level") for f in flags):
-            os.environ["XLA_FLAGS"] = " ".join(flags + [TEST_XLA_FLAGS])
+        names = {f.split("=", 1)[0] for f in flags}
+        flags += [f for f in TEST_XLA_FLAGS if f.split("=", 1)[0] not in names]
+        os.environ["XLA_FLAGS"] = " ".join(flags)
+    # PyTorch (the reference side of many tests) on one thread, in this process and its children:
+    # on a busy 2-core machine its second thread spin-waits, and 40 tiny forwards took 1.6-3.6 s
+    # of CPU on two threads against 0.11 s on one, for the same numbers. A benchmark that measures
+    # torch sets its own thread count.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def inherited_xla_flags(n_devices: int | None = None) -> str:
