@@ -1,5 +1,9 @@
 """The pure reward math (clarifyjax.reward.jsd): JSD, the defeasibility reward, the normalizer and the
-paper's Table 4 quantities, against scipy and plain numpy loops written here."""
+paper's Table 4 quantities, against scipy and plain numpy loops written here.
+
+`jsd` runs eagerly once (on the scipy comparison's rows, unnormalized), as does the normalizer;
+the other calls go through one jitted wrapper per function, which compiles one program per shape
+where eager dispatch compiles every primitive again for every new shape (seconds in all)."""
 import json
 import math
 
@@ -11,6 +15,12 @@ import pytest
 from clarifyjax.reward.jsd import (ORIGINAL_BIAS, ORIGINAL_GAIN, RewardNormalizer, average_jsd,
                                defeasibility_reward, flip_rate, jsd, judgment_flips)
 from conftest import require
+
+JSD = jax.jit(jsd, static_argnames=("axis", "base", "normalize"))
+FLIP_RATE = jax.jit(flip_rate)
+AVERAGE_JSD = jax.jit(average_jsd)
+JUDGMENT_FLIPS = jax.jit(judgment_flips)
+DEFEASIBILITY_REWARD = jax.jit(defeasibility_reward)
 
 
 def _random_distributions(rng, n, k=3, zeros=True):
@@ -27,30 +37,30 @@ def test_jsd_equals_scipy_squared_distance():
     spatial = require("scipy.spatial")
     rng = np.random.default_rng(0)
     p, q = _random_distributions(rng, 1000), _random_distributions(rng, 1000)
-    ours = np.asarray(jax.jit(jsd)(p, q))
+    ours = np.asarray(JSD(p, q))
     ref = np.array([spatial.distance.jensenshannon(a, b, base=2) ** 2 for a, b in zip(p, q)])
     assert ours.shape == (1000,)
     np.testing.assert_allclose(ours, ref, atol=1e-6, rtol=0)
     # unnormalized inputs are normalized as scipy does (the original passed raw class probabilities)
     np.testing.assert_allclose(np.asarray(jsd(3.0 * p, 0.5 * q)), ref, atol=1e-6, rtol=0)
     # other axis and natural log
-    np.testing.assert_allclose(np.asarray(jsd(p.T, q.T, axis=0, base=None)), ref * math.log(2),
+    np.testing.assert_allclose(np.asarray(JSD(p.T, q.T, axis=0, base=None)), ref * math.log(2),
                                atol=1e-6, rtol=0)
 
 
 def test_jsd_properties():
     rng = np.random.default_rng(1)
     p, q = _random_distributions(rng, 64), _random_distributions(rng, 64)
-    np.testing.assert_allclose(np.asarray(jsd(p, q)), np.asarray(jsd(q, p)), atol=1e-7)
-    np.testing.assert_allclose(np.asarray(jsd(p, p)), 0.0, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(JSD(p, q)), np.asarray(JSD(q, p)), atol=1e-7)
+    np.testing.assert_allclose(np.asarray(JSD(p, p)), 0.0, atol=1e-7)
     eye = np.eye(3)
-    np.testing.assert_allclose(np.asarray(jsd(eye, eye[[1, 2, 0]])), 1.0, atol=1e-6)
-    assert float(jnp.max(jsd(p, q))) <= 1.0 + 1e-6
+    np.testing.assert_allclose(np.asarray(JSD(eye, eye[[1, 2, 0]])), 1.0, atol=1e-6)
+    assert float(np.max(JSD(p, q))) <= 1.0 + 1e-6
     # gradients stay finite at zeros, and vmap works
-    g = jax.grad(lambda a: jsd(a, jnp.array([0.0, 0.5, 0.5])).sum())(jnp.array([1.0, 0.0, 0.0]))
-    assert np.all(np.isfinite(np.asarray(g)))
-    v = jax.vmap(jsd)(jnp.asarray(p), jnp.asarray(q))
-    np.testing.assert_allclose(np.asarray(v), np.asarray(jsd(p, q)), atol=1e-7)
+    grad = jax.jit(jax.grad(lambda a: jsd(a, jnp.array([0.0, 0.5, 0.5])).sum()))
+    assert np.all(np.isfinite(np.asarray(grad(jnp.array([1.0, 0.0, 0.0])))))
+    v = jax.jit(jax.vmap(jsd))(jnp.asarray(p), jnp.asarray(q))
+    np.testing.assert_allclose(np.asarray(v), np.asarray(JSD(p, q)), atol=1e-7)
     with pytest.raises(ValueError, match="same shape"):
         jsd(p, q[:, :2])
 
@@ -59,10 +69,10 @@ def test_defeasibility_reward():
     p_weak = np.array([[1.0, 0, 0], [0.2, 0.3, 0.5], [0.9, 0.1, 0.0]])
     p_strong = np.array([[0, 0, 1.0], [0.2, 0.3, 0.5], [0.0, 0.1, 0.9]])
     valid = np.array([True, True, False])
-    r = np.asarray(defeasibility_reward(p_weak, p_strong, valid, invalid_reward=-0.5))
+    r = np.asarray(DEFEASIBILITY_REWARD(p_weak, p_strong, valid, invalid_reward=-0.5))
     np.testing.assert_allclose(r, [1.0, 0.0, -0.5], atol=1e-6)
     with pytest.raises(ValueError, match="valid has shape"):
-        defeasibility_reward(p_weak, p_strong, valid[:2])
+        DEFEASIBILITY_REWARD(p_weak, p_strong, valid[:2])
 
 
 def test_normalizer_fit_gives_mean_0_std_1():
@@ -115,17 +125,17 @@ def test_flip_rate_and_average_jsd_against_numpy_loop():
             if valid[i, a]:
                 total += 1
                 flips += int(np.argmax(p_upd[i, a]) != np.argmax(p_base[i]))
-    assert abs(float(flip_rate(p_base, p_upd, valid)) - flips / total) < 1e-6
+    assert abs(float(FLIP_RATE(p_base, p_upd, valid)) - flips / total) < 1e-6
     # single answer axis
     ref = np.mean([np.argmax(p_upd[i, 0]) != np.argmax(p_base[i]) for i in range(n)])
-    assert abs(float(flip_rate(p_base, p_upd[:, 0])) - ref) < 1e-6
-    assert judgment_flips(p_base, p_upd).shape == (n, 2)
-    assert np.isnan(float(flip_rate(p_base, p_upd, np.zeros((n, 2), bool))))
+    assert abs(float(FLIP_RATE(p_base, p_upd[:, 0])) - ref) < 1e-6
+    assert JUDGMENT_FLIPS(p_base, p_upd).shape == (n, 2)
+    assert np.isnan(float(FLIP_RATE(p_base, p_upd, np.zeros((n, 2), bool))))
     with pytest.raises(ValueError, match="valid has shape"):
-        flip_rate(p_base, p_upd, valid[:, 0])
+        FLIP_RATE(p_base, p_upd, valid[:, 0])
 
     spatial = require("scipy.spatial")
     pair_valid = valid.all(axis=1)
     ref = np.mean([spatial.distance.jensenshannon(p_upd[i, 0], p_upd[i, 1], base=2) ** 2
                    for i in range(n) if pair_valid[i]])
-    assert abs(float(average_jsd(p_upd[:, 0], p_upd[:, 1], pair_valid)) - ref) < 1e-6
+    assert abs(float(AVERAGE_JSD(p_upd[:, 0], p_upd[:, 1], pair_valid)) - ref) < 1e-6

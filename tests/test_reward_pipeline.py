@@ -8,16 +8,28 @@ What is checked against an independent computation:
 * the JSD equals scipy's `jensenshannon(p, q, base=2) ** 2` within 1e-6, the Table-4 numbers
   equal numpy recomputations;
 * the same seed gives the same output, and a repeated batch shape traces no stage again;
-* the dropped-answer policies, with a deterministic stub NLI filter, do what they promise.
+* the dropped-answer policies, with a deterministic stub NLI filter, do what they promise;
+* sharded over a process's own devices (`sharding.process_mesh`, as `train.build_reward_fn` loads
+  each process's reward models), in a child interpreter with 8 fake CPU devices: every parameter
+  lies on the mesh with the sharding its logical axes ask for, each device holding only its slice
+  (FSDP rules on data=2 x fsdp=2 x model=2: a device holds 25% of a T5's bytes and 30% of an
+  encoder's, whose embeddings' sizes the model axis may not divide), and the sharded pipeline
+  gives this module's unsharded outputs on the same 64 rows (the same texts; probabilities and
+  rewards within 1e-5), as does a sharded encoder judge. The unsharded side is computed here,
+  once, for all the tests: only the sharded side needs the child.
+`process_sizes` itself is checked in test_reward_sharded.py.
 """
 from __future__ import annotations
 
 import csv
 import dataclasses
+import json
+import textwrap
 
 import numpy as np
 import pytest
 
+from helpers.children import run_with_fake_devices
 from helpers.tiny_models import tiny_classifier_folder, tiny_nli_folder, tiny_t5_folder
 from conftest import require, shared_data
 from clarifyjax.text import formats as text_lib
@@ -39,16 +51,28 @@ def dev_rows(n: int) -> tuple[list[str], list[str]]:
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def folders(tmp_path_factory):
     # initializer_factor 3: generators whose outputs depend on their inputs (see clarifyjax/models/tiny.py)
-    answerer = Seq2SeqModel.from_pretrained(tiny_t5_folder(tmp_path_factory, seed=21,
-                                                           initializer_factor=3.0))
-    fusion = Seq2SeqModel.from_pretrained(tiny_t5_folder(tmp_path_factory, family="v1.1",
-                                                         seed=12, initializer_factor=3.0))
-    judge = Judge.from_pretrained(tiny_t5_folder(tmp_path_factory, seed=13),
-                                  judgment=Seq2SeqSampling(max_new_tokens=6))
-    nli = NLIFilter.from_pretrained(tiny_nli_folder(tmp_path_factory, seed=14), batch_size=128)
+    return {"answerer": tiny_t5_folder(tmp_path_factory, seed=21, initializer_factor=3.0),
+            "fusion": tiny_t5_folder(tmp_path_factory, family="v1.1", seed=12,
+                                     initializer_factor=3.0),
+            "judge": tiny_t5_folder(tmp_path_factory, seed=13),
+            "nli": tiny_nli_folder(tmp_path_factory, seed=14),
+            "classifier": tiny_classifier_folder(tmp_path_factory, seed=15)}
+
+
+@pytest.fixture(scope="module")
+def models(folders):
+    answerer = Seq2SeqModel.from_pretrained(folders["answerer"])
+    fusion = Seq2SeqModel.from_pretrained(folders["fusion"])
+    judge = Judge.from_pretrained(folders["judge"], judgment=Seq2SeqSampling(max_new_tokens=6))
+    nli = NLIFilter.from_pretrained(folders["nli"], batch_size=128)
     return answerer, fusion, judge, nli
+
+
+@pytest.fixture(scope="module")
+def classifier_judge(folders):
+    return ClassifierJudge.from_pretrained(folders["classifier"])
 
 
 @pytest.fixture(scope="module")
@@ -204,17 +228,22 @@ def test_resample_redraws_only_dropped_answers(policy_runs):
 
 
 def test_empty_and_long_questions_are_counted(models):
+    """A 500-word question cut at 16 words (the others have at most 14), of a word that is one
+    token: its inputs stay in the length buckets compiled already (cut at the default 64 words,
+    they would compile the answer and fusion stages again)."""
     answerer, fusion, judge, _ = models
     situations, questions = dev_rows(B)
     questions[3] = "   "
-    questions[5] = " ".join(["why"] * 500)
-    pipeline = RewardPipeline(answerer, fusion, judge, None, CONFIG)
+    questions[5] = " ".join(["the"] * 500)
+    config = dataclasses.replace(CONFIG, max_question_words=16)
+    assert max(len(q.split()) for i, q in enumerate(questions) if i != 5) < 16
+    pipeline = RewardPipeline(answerer, fusion, judge, None, config)
     out = pipeline(situations, questions, rng=0)
     assert out.counts["empty_questions"] == 1 and out.counts["truncated_questions"] == 1
     assert out.counts["answers"] == 2 * (B - 1)
     assert not out.valid[3] and out.raw_reward[3] == 0.0 and out.weak_answers[3] == ""
     np.testing.assert_array_equal(out.p_weak[3], out.p_base[3])
-    assert len(out.questions[5].split()) == CONFIG.max_question_words
+    assert len(out.questions[5].split()) == config.max_question_words
     assert out.counts["nli_dropped"] == 0  # no filter: only empty answers can be dropped
 
 
@@ -233,9 +262,9 @@ def test_bad_input_raises(models):
         sampling(["a"], ["why?"])
 
 
-def test_classifier_judge_behind_the_same_interface(models, tmp_path_factory):
+def test_classifier_judge_behind_the_same_interface(models, classifier_judge):
     answerer, fusion, _, nli = models
-    judge = ClassifierJudge.from_pretrained(tiny_classifier_folder(tmp_path_factory, seed=15))
+    judge = classifier_judge
     situations, questions = dev_rows(B)  # the same rows: most stage shapes are compiled already
     out = RewardPipeline(answerer, fusion, judge, nli, CONFIG)(situations, questions, rng=0)
     assert set(out.judgments) <= {"it's bad", "it's okay", "it's good"}
@@ -255,3 +284,98 @@ def test_reward_config_is_the_pipeline_config():
     assert dataclasses.replace(cfg, answer_temperature=0.5).resampling_temperature == 0.5
     assert stage_sampling(dataclasses.replace(cfg, resample_temperature=0.3),
                           "resample").temperature == 0.3
+
+
+# ------------------------------------------------------------------------------- sharded
+
+SHARDED_CHILD = r"""
+import json
+import numpy as np
+from flax import nnx
+from clarifyjax.core import sharding
+from clarifyjax.files.child_result import write_result
+from clarifyjax.reward.judge import ClassifierJudge
+from clarifyjax.reward.pipeline import PipelineConfig, RewardPipeline
+
+F, (situations, questions), config = json.loads(FOLDERS), json.loads(ROWS), json.loads(CONFIG)
+mesh = sharding.process_mesh({"data": 2, "fsdp": 2, "model": 2})
+rules = sharding.FSDP_RULES
+sharded = RewardPipeline.from_folders(
+    answerer=F["answerer"], fusion=F["fusion"], judge=F["judge"], nli=F["nli"],
+    config=PipelineConfig(**config), nli_batch_size=128, mesh=mesh, rules=rules)
+
+def placement(model):
+    expected = dict(nnx.to_flat_state(sharding.model_shardings(nnx.state(model), mesh, rules)))
+    wrong, split, total, per_device = [], 0, 0, 0
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        x = var.get_value()
+        want = expected[path].get_value()
+        if x.sharding != want:
+            wrong.append(f"{path}: {x.sharding} != {want}")
+        shard = x.addressable_shards[0].data
+        total += x.nbytes
+        per_device += shard.nbytes
+        split += shard.shape != x.shape
+        if any(want.spec) != (shard.shape != x.shape):
+            wrong.append(f"{path}: spec {want.spec} but shard {shard.shape} of {x.shape}")
+    return {"wrong": wrong[:5], "split": int(split), "share": per_device / total}
+
+models = {"answerer": sharded.answerer.model, "fusion": sharded.fusion.model,
+          "judge": sharded.judge.seq2seq.model,
+          "nli": nnx.merge(sharded.nli._graphdef, sharded.nli._state)}
+result = {name: placement(m) for name, m in models.items()}
+result["mesh_devices"] = sorted(d.id for d in mesh.devices.flat)
+result["mesh_shape"] = dict(mesh.shape)
+
+out = sharded(situations, questions, rng=0)
+result["output"] = {k: getattr(out, k) for k in TEXTS}
+result["output"].update({k: np.asarray(getattr(out, k)).tolist() for k in ARRAYS})
+
+cj = ClassifierJudge.from_pretrained(F["classifier"], mesh=mesh, rules=rules)
+result["classifier"] = placement(cj.model)
+result["classifier_probabilities"] = cj.class_probabilities(situations[:13]).tolist()
+write_result(result)
+"""
+TEXTS = ("judgments", "weak_answers", "strong_answers", "weak_situations", "strong_situations")
+ARRAYS = ("reward", "jsd", "p_base", "p_weak", "p_strong", "dropped")
+
+
+@pytest.fixture(scope="module")
+def sharded_child(folders):
+    """The child's sharded pipeline and classifier judge: placements and outputs."""
+    values = dict(FOLDERS={k: str(v) for k, v in folders.items()}, ROWS=dev_rows(B),
+                  CONFIG=dataclasses.asdict(CONFIG))
+    code = "".join(f"{k} = {json.dumps(json.dumps(v))}\n" for k, v in values.items())
+    code += f"TEXTS, ARRAYS = {TEXTS!r}, {ARRAYS!r}\n"
+    return run_with_fake_devices(code + textwrap.dedent(SHARDED_CHILD), 8, timeout=600)
+
+
+@pytest.mark.slow  # the child loads and runs the sharded pipeline: ~25 s
+@pytest.mark.parametrize("name", ["answerer", "fusion", "judge", "nli", "classifier"])
+def test_every_parameter_sharded_on_the_process_mesh(sharded_child, name):
+    assert sharded_child["mesh_shape"] == {"data": 2, "fsdp": 2, "model": 2}
+    assert sharded_child["mesh_devices"] == list(range(8))
+    got = sharded_child[name]
+    assert got["wrong"] == []
+    assert got["split"] > 0
+    # embed over fsdp and mlp/heads/vocab over model: a quarter of the matrices, whole norms
+    assert got["share"] <= (0.3 if name in ("answerer", "fusion", "judge") else 0.35), got
+
+
+@pytest.mark.slow
+def test_sharded_pipeline_gives_the_same_rewards(sharded_child, run, classifier_judge):
+    """The sharded pipeline's output equals this module's unsharded one (`run`: the same
+    folders, config, rows and seed), and the sharded classifier judge the unsharded one."""
+    _, plain, _, _ = run
+    sharded = sharded_child["output"]
+    for field in TEXTS:
+        assert sharded[field] == getattr(plain, field), field
+    assert plain.dropped.sum() > 0
+    np.testing.assert_array_equal(sharded["dropped"], plain.dropped)
+    diff = max(float(np.abs(np.asarray(sharded[k]) - getattr(plain, k)).max())
+               for k in ARRAYS if k != "dropped")
+    assert diff < 1e-5, diff
+    texts = dev_rows(B)[0][:13]  # 13 rows: not a multiple of the mesh's 4 row shards
+    plain_probabilities = classifier_judge.class_probabilities(texts)
+    diff = np.abs(np.asarray(sharded_child["classifier_probabilities"]) - plain_probabilities)
+    assert diff.max() < 1e-5, diff.max()
