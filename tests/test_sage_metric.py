@@ -1,11 +1,16 @@
 """sage_jax.metric against published reference vectors and plain per-question numpy references
-(helpers/sage_reference.py, written independently of the jitted code)."""
+(helpers/sage_reference.py, written independently of the jitted code).
+
+Compiling is most of this file's time, so its tests share shapes: the random batches are all
+[1000, 8, 384] (`random_batch`), the blends all [7, 4, 8] in chunks of 3, and the cosines that
+feed the similarity entry points come from one jitted `pairwise_cosine` (`cosines`)."""
 from __future__ import annotations
 
 import csv
 import math
 from collections import defaultdict
 
+import jax
 import numpy as np
 import pytest
 
@@ -15,6 +20,22 @@ from helpers.sage_reference import (collapsed_reference, cosine_pair_rows, numpy
 from sage_jax import metric
 from sage_jax.metric import (blend_similarity, mean_sage, pairwise_cosine, sage, sage_blend, sage_chunked,
                              sage_from_similarity)
+
+
+QUESTIONS, N_MAX, DIM = 1000, 8, 384  # 1000 = 31 blocks of metric.BLOCK questions and a remainder
+cosines = jax.jit(pairwise_cosine)  # the library's cosines, one compile per shape
+
+
+def random_batch(seed: int, with_groups: bool):
+    return random_questions(np.random.default_rng(seed), QUESTIONS, N_MAX, DIM, with_groups)
+
+
+def numpy_cosines(vectors: np.ndarray) -> np.ndarray:
+    """float64 cosines of vectors [k, d]; an all-zero vector has cosine 0 with every text."""
+    v = np.asarray(vectors, np.float64)
+    norms = np.linalg.norm(v, axis=1)
+    v = v / np.where(norms > 0, norms, 1.0)[:, None]
+    return v @ v.T
 
 
 def reference_batch():
@@ -54,8 +75,7 @@ def test_reference_vectors_in_one_batched_call():
 
 @pytest.mark.parametrize("with_groups", [False, True])
 def test_jitted_batch_matches_numpy_reference(with_groups):
-    rng = np.random.default_rng(0 if with_groups else 1)
-    emb, mask, groups, n = random_questions(rng, 1000, 8, 384, with_groups)
+    emb, mask, groups, n = random_batch(0 if with_groups else 1, with_groups)
     got = np.asarray(sage(emb, mask, groups=groups))
     want = np.empty(len(emb))
     for b in range(len(emb)):
@@ -80,11 +100,10 @@ def test_jitted_batch_matches_numpy_reference(with_groups):
 
 
 def test_identity_groups_equal_no_groups_and_similarity_entry_point():
-    rng = np.random.default_rng(2)
-    emb, mask, _, _ = random_questions(rng, 64, 6, 16, False)
+    emb, mask, _, _ = random_batch(2, False)
     a = np.asarray(sage(emb, mask))
-    b = np.asarray(sage(emb, mask, groups=np.tile(np.arange(6, dtype=np.int32) + 100, (64, 1))))
-    sim, ok = pairwise_cosine(emb)
+    b = np.asarray(sage(emb, mask, groups=np.tile(np.arange(N_MAX, dtype=np.int32) + 100, (QUESTIONS, 1))))
+    sim, ok = cosines(emb)
     c = np.asarray(sage_from_similarity(sim, mask))
     np.testing.assert_allclose(b, a, atol=1e-6, equal_nan=True)
     np.testing.assert_allclose(c, a, atol=1e-6, equal_nan=True)
@@ -92,18 +111,18 @@ def test_identity_groups_equal_no_groups_and_similarity_entry_point():
 
 def test_blend_matches_reference_formula():
     rng = np.random.default_rng(3)
-    ans = rng.normal(size=(4, 5, 8)).astype(np.float32)
-    rot = rng.normal(size=(4, 5, 8)).astype(np.float32)
-    sa, _ = pairwise_cosine(ans)
-    sr, _ = pairwise_cosine(rot)
+    ans = rng.normal(size=(7, 4, 8)).astype(np.float32)
+    rot = rng.normal(size=(7, 4, 8)).astype(np.float32)
+    sa, _ = cosines(ans)
+    sr, _ = cosines(rot)
     blended = np.asarray(blend_similarity(sa, sr))
     np.testing.assert_allclose(blended, 0.8 * np.asarray(sa) + 0.2 * np.asarray(sr), atol=1e-7)
     got = np.asarray(sage_from_similarity(blended))
-    for b in range(4):
-        rows = [(i, j, float(blended[b, i, j])) for i in range(5) for j in range(i + 1, 5)]
-        assert abs(got[b] - collapsed_reference(list(range(5)), rows)) < 1e-5
+    for b in range(7):
+        rows = [(i, j, float(blended[b, i, j])) for i in range(4) for j in range(i + 1, 4)]
+        assert abs(got[b] - collapsed_reference(list(range(4)), rows)) < 1e-5
     np.testing.assert_allclose(np.asarray(blend_similarity(sa, sr, weight=1.0)), np.asarray(sa), atol=1e-7)
-    # The fused entry point and the chunked driver give the same scores.
+    # The fused entry point and the chunked driver (last chunk padded) give the same scores.
     np.testing.assert_allclose(np.asarray(sage_blend(ans, rot)), got, atol=1e-6)
     chunked = np.asarray(sage_chunked(ans, rot_embeddings=rot, blend_weight=0.8, chunk_size=3))
     np.testing.assert_allclose(chunked, got, atol=1e-6)
@@ -112,13 +131,15 @@ def test_blend_matches_reference_formula():
 
 
 def test_bad_vectors_and_short_rows_are_nan_and_counted():
-    emb = np.ones((5, 3, 4), np.float32)
-    mask = np.ones((5, 3), bool)
+    # [5, 5, 3] as `reference_batch`, so the same compiled program; positions 3 and 4 are padding
+    emb = np.ones((5, 5, 3), np.float32)
+    mask = np.ones((5, 5), bool)
+    mask[:, 3:] = False
     emb[0, 1] = 0.0  # all-zero vector: cosine 0 with every text, a finite score
     emb[1, 2, 0] = np.nan  # NaN
     mask[2, 1:] = False  # one paraphrase only
     mask[3] = False  # no text at all
-    emb[4, :, 1] = [1.0, 2.0, 3.0]  # a fine question
+    emb[4, :, 1] = [1.0, 2.0, 3.0, 4.0, 5.0]  # a fine question
     scores = np.asarray(sage(emb, mask))
     assert np.isnan(scores[1:4]).all()
     # W = [[., 0, 1], [0, ., 0], [1, 0, .]]: p = (1/2, 0, 1/2), H = log 2 / log 3, lambda = 1/3
@@ -128,14 +149,14 @@ def test_bad_vectors_and_short_rows_are_nan_and_counted():
     assert float(mean) == pytest.approx(float(scores[[0, 4]].mean()))
     # A zero/NaN vector at a padded position is ignored.
     mask2 = mask.copy()
-    mask2[0] = [True, False, True]
+    mask2[0, :3] = [True, False, True]
     assert not np.isnan(np.asarray(sage(emb, mask2))[0])
     # NaN similarity between two valid texts: NaN; all-NaN scores: NaN mean, all skipped.
-    sim = np.ones((1, 3, 3), np.float32)
+    sim = np.ones((7, 4, 4), np.float32)  # the blend tests' shape
     sim[0, 0, 2] = sim[0, 2, 0] = np.nan
     assert np.isnan(np.asarray(sage_from_similarity(sim))[0])
-    mean, skipped = mean_sage(np.array([np.nan, np.nan]))
-    assert np.isnan(float(mean)) and int(skipped) == 2
+    mean, skipped = mean_sage(np.full(5, np.nan))
+    assert np.isnan(float(mean)) and int(skipped) == 5
 
 
 def test_bad_vectors_in_the_blend_and_the_chunked_driver():
@@ -152,10 +173,9 @@ def test_bad_vectors_in_the_blend_and_the_chunked_driver():
     mask[5, 3] = False
     ans[5, 3] = np.nan  # ... at a padded position: ignored
     want = np.full(7, np.nan)
-    for b in (0, 1, 2, 5, 6):
+    for b in (0, 1, 2, 5, 6):  # each question's valid vectors alone, in float64
         k = int(mask[b].sum())
-        blended = 0.8 * np.asarray(pairwise_cosine(ans[b:b + 1, :k])[0])[0] + \
-            0.2 * np.asarray(pairwise_cosine(rot[b:b + 1, :k])[0])[0]
+        blended = 0.8 * numpy_cosines(ans[b, :k]) + 0.2 * numpy_cosines(rot[b, :k])
         want[b] = collapsed_reference(list(range(k)), [(i, j, float(blended[i, j]))
                                                        for i in range(k) for j in range(i + 1, k)])
     for got in (sage_blend(ans, rot, mask), sage_chunked(ans, mask, rot_embeddings=rot, chunk_size=3)):
@@ -177,19 +197,18 @@ def test_shapes_are_checked():
 
 
 def test_chunked_driver_equals_one_call_and_compiles_once():
-    rng = np.random.default_rng(4)
-    emb, mask, groups, _ = random_questions(rng, 1000, 5, 32, True)
+    emb, mask, groups, _ = random_batch(4, True)
     whole = np.asarray(sage(emb, mask, groups=groups))
     seen = []
     metric._sage_jit.clear_cache()
     chunked = np.asarray(sage_chunked(emb, mask, groups=groups, chunk_size=96,
                                       on_chunk=lambda done, total: seen.append(done)))
-    # float32 Gram matrices of different batch sizes round differently (~1e-6 here).
+    # float32 Gram matrices of different batch sizes may round differently.
     np.testing.assert_allclose(chunked, whole, atol=1e-5, equal_nan=True)
-    assert seen[-1] == 1000 and len(seen) == math.ceil(1000 / 96)
+    assert seen[-1] == QUESTIONS and len(seen) == math.ceil(QUESTIONS / 96)
     assert metric._sage_jit._cache_size() == 1  # the padded last chunk reuses the compiled shape
-    sim, _ = pairwise_cosine(emb)
-    via_sim = np.asarray(sage_chunked(None, mask, groups=groups, similarity=np.asarray(sim), chunk_size=300))
+    sim, _ = cosines(emb)
+    via_sim = np.asarray(sage_chunked(None, mask, groups=groups, similarity=np.asarray(sim), chunk_size=320))
     np.testing.assert_allclose(via_sim, whole, atol=1e-5, equal_nan=True)
 
 

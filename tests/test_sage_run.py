@@ -21,6 +21,7 @@ import pytest
 
 from clarifyjax.config.loader import build_root
 from conftest import REPO_ROOT, require, shared_data
+from helpers import pipeline_child
 from helpers.children import clean_env
 from helpers.fake_llm import FakeGenerator, fake_screen
 from sage_jax.run import pipeline
@@ -140,10 +141,15 @@ def test_the_pipeline_runs_to_the_report_and_every_row_names_its_origin(tmp_path
     assert calls == []
 
 
-def _child(raw, tmp_path, kill_after) -> int:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    path = tmp_path / "config.json"
+def _write_config(raw, folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "config.json"
     path.write_text(json.dumps(raw))
+    return path
+
+
+def _child(raw, tmp_path, kill_after) -> int:
+    path = _write_config(raw, tmp_path)
     proc = subprocess.run([sys.executable, "-m", "helpers.pipeline_child", str(path), str(kill_after)],
                           env=clean_env(), cwd=str(REPO_ROOT / "tests"), capture_output=True, text=True, timeout=120)
     return proc.returncode, proc.stderr
@@ -153,25 +159,35 @@ def _batches(out: Path, stage: str) -> int:
     return len(list((out / "stages").glob(f"{stage}/**/batch-*.jsonl")))
 
 
+KILL_MODELS = [{"name": "m1", "generator": {"kind": "local", "model": "a"}}]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The generating stages run once without a kill -> (their rows, batch files per stage): what
+    every killed-and-resumed run must give. Run in this process, by `helpers.pipeline_child`'s
+    own `main` (the child's code, without the kill)."""
+    folder = tmp_path_factory.mktemp("whole")
+    pipeline_child.main(str(_write_config(config(folder, models=KILL_MODELS), folder)), "none")
+    return stage_rows(folder / "out"), {s: _batches(folder / "out", s) for s in GEN}
+
+
 @pytest.mark.parametrize("stage", GEN)
-def test_kill_9_during_a_stage_then_the_same_command_gives_the_uninterrupted_outputs(tmp_path, stage):
-    models = [{"name": "m1", "generator": {"kind": "local", "model": "a"}}]
-    whole = config(tmp_path / "whole", models=models)
-    rc, err = _child(whole, tmp_path / "whole", "none")
-    assert rc == 0, err
-    expected = stage_rows(tmp_path / "whole" / "out")
-    counts = {s: _batches(tmp_path / "whole" / "out", s) for s in GEN}
+def test_kill_9_during_a_stage_then_the_same_command_gives_the_uninterrupted_outputs(tmp_path, stage, uninterrupted):
+    """A child process killed with SIGKILL in the middle of `stage`; the same command run again
+    (here in this process: `pipeline_child.main`, the child's code) finishes with the rows of an
+    uninterrupted run."""
+    expected, counts = uninterrupted
     # a call in the middle of `stage`: every earlier stage's calls, then half of this one's
     before = sum(counts[s] for s in GEN[:GEN.index(stage)])
     kill_after = before + max(1, counts[stage] // 2)
-    killed = config(tmp_path / "killed", models=models)
+    killed = config(tmp_path / "killed", models=KILL_MODELS)
     rc, err = _child(killed, tmp_path / "killed", kill_after)
     assert rc == -9, err
     out = tmp_path / "killed" / "out"
     assert not list((out / "stages").glob(f"{stage}/**/rows.jsonl"))  # the stage did not finish
     assert 0 < _batches(out, stage) < counts[stage]
-    rc, err = _child(killed, tmp_path / "killed", "none")
-    assert rc == 0, err
+    pipeline_child.main(str(tmp_path / "killed" / "config.json"), "none")
     got = stage_rows(out)
     assert got == expected
     for rows in got.values():
@@ -392,10 +408,14 @@ def scripted(tmp_path_factory):
     return str(scripted_llama_folder(tmp_path_factory.mktemp("scripted")))
 
 
+SCRIPTED_QUESTIONS = 5  # x 5 paraphrases: 25 answers and 25 RoTs per run
+
+
 def local_lm_run(tmp_path, embedder, generator: dict, name: str) -> dict:
-    """Every stage on one generator config; ParaScore on the tiny BERT with every non-copy kept
-    (its scores mean nothing for a random BERT), the sentence embedder the tiny one."""
-    return config(tmp_path, **{"paraphrase.generator": generator, "rot.generator": generator,
+    """Every stage on one generator config, for the first SCRIPTED_QUESTIONS questions; ParaScore
+    on the tiny BERT with every non-copy kept (its scores mean nothing for a random BERT), the
+    sentence embedder the tiny one."""
+    return config(tmp_path, limit=SCRIPTED_QUESTIONS, **{"paraphrase.generator": generator, "rot.generator": generator,
                                "paraphrase.scorer": {"model": embedder, "layer": 2},
                                "paraphrase.threshold": -10.0,
                                "score.bertscore": False, "score.lexical": False, "score.embedder": embedder,
@@ -408,11 +428,12 @@ def check_scripted_run(out: Path, summary: dict, name: str) -> None:
     from helpers.scripted_llm import SCRIPT
 
     rows = stage_rows(out)
+    questions, texts = SCRIPTED_QUESTIONS, 5 * SCRIPTED_QUESTIONS
     para = rows["paraphrase/p0of1"]
-    assert len(para) == 20 and all(r["status"] == "ok" and r["attempt"] == 0 for r in para)
+    assert len(para) == questions and all(r["status"] == "ok" and r["attempt"] == 0 for r in para)
     assert all([k["text"] for k in r["kept"]] == [line[3:].strip() for line in SCRIPT[:5]] for r in para)
     answers, rots = rows[f"answer/{name}/p0of1"], rows[f"rot/{name}/p0of1"]
-    assert len(answers) == 100 and len(rots) == 100
+    assert len(answers) == texts and len(rots) == texts
     for r in answers + rots:  # every row names its question, paraphrase, model, attempt and prompt
         assert r["status"] == "ok" and r["attempt"] == 0 and r["model"] == name
         assert r["paraphrase"] in r["prompt"] and r["question"]
@@ -421,18 +442,18 @@ def check_scripted_run(out: Path, summary: dict, name: str) -> None:
     assert all("# Rule of Thumb" in r["prompt"] and SCRIPT[0].strip() in r["prompt"] for r in rots)
     assert all(r["rot"] == SCRIPT[0].strip() for r in rots)
     model = summary["models"][0]
-    assert model["answer_rows"] == 100 and model["sage_answer"]["count"] == 20
-    assert model["sage_blend"]["count"] == 20
+    assert model["answer_rows"] == texts and model["sage_answer"]["count"] == questions
+    assert model["sage_blend"]["count"] == questions
     assert f"| {name} |" in (out / "report" / "table1.md").read_text()
 
 
 @pytest.mark.slow  # the scripted Llama's compiled decode loops (three stages) and the scores
 def test_the_pipeline_with_a_tiny_local_causal_lm(tmp_path, embedder, scripted):
     """Every generating stage on `clarifyjax.decoding.local_lm.LocalLM` running a tiny Llama folder (the
-    RoT prompt, 1.3k tokens here, shares its few-shot prefix across the batch), then the scores
-    and the report."""
+    RoT prompt, 1.3k tokens here, shares its few-shot prefix across the batch: all 25 rows are one
+    batch), then the scores and the report."""
     raw = local_lm_run(tmp_path, embedder, {"kind": "local", "model": scripted}, "tiny")
-    raw.update({"answer": {**raw["answer"], "batch_size": 128}, "rot": {**raw["rot"], "batch_size": 128}})
+    raw.update({"answer": {**raw["answer"], "batch_size": 32}, "rot": {**raw["rot"], "batch_size": 32}})
     cfg = build_root(run_config.SageRunConfig, raw)
     summary = pipeline.Run(cfg, embedder=SHARED["embedder"]).run()
     check_scripted_run(tmp_path / "out", summary, "tiny")
@@ -441,13 +462,15 @@ def test_the_pipeline_with_a_tiny_local_causal_lm(tmp_path, embedder, scripted):
 @pytest.mark.slow  # as above, behind the server's micro-batcher
 def test_the_pipeline_through_clarifyjax_serve_with_the_openai_client(tmp_path, embedder, scripted):
     """Every generating stage over HTTP: `clarifyjax serve`'s OpenAI-compatible app on
-    127.0.0.1 running the tiny Llama through LocalLM, called through the `openai` package."""
+    127.0.0.1 running the tiny Llama through LocalLM, called through the `openai` package. Each
+    request is sampled with its own seed, so it runs in a call of its own: batches of 4 rows, one
+    of them the request's (with 32, each request paid for 31 copies of itself)."""
     require("openai")
     from clarifyjax.decoding.local_lm import LocalLM
     from clarifyjax.serve.openai_api import OpenAIServer
     from clarifyjax.serve.http_server import BackgroundServer
 
-    with BackgroundServer(OpenAIServer(LocalLM(scripted, batch_size=32), name="served").app) as server:
+    with BackgroundServer(OpenAIServer(LocalLM(scripted, batch_size=4), name="served").app) as server:
         remote = {"kind": "openai", "base_url": server.url + "/v1", "model": "served", "concurrency": 4}
         raw = local_lm_run(tmp_path, embedder, remote, "served")
         summary = pipeline.Run(build_root(run_config.SageRunConfig, raw), embedder=SHARED["embedder"]).run()
