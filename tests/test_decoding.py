@@ -6,10 +6,16 @@
 * temperature / top-k / top-p log-probs == a numpy reference of the filtered distribution (1e-5),
   and the sampled tokens lie in the numpy-computed support;
 * repeated calls with the same shapes do not retrace.
+
+Compiling is most of this file's time, so its T5 runs share programs: every batch is [4, 11]
+and every `score` target [4, MAX_NEW]; the greedy run of each family's seed-0 model, with the
+token it emits most made EOS, is made once (`stopping`) and serves every test that needs a
+greedy run whose rows stop early.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +27,8 @@ from clarifyjax import decoding
 
 from clarifyjax.core import traces
 from clarifyjax.decoding import Generation, filter_logits, generate, score
+from clarifyjax.decoding.row_sampling import (TOP_K_CANDIDATES, RowSampling, choose_rows,
+                                              filter_rows)
 from clarifyjax.models.t5 import T5, T5Config, shift_right
 from helpers.t5_builders import FAMILIES, TINY, random_t5
 
@@ -80,15 +88,28 @@ def frequent_token(model: T5, ids, mask) -> int:
     return int(values[np.argmax(counts)])
 
 
+@pytest.fixture(scope="module")
+def stopping():
+    """family -> (model, (ids, mask), its greedy `Generation`, the uncached reference's tokens
+    and log-probs): `family`'s seed-0 model with the token that greedy decoding of `batch()`
+    emits most made its EOS, so that rows stop at different steps. Made once per family."""
+    @functools.cache
+    def make(family: str):
+        ids, mask = batch()
+        model = make_model(family)
+        eos = frequent_token(model, ids, mask)
+        reference = reference_greedy(model, ids, mask, MAX_NEW, eos=eos)  # logits of this config
+        model.config = dataclasses.replace(model.config, eos_token_id=eos)
+        got = generate(model, ids, mask, rng=None, max_new_tokens=MAX_NEW, greedy=True)
+        return model, (ids, mask), got, reference
+    return make
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_cached_greedy_equals_uncached_reference(family):
-    ids, mask = batch()
-    model = make_model(family)
-    model.config = dataclasses.replace(model.config, eos_token_id=frequent_token(model, ids, mask))
-    got = generate(model, ids, mask, rng=None, max_new_tokens=MAX_NEW, greedy=True)
+def test_cached_greedy_equals_uncached_reference(family, stopping):
+    model, _, got, (tokens, logprobs) = stopping(family)
     assert isinstance(got, Generation)
     assert got.tokens.shape == got.logprobs.shape == got.mask.shape == (4, MAX_NEW)
-    tokens, logprobs = reference_greedy(model, ids, mask, MAX_NEW)
     np.testing.assert_array_equal(np.asarray(got.tokens), tokens)
     np.testing.assert_allclose(np.asarray(got.logprobs), logprobs, atol=TOL, rtol=0)
     lengths = np.asarray(got.mask).sum(1)
@@ -114,8 +135,10 @@ def test_score_is_teacher_forced_log_softmax():
     ids, mask = batch(2)
     model = make_model("v1.1", seed=2)
     c = model.config
-    targets = jnp.asarray(np.random.RandomState(0).randint(2, c.vocab_size, (4, 7)), jnp.int32)
-    target_mask = jnp.asarray(np.arange(7)[None] < np.array([[7], [3], [1], [5]]), jnp.int32)
+    targets = jnp.asarray(np.random.RandomState(0).randint(2, c.vocab_size, (4, MAX_NEW)),
+                          jnp.int32)
+    target_mask = jnp.asarray(np.arange(MAX_NEW)[None] < np.array([[MAX_NEW], [3], [1], [7]]),
+                              jnp.int32)
     logits = full_logits(model, ids, mask, shift_right(targets, c.decoder_start_token_id))
     ref = jnp.take_along_axis(jax.nn.log_softmax(logits, -1), targets[..., None], -1)[..., 0]
     got = score(model, ids, mask, targets, target_mask)
@@ -162,10 +185,8 @@ def test_filtered_sampling_support_and_logprobs(temperature, top_k, top_p):
     assert checked > 8
 
 
-def test_top_k_1_and_tiny_top_p_equal_greedy():
-    ids, mask = batch(4)
-    model = make_model("v1.1", seed=4)
-    greedy = generate(model, ids, mask, rng=None, max_new_tokens=MAX_NEW, greedy=True)
+def test_top_k_1_and_tiny_top_p_equal_greedy(stopping):
+    model, (ids, mask), greedy, _ = stopping("v1.1")
     for kw in (dict(top_k=1), dict(top_p=1e-6)):
         out = generate(model, ids, mask, rng=jax.random.key(1), max_new_tokens=MAX_NEW, **kw)
         np.testing.assert_array_equal(np.asarray(out.tokens), np.asarray(greedy.tokens))
@@ -180,20 +201,41 @@ def threshold_path(request):
     return request.param == "bisection"
 
 
+@functools.cache
+def filtered_logprobs(temperature: float, top_k: int, top_p: float, bisect: bool):
+    """log_softmax(filter_logits(.)) at one setting, jitted once: [b, V] -> [b, V]."""
+    return jax.jit(lambda x: jax.nn.log_softmax(filter_logits(
+        x, temperature=temperature, top_k=top_k, top_p=top_p, bisect=bisect), -1))
+
+
+# `row_sampling.choose_rows` with EOS id 2: one program for the per-row tests (row_batch's shapes)
+choose = jax.jit(lambda x, settings, step: choose_rows(x, settings, step, (2,)))
+ROW_SETTINGS = [(1.0, 0, 1.0), (0.7, 10, 1.0), (1.3, 0, 0.9), (1.0, TOP_K_CANDIDATES + 36, 0.8),
+                (0.5, 5, 0.5), (2.0, 0, 1.0)]
+
+
+def row_batch():
+    """[6, 3000] logits (row 2 flat), RowSampling with ROW_SETTINGS (row i seeded i), steps."""
+    rng = np.random.RandomState(3)
+    logits = (rng.randn(6, 3000) * np.array([[4.0], [4.0], [0.3], [4.0], [2.0], [1.0]]))
+    t, k, p = (np.asarray(c) for c in zip(*ROW_SETTINGS))
+    rows = RowSampling(jnp.zeros(6, bool), jnp.asarray(t, jnp.float32), jnp.asarray(k, jnp.int32),
+                       jnp.asarray(p, jnp.float32), jnp.zeros(6, jnp.int32),
+                       jnp.arange(6, dtype=jnp.uint32))
+    return logits.astype(np.float32), rows, jnp.arange(6, dtype=jnp.int32)
+
+
 def test_no_threshold_sorts_the_vocabulary():
     """The thresholds take `lax.top_k`'s values whole (a sliced top_k becomes a sort of the
-    row on XLA:CPU, 300x slower at [128, 32000]): no compiled filter or per-row choice sorts."""
-    from clarifyjax.decoding.row_sampling import RowSampling, choose_rows
-
+    row on XLA:CPU, 300x slower at [128, 32000]): no compiled filter or per-row choice sorts.
+    The filters checked: top-k alone; top-p alone; top-p among top-k's kept (k <= and k >
+    TOP_P_CANDIDATES); the last two are the programs that the large-vocabulary test runs."""
     x = jnp.zeros((4, 3000), jnp.float32)
-    for kw in (dict(top_k=10), dict(top_p=0.9), dict(top_k=7, top_p=0.5)):
-        text = jax.jit(lambda x, kw=kw: filter_logits(x, **kw)).lower(x).compile().as_text()
-        assert " sort(" not in text, kw
-    rows = RowSampling(jnp.zeros(4, bool), jnp.ones(4), jnp.full(4, 5, jnp.int32),
-                       jnp.full(4, 0.9), jnp.zeros(4, jnp.int32), jnp.zeros(4, jnp.uint32))
-    text = jax.jit(lambda x: choose_rows(x, rows, jnp.zeros(4, jnp.int32), (2,))).lower(
-        x).compile().as_text()
-    assert " sort(" not in text
+    for setting in ((1.0, 10, 1.0), (0.7, 0, 0.6), (1.0, 7, 0.5), (1.3, 1000, 0.9)):
+        text = filtered_logprobs(*setting, False).lower(x).compile().as_text()
+        assert " sort(" not in text, setting
+    logits, rows, steps = row_batch()
+    assert " sort(" not in choose.lower(logits, rows, steps).compile().as_text()
 
 
 def test_filter_logits_matches_numpy(threshold_path):
@@ -230,19 +272,38 @@ def test_top_p_over_a_large_vocabulary_matches_numpy(spread, threshold_path):
     rng = np.random.RandomState(11)
     scale = {"peaked": [6.0] * 4, "flat": [0.5] * 4, "mixed": [6.0, 0.5, 6.0, 0.5]}[spread]
     logits = (rng.randn(4, 3000) * np.asarray(scale)[:, None]).astype(np.float32)
+    kept = None
     for t, k, p in [(0.7, 0, 0.6), (1.0, 0, 0.95), (1.3, 1000, 0.9)]:
-        got = np.asarray(jax.jit(lambda x, t=t, k=k, p=p: jax.nn.log_softmax(filter_logits(
-            x, temperature=t, top_k=k, top_p=p, bisect=threshold_path), -1))(
-                jnp.asarray(logits)))
+        got = np.asarray(filtered_logprobs(t, k, p, threshold_path)(jnp.asarray(logits)))
         for row in range(4):
             ref = numpy_filtered_logprobs(logits[row], t, k, p)
             np.testing.assert_array_equal(np.isfinite(got[row]), np.isfinite(ref))
             np.testing.assert_allclose(got[row][np.isfinite(ref)], ref[np.isfinite(ref)],
                                        atol=TOL, rtol=0)
-    kept = np.isfinite(np.asarray(filter_logits(jnp.asarray(logits), temperature=0.7,
-                                                top_p=0.6, bisect=threshold_path))).sum(-1)
+        if kept is None:  # what temperature 0.7, top-p 0.6 keeps (log_softmax keeps the -inf)
+            kept = np.isfinite(got).sum(-1)
     assert (kept[np.asarray(scale) == 6.0] < decoding.TOP_P_CANDIDATES).all()
     assert (kept[np.asarray(scale) == 0.5] > decoding.TOP_P_CANDIDATES).all()
+
+
+def test_top_p_splits_tokens_whose_probabilities_round_together(threshold_path):
+    """2,000 distinct logits 1e-7 apart (and 1,000 far below): exp(logit - logsumexp) rounds
+    about five neighbours to one float32 probability. The bisection searches the probabilities, so
+    where the nucleus ends inside such a group it must still keep only the group's most likely
+    tokens: the numpy reference's count, for p between two tokens' masses (the nucleus' last token
+    and the next share a probability)."""
+    logits = np.full((1, 3000), -20.0, np.float32)
+    logits[0, :2000] = np.float32(-0.4) + np.arange(2000, dtype=np.float32)[::-1] * 1e-7
+    assert len(np.unique(logits[0, :2000])) == 2000
+    probs = np.asarray(jnp.exp(logits - jax.nn.logsumexp(logits, -1, keepdims=True)))[0, :2000]
+    assert len(np.unique(probs)) < 500  # the precondition: groups of equal probability
+    inside = np.flatnonzero(probs[:-1] == probs[1:])  # a token and the next share a probability
+    for last in (inside[inside >= 600][0], inside[inside >= 1200][0], inside[inside >= 1790][0]):
+        top_p = (last + 0.5) / 2000
+        got = np.asarray(filtered_logprobs(1.0, 0, top_p, threshold_path)(jnp.asarray(logits)))
+        ref = numpy_filtered_logprobs(logits[0], 1.0, 0, top_p)
+        assert np.isfinite(ref).sum() == last + 1
+        np.testing.assert_array_equal(np.isfinite(got[0]), np.isfinite(ref), err_msg=str(last))
 
 
 def test_sample_categorical_draws_from_the_softmax():
@@ -259,7 +320,12 @@ def test_sample_categorical_draws_from_the_softmax():
     n_rows, n_keys = 8, 25_000
     draw = jax.jit(jax.vmap(lambda k: decoding.sample_categorical(
         k, jnp.broadcast_to(jnp.asarray(logits), (n_rows, vocab)))))
-    tokens = np.asarray(draw(jax.random.split(jax.random.key(0), n_keys))).ravel()
+    keys = jax.random.split(jax.random.key(0), n_keys)
+    # Running the 200,000 draws is this test's cost, not compiling them: this one program is
+    # compiled at XLA's optimization level 2, not the suite's level 0 (helpers.compile_cache),
+    # which runs it 8x slower (measured 4.2 s against 0.5 s, for 0.5 s more compiling).
+    draw = draw.lower(keys).compile(compiler_options={"xla_backend_optimization_level": 2})
+    tokens = np.asarray(draw(keys)).ravel()
     counts = np.bincount(tokens, minlength=vocab)
     assert counts.shape == (vocab,) and counts[::7].sum() == 0
     support = probs > 0
@@ -272,25 +338,25 @@ def test_sample_categorical_draws_from_the_softmax():
 
 
 def test_sample_categorical_point_masses_and_rows_are_independent():
+    """Point-mass rows (at both ends of a block) draw their token, whatever the key; 64
+    identical uniform rows (one batch with them, one jitted program) draw > 32 distinct tokens:
+    one uniform per row, not one per batch."""
     vocab = 2 * decoding.SAMPLE_BLOCK + 3
     targets = np.array([0, decoding.SAMPLE_BLOCK - 1, decoding.SAMPLE_BLOCK, vocab - 1])
-    logits = np.full((len(targets), vocab), -np.inf, np.float32)
+    logits = np.zeros((len(targets) + 64, vocab), np.float32)  # rows 4-67: uniform
+    logits[:len(targets)] = -np.inf
     logits[np.arange(len(targets)), targets] = 0.0
+    draw = jax.jit(decoding.sample_categorical)
     for seed in range(5):
-        got = decoding.sample_categorical(jax.random.key(seed), jnp.asarray(logits))
-        np.testing.assert_array_equal(np.asarray(got), targets)
-    # two identical uniform rows get different draws: one uniform per row, not one per batch
-    flat = jnp.zeros((64, vocab))
-    got = np.asarray(decoding.sample_categorical(jax.random.key(0), flat))
-    assert len(set(got.tolist())) > 32
+        got = np.asarray(draw(jax.random.key(seed), jnp.asarray(logits)))
+        np.testing.assert_array_equal(got[:len(targets)], targets)
+        if seed == 0:  # two identical uniform rows get different draws
+            assert len(set(got[len(targets):].tolist())) > 32
 
 
-def test_min_new_tokens_masks_eos():
-    ids, mask = batch(5)
-    model = make_model("v1.0", seed=5)
-    eos = frequent_token(model, ids, mask)
-    model.config = dataclasses.replace(model.config, eos_token_id=eos)
-    free = generate(model, ids, mask, rng=None, max_new_tokens=MAX_NEW, greedy=True)
+def test_min_new_tokens_masks_eos(stopping):
+    model, (ids, mask), free, _ = stopping("v1.0")
+    eos = model.config.eos_token_id
     assert (np.asarray(free.tokens)[:, :4] == eos).any(), "EOS never early: test is vacuous"
     held = generate(model, ids, mask, rng=None, max_new_tokens=MAX_NEW, min_new_tokens=4,
                     greedy=True)
@@ -304,15 +370,15 @@ def test_min_new_tokens_masks_eos():
 def test_repeated_calls_do_not_retrace():
     ids, mask = batch(6)
     model = make_model("v1.0", seed=6)
-    generate(model, ids, mask, rng=jax.random.key(0), max_new_tokens=MAX_NEW, top_p=0.9)
-    score(model, ids, mask, ids, mask)
+    first = generate(model, ids, mask, rng=jax.random.key(0), max_new_tokens=MAX_NEW)
+    score(model, ids, mask, first.tokens, first.mask)
     before = traces.counts()
     for seed in range(3):
-        generate(model, ids, mask, rng=jax.random.key(seed), max_new_tokens=MAX_NEW, top_p=0.9)
-        score(model, ids + seed, mask, ids, mask)
+        got = generate(model, ids, mask, rng=jax.random.key(seed), max_new_tokens=MAX_NEW)
+        score(model, ids + seed, mask, got.tokens, got.mask)
     assert traces.counts() == before
     # a new setting is a new program: exactly one more trace
-    generate(model, ids, mask, rng=jax.random.key(0), max_new_tokens=MAX_NEW, top_p=0.8)
+    generate(model, ids, mask, rng=jax.random.key(0), max_new_tokens=MAX_NEW, top_p=0.9)
     assert traces.count("generate") == before["generate"] + 1
 
 
@@ -335,29 +401,22 @@ def test_per_row_settings_filter_and_draw_as_each_row_alone():
     """`row_sampling`: each row of one batch filtered with its own temperature, top-k (one above
     TOP_K_CANDIDATES: the bisection) and top-p (a flat row: past the candidates) keeps what
     `filter_logits` keeps for that row alone; a row's draw depends on its seed and step only."""
-    from clarifyjax.decoding.row_sampling import TOP_K_CANDIDATES, RowSampling, choose_rows, filter_rows
-
-    rng = np.random.RandomState(3)
-    logits = (rng.randn(6, 3000) * np.array([[4.0], [4.0], [0.3], [4.0], [2.0], [1.0]]))
-    logits = jnp.asarray(logits.astype(np.float32))
-    settings = [(1.0, 0, 1.0), (0.7, 10, 1.0), (1.3, 0, 0.9), (1.0, TOP_K_CANDIDATES + 36, 0.8),
-                (0.5, 5, 0.5), (2.0, 0, 1.0)]
-    t, k, p = (jnp.asarray(c) for c in zip(*settings))
-    rows = RowSampling(jnp.zeros(6, bool), t.astype(jnp.float32), k.astype(jnp.int32),
-                       p.astype(jnp.float32), jnp.zeros(6, jnp.int32), jnp.arange(6, dtype=jnp.uint32))
+    logits, rows, steps = row_batch()
     got = np.asarray(jax.jit(filter_rows)(logits, rows))
-    for i, (ti, ki, pi) in enumerate(settings):
-        want = np.asarray(filter_logits(logits[i:i + 1], temperature=ti, top_k=ki, top_p=pi))[0]
+    for i, (ti, ki, pi) in enumerate(ROW_SETTINGS):  # jitted: one program each, not op by op
+        want = np.asarray(jax.jit(functools.partial(filter_logits, temperature=ti, top_k=ki,
+                                                    top_p=pi))(logits[i:i + 1]))[0]
         np.testing.assert_array_equal(np.isfinite(got[i]), np.isfinite(want), err_msg=str(i))
         np.testing.assert_allclose(got[i][np.isfinite(want)], want[np.isfinite(want)], rtol=1e-6)
     assert np.isfinite(got[2]).sum() > 1000  # the flat row's nucleus is past the candidates
-    choose = jax.jit(lambda x, s, step: choose_rows(x, s, step, (2,)))
-    steps = jnp.arange(6, dtype=jnp.int32)
     tokens, _ = choose(logits, rows, steps)
     # the same row, seed and step in another batch (other rows' settings and logits changed)
-    other = rows._replace(seed=rows.seed.at[1:].set(99), top_k=rows.top_k.at[1:].set(3))
-    alone, _ = choose(logits.at[1:].set(0.0), other, steps)
+    other = rows._replace(seed=jnp.asarray([0] + [99] * 5, jnp.uint32),
+                          top_k=jnp.asarray([ROW_SETTINGS[0][1]] + [3] * 5, jnp.int32))
+    changed = logits.copy()
+    changed[1:] = 0.0
+    alone, _ = choose(changed, other, steps)
     assert int(tokens[0]) == int(alone[0])
     greedy = rows._replace(greedy=jnp.ones(6, bool))
     np.testing.assert_array_equal(np.asarray(choose(logits, greedy, steps)[0]),
-                                  np.asarray(jnp.argmax(logits, -1)))
+                                  np.argmax(logits, -1))

@@ -8,8 +8,11 @@
   an OpenAI-style 4xx; a client that disconnects stalls nobody. Every wait is bounded and the
   server is stopped by the fixture.
 
-The commands run as subprocesses sharing one JAX compilation cache, and `LocalLM` pads every
-batch to --batch-size rows, so the server reuses the programs `generate` compiled.
+The commands share the run's JAX compilation cache: `LocalLM` pads every batch to --batch-size
+rows, and every prompt here (the chat's included) has 19-24 tokens, one length bucket, so the
+uninterrupted `generate` (run in this process: `cli.main`, what `python -m clarifyjax` calls)
+compiles one greedy and one sampled program, and the killed and resumed runs (subprocesses)
+load them (the server, a subprocess too, batches continuously and compiles its own).
 """
 from __future__ import annotations
 
@@ -33,19 +36,22 @@ from helpers.tiny_models import tiny_llama_folder
 
 pytestmark = pytest.mark.slow
 
-PROMPTS = ["My friend lied", "Is it ok to cheat", "Helping a stranger", "Breaking a promise",
-           "Lying to my boss", "Skipping class", "Telling the truth", "Is lying ok",
-           "I broke a vase", "Being late"]
+PROMPTS = ["My friend lied to me about it", "Is it ok to cheat on a test",
+           "Helping a stranger in the rain", "Breaking a promise to my sister",
+           "Lying to my boss about being sick", "Skipping class to see a movie",
+           "Telling the truth when it hurts", "Is lying ok to spare feelings",
+           "I broke a vase and hid it", "Being late to a friend's wedding"]
 CHAT = [{"role": "user", "content": "Lie?"}]
 MAX_NEW = 12
 COMMON = ["--batch-size", "8", "--chat-template", "model"]
 
 
-def _env(cache) -> dict:
-    env = dict(os.environ, XLA_FLAGS=inherited_xla_flags())  # one device, the run's compile flags
+def _env() -> dict:
+    """A command's environment: one device, the run's compile flags and compilation cache."""
+    env = dict(os.environ, XLA_FLAGS=inherited_xla_flags())
     env.update(PYTHONPATH=str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", ""),
-               JAX_PLATFORMS="cpu", JAX_COMPILATION_CACHE_DIR=str(cache),
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", HF_HUB_OFFLINE="1")
+               JAX_PLATFORMS="cpu", JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+               HF_HUB_OFFLINE="1")
     return env
 
 
@@ -60,7 +66,7 @@ def setup(tmp_path_factory):
     rows.append({"id": "chat", "messages": CHAT, "temperature": 0})
     prompts = work / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return folder, work, prompts, rows, _env(work / "jax_cache")
+    return folder, work, prompts, rows, _env()
 
 
 def _generate_command(setup, out) -> list[str]:
@@ -73,11 +79,14 @@ def _generate_command(setup, out) -> list[str]:
 
 @pytest.fixture(scope="module")
 def reference(setup):
-    """An uninterrupted run of `generate`: {id: record}, and the file's bytes."""
+    """An uninterrupted run of `generate`: {id: record}, and the file's bytes. It runs in this
+    process (`cli.main` with the command's arguments), which saves an interpreter's start."""
+    from clarifyjax import cli
+
     out = setup[1] / "reference.jsonl"
-    proc = subprocess.run(_generate_command(setup, out), env=setup[4], capture_output=True,
-                          text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    command = _generate_command(setup, out)
+    assert command[1:3] == ["-m", "clarifyjax"]
+    assert cli.main(command[3:]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]
     return {r["id"]: r for r in records}, out.read_bytes()
 
