@@ -13,7 +13,7 @@ import pytest
 
 from clarifyjax.cli import main
 from conftest import REPO_ROOT, shared_data
-from helpers.children import clean_env
+from helpers.children import clean_env, killed_on_second_call
 from helpers.clarify_models import QUESTION_OPTIONS, models_yaml  # noqa: F401 (fixture)
 
 N = 32
@@ -22,19 +22,8 @@ ROW_KEYS = ("situation_at", "situation", "question", "reward", "raw_reward", "js
             "strong_situation", "p_base", "p_weak", "p_strong", "judgment_text", "judgment")
 
 # The child SIGKILLs itself when the second chunk starts: one chunk is saved, the file is not.
-KILLED_CHILD = """
-import os, signal, sys
-from clarifyjax.app import clarifier as clarify
-from clarifyjax.cli import main
-original, calls = clarify.Clarifier.ask, []
-def ask(self, *args, **kwargs):
-    calls.append(1)
-    if len(calls) == 2:
-        os.kill(os.getpid(), signal.SIGKILL)
-    return original(self, *args, **kwargs)
-clarify.Clarifier.ask = ask
-sys.exit(main(sys.argv[1:]))
-"""
+KILLED_CHILD = killed_on_second_call("clarifyjax.app.clarifier", "Clarifier.ask",
+                                     "from clarifyjax.cli import main\nsys.exit(main(sys.argv[1:]))")
 
 
 def ask_argv(models, out, *extra, limit=N):

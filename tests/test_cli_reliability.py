@@ -301,7 +301,7 @@ def run_ok(argv, capsys):
 
 @pytest.fixture
 def tiny(folders, rows):  # noqa: F811 (the fixtures of test_cli_score)
-    return {k: v for k, v in folders.items() if k != "nli"}, rows[0][:4], rows[1][:4]
+    return {k: v for k, v in folders.items() if k != "nli"}, rows[0][:6], rows[1][:6]
 
 
 def test_byte_order_marks_and_upper_case_suffixes_are_read(tiny, tmp_path, capsys):

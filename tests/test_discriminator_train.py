@@ -16,12 +16,15 @@ random embeddings: the nearest "similar" situations are arbitrary, which is enou
 """
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import textwrap
 
+import jax
 import numpy as np
 import pytest
+from flax import nnx
 
 from clarifyjax.config import ConfigError, load_config
 from helpers.children import run_with_fake_devices
@@ -73,6 +76,19 @@ def setup(tmp_path_factory):
     return folder, rows
 
 
+def logits(model, ids, mask) -> np.ndarray:
+    """`model(ids, mask)` in float32 at matmul precision "highest", jitted: classifiers of one
+    architecture share the compiled program (an eager call would compile every op)."""
+    graphdef, state = nnx.split(model)
+    with jax.default_matmul_precision("highest"):
+        return np.asarray(_forward(graphdef, state, np.asarray(ids), np.asarray(mask)))
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, state, ids, mask):
+    return nnx.merge(graphdef, state)(ids, mask)
+
+
 def losses(run_dir) -> list[float]:
     rows = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     return [r["train/loss"] for r in rows if "train/loss" in r]
@@ -85,6 +101,20 @@ def trained(setup, tmp_path_factory):
     folder, rows = setup
     run_dir = tmp_path_factory.mktemp("discriminator_run")
     result = train_sft(tiny_config(folder, rows, run_dir), tensorboard=False, progress=False)
+    return run_dir, result
+
+
+@pytest.fixture(scope="module")
+def six_steps(setup, tmp_path_factory):
+    """A 6-step run on one device, evaluated at step 6 and saved at step 3: the reference of the
+    sharded run and the uninterrupted run of the resume test."""
+    from clarifyjax.training.loops import train_sft
+
+    folder, rows = setup
+    run_dir = tmp_path_factory.mktemp("discriminator_six_steps")
+    result = train_sft(tiny_config(folder, rows, run_dir, "run.steps=6", "run.eval_every=6",
+                                   "run.save_every=3"), tensorboard=False, progress=False,
+                       export=False)
     return run_dir, result
 
 
@@ -105,8 +135,6 @@ def test_tiny_discriminator_trains_and_logs_accuracy_beside_the_majority_rate(tr
 def test_export_reads_back_with_the_trained_logits(trained, setup):
     """final/ through `hf.load_classifier` and through transformers gives the trained model's
     logits on padded pairs (tolerance 1e-4; measured 2e-8 between ours and transformers)."""
-    import jax
-    import jax.numpy as jnp
     from conftest import require
 
     from clarifyjax.models.hf import load_classifier, load_encoder_tokenizer
@@ -124,11 +152,10 @@ def test_export_reads_back_with_the_trained_logits(trained, setup):
     mask = np.zeros_like(ids)
     for i, e in enumerate(encodings):
         ids[i, :len(e.ids)], mask[i, :len(e.ids)] = e.ids, 1
-    with jax.default_matmul_precision("highest"):
-        trained_logits = np.asarray(result["model"](jnp.asarray(ids), jnp.asarray(mask)))
-        reloaded = np.asarray(load_classifier(final)(jnp.asarray(ids), jnp.asarray(mask)))
+    trained_logits = logits(result["model"], ids, mask)
+    reloaded = logits(load_classifier(final), ids, mask)
     np.testing.assert_allclose(reloaded, trained_logits, atol=1e-4)
-    original = np.asarray(load_classifier(setup[0])(jnp.asarray(ids), jnp.asarray(mask)))
+    original = logits(load_classifier(setup[0]), ids, mask)
     assert np.abs(original - trained_logits).max() > 1e-3  # training moved the weights
 
     torch, transformers = require("torch"), require("transformers")
@@ -163,14 +190,10 @@ SHARDED = textwrap.dedent("""
 
 
 @pytest.mark.slow  # a child with 8 fake devices compiling the step: ~20-40 s on 2 busy cores
-def test_sharded_run_equals_one_device(setup, tmp_path):
-    from clarifyjax.training.loops import train_sft
-
+def test_sharded_run_equals_one_device(setup, six_steps, tmp_path):
     folder, rows = setup
-    one = train_sft(tiny_config(folder, rows, tmp_path / "one", "run.steps=6", "run.eval_every=6",
-                                "run.save_every=6"), tensorboard=False, progress=False,
-                    export=False)
-    single = losses(tmp_path / "one")
+    one_dir, one = six_steps
+    single = losses(one_dir)
     args = [str(folder), str(rows["train"]), str(rows["dev"]), str(tmp_path / "eight")]
     child = run_with_fake_devices(f"ARGS = {args!r}\n" + SHARDED, 8)
     assert child["query_spec"][0] == "fsdp", child  # the parameters really are split
@@ -200,23 +223,23 @@ def test_a_folder_that_is_not_a_classifier_names_the_key(setup, tmp_path):
 
 
 @pytest.mark.slow  # a run, a kill and a resume: ~45 s
-def test_resume_continues_as_the_uninterrupted_run(setup, tmp_path):
+def test_resume_continues_as_the_uninterrupted_run(setup, six_steps, tmp_path):
     """Stopped after 3 steps (checkpoint) and restarted for 6: steps 4-6 have the losses of an
     uninterrupted 6-step run (the classifier's state, RNG and data position come back)."""
     from clarifyjax.training.loops import train_sft
 
     folder, rows = setup
+    straight, _ = six_steps
 
     def run(run_dir, steps):
         return train_sft(tiny_config(folder, rows, run_dir, f"run.steps={steps}",
                                      "run.eval_every=0", "run.save_every=3"),
                          tensorboard=False, progress=False, export=False)
 
-    run(tmp_path / "straight", 6)
     run(tmp_path / "resumed", 3)
     assert run(tmp_path / "resumed", 6)["step"] == 6
-    np.testing.assert_allclose(losses(tmp_path / "resumed"), losses(tmp_path / "straight"),
-                               rtol=0, atol=1e-6)
+    np.testing.assert_allclose(losses(tmp_path / "resumed"), losses(straight), rtol=0,
+                               atol=1e-6)
 
 
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
@@ -224,8 +247,6 @@ def test_bert_and_roberta_classifiers_export_too(model_type, tmp_path_factory, t
     """The other families' export (`hf.save_sequence_classifier`): a tiny random BERT / RoBERTa
     classifier read, written and read again gives the same logits, and transformers reads the
     written folder to them (tolerance 1e-4)."""
-    import jax
-    import jax.numpy as jnp
     from conftest import require
     from helpers.tiny_models import tiny_classifier_folder
 
@@ -238,13 +259,12 @@ def test_bert_and_roberta_classifiers_export_too(model_type, tmp_path_factory, t
     if model_type == "roberta":
         ids = np.where(ids == 0, 1, ids)  # RoBERTa's pad id
     mask = (np.arange(8)[None] < np.array([[8], [6]])).astype(np.int32)
-    with jax.default_matmul_precision("highest"):
-        before = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask)))
-        after = np.asarray(load_classifier(tmp_path / "out")(jnp.asarray(ids), jnp.asarray(mask)))
+    before = logits(model, ids, mask)
+    after = logits(load_classifier(tmp_path / "out"), ids, mask)
     np.testing.assert_allclose(after, before, atol=1e-5)
     torch, transformers = require("torch"), require("transformers")
     ref = transformers.AutoModelForSequenceClassification.from_pretrained(str(tmp_path / "out"))
     with torch.no_grad():
-        logits = ref.eval()(input_ids=torch.tensor(ids, dtype=torch.long),
-                            attention_mask=torch.tensor(mask, dtype=torch.long)).logits.numpy()
-    np.testing.assert_allclose(after, logits, atol=1e-4)
+        expected = ref.eval()(input_ids=torch.tensor(ids, dtype=torch.long),
+                              attention_mask=torch.tensor(mask, dtype=torch.long)).logits.numpy()
+    np.testing.assert_allclose(after, expected, atol=1e-4)

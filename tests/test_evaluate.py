@@ -1,20 +1,23 @@
 """`clarifyjax evaluate` on tiny random models made here: all six systems on 20 situations, the
 tables checked against independent computations from the saved files, and a run killed (-9)
-during question generation resumed to the same tables."""
+during question generation resumed to the same tables.
+
+The 20 situations are dev situations of one token length (the policy's tokenizer), so that both
+chunks of 10 pad to the same shapes and each stage compiles once rather than once per chunk; the
+Table 3 file holds 8 update groups, one chunk."""
 from __future__ import annotations
 
 import csv
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
 from conftest import REPO_ROOT
+from helpers.children import clean_env, killed_on_second_call
 from helpers.env import require, shared_data
 from helpers.tiny_models import tiny_classifier_folder, tiny_nli_folder, tiny_t5_folder
 
@@ -57,28 +60,30 @@ def _write_table(path, header, rows):
     return path
 
 
+def _situation_rows(policy) -> list[list[str]]:
+    """The dev rows (every gold question) of the N_SITUATIONS dev situations whose policy input
+    is nearest the most common token length (file order breaks ties; in file order)."""
+    from collections import Counter
+
+    from clarifyjax.text.formats import policy_input
+    from clarifyjax.text.tokenizer import Tokenizer
+
+    with open(shared_data("delta-clarify/dev.tsv"), newline="", encoding="utf-8") as f:
+        dev = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    names = list(dict.fromkeys(r["situation"] for r in dev))
+    _, mask = Tokenizer.from_pretrained(policy).encode_batch([policy_input(x) for x in names], 128)
+    lengths = mask.sum(1).tolist()
+    mode = Counter(lengths).most_common(1)[0][0]
+    order = sorted(range(len(names)), key=lambda i: (abs(lengths[i] - mode), i))
+    chosen = {names[i] for i in order[:N_SITUATIONS]}
+    return [[r["id"], r["source"], r["situation"], r["question"]] for r in dev
+            if r["situation"] in chosen]
+
+
 @pytest.fixture(scope="module")
 def config_text(tmp_path_factory):
     """The YAML of an evaluation over tiny models, with an ``OUT`` placeholder."""
     root = tmp_path_factory.mktemp("evaluate")
-    with open(shared_data("delta-clarify/dev.tsv"), newline="", encoding="utf-8") as f:
-        dev = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-    seen, rows = [], []
-    for r in dev:
-        if r["situation"] not in seen and len(seen) == N_SITUATIONS:
-            continue
-        if r["situation"] not in seen:
-            seen.append(r["situation"])
-        rows.append([r["id"], r["source"], r["situation"], r["question"]])
-    situations = _write_table(root / "situations.tsv", ["id", "source", "situation", "question"],
-                              rows)
-    with open(shared_data("delta-clarify/sc_dev_questions_gpt.tsv"), newline="",
-              encoding="utf-8") as f:
-        silver = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[:60]
-    social = root / "social.jsonl"
-    social.write_text("".join(json.dumps({k: r[k] for k in ("Hypothesis", "Update", "UpdateType",
-                                                             "question_davinci")}) + "\n"
-                              for r in silver), encoding="utf-8")
     m = dict(
         policy=tiny_t5_folder(tmp_path_factory, seed=41, initializer_factor=3.0),
         question=tiny_t5_folder(tmp_path_factory, seed=42, initializer_factor=3.0),
@@ -89,6 +94,15 @@ def config_text(tmp_path_factory):
         nli=tiny_nli_folder(tmp_path_factory, seed=14),
         disc=tiny_classifier_folder(tmp_path_factory, ("irrelevant", "relevant"), seed=15),
         qa=tiny_qa_folder(root)[0])
+    situations = _write_table(root / "situations.tsv", ["id", "source", "situation", "question"],
+                              _situation_rows(m["policy"]))
+    with open(shared_data("delta-clarify/sc_dev_questions_gpt.tsv"), newline="",
+              encoding="utf-8") as f:  # 40 rows: 8 (Hypothesis, UpdateType) groups
+        silver = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[:40]
+    social = root / "social.jsonl"
+    social.write_text("".join(json.dumps({k: r[k] for k in ("Hypothesis", "Update", "UpdateType",
+                                                             "question_davinci")}) + "\n"
+                              for r in silver), encoding="utf-8")
     return f"""kind: evaluate
 out: OUT
 data: {{situations_path: {situations}, batch_size: 10}}
@@ -191,28 +205,22 @@ def _check_table3(out, table3: dict) -> None:
 
 
 
+# `clarifyjax evaluate` in a child that SIGKILLs itself when it starts the ClarifyDelphi
+# questions' second chunk (the first is saved by then)
+KILLED_CHILD = killed_on_second_call("clarifyjax.evaluation.baselines", "QuestionSampler.__call__",
+                                     "from clarifyjax import cli\nsys.exit(cli.main(['evaluate', sys.argv[1]]))")
+
+
 def _kill_during_questions_then_rerun(tmp_path, config_text, out):
     """Killed (-9) during question generation, then run again: the same tables. Returns the
     config's path."""
     path2, out2 = _config(tmp_path, config_text, "killed")
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "JAX_PLATFORMS": "cpu"}
-    child = subprocess.Popen([sys.executable, "-m", "clarifyjax", "evaluate", str(path2)],
-                             cwd=REPO_ROOT, env=env, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
-    questions = out2 / "cache" / "questions" / "ClarifyDelphi"
-    deadline = time.monotonic() + 240
-    try:
-        while time.monotonic() < deadline and child.poll() is None:
-            if questions.is_dir() and any(questions.glob("*.json")):
-                break
-            time.sleep(0.05)
-        assert child.poll() is None, "the child finished before it could be killed"
-        child.send_signal(signal.SIGKILL)
-    finally:
-        child.kill()
-        child.wait(timeout=30)
-    done = list(questions.glob("*.json"))
-    assert 1 <= len(done) < 2 and not (out2 / "results.json").exists()
+    child = subprocess.run([sys.executable, "-c", KILLED_CHILD, str(path2)], cwd=REPO_ROOT,
+                           env=clean_env(JAX_PLATFORMS="cpu"), capture_output=True, text=True,
+                           timeout=600)
+    assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]
+    done = list((out2 / "cache" / "questions" / "ClarifyDelphi").glob("*.json"))
+    assert len(done) == 1 and not (out2 / "results.json").exists()
     assert _evaluate(path2) == 0
     assert _numbers(out2) == _numbers(out)
     assert (out2 / "questions.jsonl").read_text() == (out / "questions.jsonl").read_text()

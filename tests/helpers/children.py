@@ -132,6 +132,25 @@ def _text(data) -> str:
     return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
 
+def killed_on_second_call(module: str, method: str, run: str) -> str:
+    """Python code for a child that SIGKILLs itself the second time `module`'s `method` (e.g.
+    "Clarifier.ask") is called, so that a batch job dies at a known point with its first chunk
+    saved (no watcher racing the child's writes); `run` (code) is what it runs, e.g. a CLI."""
+    owner, name = method.split(".")
+    return f"""
+import os, signal, sys
+import {module} as patched
+original, calls = patched.{owner}.{name}, []
+def die_on_second(self, *args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return original(self, *args, **kwargs)
+patched.{owner}.{name} = die_on_second
+{run}
+"""
+
+
 def run_with_fake_devices(code: str, n_devices: int = 8, timeout: float = 600) -> dict:
     """Python `code` in a fresh interpreter with `n_devices` fake CPU devices -> its result."""
     return run_child(code, env=fake_device_env(n_devices), timeout=timeout)
