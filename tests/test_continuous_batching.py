@@ -17,8 +17,10 @@ the next tokens).
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -164,6 +166,32 @@ def test_new_sampling_settings_compile_nothing(served):
     assert [p._cache_size() for p in programs] == sizes
 
 
+@contextlib.contextmanager
+def held_steps(batcher):
+    """The batcher's decode steps wait while the block runs (released at its end, or after 60 s):
+    requests queue, and none finishes, whatever the machine's load, until the test has checked
+    what happens while they wait."""
+    gate, step = threading.Event(), batcher.engine.step
+
+    def held():
+        gate.wait(60)
+        return step()
+
+    batcher.engine.step = held
+    try:
+        yield
+    finally:
+        gate.set()
+        del batcher.engine.step  # the engine's own method again
+
+
+def wait_until(condition, what: str, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
 def test_limits_and_a_client_that_goes_away(served):
     lm, batcher, url = served
     batcher.max_queued_rows = 12
@@ -171,14 +199,12 @@ def test_limits_and_a_client_that_goes_away(served):
         status, body = _post(url, {"prompt": PROMPTS[:4], "n": 4, "max_tokens": 4})
         assert status == 413 and body["error"]["code"] == "too_many_rows"
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # 12 rows: 8 run, 4 wait
-            big = pool.submit(_answer, url, {"prompt": PROMPTS[:3], "n": 4, "max_tokens": 24,
-                                             "temperature": 0})
-            deadline = time.monotonic() + 60
-            while batcher.engine.queued < 4:
-                assert time.monotonic() < deadline and not big.done()
-                time.sleep(0.001)
-            status, body = _post(url, {"prompt": PROMPTS[:3], "n": 3, "max_tokens": 4})
-            assert status == 503 and body["error"]["code"] == "overloaded"
+            with held_steps(batcher):
+                big = pool.submit(_answer, url, {"prompt": PROMPTS[:3], "n": 4,
+                                                 "max_tokens": 24, "temperature": 0})
+                wait_until(lambda: batcher.engine.queued >= 4, "the 12 rows never queued")
+                status, body = _post(url, {"prompt": PROMPTS[:3], "n": 3, "max_tokens": 4})
+                assert status == 503 and body["error"]["code"] == "overloaded"
             assert len(big.result()) == 12
     finally:
         batcher.max_queued_rows = 256
@@ -187,17 +213,18 @@ def test_limits_and_a_client_that_goes_away(served):
                           "temperature": 0}).encode()
     cancelled = batcher.cancelled_rows
     with concurrent.futures.ThreadPoolExecutor(1) as pool:  # the slots busy: the next ones wait
-        busy = pool.submit(_answer, url, {"prompt": PROMPTS[:2], "n": 4, "max_tokens": 24,
-                                          "temperature": 0})
-        for _ in range(2):  # closed before the answer
-            with socket.create_connection((host, int(port)), timeout=10) as sock:
-                sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: " + url[7:].encode()
-                             + b"\r\nContent-Type: application/json\r\nContent-Length: "
-                             + str(len(payload)).encode() + b"\r\n\r\n" + payload)
-        deadline = time.monotonic() + 60
-        while batcher.cancelled_rows < cancelled + 8 or not batcher.engine.idle:
-            assert time.monotonic() < deadline, (batcher.cancelled_rows, cancelled)
-            time.sleep(0.01)
+        with held_steps(batcher):  # (and none finishes before its client is seen to be gone)
+            busy = pool.submit(_answer, url, {"prompt": PROMPTS[:2], "n": 4, "max_tokens": 24,
+                                              "temperature": 0})
+            for _ in range(2):  # closed before the answer
+                with socket.create_connection((host, int(port)), timeout=10) as sock:
+                    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: " + url[7:].encode()
+                                 + b"\r\nContent-Type: application/json\r\nContent-Length: "
+                                 + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+            wait_until(lambda: batcher.cancelled_rows >= cancelled + 8,
+                       f"rows of closed connections not dropped: {batcher.cancelled_rows}")
         assert len(busy.result()) == 8
+        wait_until(lambda: batcher.engine.idle, "the engine never went idle")
+    assert batcher.cancelled_rows == cancelled + 8
     body = {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0}
     assert [a[:2] for a in _answer(url, body)] == [e[:2] for e in _alone(lm, body)]
