@@ -95,19 +95,26 @@ def mark_items(items) -> None:
             if tier not in {m.name for m in item.iter_markers()}:
                 item.add_marker(getattr(pytest.mark, tier))
         _marks[item.nodeid] = sorted({m.name for m in item.iter_markers()} & (set(BUDGETS) - {"fast"}))
+        item.user_properties.append((TIERS_PROPERTY, _marks[item.nodeid]))
 
 
 def budget(marks) -> float:
     return max([BUDGETS[m] for m in marks if m in BUDGETS] or [BUDGETS["fast"]])
 
 
+TIERS_PROPERTY = "clarifyjax_tiers"  # the item's tiers, carried by its reports' user_properties
+
+
 def record(report) -> None:
-    """A test phase's time; its tiers come from the report's keywords, so that the controller of an
-    xdist run (which collects nothing itself) knows them too."""
+    """A test phase's time; its tiers come with the report (`mark_items` puts them in the item's
+    user_properties, which xdist sends along), so that the controller of an xdist run, which
+    collects nothing itself, knows them too. (Not from the report's keywords: those hold the
+    parameter ids too, and a test parametrized with "reference" is not a reference test.)"""
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + float(report.duration)
-    tiers = sorted(set(getattr(report, "keywords", {})) & (set(BUDGETS) - {"fast"}))
-    if tiers or report.nodeid not in _marks:
-        _marks[report.nodeid] = tiers
+    for name, value in getattr(report, "user_properties", ()):
+        if name == TIERS_PROPERTY:
+            _marks[report.nodeid] = sorted(value)
+    _marks.setdefault(report.nodeid, [])
 
 
 def file_seconds(path: Path = TESTS / "durations.json") -> dict[str, float]:
