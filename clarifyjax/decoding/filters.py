@@ -35,6 +35,30 @@ def _ordered_keys(x: jax.Array) -> jax.Array:
     return jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
 
 
+PARTIAL_SUMS = 16  # a bisection pass sums a row as this many interleaved partial sums
+
+
+def _split_rows(x: jax.Array, fill) -> jax.Array:
+    """[b, V] -> [b, PARTIAL_SUMS, ceil(V / PARTIAL_SUMS)], the row padded with `fill` (a value
+    that no pass counts), made once before a bisection's passes."""
+    b, v = x.shape
+    m = -(-v // PARTIAL_SUMS)
+    x = jnp.pad(x, ((0, 0), (0, m * PARTIAL_SUMS - v)), constant_values=fill)
+    return x.reshape(b, PARTIAL_SUMS, m)
+
+
+def _sum_split(x: jax.Array) -> jax.Array:
+    """[b, PARTIAL_SUMS, m] -> [b, 1]: the slices added elementwise, then the sum of the result.
+
+    XLA:CPU sums a row in one vector accumulator, one dependent add after another, so a pass over
+    a 32k row waited on add latency (4.7 us for a plain sum of 32000 floats, on this host); the
+    slices' elementwise adds are independent, and the chain is PARTIAL_SUMS times shorter."""
+    total = x[:, 0]
+    for j in range(1, x.shape[1]):
+        total = total + x[:, j]
+    return jnp.sum(total, axis=-1, keepdims=True)
+
+
 def _row_by_row(fn, logits: jax.Array, *row_args) -> jax.Array:
     """fn(logits [b, V], *row_args [b, 1]) -> [b, 1], on a CPU one row at a time.
 
@@ -58,33 +82,62 @@ def top_p_threshold_by_bisection(logits: jax.Array, log_total: jax.Array,
     """The top-p threshold of every row without sorting: [b, V], [b, 1], top_p a number or
     [b, 1] -> [b, 1].
 
-    A token is kept when the mass of the tokens strictly more likely than it is < top_p; that
-    mass only falls as the logit rises, so the kept tokens are those whose key is >= the smallest
-    key k with mass(> k) < top_p, found by 32 halvings of the int32 key range (one masked sum
-    over the row each), which costs far less than sorting a large vocabulary per row
-    (benchmarks/results/t5.json has the measured decode costs). On a CPU it runs row by row
-    (`_row_by_row`), each row's passes in cache.
+    A token is kept when the mass of the tokens more likely than it (a larger logit) is < top_p.
+    Probabilities are >= 0, so their int32 bit patterns are in their order: 30 halvings of that
+    key range (one masked sum over the row each) find the least probability kept, which costs
+    far less than sorting a large vocabulary per row. Tokens of different logits can share a
+    probability (exp(logit - logsumexp) rounds them together); where the least kept probability
+    is such a group, the group is split by logit as the rule says (`_split_tie`). On a CPU it
+    runs row by row (`_row_by_row`), each row's passes in cache.
     """
     return _row_by_row(_top_p_bisection, logits, log_total, top_p)
 
 
-def _top_p_bisection(logits: jax.Array, log_total: jax.Array, top_p) -> jax.Array:
-    keys = _ordered_keys(logits)
-    probs = jnp.exp(logits - log_total)
+def _as_float(key: jax.Array) -> jax.Array:
+    """The float32 whose bits are max(key, 0): key -1 stands for "below every probability"."""
+    return jax.lax.bitcast_convert_type(jnp.maximum(key, 0), jnp.float32)
 
-    def mass_above(k):  # [b, 1] -> [b, 1]
-        return jnp.sum(jnp.where(keys > k, probs, 0.0), axis=-1, keepdims=True)
+
+def _top_p_bisection(logits: jax.Array, log_total: jax.Array, top_p) -> jax.Array:
+    probs = jnp.exp(logits - log_total)
+    parts = _split_rows(probs, 0.0)
+
+    def mass_above(key):  # [b, 1] -> [b, 1]
+        return _sum_split(jnp.where(parts > _as_float(key)[..., None], parts, 0.0))
 
     def halve(_, bounds):  # invariant: mass_above(hi) < top_p <= mass_above(lo), lo < hi
         lo, hi = bounds
-        mid = (lo & hi) + ((lo ^ hi) >> 1)  # floor((lo + hi) / 2) without int32 overflow
+        mid = lo + (hi - lo) // 2  # keys lie in [-1, 0x3F800000]: no overflow
         below = mass_above(mid) < top_p
         return jnp.where(below, lo, mid), jnp.where(below, mid, hi)
 
-    hi = jnp.max(keys, axis=-1, keepdims=True)  # nothing is above the largest logit: mass 0
-    lo = jnp.full_like(hi, jnp.iinfo(jnp.int32).min)  # everything is above: mass 1 >= top_p
-    _, smallest = jax.lax.fori_loop(0, 32, halve, (lo, hi))
-    return jnp.min(jnp.where(keys >= smallest, logits, jnp.inf), axis=-1, keepdims=True)
+    # nothing is above the largest probability (mass 0); everything with mass is above key -1
+    hi = jax.lax.bitcast_convert_type(jnp.max(probs, axis=-1, keepdims=True), jnp.int32)
+    lo = jnp.full_like(hi, -1)
+    _, smallest = jax.lax.fori_loop(0, 30, halve, (lo, hi))  # hi - lo < 2**30 to start
+    least = jnp.min(jnp.where(probs >= _as_float(smallest), probs, jnp.inf), axis=-1,
+                    keepdims=True)
+    return _split_tie(logits, probs, least, top_p)
+
+
+def _split_tie(logits: jax.Array, probs: jax.Array, least: jax.Array, top_p) -> jax.Array:
+    """The logit threshold of top-p, given the least probability kept `least` [b, 1]: the
+    smallest logit of the tokens of that probability, or, where they have different logits, the
+    K-th largest of those, K the most of them that the rule keeps (each adds `least` to the mass
+    of the tokens more likely than the next: K = ceil((top_p - mass above least) / least))."""
+    tied = probs == least
+    low = jnp.min(jnp.where(tied, logits, jnp.inf), axis=-1, keepdims=True)
+    high = jnp.max(jnp.where(tied, logits, -jnp.inf), axis=-1, keepdims=True)
+    split = high > low
+
+    def resolve():
+        above = jnp.sum(jnp.where(probs > least, probs, 0.0), axis=-1, keepdims=True)
+        count = jnp.sum(tied, axis=-1, keepdims=True)
+        ratio = jnp.where(least > 0, (top_p - above) / jnp.where(least > 0, least, 1.0), count)
+        k = jnp.clip(jnp.ceil(ratio), 1, count).astype(jnp.int32)
+        return jnp.where(split, _kth_bisection(jnp.where(tied, logits, -jnp.inf), k), low)
+
+    return jax.lax.cond(jnp.any(split), resolve, lambda: low)
 
 
 def kth_largest_by_bisection(logits: jax.Array, k) -> jax.Array:
@@ -97,11 +150,12 @@ def kth_largest_by_bisection(logits: jax.Array, k) -> jax.Array:
 
 def _kth_bisection(logits: jax.Array, k) -> jax.Array:
     keys = _ordered_keys(logits)
+    parts = _split_rows(keys, jnp.iinfo(jnp.int32).min)  # the padding counts only at the start
 
     def halve(_, bounds):  # invariant: count(keys >= lo) >= k > count(keys >= hi), lo < hi
         lo, hi = bounds
         mid = (lo & hi) + ((lo ^ hi) >> 1)
-        enough = jnp.sum(keys >= mid, axis=-1, keepdims=True) >= k
+        enough = _sum_split((parts >= mid[..., None]).astype(jnp.int32)) >= k
         return jnp.where(enough, mid, lo), jnp.where(enough, hi, mid)
 
     lo = jnp.full((logits.shape[0], 1), jnp.iinfo(jnp.int32).min, jnp.int32)
@@ -192,12 +246,25 @@ def _top_p_cut(logits: jax.Array, top_p: float, descending: jax.Array | None,
         # threshold is their smallest, which keeps every token top-k kept)
         return top_p_threshold(descending, log_total, top_p)[0]
     n = min(TOP_P_CANDIDATES, logits.shape[-1])
-    threshold, covered = top_p_threshold(top_k_values(logits, n), log_total, top_p)
-    if n < logits.shape[-1]:
-        threshold = jax.lax.cond(
-            jnp.all(covered), lambda: threshold,
-            lambda: top_p_threshold_by_bisection(logits, log_total, top_p))
-    return threshold
+    if n == logits.shape[-1]:
+        return top_p_threshold(top_k_values(logits, n), log_total, top_p)[0]
+
+    def candidates():
+        threshold, covered = top_p_threshold(top_k_values(logits, n), log_total, top_p)
+        return jax.lax.cond(jnp.all(covered), lambda: threshold,
+                            lambda: top_p_threshold_by_bisection(logits, log_total, top_p))
+
+    return jax.lax.cond(jnp.any(candidates_may_cover(logits, log_total, n, top_p)), candidates,
+                        lambda: top_p_threshold_by_bisection(logits, log_total, top_p))
+
+
+def candidates_may_cover(logits: jax.Array, log_total: jax.Array, n: int, top_p) -> jax.Array:
+    """[b, 1] whether the n most likely tokens of a row can reach top_p: they hold at most n times
+    its largest probability. Where no row's can (a flat row, a nucleus of thousands), the
+    bisection runs without the n-candidate search before it (`lax.top_k` of 256 at
+    [128, 32000] costs 21 ms on this host)."""
+    largest = jnp.exp(jnp.max(logits, axis=-1, keepdims=True) - log_total)
+    return n * largest >= top_p
 
 
 SAMPLE_BLOCK = 128  # vocabulary entries per block of `sample_categorical`'s two-level search

@@ -20,9 +20,10 @@ import jax
 import jax.numpy as jnp
 
 from clarifyjax.decoding.filters import (LARGEST_TEMPERATURE, SMALLEST_TEMPERATURE,
-                                         TOP_P_CANDIDATES, draw_categorical,
-                                         kth_largest_by_bisection, top_k_values,
-                                         top_p_threshold, top_p_threshold_by_bisection)
+                                         TOP_P_CANDIDATES, candidates_may_cover,
+                                         draw_categorical, kth_largest_by_bisection,
+                                         top_k_values, top_p_threshold,
+                                         top_p_threshold_by_bisection)
 
 TOP_K_CANDIDATES = 64  # a row's top-k up to this comes from `top_k_values`; above, bisection
 
@@ -68,13 +69,21 @@ def _top_p_rows(logits: jax.Array, top_p: jax.Array) -> jax.Array:
     log_total = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
     p = top_p[:, None]
     n = min(TOP_P_CANDIDATES, logits.shape[-1])
-    threshold, covered = top_p_threshold(top_k_values(logits, n), log_total, p)
     off = top_p >= 1.0
-    settled = (covered | off)[:, None]
-    threshold = jax.lax.cond(
-        jnp.all(settled), lambda: threshold,
-        lambda: jnp.where(settled, threshold,
-                          top_p_threshold_by_bisection(logits, log_total, p)))
+
+    def candidates():
+        threshold, covered = top_p_threshold(top_k_values(logits, n), log_total, p)
+        settled = (covered | off)[:, None]
+        return jax.lax.cond(
+            jnp.all(settled), lambda: threshold,
+            lambda: jnp.where(settled, threshold,
+                              top_p_threshold_by_bisection(logits, log_total, p)))
+
+    may_cover = candidates_may_cover(logits, log_total, n, p)[:, 0] & ~off
+    # the candidates settle rows whose top-p is off too: all off, no bisection
+    threshold = jax.lax.cond(jnp.any(may_cover) | jnp.all(off) | (n == logits.shape[-1]),
+                             candidates,
+                             lambda: top_p_threshold_by_bisection(logits, log_total, p))
     threshold = jnp.where(off[:, None], -jnp.inf, threshold)
     return jnp.where(logits < threshold, -jnp.inf, logits)
 
