@@ -150,7 +150,7 @@ def kth_largest_by_bisection(logits: jax.Array, k) -> jax.Array:
 
 def _kth_bisection(logits: jax.Array, k) -> jax.Array:
     keys = _ordered_keys(logits)
-    parts = _split_rows(keys, jnp.iinfo(jnp.int32).min)  # the padding counts only at the start
+    parts = _split_rows(keys, jnp.iinfo(jnp.int32).min)  # never counted: every mid > lo
 
     def halve(_, bounds):  # invariant: count(keys >= lo) >= k > count(keys >= hi), lo < hi
         lo, hi = bounds
@@ -245,26 +245,36 @@ def _top_p_cut(logits: jax.Array, top_p: float, descending: jax.Array | None,
         # value: the nucleus found among them is the row's (when they do not cover top_p, the
         # threshold is their smallest, which keeps every token top-k kept)
         return top_p_threshold(descending, log_total, top_p)[0]
+    return top_p_threshold_searched(logits, log_total, top_p)
+
+
+def top_p_threshold_searched(logits: jax.Array, log_total: jax.Array, top_p,
+                             settled: jax.Array | None = None) -> jax.Array:
+    """Each row's top-p threshold [b, 1] (top_p a number or [b, 1]): from the TOP_P_CANDIDATES
+    most likely tokens where they reach top_p, by bisection of the whole row elsewhere.
+    `settled` [b, 1] (optional) marks rows whose threshold the caller does not use (top-p off):
+    they never call for the bisection.
+
+    The candidate search (`lax.top_k` of 256 at [128, 32000]: 21 ms on this host) is skipped
+    when no row's candidates can reach top_p: they hold at most n times the row's largest
+    probability (a flat row, a nucleus of thousands)."""
     n = min(TOP_P_CANDIDATES, logits.shape[-1])
     if n == logits.shape[-1]:
         return top_p_threshold(top_k_values(logits, n), log_total, top_p)[0]
+    settled = jnp.zeros((logits.shape[0], 1), bool) if settled is None else settled
+
+    def bisection():
+        return top_p_threshold_by_bisection(logits, log_total, top_p)
 
     def candidates():
         threshold, covered = top_p_threshold(top_k_values(logits, n), log_total, top_p)
-        return jax.lax.cond(jnp.all(covered), lambda: threshold,
-                            lambda: top_p_threshold_by_bisection(logits, log_total, top_p))
+        done = covered[:, None] | settled
+        return jax.lax.cond(jnp.all(done), lambda: threshold,
+                            lambda: jnp.where(done, threshold, bisection()))
 
-    return jax.lax.cond(jnp.any(candidates_may_cover(logits, log_total, n, top_p)), candidates,
-                        lambda: top_p_threshold_by_bisection(logits, log_total, top_p))
-
-
-def candidates_may_cover(logits: jax.Array, log_total: jax.Array, n: int, top_p) -> jax.Array:
-    """[b, 1] whether the n most likely tokens of a row can reach top_p: they hold at most n times
-    its largest probability. Where no row's can (a flat row, a nucleus of thousands), the
-    bisection runs without the n-candidate search before it (`lax.top_k` of 256 at
-    [128, 32000] costs 21 ms on this host)."""
     largest = jnp.exp(jnp.max(logits, axis=-1, keepdims=True) - log_total)
-    return n * largest >= top_p
+    may_cover = (n * largest >= top_p) & ~settled
+    return jax.lax.cond(jnp.any(may_cover), candidates, bisection)
 
 
 SAMPLE_BLOCK = 128  # vocabulary entries per block of `sample_categorical`'s two-level search

@@ -20,10 +20,8 @@ import jax
 import jax.numpy as jnp
 
 from clarifyjax.decoding.filters import (LARGEST_TEMPERATURE, SMALLEST_TEMPERATURE,
-                                         TOP_P_CANDIDATES, candidates_may_cover,
                                          draw_categorical, kth_largest_by_bisection,
-                                         top_k_values, top_p_threshold,
-                                         top_p_threshold_by_bisection)
+                                         top_k_values, top_p_threshold_searched)
 
 TOP_K_CANDIDATES = 64  # a row's top-k up to this comes from `top_k_values`; above, bisection
 
@@ -67,23 +65,8 @@ def _top_p_rows(logits: jax.Array, top_p: jax.Array) -> jax.Array:
     """Each row's top-p ([b] float32, 1 = off) applied, the nucleus looked for among the
     TOP_P_CANDIDATES most likely tokens first, by bisection where those do not cover it."""
     log_total = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
-    p = top_p[:, None]
-    n = min(TOP_P_CANDIDATES, logits.shape[-1])
     off = top_p >= 1.0
-
-    def candidates():
-        threshold, covered = top_p_threshold(top_k_values(logits, n), log_total, p)
-        settled = (covered | off)[:, None]
-        return jax.lax.cond(
-            jnp.all(settled), lambda: threshold,
-            lambda: jnp.where(settled, threshold,
-                              top_p_threshold_by_bisection(logits, log_total, p)))
-
-    may_cover = candidates_may_cover(logits, log_total, n, p)[:, 0] & ~off
-    # the candidates settle rows whose top-p is off too: all off, no bisection
-    threshold = jax.lax.cond(jnp.any(may_cover) | jnp.all(off) | (n == logits.shape[-1]),
-                             candidates,
-                             lambda: top_p_threshold_by_bisection(logits, log_total, p))
+    threshold = top_p_threshold_searched(logits, log_total, top_p[:, None], settled=off[:, None])
     threshold = jnp.where(off[:, None], -jnp.inf, threshold)
     return jnp.where(logits < threshold, -jnp.inf, logits)
 
