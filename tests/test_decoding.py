@@ -26,7 +26,7 @@ from flax import nnx
 from clarifyjax import decoding
 
 from clarifyjax.core import traces
-from clarifyjax.decoding import Generation, filter_logits, generate, score
+from clarifyjax.decoding import Generation, filter_logits, generate, native, score
 from clarifyjax.decoding.row_sampling import (TOP_K_CANDIDATES, RowSampling, choose_rows,
                                               filter_rows)
 from clarifyjax.models.t5 import T5, T5Config, shift_right
@@ -194,18 +194,22 @@ def test_top_k_1_and_tiny_top_p_equal_greedy(stopping):
                                    atol=TOL)  # a point mass
 
 
-@pytest.fixture(params=["top_k", "bisection"])
+@pytest.fixture(params=["top_k", "xla_search", "bisection"])
 def threshold_path(request):
-    """Both ways of finding the top-k / top-p thresholds: `lax.top_k` (the default) and the
-    bisections of the whole row: the value of `filter_logits`' `bisect` argument."""
-    return request.param == "bisection"
+    """The ways of finding the top-k / top-p thresholds: `lax.top_k` and, on this CPU, the native
+    top-p kernel (the default); the same with the kernel off (`lax.top_k`'s candidates, then a
+    bisection where they fall short: what an accelerator runs); the bisections of the whole row
+    (`filter_logits`' `bisect=True`). Yields the path's name; tests trace inside its setting."""
+    with native.use("off" if request.param == "xla_search" else "require"):
+        yield request.param
 
 
 @functools.cache
-def filtered_logprobs(temperature: float, top_k: int, top_p: float, bisect: bool):
-    """log_softmax(filter_logits(.)) at one setting, jitted once: [b, V] -> [b, V]."""
+def filtered_logprobs(temperature: float, top_k: int, top_p: float, path: str):
+    """log_softmax(filter_logits(.)) at one setting and threshold path, jitted once (traced at
+    its first call, inside the path's `native.use`): [b, V] -> [b, V]."""
     return jax.jit(lambda x: jax.nn.log_softmax(filter_logits(
-        x, temperature=temperature, top_k=top_k, top_p=top_p, bisect=bisect), -1))
+        x, temperature=temperature, top_k=top_k, top_p=top_p, bisect=path == "bisection"), -1))
 
 
 # `row_sampling.choose_rows` with EOS id 2: one program for the per-row tests (row_batch's shapes)
@@ -231,9 +235,11 @@ def test_no_threshold_sorts_the_vocabulary():
     The filters checked: top-k alone; top-p alone; top-p among top-k's kept (k <= and k >
     TOP_P_CANDIDATES); the last two are the programs that the large-vocabulary test runs."""
     x = jnp.zeros((4, 3000), jnp.float32)
-    for setting in ((1.0, 10, 1.0), (0.7, 0, 0.6), (1.0, 7, 0.5), (1.3, 1000, 0.9)):
-        text = filtered_logprobs(*setting, False).lower(x).compile().as_text()
-        assert " sort(" not in text, setting
+    for path, chosen in (("top_k", "require"), ("xla_search", "off")):
+        with native.use(chosen):
+            for setting in ((1.0, 10, 1.0), (0.7, 0, 0.6), (1.0, 7, 0.5), (1.3, 1000, 0.9)):
+                text = filtered_logprobs(*setting, path).lower(x).compile().as_text()
+                assert " sort(" not in text, (path, setting)
     logits, rows, steps = row_batch()
     assert " sort(" not in choose.lower(logits, rows, steps).compile().as_text()
 
@@ -244,7 +250,8 @@ def test_filter_logits_matches_numpy(threshold_path):
     for t, k, p in [(1.0, 0, 0.5), (0.5, 7, 1.0), (2.0, 20, 0.8), (1.0, 3, 1.0), (1.0, 50, 1.0)]:
         got = np.asarray(jax.nn.log_softmax(filter_logits(jnp.asarray(logits), temperature=t,
                                                           top_k=k, top_p=p,
-                                                          bisect=threshold_path), -1))
+                                                          bisect=threshold_path == "bisection"),
+                                            -1))
         for row in range(3):
             ref = numpy_filtered_logprobs(logits[row], t, k, p)
             np.testing.assert_array_equal(np.isfinite(got[row]), np.isfinite(ref))
@@ -259,7 +266,7 @@ def test_top_k_keeps_every_token_tied_with_the_kth(threshold_path):
     logits[3, 100:] = -np.inf
     for k in (1, 5, 40, 300):
         got = np.isfinite(np.asarray(filter_logits(jnp.asarray(logits), top_k=k,
-                                                   bisect=threshold_path)))
+                                                   bisect=threshold_path == "bisection")))
         kth = -np.sort(-logits, axis=-1)[:, k - 1:k]
         np.testing.assert_array_equal(got, (logits >= kth) & np.isfinite(logits), err_msg=f"k={k}")
         assert (got.sum(-1) >= min(k, 100)).all()

@@ -62,11 +62,11 @@ def _top_k_rows(logits: jax.Array, k: jax.Array) -> jax.Array:
 
 
 def _top_p_rows(logits: jax.Array, top_p: jax.Array) -> jax.Array:
-    """Each row's top-p ([b] float32, 1 = off) applied, the nucleus looked for among the
-    TOP_P_CANDIDATES most likely tokens first, by bisection where those do not cover it."""
-    log_total = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
+    """Each row's top-p ([b] float32, 1 = off) applied (`top_p_threshold_searched`: the CPU
+    kernel, or the TOP_P_CANDIDATES most likely tokens first and a bisection where those do not
+    cover it)."""
     off = top_p >= 1.0
-    threshold = top_p_threshold_searched(logits, log_total, top_p[:, None], settled=off[:, None])
+    threshold = top_p_threshold_searched(logits, top_p[:, None], settled=off[:, None])
     threshold = jnp.where(off[:, None], -jnp.inf, threshold)
     return jnp.where(logits < threshold, -jnp.inf, logits)
 
