@@ -46,7 +46,8 @@ from flax import nnx
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from clarifyjax.core import buckets
-from clarifyjax.decoding import filter_logits, generate, native
+from clarifyjax.core import native
+from clarifyjax.decoding import filter_logits, generate
 from clarifyjax.decoding.api import _loop_settings
 from clarifyjax.decoding.step import choose_token
 from clarifyjax.models.hf import load_causal_lm

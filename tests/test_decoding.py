@@ -26,7 +26,8 @@ from flax import nnx
 from clarifyjax import decoding
 
 from clarifyjax.core import traces
-from clarifyjax.decoding import Generation, filter_logits, generate, native, score
+from clarifyjax.core import native
+from clarifyjax.decoding import Generation, filter_logits, generate, score
 from clarifyjax.decoding.row_sampling import (TOP_K_CANDIDATES, RowSampling, choose_rows,
                                               filter_rows)
 from clarifyjax.models.t5 import T5, T5Config, shift_right

@@ -20,7 +20,7 @@ PACKAGES = ("clarifyjax", "sage_jax")
 
 # Lowest first: the units, each a subpackage (or sage_jax's top-level modules, or a command).
 LAYERS: tuple[str, ...] = (
-    "clarifyjax.core",        # meshes, multi-host start, buckets, ranges, traces, logging, registry
+    "clarifyjax.core",        # meshes, multi-host start, buckets, ranges, traces, logging, registry, CPU kernels
     "clarifyjax.files",       # a user's files: text, tables, chunks, child results
     "clarifyjax.models",      # T5, encoders, DeBERTa, causal LMs, embedder; checkpoint folders (hf/)
     "clarifyjax.text",        # tokenizers, the models' input formats, the text-generator interface

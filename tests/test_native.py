@@ -1,4 +1,4 @@
-"""The CPU sampling kernels (`clarifyjax.decoding.native`): built from their C++ source on first
+"""The CPU sampling kernels (`clarifyjax.core.native`): built from their C++ source on first
 use and registered with XLA. The top-p threshold equals a float64 transcription of the rule it
 implements (a token stays when the mass of the tokens with a larger logit is < top_p; equal logits
 together; the most likely always), on rows that exercise every branch: flat and peaked rows, rows
@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from clarifyjax.decoding import filter_logits, native
+from clarifyjax.core import native
+from clarifyjax.decoding import filter_logits
 
 MASS_SLACK = 1e-6  # rows whose deciding mass lies this close to top_p may go either way
 
@@ -50,7 +51,7 @@ def kernel():
     """The kernel, built (or taken from the cache) and registered: required on this machine."""
     with native.use("require"):
         assert native.available()
-    return jax.jit(native.top_p_threshold)
+    return jax.jit(native.nucleus_threshold)
 
 
 def rows(seed: int, v: int) -> tuple[np.ndarray, np.ndarray]:
@@ -101,7 +102,7 @@ def test_edge_rows_and_shapes(kernel):
     y = np.random.default_rng(0).normal(size=(2, 3, 50)).astype(np.float32)
     full = np.asarray(kernel(jnp.asarray(y), 0.8))
     assert full.shape == (2, 3, 1)
-    mapped = np.asarray(jax.vmap(lambda r: native.top_p_threshold(r, 0.8))(jnp.asarray(y)))
+    mapped = np.asarray(jax.vmap(lambda r: native.nucleus_threshold(r, 0.8))(jnp.asarray(y)))
     np.testing.assert_array_equal(mapped, full)
     for i in range(2):
         for j in range(3):
@@ -121,7 +122,7 @@ def test_filter_logits_differentiates_through_the_kernel():
 
 @pytest.mark.parametrize("v,n", [(1, 1), (13, 5), (300, 300), (3001, 10), (32000, 64),
                                  (32000, 256)])
-def test_top_k_values_equal_a_sort(v, n):
+def test_largest_values_equal_a_sort(v, n):
     rng = np.random.default_rng(v + n)
     x = rng.normal(size=(6, v)).astype(np.float32)
     x[1] = np.round(x[1] * 2)                 # ties
@@ -129,29 +130,30 @@ def test_top_k_values_equal_a_sort(v, n):
     x[3] = np.sort(x[3])                      # ascending: every value enters the heap
     x[4] = -np.sort(-x[4])                    # descending: only the first n do
     with native.use("require"):
-        got = np.asarray(jax.jit(native.top_k_values, static_argnums=1)(jnp.asarray(x), n))
+        got = np.asarray(jax.jit(native.largest_values, static_argnums=1)(jnp.asarray(x), n))
     np.testing.assert_array_equal(got, -np.sort(-x, axis=-1)[:, :n])
     y = x.copy()
     y[5, ::3] = np.nan                        # NaN never counts; -inf fills a short row
     with native.use("require"):
-        got = np.asarray(native.top_k_values(jnp.asarray(y[5:]), n))[0]
+        got = np.asarray(native.largest_values(jnp.asarray(y[5:]), n))[0]
     finite = -np.sort(-y[5][~np.isnan(y[5])])
     want = np.concatenate([finite, np.full(max(n - finite.size, 0), -np.inf, np.float32)])[:n]
     np.testing.assert_array_equal(got, want)
 
 
-def test_top_k_values_checks_n():
+def test_largest_values_checks_n():
     with native.use("require"), pytest.raises(ValueError, match="n=4 outside 1..3"):
-        native.top_k_values(jnp.zeros((2, 3)), 4)
+        native.largest_values(jnp.zeros((2, 3)), 4)
     with native.use("off"), pytest.raises(RuntimeError, match="CLARIFYJAX_CPU_KERNELS=off"):
-        native.top_k_values(jnp.zeros((2, 3)), 2)
+        native.largest_values(jnp.zeros((2, 3)), 2)
 
 
 CHILD = textwrap.dedent("""
     import json, os, sys
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from clarifyjax.decoding import filter_logits, native
+    from clarifyjax.core import native
+    from clarifyjax.decoding import filter_logits
     assert len(jax.devices()) == 8
     x = np.random.default_rng(2).normal(size=(16, 3000)).astype(np.float32)
     mesh = Mesh(np.array(jax.devices()), ("data",))
@@ -180,7 +182,7 @@ def test_build_failures_warn_or_raise(monkeypatch, tmp_path):
     monkeypatch.setenv(native.CACHE_ENV, str(tmp_path / "cache"))
     monkeypatch.setenv("CXX", "false")  # a "compiler" that always fails
     monkeypatch.setattr(native, "_state", {})
-    with native.use("require"), pytest.raises(RuntimeError, match="false failed on top_p.cc"):
+    with native.use("require"), pytest.raises(RuntimeError, match="false failed on sampling.cc"):
         native.available()
     monkeypatch.setattr(native, "_state", {})
     with native.use("auto"), warnings.catch_warnings(record=True) as caught:

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from clarifyjax.decoding import native
+from clarifyjax.core import native
 
 TOP_P_CANDIDATES = 256  # most likely tokens searched first for the top-p nucleus
 
@@ -179,7 +179,7 @@ def top_k_values(logits: jax.Array, n: int) -> jax.Array:
     this module were written to avoid.
     """
     if jax.default_backend() == "cpu" and native.available():
-        return native.top_k_values(logits, n)
+        return native.largest_values(logits, n)
     return jax.lax.top_k(logits, n)[0]
 
 
@@ -268,7 +268,7 @@ def top_p_threshold_searched(logits: jax.Array, top_p,
     when no row's candidates can reach top_p: they hold at most n times the row's largest
     probability (a flat row, a nucleus of thousands)."""
     if jax.default_backend() == "cpu" and native.available():
-        return native.top_p_threshold(logits, top_p)
+        return native.nucleus_threshold(logits, top_p)
     log_total = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
     n = min(TOP_P_CANDIDATES, logits.shape[-1])
     if n == logits.shape[-1]:

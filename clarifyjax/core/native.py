@@ -1,11 +1,11 @@
 """CPU kernels that XLA:CPU compiles poorly, built from C++ on first use and called through XLA's
-FFI (`native_src/top_p.cc`): each row's top-p threshold by radix selection, and each row's n
-largest values (top-k) in one pass.
+FFI (`native_src/sampling.cc`), for the sampling filters of `clarifyjax.decoding.filters`: each
+row's top-p threshold by radix selection, and each row's n largest values (top-k) in one pass.
 
 Why: a top-p threshold needs the mass of the tokens above a candidate, over and over. In XLA
 every such pass is a masked row sum that XLA:CPU writes out and reads back (5.5 us per 32k row);
-the bisection of `filters.py` takes 30 of them, about 32 ms at [128, 32000], more than 10% of a
-batch-128 decoding step. The kernel bins the row once by value, in double precision, and
+the bisection of `decoding/filters.py` takes 30 of them, about 32 ms at [128, 32000], more than
+10% of a batch-128 decoding step. The kernel bins the row once by value, in double precision, and
 resolves the bin where the mass reaches top_p by the bits of its few hundred keys: about 6 ms for
 the same batch, sharing the rows with XLA's CPU thread pool. `lax.top_k` (XLA:CPU's TopK call)
 took 8-14 ms for the 10 largest of the same batch; one pass against the least of a small heap
@@ -37,7 +37,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-SOURCE = Path(__file__).parent / "native_src" / "top_p.cc"
+SOURCE = Path(__file__).parent / "native_src" / "sampling.cc"
 TARGETS = {"clarifyjax_top_p_threshold": "ClarifyjaxTopPThreshold",
            "clarifyjax_top_k_values": "ClarifyjaxTopKValues"}  # XLA's name: the library's symbol
 MODE_ENV = "CLARIFYJAX_CPU_KERNELS"
@@ -117,7 +117,7 @@ def library_path(compiler: str) -> Path:
                  _jaxlib_version().encode(), platform.machine().encode(), _cpu_flags().encode()):
         digest.update(part)
         digest.update(b"\0")
-    return cache_dir() / f"top_p-{digest.hexdigest()[:20]}.so"
+    return cache_dir() / f"sampling-{digest.hexdigest()[:20]}.so"
 
 
 def build() -> Path:
@@ -197,11 +197,11 @@ def _registered() -> None:
                            f"{mode()}{'; ' + _state['error'] if _state.get('error') else ''})")
 
 
-def top_p_threshold(logits: jax.Array, top_p) -> jax.Array:
+def nucleus_threshold(logits: jax.Array, top_p) -> jax.Array:
     """The smallest logit top-p keeps in each row: logits [..., V] (float32 after temperature and
     top-k; -inf = excluded), top_p a number or [..., 1] -> [..., 1]. A row keeps the tokens whose
     larger-logit mass is < top_p (equal logits together; the most likely always): the rule of
-    `filters.top_p_threshold`, with the masses summed in double precision (top_p 1 keeps every
+    `decoding.filters.top_p_threshold`, with the masses summed in double precision (top_p 1 keeps every
     token of positive weight; a row of -inf gives -inf). CPU only."""
     _registered()
     logits = jax.lax.stop_gradient(logits.astype(jnp.float32))
@@ -212,14 +212,14 @@ def top_p_threshold(logits: jax.Array, top_p) -> jax.Array:
     return call(logits, jax.lax.stop_gradient(top_p))
 
 
-def top_k_values(logits: jax.Array, n: int) -> jax.Array:
+def largest_values(logits: jax.Array, n: int) -> jax.Array:
     """The n largest logits of each row, descending: [..., V] -> [..., n] float32, ties counted
     (`lax.top_k(logits, n)[0]`; NaN never counts, and -inf fills a row short of n others).
     No gradient flows through it. CPU only."""
     _registered()
     logits = jax.lax.stop_gradient(logits.astype(jnp.float32))
     if not 1 <= n <= logits.shape[-1]:
-        raise ValueError(f"top_k_values: n={n} outside 1..{logits.shape[-1]} (the vocabulary)")
+        raise ValueError(f"largest_values: n={n} outside 1..{logits.shape[-1]} (the vocabulary)")
     call = jax.ffi.ffi_call("clarifyjax_top_k_values",
                             jax.ShapeDtypeStruct(logits.shape[:-1] + (n,), jnp.float32),
                             vmap_method="broadcast_all")

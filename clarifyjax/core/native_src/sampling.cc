@@ -9,7 +9,7 @@
 // at a time, carrying the mass above them: the key found is the threshold's own bits. The passes
 // over the whole row: its max; the weights and bins (8 lanes at a time); the sums into the bins;
 // the gather of the chosen bin. Rows are shared with XLA's CPU thread pool. Called by
-// clarifyjax/decoding/native.py through XLA's FFI; other backends run the XLA path of
+// clarifyjax/core/native.py through XLA's FFI; other backends run the XLA path of
 // clarifyjax/decoding/filters.py instead.
 #include <algorithm>
 #include <atomic>
