@@ -167,6 +167,11 @@ def _kth_bisection(logits: jax.Array, k) -> jax.Array:
     return jnp.min(jnp.where(keys >= smallest, logits, jnp.inf), axis=-1, keepdims=True)
 
 
+def _cpu_kernels() -> bool:
+    """Whether the program being traced runs `native`'s kernels (a CPU, and built)."""
+    return jax.default_backend() == "cpu" and native.available()
+
+
 def top_k_values(logits: jax.Array, n: int) -> jax.Array:
     """The n largest logits of every row, descending: [b, V] -> [b, n]; on a CPU by `native`'s
     one-pass kernel where it could be built (about 1 ms for n = 10 at [128, 32000]), elsewhere
@@ -178,7 +183,7 @@ def top_k_values(logits: jax.Array, n: int) -> jax.Array:
     largest maxima measured slower still, 14 ms), and a sort is what the earlier bisections of
     this module were written to avoid.
     """
-    if jax.default_backend() == "cpu" and native.available():
+    if _cpu_kernels():
         return native.largest_values(logits, n)
     return jax.lax.top_k(logits, n)[0]
 
@@ -267,7 +272,7 @@ def top_p_threshold_searched(logits: jax.Array, top_p,
     The candidate search (`lax.top_k` of 256 at [128, 32000]: 21 ms on this host) is skipped
     when no row's candidates can reach top_p: they hold at most n times the row's largest
     probability (a flat row, a nucleus of thousands)."""
-    if jax.default_backend() == "cpu" and native.available():
+    if _cpu_kernels():
         return native.nucleus_threshold(logits, top_p)
     log_total = jax.nn.logsumexp(logits, axis=-1, keepdims=True)
     n = min(TOP_P_CANDIDATES, logits.shape[-1])

@@ -274,7 +274,7 @@ void RowTopK(const float* x, int64_t v, int64_t n, float* out, std::vector<float
 // Rows are shared out through an atomic counter among the calling thread and tasks scheduled
 // on XLA's CPU thread pool; the caller waits only for rows a task has begun (a task that starts
 // after the last row finds none and returns), so a busy or absent pool costs no deadlock.
-// make_worker() gives each thread its own callable(row) (and with it its own scratch).
+// make_worker() gives each thread its own callable(row), which owns its scratch.
 template <typename MakeWorker>
 void ForEachRow(ffi::ThreadPool& pool, int64_t rows, MakeWorker make_worker) {
   struct Progress {
@@ -299,19 +299,17 @@ ffi::Error TopPThresholdImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits,
                              ffi::Buffer<ffi::F32> top_p, ffi::ResultBuffer<ffi::F32> out) {
   auto dims = logits.dimensions();
   if (dims.size() == 0 || dims.back() == 0)
-    return ffi::Error::InvalidArgument("top_p_threshold: logits need a vocabulary axis");
+    return ffi::Error::InvalidArgument("nucleus_threshold: logits need a vocabulary axis");
   const int64_t v = dims.back();
   const int64_t rows = static_cast<int64_t>(logits.element_count()) / v;
   if (static_cast<int64_t>(top_p.element_count()) != rows ||
       static_cast<int64_t>(out->element_count()) != rows)
-    return ffi::Error::InvalidArgument("top_p_threshold: one top_p and one output per row");
+    return ffi::Error::InvalidArgument("nucleus_threshold: one top_p and one output per row");
   const float* x = logits.typed_data();
   const float* p = top_p.typed_data();
   float* o = out->typed_data();
   ForEachRow(pool, rows, [=] {
-    return [=, s = std::make_shared<Scratch>()](int64_t r) {
-      o[r] = RowThreshold(x + r * v, v, p[r], *s);
-    };
+    return [=, s = Scratch()](int64_t r) mutable { o[r] = RowThreshold(x + r * v, v, p[r], s); };
   });
   return ffi::Error::Success();
 }
@@ -321,17 +319,17 @@ ffi::Error TopKValuesImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> logits,
   auto dims = logits.dimensions();
   auto out_dims = out->dimensions();
   if (dims.size() == 0 || dims.back() == 0 || out_dims.size() != dims.size())
-    return ffi::Error::InvalidArgument("top_k_values: logits need a vocabulary axis");
+    return ffi::Error::InvalidArgument("largest_values: logits need a vocabulary axis");
   const int64_t v = dims.back();
   const int64_t n = out_dims.back();
   const int64_t rows = static_cast<int64_t>(logits.element_count()) / v;
   if (n < 1 || n > v || static_cast<int64_t>(out->element_count()) != rows * n)
-    return ffi::Error::InvalidArgument("top_k_values: 1 <= n <= vocabulary, n per row");
+    return ffi::Error::InvalidArgument("largest_values: 1 <= n <= vocabulary, n per row");
   const float* x = logits.typed_data();
   float* o = out->typed_data();
   ForEachRow(pool, rows, [=] {
-    return [=, heap = std::make_shared<std::vector<float>>()](int64_t r) {
-      RowTopK(x + r * v, v, n, o + r * n, *heap);
+    return [=, heap = std::vector<float>()](int64_t r) mutable {
+      RowTopK(x + r * v, v, n, o + r * n, heap);
     };
   });
   return ffi::Error::Success();
