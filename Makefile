@@ -10,14 +10,14 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP) browser
 
-# tests/test_web.py drives Debian's headless Chromium; install it when missing and we are root
+# tests/clarifyjax/app/test_web.py drives Debian's headless Chromium; install it when missing and we are root
 # (CI). Elsewhere the test installs it itself if it may, else skips (fails under CI=true).
 browser:
 	@if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    DEBIAN_FRONTEND=noninteractive apt-get update -q && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver; \
-	  else echo "note: chromium/chromium-driver missing and not root: tests/test_web.py's browser test will skip (fail under CI=true)"; fi; \
+	  else echo "note: chromium/chromium-driver missing and not root: tests/clarifyjax/app/test_web.py's browser test will skip (fail under CI=true)"; fi; \
 	fi
 
 $(STAMP): pyproject.toml
@@ -47,14 +47,15 @@ lint: $(STAMP)
 	$(PY) -m ruff check .
 
 # For iteration: everything but the tests marked slow, child (starts processes), e2e (whole
-# commands) and reference (PyTorch / reference packages); markers derived in tests/helpers/tiers.py.
+# commands) and reference (PyTorch / reference packages): tests/multiprocess/ is child and
+# tests/commands/ e2e (tests/helpers/tiers.py); elsewhere the markers are written on the tests.
 FAST := not slow and not child and not e2e and not reference
 test-fast: setup
 	$(PY) -m pytest -q -n $(FAST_WORKERS) --dist loadfile --no-loadscope-reorder -m "$(FAST)" $(PYTEST_ARGS)
 
 # The whole suite, writing each test's time (and its tier) to tests/durations.json; then the fast
 # tier alone to tests/durations_fast.json (a fast test's time beside the heavy tests' children is
-# not its time in `make test-fast`). tests/test_durations.py checks both.
+# not its time in `make test-fast`). tests/project/test_durations.py checks both.
 durations: setup
 	CLARIFYJAX_DURATIONS=tests/durations.json $(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 	$(MAKE) durations-fast

@@ -12,7 +12,9 @@ import pytest
 from flax import nnx
 
 from clarifyjax.models.t5 import T5, T5Config
-from conftest import REPO_ROOT, require
+from helpers.env import REPO_ROOT, require
+
+pytestmark = pytest.mark.reference
 
 
 @pytest.fixture(scope="module")

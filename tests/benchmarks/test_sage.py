@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, require, shared_data
+from helpers.env import REPO_ROOT, require, shared_data
 from sage_jax.metric import mean_sage, pairwise_cosine, sage_from_similarity
 from helpers.sage_reference import collapsed_reference, random_questions
 
@@ -64,6 +64,7 @@ def test_metric_part_runs_and_writes_json(bench, tmp_path):
     assert not list(tmp_path.glob(".*"))  # written atomically, nothing left behind
 
 
+@pytest.mark.reference
 @pytest.mark.slow  # ~25 s on a shared 2-core CPU: torch's import, compiles, 80 encode calls
 def test_pairs_part_agrees_with_the_sentence_transformers_reference(bench, monkeypatch):
     """(c) on 3 questions of the vicuna file: our JAX embed + sage_blend (collapsed answers) against

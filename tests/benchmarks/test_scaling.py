@@ -10,8 +10,10 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT
+from helpers.env import REPO_ROOT
 from helpers.children import fake_device_env
+
+pytestmark = pytest.mark.child
 
 NAME = "scaling_ci_check"
 

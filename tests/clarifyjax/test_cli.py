@@ -13,7 +13,7 @@ by a function that fails the test) and without writing `--out`. The classes:
 * `train`: config missing / a directory / not UTF-8 / YAML syntax, bad overrides, bad usage.
 
 Inputs that are fine but were mishandled (a byte-order mark, ".CSV", U+2028 inside a line,
---overwrite over a longer earlier run) are scored with the tiny models of test_cli_score.py (helpers/score_cli.py).
+--overwrite over a longer earlier run) are scored with the tiny models of test_command.py (helpers/score_cli.py).
 """
 from __future__ import annotations
 
@@ -27,10 +27,10 @@ import pytest
 
 from clarifyjax import cli
 from clarifyjax.core import commands
-from clarifyjax.reward import command as score_command
+from clarifyjax.reward import command
 from clarifyjax.cli import main, parse_args
-from conftest import REPO_ROOT
-from helpers.score_cli import args_for, folders, rows, write_lines  # noqa: F401 (fixtures)
+from helpers.env import REPO_ROOT
+from helpers.score_cli import args_for, write_lines
 
 SITUATIONS = ["lying to a friend", "helping a neighbour move", "skipping work"]
 QUESTIONS = ["why did you lie?", "was it raining?", "were you sick?"]
@@ -115,12 +115,12 @@ BAD_FILES = [
 @pytest.fixture
 def setup(tmp_path, monkeypatch):
     """Good inputs, empty model folders and an --out path; loading a model fails the test."""
-    from clarifyjax.reward import pipeline as reward_pipeline
+    from clarifyjax.reward import pipeline
 
     def no_models(*args, **kwargs):
         raise AssertionError("models were loaded before the bad input was reported")
 
-    monkeypatch.setattr(reward_pipeline, "load_pipeline", no_models)
+    monkeypatch.setattr(pipeline, "load_pipeline", no_models)
     models = {name: tmp_path / name for name in ("answerer", "fusion", "judge")}
     for folder in models.values():
         folder.mkdir()
@@ -149,6 +149,7 @@ def score_argv(s, *extra, situations=None, questions=None, out=None):
                     *extra)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("extra,option", BAD_NUMBERS + BAD_OPTIONS,
                          ids=[" ".join(e) for e, _ in BAD_NUMBERS + BAD_OPTIONS])
 def test_bad_option_values_name_the_option(setup, capsys, extra, option):
@@ -156,6 +157,7 @@ def test_bad_option_values_name_the_option(setup, capsys, extra, option):
     assert not setup["out"].exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name,content,message", BAD_FILES, ids=[f[0] for f in BAD_FILES])
 @pytest.mark.parametrize("role", ["--situations", "--questions"])
 def test_bad_input_files_name_the_file_and_line(setup, capsys, name, content, message, role):
@@ -174,6 +176,7 @@ def test_bad_input_files_name_the_file_and_line(setup, capsys, name, content, me
     assert not setup["out"].exists()
 
 
+@pytest.mark.e2e
 def test_bad_model_folders_name_the_option(setup, capsys):
     fails_with_one_line(score_argv({**setup, "models": {**setup["models"], "fusion": setup["tmp"]
                                                         / "nope"}}), capsys, "--fusion", "nope")
@@ -181,6 +184,7 @@ def test_bad_model_folders_name_the_option(setup, capsys):
                         capsys, "--judge", "not a folder")
 
 
+@pytest.mark.e2e
 def test_outputs_that_cannot_or_must_not_be_written(setup, capsys):
     earlier = setup["tmp"] / "earlier.jsonl"
     earlier.write_text('{"reward": 1.0}\n' * 5)
@@ -204,6 +208,7 @@ def test_outputs_that_cannot_or_must_not_be_written(setup, capsys):
     assert setup["qs"].read_text().splitlines() == QUESTIONS
 
 
+@pytest.mark.e2e
 def test_read_only_folder_is_reported_before_any_work(setup, capsys, monkeypatch):
     """Tests run as root, whom permissions do not stop: the probe's failure is simulated."""
     import tempfile
@@ -239,6 +244,7 @@ def test_train_arguments_may_be_intermixed():
     assert parse_args(["train", "c.yaml"]).overrides == []
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("argv", [
     ["train", CONFIG, "--no-progress", "optimizer.bogus=1"],
     ["train", "--no-progress", CONFIG, "optimizer.bogus=1"],
@@ -250,6 +256,7 @@ def test_intermixed_train_reaches_the_config_check(argv, capsys):
     fails_with_one_line(argv, capsys, "unknown key 'optimizer.bogus'")
 
 
+@pytest.mark.e2e
 def test_a_config_with_a_byte_order_mark_is_read(tmp_path, capsys):
     bom = tmp_path / "bom.yaml"
     bom.write_bytes(codecs.BOM_UTF8 + f"base: {CONFIG}\n".encode())
@@ -281,6 +288,7 @@ def _train_bad_cases(tmp):
     ]
 
 
+@pytest.mark.e2e
 def test_bad_train_invocations(tmp_path, capsys):
     cases = _train_bad_cases(tmp_path)
     for argv, names in cases:
@@ -304,6 +312,7 @@ def tiny(folders, rows):  # noqa: F811 (the fixtures of test_cli_score)
     return {k: v for k, v in folders.items() if k != "nli"}, rows[0][:6], rows[1][:6]
 
 
+@pytest.mark.e2e
 def test_byte_order_marks_and_upper_case_suffixes_are_read(tiny, tmp_path, capsys):
     models, situations, questions = tiny
     table = tmp_path / "PAIRS.CSV"  # Excel: "CSV UTF-8", upper-case suffix, CRLF
@@ -320,6 +329,7 @@ def test_byte_order_marks_and_upper_case_suffixes_are_read(tiny, tmp_path, capsy
     assert records[0]["question_at"].endswith("PAIRS.CSV:2")
 
 
+@pytest.mark.e2e
 def test_line_separators_inside_a_line_do_not_shift_rows(tiny, tmp_path, capsys):
     models, situations, questions = tiny
     odd = list(situations)
@@ -331,6 +341,7 @@ def test_line_separators_inside_a_line_do_not_shift_rows(tiny, tmp_path, capsys)
     assert len(out.read_text(encoding="utf-8").splitlines()) == len(questions)
 
 
+@pytest.mark.e2e
 def test_a_very_long_line_is_truncated_and_counted(tiny, tmp_path, capsys):
     """A 300,000-character situation is cut to --max-input-length tokens, counted, not refused."""
     models, situations, questions = tiny
@@ -345,6 +356,7 @@ def test_a_very_long_line_is_truncated_and_counted(tiny, tmp_path, capsys):
     assert len(out.read_text().splitlines()) == len(questions)
 
 
+@pytest.mark.e2e
 def test_overwrite_replaces_an_earlier_longer_run_whole(tiny, tmp_path, capsys):
     models, situations, questions = tiny
     sit = write_lines(tmp_path / "s.txt", situations)
@@ -361,6 +373,7 @@ def test_overwrite_replaces_an_earlier_longer_run_whole(tiny, tmp_path, capsys):
     run_ok(args_for(models, sit, qs, empty), capsys)
 
 
+@pytest.mark.e2e
 def test_a_failed_write_is_one_line_and_leaves_the_earlier_file(tiny, tmp_path, capsys,
                                                                 monkeypatch):
 
@@ -373,7 +386,7 @@ def test_a_failed_write_is_one_line_and_leaves_the_earlier_file(tiny, tmp_path, 
     def disk_full(path, data):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(score_command, "atomic_write_bytes", disk_full)  # the writer of --out
+    monkeypatch.setattr(command, "atomic_write_bytes", disk_full)  # the writer of --out
     fails_with_one_line(args_for(models, sit, qs, out, "--overwrite"), capsys, out,
                         "No space left on device")
     assert out.read_text() == "earlier\n"
@@ -395,6 +408,7 @@ def _kill_on_call(monkeypatch, kill_at: int | None) -> list:
     return calls
 
 
+@pytest.mark.e2e
 def test_a_killed_run_resumes_at_its_first_unfinished_chunk(folders, rows, tmp_path, capsys,
                                                             monkeypatch):
     models = {k: v for k, v in folders.items() if k != "nli"}
@@ -417,6 +431,7 @@ def test_a_killed_run_resumes_at_its_first_unfinished_chunk(folders, rows, tmp_p
     assert not partial.exists()
 
 
+@pytest.mark.e2e
 def test_chunks_of_other_inputs_are_not_reused(folders, rows, tmp_path, capsys, monkeypatch):
     models = {k: v for k, v in folders.items() if k != "nli"}
     sit = write_lines(tmp_path / "s.txt", rows[0])

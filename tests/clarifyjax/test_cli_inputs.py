@@ -12,11 +12,12 @@ import pytest
 
 from clarifyjax import cli
 from clarifyjax.config.loader import ConfigError
-from conftest import REPO_ROOT, shared_data
+from helpers.env import REPO_ROOT, shared_data
 
 TINY_SFT = REPO_ROOT / "configs" / "sft_question_tiny.yaml"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("items", [
     ["run.steps=2", "run.steps=3"],
     ["run.steps=2", "run.steps=2"],            # even the same value: one was typed by mistake
@@ -32,6 +33,7 @@ def test_train_refuses_an_override_given_twice(items, capsys):
     assert len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.e2e
 def test_in_code_overrides_compose_and_every_command_line_refuses_a_repeat(tmp_path, capsys):
     """Overrides composed in code apply in order (a helper's defaults, then the caller's: the
     later wins); a key typed twice on a command line is refused."""
@@ -71,6 +73,7 @@ def test_score_questions_refuses_an_item_given_twice(tmp_path):
         reward_config(args)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("argv, message", [
     (["--help"], None),
     (["-h"], None),
@@ -144,6 +147,7 @@ def sage_run_config(tmp_path, **over) -> dict:
             "models": [{"name": "m1", "generator": local}], **over}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("cell, message", [
     ("", "'paraphrased' is empty"),
     ("   ", "'paraphrased' is empty"),
@@ -173,6 +177,7 @@ def test_a_paraphrase_file_with_an_empty_paraphrase_is_refused_before_any_work(t
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("out, message", [("FILE", "is a file; give a folder"),
                                           ("FILE/run", "is a file, not a folder"),
                                           ("/dev/null", "is not a folder")])

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import REPO_ROOT, require
+from helpers.env import REPO_ROOT, require
 
 
 def test_find_data_falls_back_to_the_examples(tmp_path, monkeypatch):
@@ -34,17 +34,18 @@ def test_example_files_are_small_and_readable():
     assert {r["class"] for r in judge.rows} == {"-1", "0", "1"}
 
 
+@pytest.mark.reference
 def test_demo_tokenizer_reads_delphi_classes(tmp_path):
     """The demo's SentencePiece model has no "<": the judge's prefix is `▁ <unk> class >` (as
     Delphi's in T5's vocabulary) and each class token is one piece after it."""
     from clarifyjax import demo
-    from clarifyjax.reward import judge as delphi
+    from clarifyjax.reward import judge
     from clarifyjax.text.tokenizer import Tokenizer
 
     folder = demo.train_tokenizer(demo.corpus(REPO_ROOT / "examples" / "delta-clarify"),
                                   tmp_path / "tok")
     tok = Tokenizer.from_pretrained(folder)
-    prefix, classes = delphi.class_token_ids(tok, "<class>", ("-1", "0", "1"),
+    prefix, classes = judge.class_token_ids(tok, "<class>", ("-1", "0", "1"),
                                              vocab_size=demo.MODEL_VOCAB)
     assert len(prefix) == 4 and prefix[1] == tok.unk_id and len(set(classes)) == 3
     assert tok.vocab_size <= demo.MODEL_VOCAB
@@ -56,6 +57,8 @@ def test_demo_tokenizer_reads_delphi_classes(tmp_path):
     assert (tok.encode_batch(texts, 48)[0] == tf_tok.encode_batch(texts, 48)[0]).all()
 
 
+@pytest.mark.reference
+@pytest.mark.child
 @pytest.mark.slow
 def test_demo_runs_end_to_end(tmp_path):
     """The whole demo with --quick (6 SFT steps per model, 3 PPO steps) on examples/: every

@@ -28,10 +28,10 @@ from clarifyjax.reward import nli
 from clarifyjax.rl import ppo
 
 from clarifyjax.rl import rollout
-from clarifyjax.text import formats as text_lib
+from clarifyjax.text import formats
 from clarifyjax.config import load_config
 from clarifyjax.decoding.seq2seq import GeneratedText, Seq2SeqSampling
-from conftest import REPO_ROOT, require
+from helpers.env import REPO_ROOT, require
 from helpers.tiny_models import tiny_spm_folder
 from helpers import markdown_table
 
@@ -51,7 +51,7 @@ def presets():
 
 def table_rows(path: Path | None = None) -> list[dict[str, str]]:
     """The rows of the first table in `path` (default: docs/fidelity.md; the SaGE table after it is
-    tests/test_sage_fidelity.py's), as {column: cell}."""
+    tests/sage_jax/test_fidelity.py's), as {column: cell}."""
     return markdown_table.table_rows((path or DOC).read_text(encoding="utf-8").splitlines(), 0, COLUMNS)
 
 
@@ -124,8 +124,8 @@ def _whitening_scope():
 
 
 def _prefix_in_judge_and_fusion():
-    judged = text_lib.judge_input("question: lying to a friend")
-    fused = text_lib.fusion_input("question: lying to a friend", "Why?", "to save a life")
+    judged = formats.judge_input("question: lying to a friend")
+    fused = formats.fusion_input("question: lying to a friend", "Why?", "to save a life")
     leaked = "question:" in judged or "question:" in fused
     return "leaked" if leaked else "stripped"
 
@@ -266,7 +266,7 @@ class _StubJudge:
         return ["it's wrong"] * len(texts)
 
     def class_probabilities(self, texts, *, allow_empty=False):
-        inputs = [text_lib.judge_input(t, allow_empty=allow_empty) for t in texts]
+        inputs = [formats.judge_input(t, allow_empty=allow_empty) for t in texts]
         self.inputs.append(inputs)
         weights = np.array([[1.0 + len(t) % 3, 1.0 + len(t) % 5, 1.0 + len(t) % 7] for t in inputs])
         return (weights / weights.sum(-1, keepdims=True)).astype(np.float32)
@@ -312,6 +312,7 @@ def test_reward_pipeline_runs_each_preset_as_its_rows_say(presets, name):
     np.testing.assert_allclose(out.raw_reward[0], out.jsd[0])
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_answer_sampling_filter_equals_transformers_warpers(presets, name):
     """Our filter at each preset's answer settings keeps the tokens, with the logits, that
@@ -342,6 +343,7 @@ def test_answer_sampling_filter_equals_transformers_warpers(presets, name):
 # --------------------------------------------------------------------------- Adam
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_adam_steps_equal_the_originals_torch_adam(presets, name):
     """Three steps with gradients of 1e-6 (where eps dominates the denominator): each preset's
@@ -351,13 +353,13 @@ def test_adam_steps_equal_the_originals_torch_adam(presets, name):
     import jax.numpy as jnp
     import optax
 
-    from clarifyjax.training import programs as optim  # the optimizer lives with the programs
+    from clarifyjax.training import programs
 
     cfg = presets[name].optimizer
     grads = [np.full(4, 1e-6, np.float32) * (k + 1) for k in range(3)]
     param = torch.nn.Parameter(torch.zeros(4))  # at 0 float32 resolves steps of 1e-6
     adam = torch.optim.Adam([param], lr=1e-5, eps=1e-5)
-    tx = optim.make_optimizer(cfg, total_steps=10)
+    tx = programs.make_optimizer(cfg, total_steps=10)
     ours = jnp.zeros(4)
     state = tx.init(ours)
     for g in grads:
@@ -366,7 +368,7 @@ def test_adam_steps_equal_the_originals_torch_adam(presets, name):
         updates, state = tx.update(jnp.asarray(g), state, ours)
         ours = optax.apply_updates(ours, updates)
     np.testing.assert_allclose(np.asarray(ours), param.detach().numpy(), rtol=1e-5)
-    default = optim.make_optimizer(type(cfg)(name="adam", lr=1e-5, max_grad_norm=0.0), 10)
+    default = programs.make_optimizer(type(cfg)(name="adam", lr=1e-5, max_grad_norm=0.0), 10)
     moved, state = jnp.zeros(4), default.init(jnp.zeros(4))
     for g in grads:
         updates, state = default.update(jnp.asarray(g), state, moved)
@@ -377,6 +379,7 @@ def test_adam_steps_equal_the_originals_torch_adam(presets, name):
 # --------------------------------------------------------------------------- class tokens
 
 
+@pytest.mark.reference
 def test_minus_one_not_one_piece_is_refused_where_the_original_read_unk(tmp_path_factory):
     """A SentencePiece vocabulary without the piece "-1": HF's `convert_tokens_to_ids("-1")`
     (model/delphi.py:71) returns the <unk> id, so the original would read P(<unk>) as P(bad);

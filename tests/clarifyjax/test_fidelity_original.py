@@ -1,6 +1,6 @@
 """The five differences between the original ClarifyDelphi and the `_original` preset that
 docs/fidelity.md once missed (issue 24), each checked against both resolved presets, so that a
-preset changed without its row (tests/test_fidelity.py checks the rows) fails here too:
+preset changed without its row (tests/clarifyjax/test_fidelity.py checks the rows) fails here too:
 
 * reward whitening at padding: the original's computation (utils/utils.py `whiten`, main.py's GAE
   loop, transcribed in numpy) changes a question's advantages with the padding after it; ours does
@@ -26,14 +26,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from clarifyjax import data as data_lib
+from clarifyjax import data
 from clarifyjax.config import load_config
-from clarifyjax.core import sharding as sharding_lib
+from clarifyjax.core import sharding
 from clarifyjax.rl import ppo
-from clarifyjax.text import formats as text_lib
+from clarifyjax.text import formats
 from clarifyjax.training import builders
-from clarifyjax.training import loops as train
-from conftest import REPO_ROOT, require
+from clarifyjax.training import loops
+from helpers.env import REPO_ROOT, require
 from helpers.tiny_models import tiny_nli_folder, tiny_spm_folder, tiny_t5_folder
 
 PRESETS = {"original": REPO_ROOT / "configs" / "ppo_t5_large_original.yaml",
@@ -137,6 +137,7 @@ def folders(tmp_path_factory):
             "nli": tiny_nli_folder(tmp_path_factory, seed=14)}
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_each_models_precision_reaches_its_lowered_program(presets, folders, name):
     from clarifyjax.models.encoder import SequenceClassifier
@@ -177,7 +178,7 @@ class _StubSampler:
     0.5, and row i of a batch has 1 + i % 4 tokens."""
 
     def __init__(self):
-        self.mesh = sharding_lib.make_mesh(sharding_lib.MeshConfig(data=1),
+        self.mesh = sharding.make_mesh(sharding.MeshConfig(data=1),
                                            devices=jax.devices()[:1])
         self.greedy = []
 
@@ -205,15 +206,15 @@ def test_evaluation_runs_as_each_preset_says(presets, spm, name):
     from clarifyjax.training.ppo_eval import evaluate_ppo
 
     cfg = presets[name]
-    due = [s for s in range(2003) if train._eval_due(s, cfg)]
+    due = [s for s in range(2003) if loops._eval_due(s, cfg)]
     assert due == {"original": [1, 1001, 2001], "ours": [0, 1000, 2000]}[name]
-    assert train._eval_due(cfg.run.steps, cfg) == (name == "ours")  # 6000: not 1 + k * 1000
-    _, dev = data_lib.load_ppo_situations(cfg.data)
+    assert loops._eval_due(cfg.run.steps, cfg) == (name == "ours")  # 6000: not 1 + k * 1000
+    _, dev = data.load_ppo_situations(cfg.data)
     assert len(dev) == 500  # all of dev.tsv's unique situations, in both
     assert cfg.data.dev_situations == {"original": None, "ours": 500}[name]
 
     sampler = _StubSampler()
-    dataset = data_lib.situation_dataset(dev[:5], spm, 32)
+    dataset = data.situation_dataset(dev[:5], spm, 32)
     metrics = evaluate_ppo(sampler, None, None, dataset, batch_size=4,
                            normalizer=RewardNormalizer(gain=1.0, bias=0.0),
                            key=jax.random.key(0), samples=cfg.ppo.eval_samples)
@@ -227,19 +228,20 @@ def test_evaluation_runs_as_each_preset_says(presets, spm, name):
 # --------------------------------------------------------------------------- text between models
 
 
+@pytest.mark.reference
 def test_clean_up_tokenization_is_transformers():
     transformers = require("transformers")
     theirs = transformers.PreTrainedTokenizerBase.clean_up_tokenization
     for text in ("Why ?", "a , b . c ! d ' e", "I can n't , it 's", "you 're , I 've , I 'm",
                  "Is it ok?", " ?? .. ", "don 't", ""):
-        assert text_lib.clean_up_tokenization(text) == theirs(None, text), text
+        assert formats.clean_up_tokenization(text) == theirs(None, text), text
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_reward_models_read_the_text_each_preset_says(presets, spm, name):
     cfg = presets[name]
     models = builders.PPOModels(*[None] * len(builders.PPOModels._fields))
-    sampler = train._sampler(cfg, spm, models, lambda situations, questions: None, None)
+    sampler = loops._sampler(cfg, spm, models, lambda situations, questions: None, None)
     question = "why would you do that ?"
     ids, _ = spm.encode_batch([question], 32)
     assert spm.decode_batch(ids) == [question]  # the tokenizer keeps the space before "?"
@@ -247,8 +249,8 @@ def test_reward_models_read_the_text_each_preset_says(presets, spm, name):
     assert sampler.decode(ids) == [cleaned]
 
     situation = "helping a friend , even if it costs me"
-    dataset = data_lib.situation_dataset([situation], spm, 32)
-    batch = next(data_lib.eval_batches(dataset, 1))
+    dataset = data.situation_dataset([situation], spm, 32)
+    batch = next(data.eval_batches(dataset, 1))
     read = {"original": "helping a friend, even if it costs me", "ours": situation}[name]
     assert sampler.situations(batch, dataset.texts["situation"]) == [read]
 
@@ -276,7 +278,7 @@ def test_value_head_starts_as_each_preset_says(presets, name):
 
 
 def test_training_situations_without_a_period_as_the_table_says(presets):
-    train_situations, _ = data_lib.load_ppo_situations(presets["original"].data)
+    train_situations, _ = data.load_ppo_situations(presets["original"].data)
     missing = sum(not s.endswith(".") for s in train_situations)
     assert (missing, len(train_situations)) == (2298, 5431)
     doc = (REPO_ROOT / "docs" / "fidelity.md").read_text(encoding="utf-8")

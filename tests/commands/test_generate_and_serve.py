@@ -30,11 +30,11 @@ import urllib.request
 
 import pytest
 
-from conftest import REPO_ROOT, require
+from helpers.env import REPO_ROOT, require
 from helpers.compile_cache import inherited_xla_flags
 from helpers.tiny_models import tiny_llama_folder
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.child, pytest.mark.reference]
 
 PROMPTS = ["My friend lied to me about it", "Is it ok to cheat on a test",
            "Helping a stranger in the rain", "Breaking a promise to my sister",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT, require, shared_data
+from helpers.env import REPO_ROOT, require, shared_data
 from helpers.compile_cache import inherited_xla_flags
 
 README = REPO_ROOT / "README.md"
@@ -87,7 +87,7 @@ def test_every_shell_block_is_run_or_says_why_not():
     for b in blocks:
         # a ```sh or unlabeled block would escape the test below
         assert b["lang"] in ("bash", "python"), f"README.md:{b['line']}: ```{b['lang']} block " \
-            "(write shell commands as ```bash so that tests/test_readme.py runs them)"
+            "(write shell commands as ```bash so that tests/commands/test_readme.py runs them)"
         if b["lang"] == "bash" and b["not_run"] is not None:
             assert len(b["not_run"]) > 5, f"README.md:{b['line']}: say why it is not run"
     bash = [b for b in blocks if b["lang"] == "bash"]
@@ -156,6 +156,8 @@ def readme_work(tmp_path_factory):
     return {"work": work, "env": _env(tmp_path), "ran": [], "failed": None}
 
 
+@pytest.mark.reference
+@pytest.mark.child
 @pytest.mark.slow
 @pytest.mark.parametrize("block", _runnable(), ids=lambda b: _block_id(b))
 def test_readme_block_runs(readme_work, block):
@@ -180,6 +182,7 @@ def test_readme_block_runs(readme_work, block):
     state["ran"].append(key)
 
 
+@pytest.mark.reference
 @pytest.mark.slow
 def test_readme_outputs_are_as_the_readme_says(readme_work):
     """What the Outputs section says about the files the blocks above wrote."""

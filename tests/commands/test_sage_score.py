@@ -15,7 +15,9 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT, require, shared_data
+from helpers.env import REPO_ROOT, require, shared_data
+
+pytestmark = pytest.mark.child
 
 DEMO = REPO_ROOT / "examples" / "sage_demo.jsonl"
 
@@ -61,6 +63,7 @@ def two_models(tmp_path_factory):
     return out, other, proc, rows
 
 
+@pytest.mark.reference
 def test_outputs_table_and_summary(two_models):
     out, other, proc, rows = two_models
     summary = json.loads((out / "summary.json").read_text())
@@ -87,6 +90,7 @@ def test_outputs_table_and_summary(two_models):
     assert not list(out.glob(".*"))  # no temporary files left behind
 
 
+@pytest.mark.reference
 def test_sage_matches_sentence_transformers_and_numpy(two_models):
     out, _, _, rows = two_models
     st = require("sentence_transformers")

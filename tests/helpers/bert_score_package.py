@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from conftest import require
+from helpers.env import require
 
 
 @contextlib.contextmanager

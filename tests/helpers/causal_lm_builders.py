@@ -88,3 +88,17 @@ def left_padded(rows, length: int | None = None, pad: int = 0):
     for i, r in enumerate(rows):
         ids[i, length - len(r):], mask[i, length - len(r):] = r, 1
     return ids, mask
+
+
+MAX_NEW = 8  # the new tokens of the sharded tests' `generate` calls
+
+
+def batches():
+    """(ids, mask) [8, 12] for the logits; (ids, mask) [16, <= 9] prompts and (ids, mask)
+    [16, <= 7] targets for `score` and `generate`; a prefix of 7 tokens."""
+    rng = np.random.RandomState(0)
+    logits_batch = right_padded(prompts(rng, [1, 5, 12, 3, 9, 7, 10, 4]), 12)
+    ids, mask = right_padded(prompts(rng, [3, 9, 1, 7, 6, 2, 9, 5, 4, 8, 2, 6, 1, 3, 7, 5]))
+    targets, target_mask = right_padded(prompts(rng, [4, 1, 6, 2, 3, 5, 1, 2, 7, 3, 4, 1, 5, 2,
+                                                      6, 3]))
+    return logits_batch, (ids, mask), (targets, target_mask), prompts(rng, [7])[0]

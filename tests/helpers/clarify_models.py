@@ -2,10 +2,9 @@
 test_interact, test_web): a question generator, an answerer, a fusion model, a judge and an NLI
 filter, all drawn with `initializer_factor=3.0` so that their outputs depend on their inputs (a
 judge whose probabilities move when the situation changes). Lengths are short, to keep the
-tests fast. `models_yaml` is a pytest fixture: import it into the test module."""
+tests fast. The fixture `models_yaml` (tests/clarifyjax/app/conftest.py) writes it."""
 from __future__ import annotations
 
-import pytest
 import yaml
 
 from clarifyjax.app.clarifier import StepResult
@@ -32,12 +31,6 @@ def tiny_folders(root) -> dict:
                 fusion=tiny_t5_folder(root, family="v1.1", seed=12, initializer_factor=3.0),
                 judge=tiny_t5_folder(root, seed=33, initializer_factor=3.0),
                 nli=tiny_nli_folder(root, seed=14))
-
-
-@pytest.fixture(scope="module")
-def models_yaml(tmp_path_factory):
-    folders = tiny_folders(tmp_path_factory)
-    return write_models_yaml(tmp_path_factory.mktemp("models") / "models.yaml", folders)
 
 
 class FakeClarifier:

@@ -18,7 +18,7 @@ below the limit, and the scan cost 0.7 s per write at a few thousand entries).
 
 The run also compiles with XLA's backend optimization level 0 (in ``TEST_XLA_FLAGS``, added to
 ``XLA_FLAGS``, which children inherit: `inherited_xla_flags`): the tests' models are tiny, so
-compiling is most of their time and running them very little. Measured on tests/test_sft.py
+compiling is most of their time and running them very little. Measured on tests/clarifyjax/training/test_sft.py
 (one process, a fresh cache): 155 s of CPU at the default level, 94 s at level 0; a tiny T5
 decoding loop compiles in 1.2 s instead of 3.1 s and runs in 0.13 s instead of 0.07 s. The
 level changes no result beyond float rounding (no LLVM fast-math either way), which the tests'

@@ -1,5 +1,6 @@
-"""Tiny SFT runs to resume (tests/test_resume_safety.py, tests/test_damaged_checkpoints.py), and
-`forget_record` (test_train_errors, test_resume).
+"""Tiny SFT runs to resume (tests/clarifyjax/training/test_run_record.py and
+test_checkpointing_damaged.py), and `forget_record` (training/test_command.py,
+multiprocess/test_resume.py).
 
 The model is a random 1+1-layer T5 Hugging Face folder (d_model 32; loading one compiles nothing),
 trained for 2 steps of 8 rows of the shared dev.tsv, with a synchronous checkpoint after each step
@@ -40,9 +41,9 @@ def sft_config(run_dir, model, *overrides):
 
 
 def train(cfg):
-    from clarifyjax.training import loops as train_lib
+    from clarifyjax.training import loops
 
-    return train_lib.train_sft(cfg, tensorboard=False, progress=False, export=False)
+    return loops.train_sft(cfg, tensorboard=False, progress=False, export=False)
 
 
 def base_run(tmp_path_factory) -> tuple[Path, Path]:
@@ -79,7 +80,7 @@ def committed_steps(run_dir: Path) -> list[int]:
 def forget_record(run_dir, *, keep_config_yaml: bool = False) -> None:
     """Make the run look like one saved before checkpoints recorded their config (and, unless
     `keep_config_yaml`, before config.yaml): the settings check (`run_record`,
-    tests/test_resume_safety.py) would refuse another model by its key first; without a record,
+    tests/clarifyjax/training/test_run_record.py) would refuse another model by its key first; without a record,
     the shape check is what stops the resume."""
     if not keep_config_yaml:
         (run_dir / "config.yaml").unlink()

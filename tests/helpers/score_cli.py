@@ -1,12 +1,10 @@
-"""Inputs of `clarifyjax score-questions` for the CLI tests (test_cli_score, test_cli_reliability):
-the tiny random models of test_reward_pipeline (same seeds, so a session builds them once), the
-first rows of δ-CLARIFY dev.tsv, and the command line. `folders` and `rows` are pytest fixtures:
-import them into the test module."""
+"""Inputs of `clarifyjax score-questions` for the CLI tests (clarifyjax/test_cli.py,
+clarifyjax/reward/test_command.py): the tiny random models of reward/test_pipeline.py (same seeds,
+so a session builds them once), the first rows of δ-CLARIFY dev.tsv, and the command line. The
+fixtures `folders` and `rows` (tests/clarifyjax/conftest.py) call these."""
 from __future__ import annotations
 
 import csv
-
-import pytest
 
 from helpers.env import shared_data
 from helpers.tiny_models import tiny_nli_folder, tiny_t5_folder
@@ -14,8 +12,7 @@ from helpers.tiny_models import tiny_nli_folder, tiny_t5_folder
 N = 12  # with --batch-size 8: two chunks of 6 rows, the same shapes
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
+def model_folders(tmp_path_factory) -> dict:
     return dict(
         answerer=tiny_t5_folder(tmp_path_factory, seed=21, initializer_factor=3.0),
         fusion=tiny_t5_folder(tmp_path_factory, family="v1.1", seed=12, initializer_factor=3.0),
@@ -23,8 +20,7 @@ def folders(tmp_path_factory):
         nli=tiny_nli_folder(tmp_path_factory, seed=14))
 
 
-@pytest.fixture(scope="module")
-def rows():
+def dev_rows() -> tuple[list[str], list[str]]:
     with open(shared_data("delta-clarify/dev.tsv"), newline="", encoding="utf-8") as f:
         data = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[:N]
     return [r["situation"] for r in data], [r["question"] for r in data]

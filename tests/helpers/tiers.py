@@ -1,32 +1,22 @@
-"""Test tiers by cost: markers derived from the source, each test's time, and the time budgets.
+"""Test tiers by cost: the markers a folder gives its tests, each test's time, and the budgets.
 
-A test is marked when its own source, the source of the fixtures it requests (from tests/, through
-their own fixtures) or of the test module's helper functions it calls (two calls deep) matches a
-tier's pattern. The markers only select: `make test` runs every test whatever its marks.
+Every test in tests/multiprocess/ is `child` (starts processes) and every test in tests/commands/
+is `e2e` (runs a whole command); elsewhere a test carries these markers, and `reference` (compares
+with PyTorch or a reference package), explicitly. The markers only select: `make test` runs every
+test whatever its marks.
 """
 from __future__ import annotations
 
-import inspect
 import json
 import os
-import re
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[1]
+import pytest
 
-PATTERNS = {
-    # starts a process: a child Python, fake devices, a launcher, a browser, a server process
-    "child": re.compile(r"\b(run_child|run_with_fake_devices|run_processes|run_launcher|subprocess|"
-                        r"Popen|multiprocessing|start_browser|webdriver|chromium)\b"),
-    # runs a whole command: the CLIs' main, the demo, the README's commands
-    "e2e": re.compile(r"\b(cli\.main|sage_cli\.main|main\(\[|run_cli|run_score_cli|demo\.main|"
-                      r"readme_blocks|score_cli)\b|-m clarifyjax|\"clarifyjax\", \""),
-    # compares with a reference implementation: PyTorch, transformers' models, reference packages
-    "reference": re.compile(r"\b(torch|bert_score|sentence_transformers|tensorflow_text|rouge_score|"
-                            r"nltk|scipy|krippendorff|lm_eval|sage_reference|bert_score_package|"
-                            r"require\(|AutoModel\w*|\w+For(CausalLM|ConditionalGeneration|"
-                            r"SequenceClassification|QuestionAnswering))\b"),
-}
+TESTS = Path(__file__).resolve().parents[1]
+# tests/<folder>/... -> the marker each of its tests gets
+FOLDER_MARKERS = {"multiprocess": "child", "commands": "e2e"}
+
 # Seconds a single test may take (setup, call and teardown together) in each tier; a test in
 # several tiers gets the largest. `slow` tests have the largest budget.
 BUDGETS = {"fast": 30.0, "reference": 120.0, "child": 180.0, "e2e": 240.0, "slow": 420.0}
@@ -35,65 +25,11 @@ _durations: dict[str, float] = {}
 _marks: dict[str, list[str]] = {}
 
 
-def _source(obj) -> str:
-    try:
-        return inspect.getsource(obj)
-    except (OSError, TypeError):
-        return ""
-
-
-def _in_tests(obj) -> bool:
-    try:
-        return Path(inspect.getsourcefile(obj) or "").resolve().is_relative_to(TESTS)
-    except TypeError:
-        return False
-
-
-def _fixture_sources(item) -> list[str]:
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None:
-        return []
-    sources = []
-    for name in info.names_closure:
-        for fixturedef in info.name2fixturedefs.get(name, ()):
-            if _in_tests(fixturedef.func):
-                sources.append(_source(fixturedef.func))
-    return sources
-
-
-def _called_helpers(source: str, module, depth: int = 2) -> list[str]:
-    """The sources of the test module's own functions that `source` calls, `depth` calls deep."""
-    found, frontier = [], [source]
-    seen: set[str] = set()
-    for _ in range(depth):
-        nxt = []
-        for text in frontier:
-            for name in set(re.findall(r"\b([A-Za-z_]\w*)\(", text)) - seen:
-                fn = getattr(module, name, None)
-                if inspect.isfunction(fn) and _in_tests(fn) and not name.startswith("test_"):
-                    seen.add(name)
-                    nxt.append(_source(fn))
-        found += nxt
-        frontier = nxt
-    return found
-
-
-def tiers_of(item) -> list[str]:
-    fn = getattr(item, "function", None)
-    own = _source(fn) if fn is not None else ""
-    texts = [own, *_fixture_sources(item)]
-    texts += _called_helpers("\n".join(texts), getattr(item, "module", None))
-    text = "\n".join(texts)
-    return [tier for tier, pattern in PATTERNS.items() if pattern.search(text)]
-
-
 def mark_items(items) -> None:
-    import pytest
-
     for item in items:
-        for tier in tiers_of(item):
-            if tier not in {m.name for m in item.iter_markers()}:
-                item.add_marker(getattr(pytest.mark, tier))
+        folder = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        if folder in FOLDER_MARKERS:
+            item.add_marker(getattr(pytest.mark, FOLDER_MARKERS[folder]))
         _marks[item.nodeid] = sorted({m.name for m in item.iter_markers()} & (set(BUDGETS) - {"fast"}))
         item.user_properties.append((TIERS_PROPERTY, _marks[item.nodeid]))
 

@@ -26,23 +26,23 @@ import jax, jax.numpy as jnp, numpy as np, optax
 from flax import nnx
 from jax.experimental import multihost_utils
 from clarifyjax.models.state import split_model
-from clarifyjax.core import sharding as sh
+from clarifyjax.core import sharding
 from clarifyjax.training.checkpointing import Checkpointer, to_abstract
 from clarifyjax.models.t5 import T5, T5Config
 
 mode, ckpt_dir, out_path = sys.argv[1:4]
 if mode == "save":
-    mesh, rules = sh.make_mesh({"data": 2, "fsdp": 2, "model": 2}), sh.FSDP_RULES
+    mesh, rules = sharding.make_mesh({"data": 2, "fsdp": 2, "model": 2}), sharding.FSDP_RULES
 elif jax.device_count() == 1:
-    mesh, rules = sh.make_mesh({"data": 1}), sh.DEFAULT_RULES
+    mesh, rules = sharding.make_mesh({"data": 1}), sharding.DEFAULT_RULES
 else:
-    mesh, rules = sh.make_mesh({"data": 1, "fsdp": -1, "model": 1}), sh.FSDP_RULES
+    mesh, rules = sharding.make_mesh({"data": 1, "fsdp": -1, "model": 1}), sharding.FSDP_RULES
 config = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
                   relative_attention_num_buckets=8, relative_attention_max_distance=32,
                   dropout_rate=0.0, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
 seed = 0 if mode == "save" else 7  # a restore must overwrite every value
 _, params = split_model(
-    sh.create_sharded(lambda: T5(config, rngs=nnx.Rngs(seed)), mesh, rules))
+    sharding.create_sharded(lambda: T5(config, rngs=nnx.Rngs(seed)), mesh, rules))
 tx = optax.adam(1e-2)
 
 @jax.jit

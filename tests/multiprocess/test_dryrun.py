@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import shared_data
+from helpers.env import shared_data
 from helpers.children import run_with_fake_devices
 
 MiB = 2 ** 20
@@ -113,7 +113,7 @@ SAME_PROGRAM = r'''
 import hashlib, json, sys
 import numpy as np
 from clarifyjax.training import dryrun
-from clarifyjax.training import loops as train
+from clarifyjax.training import loops
 from clarifyjax.config import load_config
 
 spm, out, train_tsv, dev_tsv = sys.argv[1:5]
@@ -130,7 +130,7 @@ sft = model + data + ["data.batch_size=8", "data.train_rows=64", "data.dev_rows=
                       "optimizer.grad_accum=2", "optimizer.label_smoothing=0.1"] + run
 dry = dryrun.main("configs/sft_question_tiny.yaml", sft + ["dryrun.check_models=false"],
                   say=lambda _: None)
-real = train.train_sft(load_config("configs/sft_question_tiny.yaml", sft + [
+real = loops.train_sft(load_config("configs/sft_question_tiny.yaml", sft + [
     f"model.tokenizer={spm}", f"run.output_dir={out}/sft"]),
     tensorboard=False, progress=False, export=False)
 hashes["sft"] = (dry["compiled"]["lowered_sha256"], sha(real["program"].lowered_text()))
@@ -142,7 +142,7 @@ ppo = policy + data + ["ppo.batch_size=8", "ppo.minibatches=2", "ppo.max_questio
                        "ppo.adaptive_kl=true", "data.dev_situations=8", "normalizer.fit=false",
                        "normalizer.fit_batches=8"] + run
 dry = dryrun.main("configs/ppo_tiny.yaml", ppo + ["dryrun.check_models=false"], say=lambda _: None)
-real = train.train_ppo(load_config("configs/ppo_tiny.yaml", ppo + [
+real = loops.train_ppo(load_config("configs/ppo_tiny.yaml", ppo + [
     f"policy.tokenizer={spm}", f"run.output_dir={out}/ppo"]),
     reward_fn=lambda s, q: np.zeros(len(q)), tensorboard=False, progress=False, export=False)
 hashes["ppo"] = (dry["compiled"]["lowered_sha256"], sha(real["program"].lowered_text()))
@@ -155,7 +155,7 @@ write_result(hashes)
 def test_dry_run_lowers_the_program_of_the_first_real_step(tmp_path_factory, tmp_path):
     """On 2 fake devices (mesh data=2) with batches padded to the full lengths (one length
     bucket), the dry run of configs/sft_question_tiny.yaml and configs/ppo_tiny.yaml lowers the
-    same StableHLO text as the first step `train.train_sft` / `train.train_ppo` runs: the same
+    same StableHLO text as the first step `loops.train_sft` / `loops.train_ppo` runs: the same
     state, shardings, batch layout, loss options (label smoothing, dropout, KL controller) and
     jitted function. (Tiny 1 + 1-layer models: the comparison does not depend on the depth.)"""
     from helpers.tiny_models import tiny_spm_folder

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from helpers.env import REPO_ROOT
 from helpers.children import clean_env, run_launcher
 
 LAUNCH = REPO_ROOT / "launch"
@@ -46,15 +46,15 @@ def test_scripts_parse_and_are_executable(script):
 # ------------------------------------------------------------------- local_multiprocess.sh
 
 PSUM_COMMAND = r'''
-from clarifyjax.core import distributed as dist
+from clarifyjax.core import distributed
 from clarifyjax.files.child_result import write_result
-launch = dist.initialize()
+launch = distributed.initialize()
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import PartitionSpec as P
-from clarifyjax.core import sharding as sh
-mesh = sh.make_mesh({"data": -1})                                  # all devices of both processes
+from clarifyjax.core import sharding
+mesh = sharding.make_mesh({"data": -1})                                  # all devices of both processes
 rows = np.full((jax.local_device_count(), 2), jax.process_index() + 1, np.float32)
-x = sh.shard_batch(rows, mesh)
+x = sharding.shard_batch(rows, mesh)
 total = jax.jit(jax.shard_map(lambda b: jax.lax.psum(b.sum(), "data"), mesh=mesh,
                               in_specs=P("data"), out_specs=P()))(x)
 write_result({"pid": jax.process_index(), "n": launch.num_processes,

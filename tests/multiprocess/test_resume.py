@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from clarifyjax.files.child_result import RESULT_FILE_ENV
-from conftest import REPO_ROOT
+from helpers.env import REPO_ROOT
 from helpers.children import child_result, clean_env
 from helpers.resume_runs import committed_steps
 
@@ -28,7 +28,7 @@ SCRIPT = textwrap.dedent("""
     import sys, time
     import jax, numpy as np
     from helpers.ppo_runs import lower_half_share, ppo_config
-    from clarifyjax.training import loops as train
+    from clarifyjax.training import loops
     from clarifyjax.training.checkpointing import Checkpointer
     from clarifyjax.files.child_result import write_result
     from clarifyjax.text.tokenizer import Tokenizer
@@ -52,7 +52,7 @@ SCRIPT = textwrap.dedent("""
     cfg = ppo_config(out, spm, steps={steps}, overrides=["run.save_every={save_every}",
                                                          "run.async_checkpointing=true",
                                                          "{layers}"])
-    result = train.train_ppo(cfg, reward_fn=slow_reward, tensorboard=False, progress=False,
+    result = loops.train_ppo(cfg, reward_fn=slow_reward, tensorboard=False, progress=False,
                              export=False)
     if not result["stopped"]:
         leaves = jax.tree_util.tree_flatten_with_path(result["state"])[0]
@@ -163,7 +163,7 @@ def test_kill_sigterm_and_resume_equal_an_uninterrupted_run(tmp_path_factory, tm
         assert ra[key] == pytest.approx(rb[key], abs=1e-6), key
 
     # the same folder with a wider policy: the checkpoint is refused, naming a tensor and shapes
-    from clarifyjax.training import loops as train
+    from clarifyjax.training import loops
     from clarifyjax.models.safetensors_io import CheckpointError
     from helpers.ppo_runs import ppo_config
 
@@ -175,5 +175,5 @@ def test_kill_sigterm_and_resume_equal_an_uninterrupted_run(tmp_path_factory, tm
     with pytest.raises(CheckpointError, match=rf"checkpoint .*/{STEPS}: '.*' has shape \(.*\) in "
                                               r"the checkpoint but the model expects .*another "
                                               r"model shape"):
-        train.train_ppo(wider, reward_fn=lambda s, q: np.zeros(len(q)), tensorboard=False,
+        loops.train_ppo(wider, reward_fn=lambda s, q: np.zeros(len(q)), tensorboard=False,
                         progress=False, export=False)

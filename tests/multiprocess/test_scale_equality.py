@@ -42,22 +42,22 @@ from clarifyjax.training import sft
 from clarifyjax.rl import policy
 from clarifyjax.models.state import split_model
 from clarifyjax.rl.value import ValueModel
-from clarifyjax.core import sharding as sh
+from clarifyjax.core import sharding
 from clarifyjax.models.t5 import T5, T5Config
 
 out_path, layout = sys.argv[1], sys.argv[2]
 if layout == "single":
-    mesh = sh.make_mesh({"data": 1, "fsdp": 1, "model": 1}, devices=jax.devices()[:1])
-    rules = sh.DEFAULT_RULES
+    mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "model": 1}, devices=jax.devices()[:1])
+    rules = sharding.DEFAULT_RULES
 else:
-    mesh = sh.make_mesh({"data": 2, "fsdp": 2, "model": 2})
-    rules = sh.FSDP_RULES
+    mesh = sharding.make_mesh({"data": 2, "fsdp": 2, "model": 2})
+    rules = sharding.FSDP_RULES
 config = T5Config(vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4,
                   relative_attention_num_buckets=8, relative_attention_max_distance=32,
                   dropout_rate=0.0, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
 
 def build(factory):
-    graphdef, params = split_model(sh.create_sharded(factory, mesh, rules))
+    graphdef, params = split_model(sharding.create_sharded(factory, mesh, rules))
     return graphdef, params
 
 pol_def, pol = build(lambda: T5(config, rngs=nnx.Rngs(0)))
@@ -66,8 +66,8 @@ val_def, val = build(lambda: ValueModel(config, rngs=nnx.Rngs(1), head_init="nor
 def place(x):
     """The whole numpy batch -> a global array split over data x fsdp (any process count)."""
     x = np.asarray(x)
-    sharding = sh.batch_sharding(mesh, x.ndim)
-    return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+    placement = sharding.batch_sharding(mesh, x.ndim)
+    return jax.make_array_from_callback(x.shape, placement, lambda idx: x[idx])
 
 rs = np.random.RandomState(0)
 B, S, T = 8, 12, 10

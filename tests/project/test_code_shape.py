@@ -1,13 +1,13 @@
 """The shape of the code: no file over 500 lines, no function over 80, and no public name defined
 in two modules of the packages (one meaning per name: `from clarifyjax... import X` is always the
-same X). Read from the source, as tests/test_layering.py reads the imports."""
+same X). Read from the source, as tests/project/test_layering.py reads the imports."""
 from __future__ import annotations
 
 import ast
 from collections import defaultdict
 from pathlib import Path
 
-from conftest import REPO_ROOT
+from helpers.env import REPO_ROOT
 
 TREES = ("clarifyjax", "sage_jax", "tests", "benchmarks", "launch")
 PACKAGES = ("clarifyjax", "sage_jax")

@@ -5,11 +5,17 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from helpers.children import run_child
 from helpers.compile_cache import TEST_XLA_FLAGS
 
+pytestmark = pytest.mark.child
+
 CHILD = """
 import os
+
+import pytest
 import jax, jax.numpy as jnp
 from jax._src import compilation_cache, lru_cache
 from clarifyjax.files.child_result import write_result

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from conftest import REPO_ROOT
+from helpers.env import REPO_ROOT
 from helpers import tiers
 
 DURATIONS = REPO_ROOT / "tests" / "durations.json"

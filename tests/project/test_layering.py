@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO_ROOT
+from helpers.env import REPO_ROOT
 
 PACKAGES = ("clarifyjax", "sage_jax")
 

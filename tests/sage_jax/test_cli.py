@@ -4,7 +4,7 @@ Every case asserts the one-line message names what is wrong (the option, the fil
 folder) and that nothing was published. `sage-jax score` runs in-process here (no subprocess, no
 model: every refusal happens before a model is loaded, which the `no_model` fixture enforces).
 test_count_of_bad_inputs counts the distinct bad inputs; the Python API's are in
-test_sage_reliability_api.py.
+test_metric_inputs.py.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import shared_data
+from helpers.env import shared_data
 from helpers.sage_files import PAIRS, pairs_file, write_csv
 from sage_jax import cli, report
 from sage_jax.data import DataError, DataWarning, pair_matrix, read_questions
@@ -69,6 +69,7 @@ BAD_OPTIONS = [
 ]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("option,value", BAD_OPTIONS)
 def test_bad_option_values_are_refused_before_any_work(tmp_path, capsys, no_model, option, value):
     src = pairs_file(tmp_path / "v.csv")
@@ -78,6 +79,7 @@ def test_bad_option_values_are_refused_before_any_work(tmp_path, capsys, no_mode
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.e2e
 def test_non_numbers_for_integer_options_name_the_option(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         score(capsys, tmp_path / "v.csv", "--out", tmp_path / "o", "--batch-size", "nan")
@@ -87,6 +89,7 @@ def test_non_numbers_for_integer_options_name_the_option(tmp_path, capsys):
 # ----------------------------------------------------------------------------- the output folder
 
 
+@pytest.mark.e2e
 def test_overwrite_replaces_the_whole_set_and_refuses_without_it(tmp_path, capsys):
     out = tmp_path / "out"
     first, second = pairs_file(tmp_path / "first.csv"), pairs_file(tmp_path / "second.csv", questions=2)
@@ -107,6 +110,7 @@ def test_overwrite_replaces_the_whole_set_and_refuses_without_it(tmp_path, capsy
     assert sorted(p.name for p in tmp_path.iterdir()) == ["first.csv", "out", "second.csv"]  # no temp folder
 
 
+@pytest.mark.e2e
 def test_an_existing_empty_folder_is_fine(tmp_path, capsys):
     (tmp_path / "out").mkdir()
     assert score(capsys, pairs_file(tmp_path / "v.csv"), *edge_args(tmp_path / "out"))[0] == 0
@@ -138,6 +142,7 @@ def bad_out_subfolder(tmp_path):
     return tmp_path / "results", "'keep' was not written by sage-jax"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("make", [bad_out_file, bad_out_under_file, bad_out_foreign, bad_out_holds_input,
                                   bad_out_subfolder])
 def test_bad_output_folders_are_refused_before_any_work(tmp_path, capsys, no_model, make):
@@ -150,6 +155,7 @@ def test_bad_output_folders_are_refused_before_any_work(tmp_path, capsys, no_mod
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before  # nothing deleted, nothing left
 
 
+@pytest.mark.e2e
 def test_an_unwritable_output_location_is_one_line(tmp_path, capsys, no_model, monkeypatch):
     """(Simulated: the tests may run as root, for whom chmod does not bite.)"""
     def denied(*a, **k):
@@ -167,6 +173,7 @@ def test_an_unwritable_output_location_is_one_line(tmp_path, capsys, no_model, m
         assert rc == 2 and "--out" in one_line_error(err)
 
 
+@pytest.mark.e2e
 def test_a_failure_while_publishing_keeps_the_earlier_results(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     assert score(capsys, pairs_file(tmp_path / "old.csv"), *edge_args(out))[0] == 0
@@ -195,6 +202,7 @@ def test_a_failure_while_publishing_keeps_the_earlier_results(tmp_path, capsys, 
 # ----------------------------------------------------------------------------- several files
 
 
+@pytest.mark.e2e
 def test_a_bad_second_file_is_found_before_any_model_is_loaded(tmp_path, capsys, no_model):
     good = write_csv(tmp_path / "good.csv", LONG_HEADER, long_rows())
     bad = write_csv(tmp_path / "bad.csv", LONG_HEADER, long_rows() + [["9", "q", "p", "a"]])
@@ -206,6 +214,7 @@ def test_a_bad_second_file_is_found_before_any_model_is_loaded(tmp_path, capsys,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.csv", "embedder", "good.csv"]
 
 
+@pytest.mark.e2e
 def test_a_second_file_failing_while_scored_publishes_nothing(tmp_path, capsys, monkeypatch):
     out = tmp_path / "out"
     first, second = pairs_file(tmp_path / "first.csv"), pairs_file(tmp_path / "second.csv")
@@ -241,6 +250,7 @@ def bad_inputs_twice(tmp_path):
     return tmp_path / "alias.csv", "the same file as"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("make", [bad_inputs_missing, bad_inputs_folder, bad_inputs_suffix, bad_inputs_twice])
 def test_bad_input_lists_name_the_file(tmp_path, capsys, no_model, make):
     first = pairs_file(tmp_path / "first.csv")
@@ -251,6 +261,7 @@ def test_bad_input_lists_name_the_file(tmp_path, capsys, no_model, make):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.e2e
 def test_a_question_with_too_many_rows_names_the_option(tmp_path, capsys, no_model):
     rows = [["same", f"p{i}", f"a{i}"] for i in range(cli.MAX_TEXTS + 1)]
     src = write_csv(tmp_path / "wide.csv", ["question_id", "paraphrased", "model_output"], rows)
@@ -304,6 +315,7 @@ BAD_FILES = [
 ]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name,content,needle", BAD_FILES, ids=[b[0] for b in BAD_FILES])
 def test_bad_files_name_the_file_and_line(tmp_path, capsys, no_model, name, content, needle):
     bad = tmp_path / name
@@ -338,6 +350,7 @@ def test_a_byte_order_mark_is_read_as_utf8(tmp_path, name, delimiter):
     assert [q.question_id for q in questions] == ["0", "1"] and questions[0].answers[0] == "answer 0.0"
 
 
+@pytest.mark.e2e
 def test_an_excel_csv_utf8_pairs_file_scores(tmp_path, capsys):
     path = pairs_file(tmp_path / "excel.csv")
     path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
@@ -364,6 +377,7 @@ class FakeEmbedder:
         return np.stack([np.random.default_rng(sum(map(ord, t))).normal(size=8) for t in texts]).astype(np.float32)
 
 
+@pytest.mark.e2e
 def test_the_cli_prints_data_warnings_as_one_line_each(tmp_path, capsys, monkeypatch):
     from clarifyjax.models.embedder import SentenceEmbedder
 
@@ -403,6 +417,7 @@ BAD_WEIGHTS = [("1.5", "is 1.5, outside [-1, 1]"), ("-2", "is -2.0, outside [-1,
                ("", "is empty or NaN"), ("high", "is not a number: 'high'")]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("value,needle", BAD_WEIGHTS)
 def test_edge_weights_outside_minus_one_one_name_the_line(tmp_path, capsys, no_model, value, needle):
     def edit(rows):
@@ -427,6 +442,7 @@ def test_float32_rounding_of_a_cosine_is_accepted():
 # ----------------------------------------------------------------------------- JSON outputs
 
 
+@pytest.mark.e2e
 def test_json_outputs_never_hold_nan(tmp_path, capsys):
     def edit(rows):
         for r in rows[:10]:  # question 1: every answer empty -> no SaGE (NaN), a null in JSON
@@ -444,6 +460,7 @@ def test_json_outputs_never_hold_nan(tmp_path, capsys):
     assert report.statistics([np.inf, 0.5, np.nan]) == {"mean": 0.5, "std": 0.0, "count": 1, "skipped": 2}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("misspelt", ["--overwr", "--alph=10", "--qui"])
 def test_a_prefix_of_an_option_is_not_taken_for_it(tmp_path, capsys, misspelt):
     with pytest.raises(SystemExit) as e:

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import shared_data
+from helpers.env import shared_data
 from sage_jax.data import (Columns, DataError, gather, pair_matrix, read_questions, shared_texts, text_batch)
 from sage_jax.metric import mean_sage, sage
 

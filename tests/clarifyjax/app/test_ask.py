@@ -12,9 +12,9 @@ import sys
 import pytest
 
 from clarifyjax.cli import main
-from conftest import REPO_ROOT, shared_data
+from helpers.env import REPO_ROOT, shared_data
 from helpers.children import clean_env, killed_on_second_call
-from helpers.clarify_models import QUESTION_OPTIONS, models_yaml  # noqa: F401 (fixture)
+from helpers.clarify_models import QUESTION_OPTIONS
 
 N = 32
 ROW_KEYS = ("situation_at", "situation", "question", "reward", "raw_reward", "jsd", "valid",
@@ -32,6 +32,7 @@ def ask_argv(models, out, *extra, limit=N):
             "--no-progress", *QUESTION_OPTIONS, *extra]
 
 
+@pytest.mark.child
 @pytest.mark.slow  # a child interpreter loads and compiles the five models
 def test_ask_writes_a_row_per_situation_and_a_killed_run_resumes_to_the_same_file(
         models_yaml, tmp_path, capsys):

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from clarifyjax.app.clarifier import MAX_TURNS, Session, SessionError, run_steps
-from conftest import REPO_ROOT
+from helpers.env import REPO_ROOT
 from helpers.children import clean_env
-from helpers.clarify_models import QUESTION_OPTIONS, FakeClarifier, models_yaml  # noqa: F401
+from helpers.clarify_models import QUESTION_OPTIONS, FakeClarifier
 
 SITUATION = "ignoring a phone call from my mother"
 # What interact refuses, one error line each (and the words of each line)
@@ -27,11 +27,13 @@ BAD_MESSAGES = ["/skip acts on a question", "/another acts on a question", "unkn
 ANSWERS = ["she was in the hospital", "I was driving on the highway", "I called her back later"]
 
 
+@pytest.mark.e2e
+@pytest.mark.child
 @pytest.mark.slow  # a child interpreter loads and compiles the five models
 def test_three_turns_through_a_pipe_judged_as_the_judge_judges_directly(models_yaml, tmp_path):
     import yaml
 
-    from clarifyjax.reward import judge as delphi
+    from clarifyjax.reward.judge import load_judge
 
     transcript = tmp_path / "transcript.jsonl"
     # Lines that are not situations first: each is one error line, and the prompt asks again.
@@ -63,7 +65,7 @@ def test_three_turns_through_a_pipe_judged_as_the_judge_judges_directly(models_y
     assert all(t["question"] for t in turns[:3]) and turns[3]["question"] == ""
 
     judge_folder = yaml.safe_load(open(models_yaml))["rewards"]["judge"]["model"]["init"]
-    judge = delphi.load_judge(judge_folder, max_input_length=64)
+    judge = load_judge(judge_folder, max_input_length=64)
     for turn in turns:  # each turn's judgment is the judge's own, computed here directly
         direct = judge.class_probabilities([turn["situation"]])[0]
         np.testing.assert_allclose(turn["probabilities"], direct, rtol=0, atol=1e-6)

@@ -18,7 +18,7 @@ import pytest
 
 from clarifyjax.serve.http_server import BackgroundServer
 from helpers.browser import artifacts_dir, chromium_driver
-from helpers.clarify_models import FakeClarifier, models_yaml  # noqa: F401 (fixture)
+from helpers.clarify_models import FakeClarifier
 
 SITUATIONS = ("ignoring a phone call from my mother", "borrowing my roommate's car")
 ANSWERS = (("she was in the hospital", "I was driving", "I called her back later"),
@@ -250,6 +250,7 @@ def _turn_cards(driver):
     return cards
 
 
+@pytest.mark.child
 def test_the_page_in_a_real_browser_two_users_three_turns(server, tmp_path):
     from selenium.webdriver.common.by import By
 

@@ -8,7 +8,7 @@ import yaml
 
 from clarifyjax.config import (ConfigError, ModelConfig, PPOConfig, SFTConfig, config_from_dict,
                                config_to_dict, dump_config, load_config, save_config)
-from conftest import REPO_ROOT
+from helpers.env import REPO_ROOT
 
 CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
 SFT_TASKS = {"question", "wh_question", "answerer", "fusion", "judge", "discriminator"}

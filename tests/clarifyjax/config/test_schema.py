@@ -14,10 +14,10 @@ import typing
 
 import pytest
 
-from clarifyjax import config as config_lib
+from clarifyjax import config
 from clarifyjax.config import ConfigError, load_config
 from clarifyjax.config.loader import numeric_fields, read_yaml, within
-from conftest import REPO_ROOT
+from helpers.env import REPO_ROOT
 
 CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
 EXAMPLE = {"sft": REPO_ROOT / "configs" / "sft_question_tiny.yaml",
@@ -48,28 +48,28 @@ def _out_of_range(bound: str, is_int: bool) -> list:
 
 
 def _numeric_keys(kind):
-    for at, cls in _sections(config_lib.KINDS[kind]):
+    for at, cls in _sections(config.KINDS[kind]):
         hints = typing.get_type_hints(cls)
         for name in numeric_fields(cls):
             yield _join(at, name), cls._bounds[name], int in typing.get_args(hints[name]) + (
                 hints[name],)
 
 
-@pytest.mark.parametrize("kind", sorted(config_lib.KINDS))
+@pytest.mark.parametrize("kind", sorted(config.KINDS))
 def test_every_numeric_field_declares_a_range(kind):
-    for at, cls in _sections(config_lib.KINDS[kind]):
+    for at, cls in _sections(config.KINDS[kind]):
         missing = [n for n in numeric_fields(cls) if n not in getattr(cls, "_bounds", {})]
         assert not missing, f"{cls.__name__} ({at or 'top'}): no _bounds for {missing}"
 
 
-@pytest.mark.parametrize("kind", sorted(config_lib.KINDS))
+@pytest.mark.parametrize("kind", sorted(config.KINDS))
 def test_meaningless_numbers_are_refused_naming_key_and_override(kind):
     checked, raw = 0, read_yaml(EXAMPLE[kind])  # load_config, with the YAML parsed once
     for key, bound, is_int in _numeric_keys(kind):
         for value in _out_of_range(bound, is_int):
             item = f"{key}={value}"
             with pytest.raises(ConfigError) as e:
-                config_lib.config_from_dict(raw, [item], source=str(EXAMPLE[kind]))
+                config.config_from_dict(raw, [item], source=str(EXAMPLE[kind]))
             message = str(e.value)
             assert f"override '{item}'" in message and EXAMPLE[kind].name in message, message
             assert key in message.replace(f"override '{item}'", ""), message
@@ -101,19 +101,19 @@ def test_nli_threshold_has_one_default():
 
     from clarifyjax.reward import nli
 
-    from clarifyjax.reward import pipeline as reward_pipeline
+    from clarifyjax.reward import pipeline
 
-    from clarifyjax.config import score as score_config
+    from clarifyjax.config import score
     args = cli.parse_args(["score-questions", "--situations", "s", "--questions", "q",
                            "--answerer", "a", "--fusion", "f", "--judge", "j", "--nli", "n",
                            "--out", "o"])
-    defaults = {"config.RewardConfig": config_lib.RewardConfig().nli_threshold,
-                "PipelineConfig": reward_pipeline.PipelineConfig().nli_threshold,
+    defaults = {"config.RewardConfig": config.RewardConfig().nli_threshold,
+                "PipelineConfig": pipeline.PipelineConfig().nli_threshold,
                 "NLIFilter": inspect.signature(nli.NLIFilter).parameters["threshold"].default,
                 "NLIFilter.from_pretrained": inspect.signature(
                     nli.NLIFilter.from_pretrained).parameters["threshold"].default,
-                "cli --nli-threshold": score_config.reward_config(args).nli_threshold}
-    assert set(defaults.values()) == {config_lib.NLI_THRESHOLD}, defaults
+                "cli --nli-threshold": score.reward_config(args).nli_threshold}
+    assert set(defaults.values()) == {config.NLI_THRESHOLD}, defaults
 
 
 def _score_args(*extra):
@@ -135,7 +135,7 @@ def test_yaml_rewards_and_cli_flags_build_the_same_reward_config(tmp_path):
     from_yaml = load_config(yaml_file).rewards
     models = ["--answerer", "a", "--fusion", "f", "--judge", "j", "--nli", "n"]
     assert reward_config(_score_args(*models)) == from_yaml
-    assert reward_config(_score_args(*models)).pipeline == from_yaml.pipeline == config_lib.PipelineConfig()
+    assert reward_config(_score_args(*models)).pipeline == from_yaml.pipeline == config.PipelineConfig()
     assert reward_config(_score_args("--config", yaml_file)) == from_yaml
     section = tmp_path / "rewards.yaml"
     section.write_text("answerer: a\nfusion: f\njudge: {model: j}\nnli: n\n")
@@ -157,19 +157,20 @@ def test_yaml_rewards_and_cli_flags_build_the_same_reward_config(tmp_path):
     assert items == from_yaml
 
 
+@pytest.mark.e2e
 def test_score_questions_config_and_overrides_reach_the_pipeline(tmp_path, monkeypatch, capsys):
     """``score-questions --config x.yaml KEY=VALUE``: the pipeline is built from that RewardConfig;
     a bad key, or a flag and an item on one key, is one line naming it, before any model loads."""
     from clarifyjax import cli
 
-    from clarifyjax.reward import pipeline as reward_pipeline
+    from clarifyjax.reward import pipeline
     built = []
 
     def load_pipeline(rewards, **kwargs):
         built.append(rewards)
         raise cli.CLIError("stop before the models")
 
-    monkeypatch.setattr(reward_pipeline, "load_pipeline", load_pipeline)
+    monkeypatch.setattr(pipeline, "load_pipeline", load_pipeline)
     for name in ("a", "f", "j"):
         (tmp_path / name).mkdir()
     (tmp_path / "s.txt").write_text("lying to a friend\n")
@@ -210,21 +211,21 @@ def test_each_setting_is_declared_once():
     from clarifyjax.rl import ppo
 
     from clarifyjax.training import programs
-    from clarifyjax.reward import pipeline as reward_pipeline
+    from clarifyjax.reward import pipeline
     from clarifyjax.core import sharding
-    assert issubclass(config_lib.PPOHyperparams, ppo.PPOUpdateConfig)
-    h = config_lib.PPOHyperparams()
+    assert issubclass(config.PPOHyperparams, ppo.PPOUpdateConfig)
+    h = config.PPOHyperparams()
     for f in dataclasses.fields(ppo.PPOUpdateConfig):
         assert getattr(h, f.name) == f.default, f.name
-    assert set(ppo.PPOUpdateConfig._bounds.items()) <= set(config_lib.PPOHyperparams._bounds.items())
+    assert set(ppo.PPOUpdateConfig._bounds.items()) <= set(config.PPOHyperparams._bounds.items())
     assert not hasattr(programs, "ppo_hyperparams")  # the update takes the section itself
-    assert config_lib.MeshLayout is sharding.MeshConfig
-    assert reward_pipeline.PipelineConfig is config_lib.PipelineConfig
-    assert issubclass(config_lib.RewardConfig, config_lib.PipelineConfig)
-    assert not hasattr(config_lib.PipelineConfig, "from_reward_config")
+    assert config.MeshLayout is sharding.MeshConfig
+    assert pipeline.PipelineConfig is config.PipelineConfig
+    assert issubclass(config.RewardConfig, config.PipelineConfig)
+    assert not hasattr(config.PipelineConfig, "from_reward_config")
     # every pipeline setting is a rewards: key, with its range
-    pipeline_fields = {f.name for f in dataclasses.fields(config_lib.PipelineConfig)}
-    assert pipeline_fields <= {f.name for f in dataclasses.fields(config_lib.RewardConfig)}
+    pipeline_fields = {f.name for f in dataclasses.fields(config.PipelineConfig)}
+    assert pipeline_fields <= {f.name for f in dataclasses.fields(config.RewardConfig)}
     assert {"answer_top_p", "fusion_temperature", "resample_temperature", "dropped_reward",
             "max_question_words", "use_judgment_text"} <= pipeline_fields
 
@@ -245,4 +246,4 @@ def test_score_questions_judge_kind_as_the_flags_always_gave_it(tmp_path):
     assert (cfg.judge.kind, cfg.judge.input_prefix, cfg.judge.encoder_labels) == (
         "encoder", "", ("neg", "neu", "pos"))
     cfg = reward_config(_score_args(*models, "judge.kind=t5"))
-    assert (cfg.judge.kind, cfg.judge.input_prefix) == ("t5", config_lib.JudgeConfig().input_prefix)
+    assert (cfg.judge.kind, cfg.judge.input_prefix) == ("t5", config.JudgeConfig().input_prefix)

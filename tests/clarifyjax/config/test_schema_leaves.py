@@ -7,18 +7,18 @@ the code the loops use where there is such code (no weights read, no forward pas
 
 * model roles: the `T5Config` that `builders.build_t5` returns (with `load_t5` stubbed to record
   its arguments), the tokenizer folder, and the padded lengths of its dataset columns;
-* reward models: every loader call and the `PipelineConfig` of `train.build_reward_fn` (the
+* reward models: every loader call and the `PipelineConfig` of `loops.build_reward_fn` (the
   model loaders stubbed to record their arguments);
 * ppo: the fields of the update's `ppo.PPOUpdateConfig` (the section is one), the KL controller and the
-  rollout sampler's arguments as `train.train_ppo` builds them;
-* optimizer: three updates of `optim.make_optimizer` on a small parameter tree (lr, schedule,
+  rollout sampler's arguments as `loops.train_ppo` builds them;
+* optimizer: three updates of `programs.make_optimizer` on a small parameter tree (lr, schedule,
   moments, decay, clipping all show in them);
-* data: what `data.load_sft_pairs` / `load_ppo_situations` read (stubbed readers) and return;
+* data: what `pairs.load_sft_pairs` / `load_ppo_situations` read (stubbed readers) and return;
 * normalizer: `ppo_eval.fit_normalizer`'s normalizer, or the number of batches it fits on;
 * mesh: the axis sizes and the rules table.
 
 Keys read only by the loops (`LOOP_KEYS`: run.*, batch sizes, shuffling, micro-batches) are
-checked differently: the list must cover every `RunConfig` field, and train.py must read each.
+checked differently: the list must cover every `RunConfig` field, and loops.py must read each.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ import pytest
 from clarifyjax.core.buckets import column_buckets
 from clarifyjax.config import ConfigError, PPOConfig, RunConfig, config_from_dict, load_config
 from clarifyjax.config.loader import read_yaml, within
-from conftest import REPO_ROOT
+from helpers.env import REPO_ROOT
 
 CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
 STRUCTURAL = {"kind"}  # picks the schema itself
@@ -56,7 +56,7 @@ def test_loop_keys_cover_run_and_are_read_by_the_loops():
         if name in ("name", "output_dir"):  # read through RunConfig.directory
             assert "run.directory" in source
             continue
-        assert re.search(rf"\.{name}\b", source), f"neither train.py nor programs.py reads {key}"
+        assert re.search(rf"\.{name}\b", source), f"neither loops.py nor programs.py reads {key}"
 
 
 # --------------------------------------------------------------------------- leaves and values
@@ -162,15 +162,15 @@ def _pairs(n):
 @pytest.fixture(scope="module")
 def stubs():
     """Loaders that record their arguments instead of reading weights or files."""
-    from clarifyjax.data import pairs as data  # the module whose readers the run calls
+    from clarifyjax.data import pairs  # the module whose readers the run calls
 
-    from clarifyjax.reward import judge as delphi
+    from clarifyjax.reward import judge
     from clarifyjax.reward import nli
     from clarifyjax.training import builders
-    from clarifyjax.reward import pipeline as reward_pipeline
+    from clarifyjax.reward import pipeline
     from clarifyjax.decoding import seq2seq
     from clarifyjax.core import sharding
-    from clarifyjax.training import loops as train
+    from clarifyjax.training import loops
     rec = _Recorder()
     mp = pytest.MonkeyPatch()
 
@@ -185,20 +185,20 @@ def stubs():
     def read_table(path, columns, **kw):
         rec("read_table")(path, columns)
         rows = [{"situation": f"s {i}"} for i in range(900)]
-        return data.Table(path, tuple(columns), rows, list(range(2, 902)))
+        return pairs.Table(path, tuple(columns), rows, list(range(2, 902)))
 
     mp.setattr(builders, "load_t5", load_t5)
     mp.setattr(sharding, "create_sharded", lambda *a, **k: None)
     mp.setattr(sharding, "process_mesh", lambda *a, **k: None)
     # Paths are only recorded: a changed path names a file that does not exist.
-    mp.setattr(data, "resolve_data_path", lambda path, option=None: Path(path))
-    mp.setattr(data, "read_pairs", read_pairs)
-    mp.setattr(data, "read_table", read_table)
+    mp.setattr(pairs, "resolve_data_path", lambda path, option=None: Path(path))
+    mp.setattr(pairs, "read_pairs", read_pairs)
+    mp.setattr(pairs, "read_table", read_table)
     mp.setattr(seq2seq.Seq2SeqModel, "from_pretrained", rec("seq2seq"))
-    mp.setattr(delphi, "load_judge", rec("judge"))
+    mp.setattr(judge, "load_judge", rec("judge"))
     mp.setattr(nli.NLIFilter, "from_pretrained", rec("nli"))
-    mp.setattr(reward_pipeline, "RewardPipeline", lambda *a: a)
-    mp.setattr(train, "RolloutSampler", rec("sampler"))
+    mp.setattr(pipeline, "RewardPipeline", lambda *a: a)
+    mp.setattr(loops, "RolloutSampler", rec("sampler"))
     yield rec
     mp.undo()
 
@@ -225,11 +225,11 @@ def _optimizer_trace(opt, steps):
     norms 100, 1 and 10 (so clipping changes the moments), and the schedule over the run."""
     import jax.numpy as jnp
 
-    from clarifyjax.training import programs as optim  # the optimizer lives with the programs
+    from clarifyjax.training import programs
 
-    schedule = optim.make_schedule(opt, steps)
+    schedule = programs.make_schedule(opt, steps)
     out = [float(schedule(c)) for c in np.linspace(0, steps - 1, 9)]
-    tx = optim.make_optimizer(opt, steps)
+    tx = programs.make_optimizer(opt, steps)
     params = {"w": jnp.ones((2, 3)), "b": jnp.full((3,), 0.5)}
     state = tx.init(params)
     for scale in (100.0, 1.0, 10.0):
@@ -244,7 +244,7 @@ def _runtime(cfg, rec) -> dict:
 
     from clarifyjax.training import builders, ppo_eval, programs
     from clarifyjax.core import sharding
-    from clarifyjax.training import loops as train
+    from clarifyjax.training import loops
     rt = {"mesh": (cfg.mesh.axis_sizes(), sharding.RULES[cfg.mesh.rules]),
           "optimizer": _optimizer_trace(cfg.optimizer, cfg.run.steps)}
     if not isinstance(cfg, PPOConfig):
@@ -265,8 +265,8 @@ def _runtime(cfg, rec) -> dict:
     rt["ppo"] = tuple(getattr(h, f.name) for f in dataclasses.fields(ppo.PPOUpdateConfig))
     rt["kl"] = programs.kl_controller(h)  # as train_ppo builds it
     models = builders.PPOModels(*[None] * len(builders.PPOModels._fields))
-    rt["sampler"] = _recorded(rec, train._sampler, cfg, None, models, "reward_fn", None)
-    rt["rewards"] = _recorded(rec, train.build_reward_fn, cfg)
+    rt["sampler"] = _recorded(rec, loops._sampler, cfg, None, models, "reward_fn", None)
+    rt["rewards"] = _recorded(rec, loops.build_reward_fn, cfg)
     n = cfg.normalizer
     rt["normalizer"] = ("fit", n.fit_batches) if n.fit else ppo_eval.fit_normalizer(
         cfg, None, None, None, print)

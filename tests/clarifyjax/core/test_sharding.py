@@ -10,48 +10,48 @@ import jax
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
-from clarifyjax.core import sharding as sh
+from clarifyjax.core import sharding
 from helpers.children import run_processes, run_with_fake_devices
 
-MESH_222 = AbstractMesh((2, 2, 2), sh.MESH_AXES)
+MESH_222 = AbstractMesh((2, 2, 2), sharding.MESH_AXES)
 
 
 # ----------------------------------------------------------------------------- rules (in process)
 
 def test_rules_map_names_to_mesh_axes():
-    assert sh.logical_to_mesh_spec(("embed", "mlp")) == P(None, "model")
-    assert sh.logical_to_mesh_spec(("vocab", "embed")) == P("model", None)
-    assert sh.logical_to_mesh_spec(("batch", "length", None)) == P(("data", "fsdp"), None, None)
-    assert sh.logical_to_mesh_spec(("embed", "heads", "kv")) == P(None, "model", None)
-    assert sh.logical_to_mesh_spec(("relpos_buckets", "heads")) == P(None, "model")
-    assert sh.logical_to_mesh_spec(("embed", "mlp"), sh.FSDP_RULES) == P("fsdp", "model")
+    assert sharding.logical_to_mesh_spec(("embed", "mlp")) == P(None, "model")
+    assert sharding.logical_to_mesh_spec(("vocab", "embed")) == P("model", None)
+    assert sharding.logical_to_mesh_spec(("batch", "length", None)) == P(("data", "fsdp"), None, None)
+    assert sharding.logical_to_mesh_spec(("embed", "heads", "kv")) == P(None, "model", None)
+    assert sharding.logical_to_mesh_spec(("relpos_buckets", "heads")) == P(None, "model")
+    assert sharding.logical_to_mesh_spec(("embed", "mlp"), sharding.FSDP_RULES) == P("fsdp", "model")
 
 
 def test_indivisible_dimension_stays_replicated():
     # 6 heads over model=4 do not divide: replicated; 8 do.
-    mesh = AbstractMesh((1, 2, 4), sh.MESH_AXES)
-    assert sh.logical_to_mesh_spec(("embed", "heads"), shape=(16, 6), mesh=mesh) == P(None, None)
-    assert sh.logical_to_mesh_spec(("embed", "heads"), shape=(16, 8), mesh=mesh) == P(None, "model")
+    mesh = AbstractMesh((1, 2, 4), sharding.MESH_AXES)
+    assert sharding.logical_to_mesh_spec(("embed", "heads"), shape=(16, 6), mesh=mesh) == P(None, None)
+    assert sharding.logical_to_mesh_spec(("embed", "heads"), shape=(16, 8), mesh=mesh) == P(None, "model")
     # a batch of 6 does not split over data x fsdp = 4 devices: replicated
-    assert sh.logical_to_mesh_spec(("batch",), shape=(6,), mesh=MESH_222) == P(None)
-    assert sh.logical_to_mesh_spec(("batch",), shape=(8,), mesh=MESH_222) == P(("data", "fsdp"))
+    assert sharding.logical_to_mesh_spec(("batch",), shape=(6,), mesh=MESH_222) == P(None)
+    assert sharding.logical_to_mesh_spec(("batch",), shape=(8,), mesh=MESH_222) == P(("data", "fsdp"))
     # embed 30 is not divisible by fsdp=4 under FSDP rules
-    assert sh.logical_to_mesh_spec(("embed", "mlp"), sh.FSDP_RULES, shape=(30, 64),
-                                   mesh=AbstractMesh((1, 4, 2), sh.MESH_AXES)) == P(None, "model")
+    assert sharding.logical_to_mesh_spec(("embed", "mlp"), sharding.FSDP_RULES, shape=(30, 64),
+                                   mesh=AbstractMesh((1, 4, 2), sharding.MESH_AXES)) == P(None, "model")
 
 
 def test_mesh_axis_used_once_per_spec_and_fallback_rules():
     # two dims both want "model": the second falls through to its next candidate (or None)
     rules = (("heads", "model"), ("mlp", "model"), ("mlp", "fsdp"))
-    assert sh.logical_to_mesh_spec(("heads", "mlp"), rules) == P("model", "fsdp")
-    assert sh.logical_to_mesh_spec(("mlp", "mlp"), (("mlp", "model"),)) == P("model", None)
+    assert sharding.logical_to_mesh_spec(("heads", "mlp"), rules) == P("model", "fsdp")
+    assert sharding.logical_to_mesh_spec(("mlp", "mlp"), (("mlp", "model"),)) == P("model", None)
 
 
 def test_unknown_logical_name_is_an_error():
     with pytest.raises(ValueError, match="'embd' has no rule"):
-        sh.logical_to_mesh_spec(("embd", "mlp"))
+        sharding.logical_to_mesh_spec(("embd", "mlp"))
     with pytest.raises(ValueError, match="do not match shape"):
-        sh.logical_to_mesh_spec(("embed",), shape=(2, 3), mesh=MESH_222)
+        sharding.logical_to_mesh_spec(("embed",), shape=(2, 3), mesh=MESH_222)
 
 
 def test_make_mesh_takes_the_config_mesh_section(tmp_path):
@@ -59,12 +59,12 @@ def test_make_mesh_takes_the_config_mesh_section(tmp_path):
     their ranges and the rules name): `make_mesh` takes it as it is."""
     from clarifyjax.config import MeshLayout, config_from_dict
 
-    assert MeshLayout is sh.MeshConfig
+    assert MeshLayout is sharding.MeshConfig
     cfg = config_from_dict({"kind": "sft", "model": "m", "mesh": {"data": -1, "rules": "fsdp"}})
-    assert isinstance(cfg.mesh, sh.MeshConfig) and sh.RULES[cfg.mesh.rules] is sh.FSDP_RULES
-    mesh = sh.make_mesh(cfg.mesh, jax.devices()[:1])
+    assert isinstance(cfg.mesh, sharding.MeshConfig) and sharding.RULES[cfg.mesh.rules] is sharding.FSDP_RULES
+    mesh = sharding.make_mesh(cfg.mesh, jax.devices()[:1])
     assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "model": 1}
-    assert sh.resolve_sizes(cfg.mesh, 8) == {"data": 8, "fsdp": 1, "model": 1}
+    assert sharding.resolve_sizes(cfg.mesh, 8) == {"data": 8, "fsdp": 1, "model": 1}
     with pytest.raises(Exception, match="mesh: at most one axis may be -1"):
         config_from_dict({"kind": "sft", "model": "m", "mesh": {"data": -1, "fsdp": -1}})
 
@@ -72,19 +72,19 @@ def test_make_mesh_takes_the_config_mesh_section(tmp_path):
 def test_make_mesh_rejects_impossible_sizes():
     devices = [object()] * 8  # checked before any device is touched
     with pytest.raises(ValueError, match="needs 12 devices, but there are 8"):
-        sh.make_mesh(sh.MeshConfig(data=3, fsdp=2, model=2), devices)
+        sharding.make_mesh(sharding.MeshConfig(data=3, fsdp=2, model=2), devices)
     with pytest.raises(ValueError, match="multiply to 3, which does not divide the 8 devices"):
-        sh.make_mesh({"model": 3}, devices)
+        sharding.make_mesh({"model": 3}, devices)
     with pytest.raises(ValueError, match="at most one axis may be -1"):
-        sh.make_mesh({"data": -1, "model": -1}, devices)
+        sharding.make_mesh({"data": -1, "model": -1}, devices)
     with pytest.raises(ValueError, match="'fsdp' has size 0"):
-        sh.make_mesh({"fsdp": 0}, devices)
+        sharding.make_mesh({"fsdp": 0}, devices)
     with pytest.raises(ValueError, match="unknown axes \\['tensor'\\]"):
-        sh.make_mesh({"tensor": 2}, devices)
+        sharding.make_mesh({"tensor": 2}, devices)
 
 
 def test_single_device_default_mesh():
-    mesh = sh.make_mesh(devices=jax.devices()[:1])
+    mesh = sharding.make_mesh(devices=jax.devices()[:1])
     assert dict(mesh.shape) == {"data": 1, "fsdp": 1, "model": 1}
     assert all(t == jax.sharding.AxisType.Auto for t in mesh.axis_types)
 
@@ -94,13 +94,13 @@ def test_single_device_default_mesh():
 PLACEMENT_SCRIPT = r'''
 import jax, jax.numpy as jnp, numpy as np
 from flax import nnx
-from clarifyjax.core import sharding as sh
+from clarifyjax.core import sharding
 from clarifyjax.files.child_result import write_result
 
 out = {}
-out["fill"] = {k: dict(sh.make_mesh(c).shape) for k, c in {
-    "default": None, "model2": {"model": 2}, "fsdp_fill": sh.MeshConfig(data=2, fsdp=-1)}.items()}
-mesh = sh.make_mesh(sh.MeshConfig(data=2, fsdp=2, model=2))
+out["fill"] = {k: dict(sharding.make_mesh(c).shape) for k, c in {
+    "default": None, "model2": {"model": 2}, "fsdp_fill": sharding.MeshConfig(data=2, fsdp=-1)}.items()}
+mesh = sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, model=2))
 
 P = nnx.with_partitioning
 init = nnx.initializers.normal(0.2)   # keeps activations O(1)
@@ -138,29 +138,29 @@ ids = jax.random.randint(jax.random.key(1), (8, 5), 0, 64)
 reference = np.asarray(plain(ids))
 out["reference_max"] = float(np.abs(reference).max())
 
-for rules_name, rules in (("default", sh.DEFAULT_RULES), ("fsdp", sh.FSDP_RULES)):
+for rules_name, rules in (("default", sharding.DEFAULT_RULES), ("fsdp", sharding.FSDP_RULES)):
     with nnx.use_eager_sharding(False):
         model = Tiny(nnx.Rngs(0))
-    sh.shard_model(model, mesh, rules)
-    logits = nnx.jit(lambda m, x: m(x))(model, sh.shard_batch(ids, mesh))
+    sharding.shard_model(model, mesh, rules)
+    logits = nnx.jit(lambda m, x: m(x))(model, sharding.shard_batch(ids, mesh))
     out[f"shard_model_{rules_name}"] = {
         "specs": specs(model), "max_diff": float(np.abs(np.asarray(logits) - reference).max()),
         "shardings": {"/".join(map(str, p)): spec_list(s.get_value().spec) for p, s in
-                      nnx.to_flat_state(sh.model_shardings(model, mesh, rules))}}
+                      nnx.to_flat_state(sharding.model_shardings(model, mesh, rules))}}
 
-created = sh.create_sharded(lambda: Tiny(nnx.Rngs(0)), mesh, sh.FSDP_RULES)
+created = sharding.create_sharded(lambda: Tiny(nnx.Rngs(0)), mesh, sharding.FSDP_RULES)
 out["create_sharded"] = {
     "specs": specs(created),
     "max_diff": float(np.abs(np.asarray(nnx.jit(lambda m, x: m(x))(created, ids)) - reference).max())}
 
 batch = {"ids": np.zeros((8, 5), np.int32), "extra": [np.zeros((8,), np.float32)]}
-placed = sh.shard_batch(batch, mesh)
+placed = sharding.shard_batch(batch, mesh)
 out["batch"] = {"ids": spec_list(placed["ids"].sharding.spec),
                 "ids_shard": list(placed["ids"].addressable_shards[0].data.shape),
                 "extra": spec_list(placed["extra"][0].sharding.spec),
-                "batch_sharding3": list(sh.batch_sharding(mesh, 3).spec)}
+                "batch_sharding3": list(sharding.batch_sharding(mesh, 3).spec)}
 try:
-    sh.shard_batch({"ids": np.zeros((8, 5)), "labels": [np.zeros((6,))]}, mesh)
+    sharding.shard_batch({"ids": np.zeros((8, 5)), "labels": [np.zeros((6,))]}, mesh)
 except ValueError as e:
     out["batch_error"] = str(e)
 write_result(out)
@@ -172,12 +172,14 @@ def placement() -> dict:
     return run_with_fake_devices(PLACEMENT_SCRIPT, 8)
 
 
+@pytest.mark.child
 def test_make_mesh_fills_minus_one(placement):
     assert placement["fill"] == {"default": {"data": 8, "fsdp": 1, "model": 1},
                                  "model2": {"data": 4, "fsdp": 1, "model": 2},
                                  "fsdp_fill": {"data": 2, "fsdp": 4, "model": 1}}
 
 
+@pytest.mark.child
 def test_shard_model_places_params_by_rules_and_keeps_outputs(placement):
     # [spec, per-device shard shape, global shape]
     d = placement["shard_model_default"]
@@ -198,6 +200,7 @@ def test_shard_model_places_params_by_rules_and_keeps_outputs(placement):
     assert f["max_diff"] <= 1e-6 * max(1.0, placement["reference_max"])
 
 
+@pytest.mark.child
 def test_create_sharded_never_holds_the_whole_model(placement):
     c = placement["create_sharded"]
     sharded = 0
@@ -212,6 +215,7 @@ def test_create_sharded_never_holds_the_whole_model(placement):
     assert c["max_diff"] <= 1e-6 * max(1.0, placement["reference_max"])
 
 
+@pytest.mark.child
 def test_shard_batch_splits_leading_dim_over_data_and_fsdp(placement):
     b = placement["batch"]
     assert b["ids"] == [["data", "fsdp"]]
@@ -233,17 +237,17 @@ jax.distributed.initialize(coordinator_address=os.environ["CLARIFYJAX_COORDINATO
                            num_processes=2, process_id=pid)
 import numpy as np
 from jax.experimental import multihost_utils
-from clarifyjax.core import sharding as sh
+from clarifyjax.core import sharding
 from clarifyjax.files.child_result import write_result
 
 out = {}
-mesh = sh.make_mesh(sh.MeshConfig(data=2, fsdp=2, model=2))      # 8 devices, 4 per process
+mesh = sharding.make_mesh(sharding.MeshConfig(data=2, fsdp=2, model=2))      # 8 devices, 4 per process
 local = np.arange(4 * 3).reshape(4, 3) + 100 * pid                # this process's 4 of 8 rows
-x = sh.shard_batch({"x": local}, mesh)["x"]
+x = sharding.shard_batch({"x": local}, mesh)["x"]
 out["global_shape"] = list(x.shape)
 out["gathered"] = np.asarray(multihost_utils.process_allgather(x, tiled=True)).tolist()
 try:
-    sh.shard_batch({"x": np.zeros((3, 2))}, mesh)
+    sharding.shard_batch({"x": np.zeros((3, 2))}, mesh)
 except ValueError as e:
     out["error"] = str(e)
 multihost_utils.sync_global_devices("results-ready")  # neither process shuts down while the other works
@@ -252,6 +256,7 @@ jax.distributed.shutdown()
 '''
 
 
+@pytest.mark.child
 def test_shard_batch_with_two_processes():
     """Each process passes its own rows and gets the global batch (gloo collectives on CPU)."""
     results = run_processes(TWO_PROCESS_SCRIPT, 2, n_devices=4, timeout=240)

@@ -3,7 +3,7 @@
 Each process of a PPO run scores its own rows, so `train.build_reward_fn` loads the answerer,
 fusion model, judge and NLI filter onto the process's devices (`sharding.process_mesh`). That the
 reward models then lie on such a mesh, each device holding only its slice, and that the sharded
-pipeline gives the unsharded pipeline's outputs, is checked in test_reward_pipeline.py (in a child
+pipeline gives the unsharded pipeline's outputs, is checked in test_pipeline.py (in a child
 with 8 fake CPU devices), beside the unsharded pipeline it is compared with: computed once there,
 not a second time in the child. Here: `process_sizes` for the layouts a pod run meets.
 """

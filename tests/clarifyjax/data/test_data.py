@@ -14,10 +14,10 @@ import re
 import numpy as np
 import pytest
 
-from clarifyjax import data as D
+from clarifyjax import data
 from clarifyjax.core.buckets import column_buckets
 from clarifyjax.config import SFTDataConfig, load_config
-from conftest import REPO_ROOT, require, shared_data
+from helpers.env import REPO_ROOT, require, shared_data
 
 PAD, EOS = 0, 1
 
@@ -39,7 +39,7 @@ class WordTokenizer:
 
 @functools.cache
 def gold(name):
-    return D.read_table(shared_data(f"delta-clarify/{name}"), D.GOLD_COLUMNS)
+    return data.read_table(shared_data(f"delta-clarify/{name}"), data.GOLD_COLUMNS)
 
 
 # --------------------------------------------------------------------------- counts and formats
@@ -52,20 +52,20 @@ def test_gold_counts_as_documented():
         assert len(table) == rows
         assert len({r["situation"] for r in table.rows}) == situations
     # train.tsv spells one situation twice, once with a double space: normalized, they are one
-    assert len(D.unique_situations(gold("train.tsv"))) == 5431
-    assert D.unique_situations(gold("dev.tsv"))[:2] == [
+    assert len(data.unique_situations(gold("train.tsv"))) == 5431
+    assert data.unique_situations(gold("dev.tsv"))[:2] == [
         "It's understood that sometimes things don't work out.", "trying to forgive people"]
 
 
 def test_silver_and_fusion_counts_as_documented():
-    silver = D.read_table(shared_data("delta-clarify/sc_dev_questions_gpt.tsv"), D.SILVER_COLUMNS)
+    silver = data.read_table(shared_data("delta-clarify/sc_dev_questions_gpt.tsv"), data.SILVER_COLUMNS)
     assert len(silver) == 1676
     assert collections.Counter(r["UpdateType"] for r in silver.rows) == {
         "strengthener": 868, "weakener": 808}
     assert sum(r["situation"] == r["Hypothesis"] for r in silver.rows) == 708
-    fusion = D.read_table(shared_data("delta-clarify/fusion_dev.csv"), D.FUSION_COLUMNS)
+    fusion = data.read_table(shared_data("delta-clarify/fusion_dev.csv"), data.FUSION_COLUMNS)
     assert len(fusion) == 9928
-    pairs = D.fusion_pairs(fusion)
+    pairs = data.fusion_pairs(fusion)
     assert len({p.group for p in pairs}) == 4843
 
 
@@ -77,19 +77,19 @@ def test_quoted_fields_are_unquoted():
 
 def test_pair_formats_match_the_original_templates():
     table = gold("dev.tsv")
-    for row, pair in zip(table.rows[:200], D.question_pairs(table)):
+    for row, pair in zip(table.rows[:200], data.question_pairs(table)):
         assert pair.input == "question: " + " ".join(row["situation"].split())
         assert pair.target == " ".join(row["question"].split())
-    for row, pair in zip(table.rows[:200], D.wh_question_pairs(table)):
+    for row, pair in zip(table.rows[:200], data.wh_question_pairs(table)):
         first = re.sub(r"[^\w']+$", "", row["question"].split()[0]).lower()
         assert pair.input == " ".join(row["situation"].split()) + " Q.: " + first
-    silver = D.read_table(shared_data("delta-clarify/sc_dev_questions_gpt.tsv"), D.SILVER_COLUMNS)
-    for row, pair in zip(silver.rows[:200], D.answerer_pairs(silver)):
+    silver = data.read_table(shared_data("delta-clarify/sc_dev_questions_gpt.tsv"), data.SILVER_COLUMNS)
+    for row, pair in zip(silver.rows[:200], data.answerer_pairs(silver)):
         assert pair.input == (f"answer: {row['Hypothesis']} TYPE: {row['UpdateType']} "
                               f"QUESTION: {row['question_davinci']}")
         assert pair.target == row["Update"].strip()
-    fusion = D.read_table(shared_data("delta-clarify/fusion_dev.csv"), D.FUSION_COLUMNS)
-    for row, pair in zip(fusion.rows[:200], D.fusion_pairs(fusion)):
+    fusion = data.read_table(shared_data("delta-clarify/fusion_dev.csv"), data.FUSION_COLUMNS)
+    for row, pair in zip(fusion.rows[:200], data.fusion_pairs(fusion)):
         assert pair.input == "merge: " + " ".join(row["input"].split())  # whitespace collapsed
         assert pair.target == " ".join(row["output"].split())
         assert pair.input.startswith("merge: SITUATION: " + pair.group + " QUESTION: ")
@@ -98,13 +98,13 @@ def test_pair_formats_match_the_original_templates():
 def test_judge_pairs_from_a_table_and_from_silver(tmp_path):
     table = tmp_path / "judge.tsv"
     table.write_text("text\tclass\nhelping a friend\t1\nlying to mom\tbad\nsleeping in\tok\n")
-    pairs = D.read_pairs(table, "judge")
+    pairs = data.read_pairs(table, "judge")
     assert [p.input for p in pairs] == ["[moral_single]: helping a friend",
                                         "[moral_single]: lying to mom", "[moral_single]: sleeping in"]
     assert [re.match(r"<class>(-?\d)</class> <text>.+</text>$", p.target).group(1)
             for p in pairs] == ["1", "-1", "0"]
-    silver = D.read_table(shared_data("delta-clarify/sc_dev_questions_gpt.tsv"), D.SILVER_COLUMNS)
-    rows = D.silver_judge_rows(silver)
+    silver = data.read_table(shared_data("delta-clarify/sc_dev_questions_gpt.tsv"), data.SILVER_COLUMNS)
+    rows = data.silver_judge_rows(silver)
     labels = collections.Counter(r["class"] for r in rows.rows)
     assert set(labels) == {"-1", "0", "1"} and len(rows) > 1500
     # the heuristic, checked on rows whose hypothesis is unambiguous
@@ -112,44 +112,45 @@ def test_judge_pairs_from_a_table_and_from_silver(tmp_path):
     assert by_text["help your family with funeral expenses."] == "1"
     assert by_text["help your family with funeral expenses. They have asked you to chip in"] == "1"
     assert by_text["help your family with funeral expenses. You are not financially stable to help out"] == "0"
-    assert D.hypothesis_polarity("It's wrong to lie.") == -1
-    assert D.hypothesis_polarity("You shouldn't lie.") == -1
-    assert D.hypothesis_polarity("It's okay to rest.") == 0
-    assert D.hypothesis_polarity("Dogs bark.") is None
+    assert data.hypothesis_polarity("It's wrong to lie.") == -1
+    assert data.hypothesis_polarity("You shouldn't lie.") == -1
+    assert data.hypothesis_polarity("It's okay to rest.") == 0
+    assert data.hypothesis_polarity("Dogs bark.") is None
 
 
 def test_seeded_group_splits_are_disjoint_deterministic_and_complete():
     cfg = load_config(REPO_ROOT / "configs" / "sft_fusion.yaml")
-    train, dev = D.load_sft_pairs(cfg.data, cfg.task)
-    again = D.load_sft_pairs(cfg.data, cfg.task)
+    train, dev = data.load_sft_pairs(cfg.data, cfg.task)
+    again = data.load_sft_pairs(cfg.data, cfg.task)
     assert (train, dev) == again
     assert not {p.group for p in train} & {p.group for p in dev}
     assert len(train) + len(dev) == 9928
     assert round(0.1 * 4843) == len({p.group for p in dev})
-    other = D.split_by_group(train + dev, 0.1, seed=1)[1]
+    other = data.split_by_group(train + dev, 0.1, seed=1)[1]
     assert {p.group for p in other} != {p.group for p in dev}
     cfg = load_config(REPO_ROOT / "configs" / "sft_answerer.yaml")
-    train, dev = D.load_sft_pairs(cfg.data, cfg.task)
+    train, dev = data.load_sft_pairs(cfg.data, cfg.task)
     assert len(train) + len(dev) == 1676 and not {p.group for p in train} & {p.group for p in dev}
 
 
 def test_row_limits_and_ppo_situations():
-    data = SFTDataConfig(train_path="../shared/data/delta-clarify/train.tsv", train_rows=2000,
-                         dev_rows=100)
+    data_config = SFTDataConfig(train_path="../shared/data/delta-clarify/train.tsv", train_rows=2000,
+                                dev_rows=100)
     shared_data("delta-clarify/train.tsv")
-    train, dev = D.load_sft_pairs(data, "question")
+    train, dev = data.load_sft_pairs(data_config, "question")
     assert len(train) == 2000 and len(dev) == 100
     assert len({p.group for p in train}) > 1000  # a seeded sample, not the first 400 situations
     cfg = load_config(REPO_ROOT / "configs" / "ppo_tiny.yaml")
-    train_s, dev_s = D.load_ppo_situations(cfg.data)
+    train_s, dev_s = data.load_ppo_situations(cfg.data)
     assert len(train_s) == 5431 and len(set(train_s)) == 5431
     assert len(dev_s) == cfg.data.dev_situations
 
 
+@pytest.mark.reference
 def test_hf_dataset_view():
     require("datasets")
-    pairs = D.question_pairs(gold("dev.tsv"))[:10]
-    ds = D.as_hf_dataset(pairs)
+    pairs = data.question_pairs(gold("dev.tsv"))[:10]
+    ds = data.as_hf_dataset(pairs)
     assert ds.num_rows == 10 and ds[3]["input"] == pairs[3].input
 
 
@@ -158,58 +159,58 @@ def test_hf_dataset_view():
 
 def test_missing_file_column_and_malformed_rows(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(D.DataError, match="data file not found: nowhere/x.tsv"):
-        D.read_table("nowhere/x.tsv", ["a"])
+    with pytest.raises(data.DataError, match="data file not found: nowhere/x.tsv"):
+        data.read_table("nowhere/x.tsv", ["a"])
     f = tmp_path / "t.tsv"
     f.write_text("id\tsource\tsituation\nA\tB\tC\n")
-    with pytest.raises(D.DataError, match=r"t\.tsv: missing column\(s\) \['question'\]"):
-        D.read_pairs(f, "question")
+    with pytest.raises(data.DataError, match=r"t\.tsv: missing column\(s\) \['question'\]"):
+        data.read_pairs(f, "question")
     f.write_text("id\tsource\tsituation\tquestion\n1\tx\tfine\twhy?\n2\tx\tonly three\n")
-    with pytest.raises(D.DataError, match=r"t\.tsv:3: malformed row: 3 fields"):
-        D.read_pairs(f, "question")
+    with pytest.raises(data.DataError, match=r"t\.tsv:3: malformed row: 3 fields"):
+        data.read_pairs(f, "question")
     f.write_text("id\tsource\tsituation\tquestion\n1\tx\tfine\twhy?\n2\tx\t \twhy?\n")
-    with pytest.raises(D.DataError, match=r"t\.tsv:3: column 'situation' is empty"):
-        D.read_pairs(f, "question")
+    with pytest.raises(data.DataError, match=r"t\.tsv:3: column 'situation' is empty"):
+        data.read_pairs(f, "question")
     f.write_text('id\tsource\tsituation\tquestion\n1\tx\t"multi\nline"\twhy?\n3\tx\ty\t"bad"q\n')
-    with pytest.raises(D.DataError, match=r"t\.tsv:4: malformed row"):
-        D.read_pairs(f, "question")
+    with pytest.raises(data.DataError, match=r"t\.tsv:4: malformed row"):
+        data.read_pairs(f, "question")
     s = tmp_path / "s.tsv"
     s.write_text("Hypothesis\tUpdate\tUpdateType\tquestion_davinci\tsituation\n"
                  "It's good.\tu\tweakener\tq?\ts\nIt's good.\tu\tsideways\tq?\ts\n")
-    with pytest.raises(D.DataError, match=r"s\.tsv:3.*update_type"):
-        D.read_pairs(s, "answerer")
+    with pytest.raises(data.DataError, match=r"s\.tsv:3.*update_type"):
+        data.read_pairs(s, "answerer")
     j = tmp_path / "j.jsonl"
     j.write_text('{"text": "a", "class": 1}\n{"text": "b", "class": 7}\n')
-    with pytest.raises(D.DataError, match=r"j\.jsonl:2.*label"):
-        D.read_pairs(j, "judge")
+    with pytest.raises(data.DataError, match=r"j\.jsonl:2.*label"):
+        data.read_pairs(j, "judge")
     j.write_text('{"text": "a", "class": 1}\n{"text": "b"\n')
-    with pytest.raises(D.DataError, match=r"j\.jsonl:2: malformed JSON"):
-        D.read_pairs(j, "judge")
+    with pytest.raises(data.DataError, match=r"j\.jsonl:2: malformed JSON"):
+        data.read_pairs(j, "judge")
 
 
 def test_relative_paths_and_no_example_fallback(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative paths still find ../shared/data beside the repository
     shared_data("delta-clarify/dev.tsv")
-    assert D.resolve_data_path("../shared/data/delta-clarify/dev.tsv").is_file()
+    assert data.resolve_data_path("../shared/data/delta-clarify/dev.tsv").is_file()
     fake = tmp_path / "elsewhere" / "delta-clarify"
     fake.mkdir(parents=True)
     (fake / "mini.tsv").write_text("id\tsource\tsituation\tquestion\n1\tx\tsit\twhy?\n")
     monkeypatch.setenv("CLARIFYJAX_SHARED_DATA", str(tmp_path / "elsewhere"))
-    assert D.resolve_data_path("../shared/data/delta-clarify/mini.tsv") == fake / "mini.tsv"
+    assert data.resolve_data_path("../shared/data/delta-clarify/mini.tsv") == fake / "mini.tsv"
     # a path that exists nowhere is an error, even where examples/delta-clarify holds a file of
     # that name (which the old fallback read instead); the fallback belongs to the demo alone.
     # One line naming the option and the path.
-    assert (D.REPO_ROOT / "examples" / "delta-clarify" / "train.tsv").is_file()
-    with pytest.raises(D.DataError) as info:
-        D.read_table(D.resolve_data_path("typo/delta-clarify/train.tsv", "data.train_path"),
-                     D.GOLD_COLUMNS)
+    assert (data.REPO_ROOT / "examples" / "delta-clarify" / "train.tsv").is_file()
+    with pytest.raises(data.DataError) as info:
+        data.read_table(data.resolve_data_path("typo/delta-clarify/train.tsv", "data.train_path"),
+                     data.GOLD_COLUMNS)
     message = str(info.value)
     assert "\n" not in message and message.startswith(
         "data.train_path: data file not found: typo/delta-clarify/train.tsv (looked at "
-        f"{tmp_path / 'typo/delta-clarify/train.tsv'}, {D.REPO_ROOT / 'typo'}"), message
+        f"{tmp_path / 'typo/delta-clarify/train.tsv'}, {data.REPO_ROOT / 'typo'}"), message
     assert "examples" not in message
-    with pytest.raises(D.DataError, match=r"^data file not found: typo/delta-clarify/dev\.tsv"):
-        D.read_table("typo/delta-clarify/dev.tsv", D.GOLD_COLUMNS)  # without an option name
+    with pytest.raises(data.DataError, match=r"^data file not found: typo/delta-clarify/dev\.tsv"):
+        data.read_table("typo/delta-clarify/dev.tsv", data.GOLD_COLUMNS)  # without an option name
 
 
 # --------------------------------------------------------------------------- batches
@@ -217,14 +218,14 @@ def test_relative_paths_and_no_example_fallback(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def dev_dataset():
-    pairs = D.question_pairs(gold("dev.tsv"))
-    return D.TokenizedDataset({"input": [p.input for p in pairs],
+    pairs = data.question_pairs(gold("dev.tsv"))
+    return data.TokenizedDataset({"input": [p.input for p in pairs],
                                "target": [p.target for p in pairs]},
                               WordTokenizer(), {"input": 40, "target": 24}, buckets=(8, 16, 32))
 
 
 def test_batches_are_padded_to_buckets(dev_dataset):
-    it = D.BatchIterator(dev_dataset, 32, seed=0, process_index=0, process_count=1)
+    it = data.BatchIterator(dev_dataset, 32, seed=0, process_index=0, process_count=1)
     widths = collections.Counter()
     for _ in range(30):
         b = next(it)
@@ -256,7 +257,7 @@ def assert_same_batches(a, b):
 
 
 def test_resumed_iterator_continues_identically(dev_dataset):
-    it = D.BatchIterator(dev_dataset, 64, seed=7, process_index=0, process_count=1)
+    it = data.BatchIterator(dev_dataset, 64, seed=7, process_index=0, process_count=1)
     assert it.steps_per_epoch == 2490 // 64 == 38
     take(it, 30)
     position = it.position
@@ -266,11 +267,11 @@ def test_resumed_iterator_continues_identically(dev_dataset):
     assert it.position["epoch"] == 1
     import json
 
-    resumed = D.BatchIterator(dev_dataset, 64, seed=0, process_index=0, process_count=1,
+    resumed = data.BatchIterator(dev_dataset, 64, seed=0, process_index=0, process_count=1,
                               position=json.loads(json.dumps(position)))
     assert_same_batches(take(resumed, 20), expected)
     # an epoch is a permutation: every row at most once, a new order in the next epoch
-    fresh = D.BatchIterator(dev_dataset, 64, seed=7, process_index=0, process_count=1)
+    fresh = data.BatchIterator(dev_dataset, 64, seed=7, process_index=0, process_count=1)
     epoch0 = np.concatenate([b["index"] for b in take(fresh, 38)])
     epoch1 = np.concatenate([b["index"] for b in take(fresh, 38)])
     assert len(set(epoch0)) == 38 * 64 and len(set(epoch1)) == 38 * 64
@@ -278,18 +279,18 @@ def test_resumed_iterator_continues_identically(dev_dataset):
 
 
 def test_resume_refuses_a_changed_dataset(dev_dataset):
-    it = D.BatchIterator(dev_dataset, 64, seed=7, process_index=0, process_count=1)
+    it = data.BatchIterator(dev_dataset, 64, seed=7, process_index=0, process_count=1)
     position = dict(it.position, num_examples=2000)
-    with pytest.raises(D.DataError, match="num_examples=2000"):
-        D.BatchIterator(dev_dataset, 64, position=position, process_index=0, process_count=1)
-    with pytest.raises(D.DataError, match="global_batch_size=64"):
-        D.BatchIterator(dev_dataset, 32, position=it.position, process_index=0, process_count=1)
+    with pytest.raises(data.DataError, match="num_examples=2000"):
+        data.BatchIterator(dev_dataset, 64, position=position, process_index=0, process_count=1)
+    with pytest.raises(data.DataError, match="global_batch_size=64"):
+        data.BatchIterator(dev_dataset, 32, position=it.position, process_index=0, process_count=1)
 
 
 @pytest.mark.parametrize("hosts", [2, 4])
 def test_host_shards_are_disjoint_and_cover_the_global_batch(dev_dataset, hosts):
-    single = take(D.BatchIterator(dev_dataset, 32, seed=3, process_index=0, process_count=1), 80)
-    shards = [take(D.BatchIterator(dev_dataset, 32, seed=3, process_index=p, process_count=hosts),
+    single = take(data.BatchIterator(dev_dataset, 32, seed=3, process_index=0, process_count=1), 80)
+    shards = [take(data.BatchIterator(dev_dataset, 32, seed=3, process_index=p, process_count=hosts),
                    80) for p in range(hosts)]
     seen = []
     for step, whole in enumerate(single):
@@ -308,7 +309,7 @@ def test_eval_batches_cover_every_row_once(dev_dataset):
     for hosts in (1, 2):
         rows, shapes = [], set()
         for p in range(hosts):
-            for b in D.eval_batches(dev_dataset, 100, process_index=p, process_count=hosts):
+            for b in data.eval_batches(dev_dataset, 100, process_index=p, process_count=hosts):
                 assert b["input_ids"].shape[0] == 100 // hosts
                 rows.extend(b["index"][b["example_mask"] == 1].tolist())
                 shapes.add(b["input_ids"].shape[0])
@@ -339,6 +340,7 @@ def spm_tokenizer(tmp_path_factory):
     return Tokenizer.from_pretrained(folder), folder
 
 
+@pytest.mark.reference
 def test_end_to_end_with_the_project_tokenizer(spm_tokenizer):
     tokenizer, folder = spm_tokenizer
     import sentencepiece
@@ -346,17 +348,17 @@ def test_end_to_end_with_the_project_tokenizer(spm_tokenizer):
     sp = sentencepiece.SentencePieceProcessor(model_file=str(folder / "spiece.model"))
     cfg = load_config(REPO_ROOT / "configs" / "sft_question_tiny.yaml",
                       ["data.train_rows=512", "data.dev_rows=64"])
-    train, dev = D.load_sft_pairs(cfg.data, cfg.task)
-    ds = D.sft_dataset(train, tokenizer, cfg.model, cfg.data.length_buckets)
-    batch = next(D.BatchIterator(ds, 16, seed=0, process_index=0, process_count=1))
+    train, dev = data.load_sft_pairs(cfg.data, cfg.task)
+    ds = data.sft_dataset(train, tokenizer, cfg.model, cfg.data.length_buckets)
+    batch = next(data.BatchIterator(ds, 16, seed=0, process_index=0, process_count=1))
     for row, i in enumerate(batch["index"]):
         pieces = sp.encode(train[i].input)[:cfg.model.max_input_length - 1] + [EOS]  # reference
         n = batch["input_mask"][row].sum()
         assert batch["input_ids"][row, :n].tolist() == pieces
     assert batch["input_ids"].shape[1] in (16, 32, 64)
-    prompts = D.situation_dataset(["trying to forgive people", "lying to a friend"], tokenizer,
+    prompts = data.situation_dataset(["trying to forgive people", "lying to a friend"], tokenizer,
                                   32)
-    b = next(D.eval_batches(prompts, 2, process_index=0, process_count=1))
+    b = next(data.eval_batches(prompts, 2, process_index=0, process_count=1))
     assert tokenizer.decode_batch(b["input_ids"]) == ["question: trying to forgive people",
                                                       "question: lying to a friend"]
     assert prompts.texts["situation"][1] == "lying to a friend"
@@ -366,7 +368,7 @@ def test_wh_question_pairs_leave_out_wordless_questions_with_a_warning():
     table = gold("train.tsv")
     with pytest.warns(UserWarning, match=r"train\.tsv: 3 row\(s\) whose question has no word .* "
                                          r"\(lines 14492, 14495, 17574\)"):
-        pairs = D.wh_question_pairs(table)
+        pairs = data.wh_question_pairs(table)
     assert len(pairs) == len(table) - 3
     kept = [r for r in table.rows if re.search(r"\w", r["question"])]
     assert len(kept) == len(pairs)

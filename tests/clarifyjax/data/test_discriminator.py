@@ -11,9 +11,9 @@ import pytest
 from clarifyjax import data
 
 from clarifyjax.data import discriminator
-from clarifyjax.text import formats as fmt
+from clarifyjax.text import formats
 from clarifyjax.files.tables import Table, read_table
-from conftest import require, shared_data
+from helpers.env import require, shared_data
 
 
 def gold_table(rows):
@@ -67,7 +67,7 @@ def test_negatives_never_include_a_gold_question_of_the_same_situation():
             keys = {q.casefold() for q in gold}
             negatives = [r["question"] for r in out if r["situation"] == situation
                          and r["label"] == "0"]
-            assert not {fmt.normalize_whitespace(q).casefold() for q in negatives} & keys
+            assert not {formats.normalize_whitespace(q).casefold() for q in negatives} & keys
             assert len(negatives) == len(set(q.casefold() for q in negatives))
     # "helping a friend" (3 gold) can only get "How old?" and "Where were you?" from the others
     negatives = [r["question"] for r in out if r["situation"] == "helping a friend"
@@ -107,6 +107,7 @@ def test_a_bad_label_is_named(tmp_path):
         data.read_pairs(path, "discriminator")
 
 
+@pytest.mark.reference
 def test_discriminator_data_command(tmp_path, capsys):
     """`clarifyjax discriminator-data` with the real all-MiniLM-L6-v2: the table is written and
     reads back as pairs; writing over the input is refused before any model is loaded."""

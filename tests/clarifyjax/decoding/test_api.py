@@ -26,6 +26,7 @@ from clarifyjax.decoding.api import check_rng
 from clarifyjax.models.causal_lm import CausalLM, CausalLMConfig
 from clarifyjax.models.t5 import T5Config
 from helpers.t5_builders import FAMILIES, TINY, random_t5
+from helpers.env import require
 
 VOCAB = 40
 CAUSAL = CausalLMConfig(model_type="llama", vocab_size=VOCAB, hidden_size=16, num_layers=1,
@@ -326,9 +327,9 @@ def test_sage_metric_under_jit_and_on_non_finite_inputs():
 # --------------------------------------------------------------------------- bertscore
 
 
+@pytest.mark.reference
 def test_bertscore_warns_about_empty_texts(tmp_path_factory):
     from clarifyjax.evaluation.bertscore import EmptyTextWarning, bertscore
-    from conftest import require
     from helpers.bert_score_package import tiny_roberta_folder
 
     require("torch")

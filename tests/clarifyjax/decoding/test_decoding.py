@@ -314,6 +314,7 @@ def test_top_p_splits_tokens_whose_probabilities_round_together(threshold_path):
         np.testing.assert_array_equal(np.isfinite(got[0]), np.isfinite(ref), err_msg=str(last))
 
 
+@pytest.mark.reference
 def test_sample_categorical_draws_from_the_softmax():
     """Inverse-CDF sampling (one uniform per row) against the exact probabilities: a chi-square
     test on 200,000 draws over a vocabulary that is not a multiple of the block size, with

@@ -116,6 +116,7 @@ def llama(tmp_path_factory):
     return tiny_llama_folder(tmp_path_factory, seed=3)
 
 
+@pytest.mark.e2e
 def test_generate_with_logprobs_at_tiny_temperatures_writes_the_greedy_text(llama, tmp_path,
                                                                             capsys):
     from clarifyjax import cli

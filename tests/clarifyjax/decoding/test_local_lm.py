@@ -13,8 +13,10 @@ from __future__ import annotations
 import pytest
 
 from clarifyjax.text.generator import Sampling, TextGenerator, TokenCounter
-from conftest import require
+from helpers.env import require
 from helpers.tiny_models import tiny_llama_folder
+
+pytestmark = pytest.mark.reference
 
 PROMPTS = ["My friend lied", "Is it ok to cheat", [{"role": "user", "content": "Lie?"}]]
 MAX_NEW = 12
@@ -165,6 +167,7 @@ write_result(out)
 """
 
 
+@pytest.mark.child
 @pytest.mark.slow  # a child with 8 fake devices compiling four programs
 def test_on_a_mesh_of_8_devices_the_completions_equal_one_device(folder, lm, shared):
     """LocalLM(mesh=...): weights sharded (fsdp x model), each batch's rows split over data x fsdp,

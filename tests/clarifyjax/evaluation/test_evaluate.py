@@ -16,9 +16,8 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO_ROOT
+from helpers.env import REPO_ROOT, require, shared_data
 from helpers.children import clean_env, killed_on_second_call
-from helpers.env import require, shared_data
 from helpers.tiny_models import tiny_classifier_folder, tiny_nli_folder, tiny_t5_folder
 
 N_SITUATIONS = 20
@@ -227,6 +226,9 @@ def _kill_during_questions_then_rerun(tmp_path, config_text, out):
     return path2
 
 
+@pytest.mark.reference
+@pytest.mark.e2e
+@pytest.mark.child
 @pytest.mark.slow
 def test_evaluate_six_systems_tables_match_independent_computations(tmp_path, config_text):
     path, out = _config(tmp_path, config_text, "run")
@@ -272,6 +274,7 @@ def test_evaluate_six_systems_tables_match_independent_computations(tmp_path, co
 
 
 
+@pytest.mark.e2e
 def test_config_errors_name_the_key_and_file(tmp_path):
     from clarifyjax.config.loader import ConfigError
     from clarifyjax.config.evaluate import WH_STARTS, load_eval_config
@@ -310,6 +313,7 @@ def test_config_errors_name_the_key_and_file(tmp_path):
         check_eval_inputs(load_eval_config(tmp_path / "e.yaml", ["data.situations=3"]))
 
 
+@pytest.mark.reference
 def test_unanswerable_reads_the_situation_as_context(tmp_path):
     """`qa_metric.Unanswerable` against transformers' RobertaForQuestionAnswering on the same
     weights, with the rule written here in numpy: spans (i <= j) over the situation's tokens and
@@ -340,6 +344,7 @@ def test_unanswerable_reads_the_situation_as_context(tmp_path):
     assert 0 < sum(expected) < len(expected)  # both outcomes occur
 
 
+@pytest.mark.reference
 def test_discriminator_relevance_matches_transformers(tmp_path_factory):
     """The discriminator baseline's P(relevant) from a DeBERTa-v3 classifier folder (what
     `clarifyjax train configs/sft_discriminator*.yaml` exports): transformers'
@@ -399,6 +404,7 @@ def test_train_fraction_keeps_whole_situations():
         assert kept == [p for p in full if p.group in kept_groups]  # whole situations, in order
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("override, message", [
     ("out=/dev/null", "out /dev/null: is not a folder"),
     ("out=FILE", "is a file; give a folder"),

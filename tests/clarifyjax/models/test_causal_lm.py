@@ -26,9 +26,11 @@ from helpers.causal_lm_builders import VOCAB, make_hf_causal_lm, prompts, right_
 from clarifyjax.core import traces
 from clarifyjax.decoding import generate, score
 from clarifyjax.models import hf
-from clarifyjax.models.hf import causal_lm_map as causal_lm_params
+from clarifyjax.models.hf import causal_lm_map
 from clarifyjax.models.hf import load_causal_lm, read_generation_defaults
 from clarifyjax.models.safetensors_io import CheckpointError, SafetensorsFile, safetensors_bytes
+
+pytestmark = pytest.mark.reference
 
 forward = nnx.jit(lambda model, ids, mask: model(ids, mask))
 MAX_NEW = 8  # of the greedy runs of rows_batch()
@@ -108,14 +110,14 @@ def test_tensor_errors_name_the_tensor(folder, tmp_path):
 
 
 def test_a_parameter_left_unset_is_named(folder, monkeypatch):
-    maps = causal_lm_params.causal_lm_tensor_maps
+    maps = causal_lm_map.causal_lm_tensor_maps
 
     def incomplete(config):
         out = maps(config)
         del out[("layers", 0, "mlp", "down")]
         return out
-    monkeypatch.setattr(causal_lm_params, "causal_lm_tensor_maps", incomplete)
-    monkeypatch.setattr(causal_lm_params, "check_causal_lm_tensors", lambda *args: None)
+    monkeypatch.setattr(causal_lm_map, "causal_lm_tensor_maps", incomplete)
+    monkeypatch.setattr(causal_lm_map, "check_causal_lm_tensors", lambda *args: None)
     with pytest.raises(AssertionError, match=r"'layers', 0, 'mlp', 'down'"):
         hf.load_causal_lm(folder)
 

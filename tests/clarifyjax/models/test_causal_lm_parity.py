@@ -31,12 +31,14 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import require
+from helpers.env import require
 from helpers.causal_lm_builders import (CASES, EOS, left_padded, make_hf_causal_lm, prompts,
                                         right_padded)
 
 from clarifyjax.decoding import generate, score
 from clarifyjax.models.hf import load_causal_lm
+
+pytestmark = pytest.mark.reference
 
 TOL = 1e-4
 MAX_NEW = 8

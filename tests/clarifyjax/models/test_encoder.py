@@ -21,17 +21,13 @@ from clarifyjax.models.safetensors_io import CheckpointError
 from clarifyjax.models.encoder import (EncoderConfig, SequenceClassifier,
                                        roberta_position_ids)
 from clarifyjax.models.hf import load_encoder, load_question_answering, load_sequence_classifier
-from conftest import require
+from helpers.encoder_builders import padded_batch, randomize
+from helpers.env import require
+
+pytestmark = pytest.mark.usefixtures("full_float32_matmuls")
 
 TOL = 1e-4
 AGREED_AXES = {"vocab", "embed", "mlp", "heads", "kv", "classes", None}
-
-
-@pytest.fixture(autouse=True)
-def full_float32_matmuls():
-    """On GPUs, jax's default float32 matmul runs in TF32 (errors ~1e-3): compare in full f32."""
-    with jax.default_matmul_precision("highest"):
-        yield
 
 
 def hf_config(model_type: str, **extra):
@@ -45,31 +41,10 @@ def hf_config(model_type: str, **extra):
     return cls(**values)
 
 
-def randomize(model, seed: int = 0):
-    """Redraw every weight (LayerNorm scales around 1) so that errors are not hidden by 0.02 init."""
-    torch = require("torch")
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen) * 0.2
-            p.copy_(1.0 + noise if "LayerNorm.weight" in name else noise)
-    return model.eval()
-
-
 def save_hf(model, folder):
     model.save_pretrained(folder)  # transformers 5 writes model.safetensors
     assert (folder / "model.safetensors").exists()
     return folder
-
-
-def padded_batch(pad: int, vocab: int, seed: int = 0):
-    """[3, 12] ids with padding after 12, 7 and 1 tokens (ids avoid the special tokens 0..3)."""
-    rng = np.random.RandomState(seed)
-    ids = rng.randint(4, vocab, size=(3, 12))
-    mask = np.ones_like(ids)
-    for row, n in ((1, 7), (2, 1)):
-        ids[row, n:], mask[row, n:] = pad, 0
-    return ids, mask
 
 
 def torch_hidden(model, ids, mask, types=None):
@@ -81,6 +56,7 @@ def torch_hidden(model, ids, mask, types=None):
         return model(**kwargs).last_hidden_state.numpy()
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("model_type,hidden_act", [("bert", "gelu"), ("roberta", "gelu"),
                                                    ("bert", "gelu_new"), ("roberta", "relu")])
 def test_encoder_matches_pytorch_with_padding(tmp_path, model_type, hidden_act):
@@ -107,6 +83,7 @@ def test_encoder_matches_pytorch_with_padding(tmp_path, model_type, hidden_act):
     assert np.abs(alone[0] - got[1, :7]).max() < TOL
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
 def test_question_answering_head_matches_pytorch(tmp_path, model_type):
     """`...ForQuestionAnswering` (qa_outputs -> start / end logits) on a padded batch."""
@@ -124,6 +101,7 @@ def test_question_answering_head_matches_pytorch(tmp_path, model_type):
     assert np.abs(np.asarray(end) - expected.end_logits.numpy()).max() < TOL
 
 
+@pytest.mark.reference
 def test_jit_with_split_merge_and_nnx_jit_agree(tmp_path):
     transformers = require("transformers")
     config = hf_config("roberta")
@@ -141,6 +119,7 @@ def test_jit_with_split_merge_and_nnx_jit_agree(tmp_path):
     np.testing.assert_allclose(nnx.jit(lambda m, i, k: m(i, k))(model, ids, mask), eager, atol=1e-5)
 
 
+@pytest.mark.reference
 def test_roberta_position_ids_match_huggingface():
     torch = require("torch")
     from transformers.models.roberta.modeling_roberta import RobertaEmbeddings
@@ -150,6 +129,7 @@ def test_roberta_position_ids_match_huggingface():
     np.testing.assert_array_equal(np.asarray(roberta_position_ids(jnp.asarray(ids), 1)), expected)
 
 
+@pytest.mark.reference
 def test_prefixed_and_unprefixed_names_load_the_same_trunk(tmp_path):
     transformers = require("transformers")
     config = hf_config("bert", num_labels=3)
@@ -179,6 +159,7 @@ def test_parameters_carry_agreed_logical_axes():
     assert names[("out_proj", "kernel")] == (None, "classes")
 
 
+@pytest.mark.reference
 def test_parameter_and_compute_dtypes_are_separate(tmp_path):
     """bfloat16 compute over float32 parameters agrees with PyTorch's float32 to bfloat16's
     precision; bfloat16 parameters with float32 compute give float32 outputs (their dtype read
@@ -208,6 +189,7 @@ def _write_bert(tmp_path):
     return save_hf(randomize(transformers.AutoModel.from_config(hf_config("bert"))), tmp_path)
 
 
+@pytest.mark.reference
 def test_missing_tensor_is_named(tmp_path):
     from safetensors.numpy import load_file, save_file
 
@@ -219,6 +201,7 @@ def test_missing_tensor_is_named(tmp_path):
         load_encoder(folder)
 
 
+@pytest.mark.reference
 def test_wrong_shape_names_tensor_and_both_shapes(tmp_path):
     from safetensors.numpy import load_file, save_file
 
@@ -232,6 +215,7 @@ def test_wrong_shape_names_tensor_and_both_shapes(tmp_path):
     assert "(32, 16)" in str(e.value) and "(32, 32)" in str(e.value)
 
 
+@pytest.mark.reference
 def test_unsupported_model_type_and_pickles_are_refused(tmp_path):
     folder = _write_bert(tmp_path / "a")
     pickled = tmp_path / "b"
@@ -260,6 +244,7 @@ def test_config_errors_name_the_field():
     assert cfg.labels == ("a", "b")
 
 
+@pytest.mark.reference
 def test_load_sequence_classifier_requires_labels(tmp_path):
     folder = _write_bert(tmp_path)
     config = json.loads((folder / "config.json").read_text())

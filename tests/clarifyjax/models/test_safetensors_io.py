@@ -2,7 +2,7 @@
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import require
+from helpers.env import require
 
 from clarifyjax.models.safetensors_io import (CheckpointError, SafetensorsFile, TensorSource,
                                              safetensors_bytes, write_checkpoint)
@@ -16,6 +16,7 @@ def _tensors():
             "d.flag": np.array([True, False])}
 
 
+@pytest.mark.reference
 def test_our_bytes_read_by_safetensors_and_back(tmp_path):
     st = require("safetensors.numpy")
     tensors = _tensors()
@@ -32,6 +33,7 @@ def test_our_bytes_read_by_safetensors_and_back(tmp_path):
         np.testing.assert_array_equal(f.array(k), v)
 
 
+@pytest.mark.reference
 def test_bfloat16_roundtrip_and_slices(tmp_path):
     torch = require("torch")
     from safetensors.torch import load_file

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import require
+from helpers.env import require
 from helpers.t5_builders import HF_TINY as TINY
 from helpers.t5_builders import make_hf_t5, padded_batch, random_t5
 
@@ -50,6 +50,7 @@ def torch_logits(torch_model, ids, mask, dec_ids, dec_mask=None):
     return out.logits.numpy()
 
 
+@pytest.mark.reference
 def test_config_family_is_read_correctly(pair):
     family, _, torch_model, config, model = pair
     check_family(family, torch_model, config, model)
@@ -64,6 +65,7 @@ def check_family(family, torch_model, config, model):
     assert config.d_kv * config.num_heads != config.d_model
 
 
+@pytest.mark.reference
 def test_transformers5_tied_v11_checkpoint(tmp_path):
     """gated-gelu, one shared matrix, no rescale: what transformers 5 writes for tie=False."""
     family = "v1.1-tied-by-transformers5"
@@ -73,6 +75,7 @@ def test_transformers5_tied_v11_checkpoint(tmp_path):
     check_forward(torch_model, config, model)
 
 
+@pytest.mark.reference
 def test_forward_matches_transformers(pair):
     _, _, torch_model, config, model = pair
     check_forward(torch_model, config, model)
@@ -97,6 +100,7 @@ def check_forward(torch_model, config, model):
     assert np.abs(np.asarray(logits) - expected).max() <= LOGIT_TOL
 
 
+@pytest.mark.reference
 def test_greedy_generation_matches_transformers(pair):
     family, folder, torch_model, config, _ = pair
     torch = require("torch")
@@ -137,6 +141,7 @@ def test_greedy_generation_matches_transformers(pair):
         assert length == max_new or tokens[row, length - 1] == eos
 
 
+@pytest.mark.reference
 def test_score_matches_torch_log_softmax(pair):
     _, _, torch_model, config, model = pair
     torch = require("torch")
@@ -153,6 +158,7 @@ def test_score_matches_torch_log_softmax(pair):
     assert (got[target_mask == 0] == 0).all()
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("bidirectional", [True, False])
 @pytest.mark.parametrize("buckets,max_distance", [(32, 128), (8, 20), (16, 64), (64, 256)])
 def test_relative_position_bucket_matches_transformers(bidirectional, buckets, max_distance):
@@ -168,6 +174,7 @@ def test_relative_position_bucket_matches_transformers(bidirectional, buckets, m
     np.testing.assert_array_equal(np.asarray(got), expected)
 
 
+@pytest.mark.reference
 def test_bfloat16_compute_and_params(tmp_path):
     make_hf_t5(tmp_path, "v1.1")
     folder = tmp_path

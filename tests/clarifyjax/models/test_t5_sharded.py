@@ -110,6 +110,7 @@ SHARDED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.child
 @pytest.mark.slow  # a subprocess with 8 devices compiling ~10 programs: 15-35 s on 2 busy cores
 def test_forward_on_8_devices_equals_one_device():
     results = run_with_fake_devices(SHARDED, 8)

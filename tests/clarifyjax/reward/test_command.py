@@ -1,6 +1,6 @@
 """`clarifyjax score-questions` on tiny random models: output, summary, and bad input.
 
-The models are those of test_reward_pipeline.py (same seeds, so the session builds them once).
+The models are those of test_pipeline.py (same seeds, so the session builds them once).
 The scores in the JSONL must equal `RewardPipeline` called directly on the same rows; every bad
 input named in issue 4 must end in exit status 2 and one line naming the file, line or field.
 """
@@ -18,8 +18,8 @@ import pytest
 from clarifyjax.core.buckets import equal_chunks
 from clarifyjax.cli import SUBCOMMANDS, main
 from clarifyjax.reward.pipeline import PipelineConfig, RewardPipeline
-from conftest import REPO_ROOT, shared_data
-from helpers.score_cli import N, args_for, folders, rows, write_lines  # noqa: F401 (fixtures)
+from helpers.env import REPO_ROOT, shared_data
+from helpers.score_cli import N, args_for, write_lines
 from helpers.tiny_models import tiny_nli_folder, tiny_t5_folder
 
 
@@ -41,6 +41,7 @@ def scored(folders, rows, tmp_path_factory):
     return status, printed.getvalue(), out
 
 
+@pytest.mark.reference
 def test_scores_are_written_and_summarized(scored, rows):
     status, printed, out = scored
     assert status == 0
@@ -59,6 +60,7 @@ def test_scores_are_written_and_summarized(scored, rows):
     assert not list(out.parent.glob("*.tmp*"))  # written atomically
 
 
+@pytest.mark.reference
 def test_scores_equal_the_pipeline_called_directly(scored, folders, rows):
     _, _, out = scored
     records = [json.loads(line) for line in out.read_text().splitlines()]
@@ -73,6 +75,8 @@ def test_scores_equal_the_pipeline_called_directly(scored, folders, rows):
     np.testing.assert_allclose([r["reward"] for r in records[first]], direct.reward, atol=1e-6)
 
 
+@pytest.mark.reference
+@pytest.mark.e2e
 def test_tsv_input_with_columns_and_limit(folders, tmp_path, capsys):
     dev = shared_data("delta-clarify/dev.tsv")
     out = tmp_path / "out.jsonl"
@@ -82,6 +86,8 @@ def test_tsv_input_with_columns_and_limit(folders, tmp_path, capsys):
     assert len(out.read_text().splitlines()) == N and "pairs" in printed
 
 
+@pytest.mark.reference
+@pytest.mark.e2e
 def test_empty_question_names_file_and_line(folders, rows, tmp_path, capsys):
     questions = list(rows[1])
     questions[2] = "  "
@@ -93,6 +99,8 @@ def test_empty_question_names_file_and_line(folders, rows, tmp_path, capsys):
     assert not (tmp_path / "o.jsonl").exists()
 
 
+@pytest.mark.reference
+@pytest.mark.e2e
 def test_empty_question_in_a_table_names_file_and_line(folders, tmp_path, capsys):
     table = tmp_path / "pairs.tsv"
     table.write_text("situation\tquestion\nlying to a friend\twhy?\nhelping out\t\n")
@@ -100,6 +108,8 @@ def test_empty_question_in_a_table_names_file_and_line(folders, tmp_path, capsys
     assert status == 2 and f"{table}:3: column 'question' is empty" in err
 
 
+@pytest.mark.reference
+@pytest.mark.e2e
 def test_500_word_question_is_truncated_and_counted(folders, rows, tmp_path, capsys):
     questions = list(rows[1])
     questions[4] = " ".join(["why would you do that"] * 100)  # 500 words
@@ -113,6 +123,8 @@ def test_500_word_question_is_truncated_and_counted(folders, rows, tmp_path, cap
     assert record["question_truncated"] and len(record["question"].split()) == 64
 
 
+@pytest.mark.reference
+@pytest.mark.e2e
 def test_judge_without_a_class_token(folders, rows, tmp_path_factory, tmp_path, capsys):
     bad_judge = tiny_t5_folder(tmp_path_factory, seed=5, minus_one=False)
     sit = write_lines(tmp_path / "s.txt", rows[0])
@@ -123,6 +135,8 @@ def test_judge_without_a_class_token(folders, rows, tmp_path_factory, tmp_path, 
     assert str(bad_judge) in err and "class token '-1' is not one vocabulary id" in err
 
 
+@pytest.mark.reference
+@pytest.mark.e2e
 def test_nli_with_unexpected_labels(folders, rows, tmp_path_factory, tmp_path, capsys):
     bad_nli = tiny_nli_folder(tmp_path_factory, ("positive", "negative", "neutral"))
     sit = write_lines(tmp_path / "s.txt", rows[0])
@@ -133,6 +147,8 @@ def test_nli_with_unexpected_labels(folders, rows, tmp_path_factory, tmp_path, c
     assert "config.json" in err and "'positive'" in err and "entailment" in err
 
 
+@pytest.mark.reference
+@pytest.mark.e2e
 def test_mismatched_files_and_missing_folder(folders, rows, tmp_path, capsys):
     sit = write_lines(tmp_path / "s.txt", rows[0])
     qs = write_lines(tmp_path / "q.txt", rows[1][:-1])
@@ -150,6 +166,8 @@ def test_equal_chunks():
     assert equal_chunks(5, 64) == [slice(0, 5)]
 
 
+@pytest.mark.e2e
+@pytest.mark.child
 def test_subcommands_and_python_dash_m():
     assert "score-questions" in SUBCOMMANDS
     proc = subprocess.run([sys.executable, "-m", "clarifyjax", "score-questions", "--help"],

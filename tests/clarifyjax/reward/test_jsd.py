@@ -14,7 +14,7 @@ import pytest
 
 from clarifyjax.reward.jsd import (ORIGINAL_BIAS, ORIGINAL_GAIN, RewardNormalizer, average_jsd,
                                defeasibility_reward, flip_rate, jsd, judgment_flips)
-from conftest import require
+from helpers.env import require
 
 JSD = jax.jit(jsd, static_argnames=("axis", "base", "normalize"))
 FLIP_RATE = jax.jit(flip_rate)
@@ -33,6 +33,7 @@ def _random_distributions(rng, n, k=3, zeros=True):
     return p
 
 
+@pytest.mark.reference
 def test_jsd_equals_scipy_squared_distance():
     spatial = require("scipy.spatial")
     rng = np.random.default_rng(0)
@@ -113,6 +114,7 @@ def test_normalizer_original_and_serialization():
         RewardNormalizer.fit([0.3, float("nan"), 0.1])
 
 
+@pytest.mark.reference
 def test_flip_rate_and_average_jsd_against_numpy_loop():
     rng = np.random.default_rng(3)
     n = 200

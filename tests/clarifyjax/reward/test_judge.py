@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from helpers.tiny_models import tiny_classifier_folder, tiny_t5_folder
-from conftest import require, shared_data
+from helpers.env import require, shared_data
 from clarifyjax.core import traces
 from clarifyjax.reward.judge import DELPHI_CLASS_STEP, ClassifierJudge, Judge, load_judge
 from clarifyjax.decoding.seq2seq import Seq2SeqSampling
@@ -69,6 +69,7 @@ def original_class_probabilities(torch_model, hf_tok, texts, prefix_ids, step: i
     return (columns / columns.sum(-1, keepdim=True)).numpy()
 
 
+@pytest.mark.reference
 def test_prefix_and_class_ids_are_delphis(t5_judge):
     _, judge, _, hf_tok = t5_judge
     assert hf_tok.convert_ids_to_tokens(list(judge.prefix_ids)) == ["▁", "<unk>", "class", ">"]
@@ -76,6 +77,7 @@ def test_prefix_and_class_ids_are_delphis(t5_judge):
     assert hf_tok.unk_token_id not in judge.class_ids
 
 
+@pytest.mark.reference
 def test_class_probabilities_equal_the_original_method(t5_judge):
     _, judge, torch_model, hf_tok = t5_judge
     texts = dev_situations(11)  # 11 rows: padded to 16, lengths differ within the bucket
@@ -91,6 +93,7 @@ def test_class_probabilities_equal_the_original_method(t5_judge):
     assert np.abs(later - ours).max() > 1e-3
 
 
+@pytest.mark.reference
 def test_inputs_match_the_reference_tokenization(t5_judge):
     _, judge, _, hf_tok = t5_judge
     texts = dev_situations(5, offset=20)
@@ -100,6 +103,7 @@ def test_inputs_match_the_reference_tokenization(t5_judge):
         assert row[: m.sum()].tolist() == r
 
 
+@pytest.mark.reference
 def test_batched_and_single_agree_and_shapes_compile_once(t5_judge):
     _, judge, _, _ = t5_judge
     texts = dev_situations(13, offset=40)
@@ -111,6 +115,7 @@ def test_batched_and_single_agree_and_shapes_compile_once(t5_judge):
     np.testing.assert_allclose(batched[:3], single, atol=1e-6)
 
 
+@pytest.mark.reference
 def test_policy_prefix_is_stripped(t5_judge):
     _, judge, _, _ = t5_judge
     text = dev_situations(1)[0]
@@ -118,6 +123,7 @@ def test_policy_prefix_is_stripped(t5_judge):
                                judge.class_probabilities([text]), atol=0)
 
 
+@pytest.mark.reference
 def test_judgment_text_is_greedy_decoding(t5_judge):
     _, judge, torch_model, hf_tok = t5_judge
     torch = require("torch")
@@ -152,12 +158,14 @@ def test_parse_judgment(decoded, expected):
 # ------------------------------------------------------------------------------- bad judges
 
 
+@pytest.mark.reference
 def test_vocabulary_without_a_class_token_fails_clearly(tmp_path_factory):
     folder = tiny_t5_folder(tmp_path_factory, seed=5, minus_one=False)
     with pytest.raises(CheckpointError, match=r"class token '-1' is not one vocabulary id"):
         Judge.from_pretrained(folder)
 
 
+@pytest.mark.reference
 def test_class_token_outside_the_vocabulary_fails_clearly(t5_judge):
     folder = t5_judge[0]
     with pytest.raises(CheckpointError, match=r"class token '<' is not in the judge's vocabulary"):
@@ -166,11 +174,13 @@ def test_class_token_outside_the_vocabulary_fails_clearly(t5_judge):
         Judge.from_pretrained(folder, class_tokens=("1", "0", "1"))
 
 
+@pytest.mark.reference
 def test_prefix_length_is_checked(t5_judge):
     with pytest.raises(CheckpointError, match=r"tokenizes to 4 ids .* decoder step 3"):
         Judge.from_pretrained(t5_judge[0], class_step=3)
 
 
+@pytest.mark.reference
 def test_empty_text_is_an_error(t5_judge):
     with pytest.raises(ValueError, match="judge text 1: field 'situation' is empty"):
         t5_judge[1].class_probabilities(["fine", "question:  "])
@@ -188,6 +198,7 @@ def classifier(tmp_path_factory):
     return folder, torch_model
 
 
+@pytest.mark.reference
 def test_classifier_judge_matches_pytorch(classifier):
     torch = require("torch")
     folder, torch_model = classifier
@@ -207,6 +218,7 @@ def test_classifier_judge_matches_pytorch(classifier):
     assert judge.judgment_text(texts) == [names[k] for k in ours.argmax(-1)]
 
 
+@pytest.mark.reference
 def test_classifier_with_other_labels_fails_clearly(tmp_path_factory):
     folder = tiny_classifier_folder(tmp_path_factory, ("positive", "negative", "neutral"))
     message = r"config.json.*'positive'.*named \['bad', 'ok', 'good'\]"
@@ -216,6 +228,7 @@ def test_classifier_with_other_labels_fails_clearly(tmp_path_factory):
     assert judge.class_probabilities(["x y"]).shape == (1, 3)
 
 
+@pytest.mark.reference
 def test_load_judge_dispatches_on_model_type(t5_judge, tmp_path):
     assert isinstance(load_judge(t5_judge[0]), Judge)
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
@@ -223,6 +236,7 @@ def test_load_judge_dispatches_on_model_type(t5_judge, tmp_path):
         load_judge(tmp_path)
 
 
+@pytest.mark.reference
 def test_sampling_needs_an_rng(t5_judge):
     with pytest.raises(ValueError, match="needs an rng"):
         t5_judge[1].seq2seq.generate(["a"], Seq2SeqSampling(temperature=0.7))

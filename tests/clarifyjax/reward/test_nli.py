@@ -12,27 +12,21 @@ import csv
 import json
 import shutil
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import require, shared_data
+from helpers.env import require, shared_data
 from clarifyjax.models.safetensors_io import CheckpointError
 from clarifyjax.models.hf import load_sequence_classifier
 from clarifyjax.models.tiny import random_classifier
 from clarifyjax.reward.nli import NLIFilter
 
+pytestmark = [pytest.mark.reference, pytest.mark.usefixtures("full_float32_matmuls")]
+
 TOL = 1e-4
 WANLI_LABELS = {0: "contradiction", 1: "entailment", 2: "neutral"}  # roberta-large-wanli's order
-
-
-@pytest.fixture(autouse=True)
-def full_float32_matmuls():
-    """On GPUs, jax's default float32 matmul runs in TF32 (errors ~1e-3): compare in full f32."""
-    with jax.default_matmul_precision("highest"):
-        yield
 
 
 def dev_rows(n: int) -> list[dict]:

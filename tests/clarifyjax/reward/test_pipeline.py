@@ -17,7 +17,7 @@ What is checked against an independent computation:
   gives this module's unsharded outputs on the same 64 rows (the same texts; probabilities and
   rewards within 1e-5), as does a sharded encoder judge. The unsharded side is computed here,
   once, for all the tests: only the sharded side needs the child.
-`process_sizes` itself is checked in test_reward_sharded.py.
+`process_sizes` itself is checked in test_sharding_sizes.py.
 """
 from __future__ import annotations
 
@@ -31,8 +31,8 @@ import pytest
 
 from helpers.children import run_with_fake_devices
 from helpers.tiny_models import tiny_classifier_folder, tiny_nli_folder, tiny_t5_folder
-from conftest import require, shared_data
-from clarifyjax.text import formats as text_lib
+from helpers.env import require, shared_data
+from clarifyjax.text import formats
 from clarifyjax.reward.judge import ClassifierJudge, Judge
 from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
 from clarifyjax.reward.nli import NLIFilter, NLIResult
@@ -87,6 +87,7 @@ def run(models):
     return pipeline, first, second, traces_after_first
 
 
+@pytest.mark.reference
 def test_shapes_and_counts(run):
     _, out, _, _ = run
     assert out.reward.shape == out.jsd.shape == out.valid.shape == (B,)
@@ -108,6 +109,7 @@ def test_shapes_and_counts(run):
     np.testing.assert_array_equal(out.reward, out.raw_reward)  # no normalizer
 
 
+@pytest.mark.reference
 def test_stages_equal_the_models_called_alone(run, models):
     """Each stage's output equals the model called here on inputs built with `text.*` (same
     batch composition, so same shapes: no new compile, and equal to float32 rounding)."""
@@ -116,19 +118,19 @@ def test_stages_equal_the_models_called_alone(run, models):
     situations, questions = dev_rows(B)
     judgments = judge.judgment_text(situations)
     assert out.judgments == judgments
-    inputs = [text_lib.answer_input(s, q, kind, j) for kind in ("weakener", "strengthener")
+    inputs = [formats.answer_input(s, q, kind, j) for kind in ("weakener", "strengthener")
               for s, q, j in zip(situations, questions, judgments)]
     answers = answerer.generate(inputs, stage_sampling(CONFIG, "answers")).texts
     assert out.weak_answers + out.strong_answers == answers
     premises = situations + situations
     nonempty = [i for i, a in enumerate(answers) if a]
     keep = np.zeros(2 * B, bool)
-    pairs = [text_lib.nli_pair(premises[i], answers[i], period=CONFIG.nli_premise_period)
+    pairs = [formats.nli_pair(premises[i], answers[i], period=CONFIG.nli_premise_period)
              for i in nonempty]
     keep[nonempty] = nli([p for p, _ in pairs], [h for _, h in pairs]).keep
     np.testing.assert_array_equal(out.dropped, ~keep.reshape(2, B).T)
     blanked = [a if k else "" for a, k in zip(answers, keep)]
-    fused = fusion.generate([text_lib.fusion_input(s, q, a) for s, q, a in
+    fused = fusion.generate([formats.fusion_input(s, q, a) for s, q, a in
                              zip(premises, questions + questions, blanked)],
                             stage_sampling(CONFIG, "fusion")).texts
     assert out.weak_situations + out.strong_situations == fused
@@ -138,6 +140,7 @@ def test_stages_equal_the_models_called_alone(run, models):
                                atol=1e-6)
 
 
+@pytest.mark.reference
 def test_jsd_and_table4_against_numpy(run):
     scipy_distance = require("scipy.spatial.distance")
     _, out, _, _ = run
@@ -153,6 +156,7 @@ def test_jsd_and_table4_against_numpy(run):
     np.testing.assert_allclose(summary["judgment_flips"], flips[counted].mean(), atol=1e-6)
 
 
+@pytest.mark.reference
 def test_same_seed_same_output_and_no_retrace(run):
     pipeline, first, second, traces_after_first = run
     for field in dataclasses.fields(first):
@@ -192,6 +196,7 @@ def policy_runs(models):
     return out
 
 
+@pytest.mark.reference
 def test_zero_reward_and_blank_differ_only_in_the_reward_of_dropped_pairs(policy_runs):
     zero, blank = policy_runs["zero_reward"], policy_runs["blank"]
     np.testing.assert_array_equal(zero.dropped, blank.dropped)
@@ -210,6 +215,7 @@ def test_zero_reward_and_blank_differ_only_in_the_reward_of_dropped_pairs(policy
     assert all(len(a) % 2 == 0 for a, d in zip(zero.weak_answers, zero.dropped[:, 0]) if d and a)
 
 
+@pytest.mark.reference
 def test_resample_redraws_only_dropped_answers(policy_runs):
     zero, resample = policy_runs["zero_reward"], policy_runs["resample"]
     c = resample.counts
@@ -227,6 +233,7 @@ def test_resample_redraws_only_dropped_answers(policy_runs):
     assert resample.valid.sum() > zero.valid.sum()
 
 
+@pytest.mark.reference
 def test_empty_and_long_questions_are_counted(models):
     """A 500-word question cut at 16 words (the others have at most 14), of a word that is one
     token: its inputs stay in the length buckets compiled already (cut at the default 64 words,
@@ -247,9 +254,10 @@ def test_empty_and_long_questions_are_counted(models):
     assert out.counts["nli_dropped"] == 0  # no filter: only empty answers can be dropped
 
 
+@pytest.mark.reference
 def test_bad_input_raises(models):
     pipeline = RewardPipeline(*models, config=CONFIG)
-    with pytest.raises(text_lib.TextFormatError, match="row 1: field 'situation' is empty"):
+    with pytest.raises(formats.TextFormatError, match="row 1: field 'situation' is empty"):
         pipeline(["fine", "question: "], ["why?", "why?"], rng=0)
     with pytest.raises(ValueError, match="2 situations but 1 questions"):
         pipeline(["a", "b"], ["why?"], rng=0)
@@ -262,6 +270,7 @@ def test_bad_input_raises(models):
         sampling(["a"], ["why?"])
 
 
+@pytest.mark.reference
 def test_classifier_judge_behind_the_same_interface(models, classifier_judge):
     answerer, fusion, _, nli = models
     judge = classifier_judge
@@ -350,6 +359,8 @@ def sharded_child(folders):
     return run_with_fake_devices(code + textwrap.dedent(SHARDED_CHILD), 8, timeout=600)
 
 
+@pytest.mark.reference
+@pytest.mark.child
 @pytest.mark.slow  # the child loads and runs the sharded pipeline: ~25 s
 @pytest.mark.parametrize("name", ["answerer", "fusion", "judge", "nli", "classifier"])
 def test_every_parameter_sharded_on_the_process_mesh(sharded_child, name):
@@ -362,6 +373,8 @@ def test_every_parameter_sharded_on_the_process_mesh(sharded_child, name):
     assert got["share"] <= (0.3 if name in ("answerer", "fusion", "judge") else 0.35), got
 
 
+@pytest.mark.reference
+@pytest.mark.child
 @pytest.mark.slow
 def test_sharded_pipeline_gives_the_same_rewards(sharded_child, run, classifier_judge):
     """The sharded pipeline's output equals this module's unsharded one (`run`: the same

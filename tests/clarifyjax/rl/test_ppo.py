@@ -350,18 +350,18 @@ def test_minibatches_epochs_and_adaptive_kl_in_state():
 _SHARDED_CODE = r"""
 import jax, jax.numpy as jnp, numpy as np, optax
 from jax.sharding import NamedSharding, PartitionSpec as P, AxisType
-import helpers.ppo_bandit as tp
+from helpers import ppo_bandit
 from clarifyjax.rl import ppo
 from clarifyjax.files.child_result import write_result
 
 mesh = jax.make_mesh((8,), ("data",), axis_types=(AxisType.Auto,))
 tx = optax.adam(0.05)
 cfg = ppo.PPOUpdateConfig(epochs=2, minibatches=2)
-update = ppo.make_ppo_update(tp.policy_logprobs, tp.bandit_values, tx, tx, cfg)
-ref = {"logits": jax.random.normal(jax.random.key(0), (tp.T, tp.V))}
-values = {"v": jnp.zeros((tp.T,))}
+update = ppo.make_ppo_update(ppo_bandit.policy_logprobs, ppo_bandit.bandit_values, tx, tx, cfg)
+ref = {"logits": jax.random.normal(jax.random.key(0), (ppo_bandit.T, ppo_bandit.V))}
+values = {"v": jnp.zeros((ppo_bandit.T,))}
 state = ppo.init_ppo_state(ref, values, tx, tx, ppo.AdaptiveKL(0.1, 1.0, 100.0))
-roll = tp.make_rollout(ref, ref, values, jax.random.key(1))
+roll = ppo_bandit.make_rollout(ref, ref, values, jax.random.key(1))
 
 replicated = NamedSharding(mesh, P())
 state_sh = jax.tree.map(lambda _: replicated, state)
@@ -381,6 +381,7 @@ write_result({"devices": jax.device_count(),
 """
 
 
+@pytest.mark.child
 @pytest.mark.slow  # a subprocess with 8 fake devices: ~12 s of CPU, ~25 s wall on a busy 2-core box
 def test_update_jits_with_shardings_on_8_devices():
     """The pure update under jit with in/out shardings (params replicated, rollout split over 8

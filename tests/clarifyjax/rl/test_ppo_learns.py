@@ -15,7 +15,7 @@ import pytest
 
 from helpers.ppo_runs import lower_half_share, ppo_config
 from clarifyjax.rl.diagnostics import t_interval
-from clarifyjax.training import loops as train
+from clarifyjax.training import loops
 
 SEEDS = (0, 1, 2)
 STEPS = 20
@@ -33,7 +33,7 @@ def gains(tmp_path, spm, reward_of) -> list[float]:
     for seed in SEEDS:
         cfg = ppo_config(tmp_path / f"run{seed}", spm, steps=STEPS,
                          overrides=[f"run.seed={seed}", f"run.save_every={STEPS}"])
-        result = train.train_ppo(cfg, reward_fn=reward_of(seed), tensorboard=False, progress=False,
+        result = loops.train_ppo(cfg, reward_fn=reward_of(seed), tensorboard=False, progress=False,
                                  export=False)
         raw = np.array([h["train/reward_raw"] for h in result["history"]])
         out.append(float(raw[-5:].mean() - raw[:5].mean()))
@@ -78,7 +78,7 @@ def test_a_reward_that_only_knows_the_situation_pays_nothing_with_a_group_baseli
     for k in (1, 4):
         cfg = ppo_config(tmp_path / f"k{k}", spm, steps=10,
                          overrides=[f"ppo.samples_per_situation={k}", "run.save_every=10"])
-        result = train.train_ppo(cfg, reward_fn=situation_only, tensorboard=False, progress=False,
+        result = loops.train_ppo(cfg, reward_fn=situation_only, tensorboard=False, progress=False,
                                  export=False)
         history = result["history"]
         drift[k] = float(np.mean([h["train/kl_to_ref_per_token"] for h in history[-3:]]))

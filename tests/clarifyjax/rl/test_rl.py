@@ -16,11 +16,11 @@ from clarifyjax.rl import rollout
 
 from clarifyjax.core import traces
 
-from clarifyjax.training import loops as train
+from clarifyjax.training import loops
 from clarifyjax.models.state import copy_params, split_model
 from clarifyjax.rl.value import ValueModel
 from clarifyjax.models.t5 import T5, T5Config, shift_right
-from conftest import shared_data
+from helpers.env import shared_data
 from helpers.ppo_runs import lower_half_share, ppo_config
 
 
@@ -38,6 +38,7 @@ def _query(rng, b=4, s=6):
     return (rng.integers(3, 41, (b, s)) * mask).astype(np.int32), mask
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("tied", [False, True])
 def test_value_model_is_a_scalar_head_on_the_decoder_states(tied):
     model = _tiny_t5(tied=tied)
@@ -131,7 +132,7 @@ def _tensorboard_backend():
 
 def test_metrics_logger_says_which_backend(tmp_path):
     said = []
-    logger = train.MetricsLogger(tmp_path, tensorboard=True, say=said.append)
+    logger = loops.MetricsLogger(tmp_path, tensorboard=True, say=said.append)
     logger.write(3, {"train/loss": np.float32(1.5), "eval/bleu": 2})
     logger.close()
     assert logger.backend == _tensorboard_backend()
@@ -158,11 +159,11 @@ def test_ppo_raises_a_toy_reward_with_bounded_kl(tmp_path_factory, tmp_path):
     spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
     reward = lower_half_share(Tokenizer.from_pretrained(spm))
     # calibrated on one question per situation and the normal-initialized value head (the
-    # defaults when it was written); tests/test_ppo_learns.py covers today's defaults over seeds
+    # defaults when it was written); tests/clarifyjax/rl/test_ppo_learns.py covers today's defaults over seeds
     cfg = ppo_config(tmp_path / "run", spm, overrides=["run.eval_every=30", "ppo.samples_per_situation=1",
                                                       "value.head_init=normal"])
     before = traces.count("ppo_update")
-    result = train.train_ppo(cfg, reward_fn=reward, tensorboard=True, progress=False)
+    result = loops.train_ppo(cfg, reward_fn=reward, tensorboard=True, progress=False)
     assert traces.count("ppo_update") - before == 1  # one query bucket: one compile
     history = result["history"]
     rewards = np.array([h["train/reward_raw"] for h in history])
@@ -205,6 +206,7 @@ def test_ppo_config_errors(tmp_path):
         ppo_config(tmp_path / "b", spm, overrides=["ppo.entropy_coef=0.01"])
 
 
+@pytest.mark.child
 @pytest.mark.slow
 def test_ppo_and_sft_steps_on_a_sharded_mesh(tmp_path_factory, tmp_path):
     """2 PPO steps and 2 SFT steps (2 micro-batches each) on 8 fake CPU devices, mesh data=4 x
@@ -217,7 +219,7 @@ def test_ppo_and_sft_steps_on_a_sharded_mesh(tmp_path_factory, tmp_path):
     code = f"""
 import jax, numpy as np
 from helpers.ppo_runs import lower_half_share, ppo_config
-from clarifyjax.training import loops as train
+from clarifyjax.training import loops
 from clarifyjax.files.child_result import write_result
 from clarifyjax.config import load_config
 from clarifyjax.text.tokenizer import Tokenizer
@@ -227,7 +229,7 @@ reward = lower_half_share(Tokenizer.from_pretrained(spm))
 cfg = ppo_config({str(tmp_path / "ppo")!r}, spm, steps=2,
                  overrides=["mesh.data=4", "mesh.model=2", "normalizer.fit=false",
                             "normalizer.fit_batches=8"])
-r = train.train_ppo(cfg, reward_fn=reward, tensorboard=False, progress=False, export=False)
+r = loops.train_ppo(cfg, reward_fn=reward, tensorboard=False, progress=False, export=False)
 wi = r["state"].policy_params["decoder"]["layers"][0]["mlp"]["wi"][0]
 vwi = r["state"].value_params["trunk"]["decoder"]["layers"][0]["mlp"]["wi"][0]
 mu = r["state"].policy_opt_state[0].mu["decoder"]["layers"][0]["mlp"]["wi"][0]
@@ -244,7 +246,7 @@ sft_cfg = load_config("configs/sft_question_tiny.yaml", [
     "data.dev_rows=16", "data.batch_size=16", "data.eval_batch_size=16",
     "data.length_buckets=[32]", "run.steps=2", "run.eval_every=2", "run.log_every=1",
     "optimizer.grad_accum=2", "mesh.data=4", "mesh.model=2"])
-r = train.train_sft(sft_cfg, tensorboard=False, progress=False, export=False)
+r = loops.train_sft(sft_cfg, tensorboard=False, progress=False, export=False)
 out["sft_step"] = r["step"]
 out["sft_loss"] = r["eval"]["eval/loss"]
 write_result(out)

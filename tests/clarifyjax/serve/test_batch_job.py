@@ -43,6 +43,7 @@ def test_each_bad_row_is_named_by_file_line_and_field(tmp_path, row, message):
     assert str(path) in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.e2e
 def test_the_command_prints_one_line_before_loading_any_model(tmp_path, capsys):
     path = _write(tmp_path / "prompts.jsonl", [{"id": 0, "prompt": "a", "top_k": -2}])
     status = cli.main(["generate", str(tmp_path / "no_model"), "--input", str(path),

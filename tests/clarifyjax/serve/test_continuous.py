@@ -36,6 +36,8 @@ from clarifyjax.serve.openai_api import OpenAIServer, ServerLimits
 from clarifyjax.text.generator import Sampling
 from helpers.tiny_models import tiny_llama_folder
 
+pytestmark = pytest.mark.reference
+
 PROMPTS = ["My friend lied", "Is it ok to cheat on a test when nobody at all would ever know",
            "Helping a stranger", "Breaking a promise", "Lying to my boss about being sick today",
            "Skipping class", "Telling the truth even when it hurts someone I care about", "Late"]

@@ -2,7 +2,7 @@
 a fake clarifier: the guard runs before any model) behind `serve.guard.RequestGuard`, tried with
 raw HTTP (any Host, Origin or Content-Type, as another site's page or a DNS-rebinding page sends
 them), with allowed names and origins (CORS), with a client that closes mid-body, and from a page
-of another site in a real headless Chromium. `clarifyjax serve`'s app: test_openai_server.py."""
+of another site in a real headless Chromium. `clarifyjax serve`'s app: test_openai_api.py."""
 from __future__ import annotations
 
 import json
@@ -187,6 +187,7 @@ async function attempt(name, run) {
 """
 
 
+@pytest.mark.child
 def test_a_page_of_another_site_cannot_drive_the_server_in_a_real_browser(server, tmp_path):
     """Chromium opens a page of another site (http://evil.test, resolved to this machine by
     --host-resolver-rules): its JSON POST is stopped at the preflight, its text/plain "simple"

@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP layer (clarifyjax.serve.openai_api over clarifyjax.serve.http_server) with a
 fake generator: the real `openai` client against uvicorn on 127.0.0.1, every refused request
 with its OpenAI-style error body, request-size and queue limits, micro-batching of concurrent
-requests, and a client that disconnects. The same server over a real model: test_llm_serve.py.
+requests, and a client that disconnects. The same server over a real model: test_generate_and_serve.py.
 """
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ import pytest
 from clarifyjax.serve.openai_api import OpenAIServer, ServerLimits
 from clarifyjax.serve.http_server import BackgroundServer
 from clarifyjax.text.generator import Completion, Sampling, per_prompt
-from conftest import require
+from helpers.env import require
+
+pytestmark = pytest.mark.reference
 
 
 class FakeGenerator:

@@ -15,7 +15,7 @@ import pytest
 from clarifyjax.models.safetensors_io import CheckpointError
 from clarifyjax.core.buckets import bucket_length
 from clarifyjax.text.tokenizer import Tokenizer
-from conftest import require, shared_data
+from helpers.env import require, shared_data
 
 MAX_LENGTH = 16  # truncates roughly one dev situation in seven (with EOS)
 PAD, EOS, UNK = 0, 1, 2
@@ -80,6 +80,7 @@ def reference_encode(sp, texts, max_length):
 
 # ------------------------------------------------------------------------------- agreement
 
+@pytest.mark.reference
 def test_hf_backend_equals_sentencepiece(hf, sp, dev_situations):
     assert (hf.pad_id, hf.eos_id, hf.unk_id, hf.vocab_size) == (PAD, EOS, UNK, 2000)
     ids, mask, stats = hf.encode_batch_with_stats(dev_situations, MAX_LENGTH)
@@ -94,6 +95,7 @@ def test_hf_backend_equals_sentencepiece(hf, sp, dev_situations):
     assert hf.decode_batch(ids) == sp.decode(kept)
 
 
+@pytest.mark.reference
 def test_tf_text_backend_equals_hf(hf, tf_text, dev_situations):
     assert (tf_text.pad_id, tf_text.eos_id, tf_text.unk_id, tf_text.vocab_size) == \
         (hf.pad_id, hf.eos_id, hf.unk_id, hf.vocab_size)
@@ -106,6 +108,7 @@ def test_tf_text_backend_equals_hf(hf, tf_text, dev_situations):
     assert tf_text.decode_batch(tf_ids) == hf.decode_batch(hf_ids)
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("backend", ["hf", "tf_text"])
 def test_untruncated_texts_decode_back(backend, hf, request, dev_situations):
     tok = hf if backend == "hf" else request.getfixturevalue("tf_text")
@@ -116,6 +119,7 @@ def test_untruncated_texts_decode_back(backend, hf, request, dev_situations):
     assert decoded == [" ".join(t.split()) for t in dev_situations]
 
 
+@pytest.mark.reference
 def test_hf_backend_from_tokenizer_json_only(hf, spm_folder, tmp_path, dev_situations):
     hf._tok.save_pretrained(str(tmp_path / "converted"))
     only_json = tmp_path / "only_json"
@@ -130,6 +134,7 @@ def test_hf_backend_from_tokenizer_json_only(hf, spm_folder, tmp_path, dev_situa
 
 # ------------------------------------------------------------------- truncation and padding
 
+@pytest.mark.reference
 def test_truncation_is_counted_per_call_and_in_total(spm_folder, sp):
     tok = Tokenizer.from_pretrained(spm_folder)
     long_text = "trying to forgive people who hurt me a long time ago at school and at work"
@@ -143,6 +148,7 @@ def test_truncation_is_counted_per_call_and_in_total(spm_folder, sp):
     assert stats.truncated == 0 and tok.truncation_count == 3
 
 
+@pytest.mark.reference
 def test_padding_widths(hf, sp):
     texts = ["trying to forgive people", "x"]
     ids, mask = hf.encode_batch(texts, 10, pad_to=24)
@@ -167,6 +173,7 @@ def test_bucket_length():
 
 # ---------------------------------------------------------------------------- decoding rules
 
+@pytest.mark.reference
 def test_decode_stops_at_eos_and_drops_special_ids(hf, sp):
     pieces = sp.encode("trying to forgive people")
     row = [PAD] + pieces[:2] + [UNK] + pieces[2:] + [EOS] + pieces + [PAD]
@@ -177,6 +184,7 @@ def test_decode_stops_at_eos_and_drops_special_ids(hf, sp):
         hf.decode_batch(np.array(pieces))
 
 
+@pytest.mark.reference
 def test_tf_text_decodes_like_hf_on_edge_rows(hf, tf_text, sp):
     pieces = sp.encode("trying to forgive people")
     ids = np.array([[EOS] + pieces + [PAD], pieces + [UNK, 2000], [PAD] * (len(pieces) + 2)])
@@ -185,6 +193,7 @@ def test_tf_text_decodes_like_hf_on_edge_rows(hf, tf_text, sp):
 
 # --------------------------------------------------------------------------------- bad input
 
+@pytest.mark.reference
 @pytest.mark.parametrize("backend", ["hf", "tf_text"])
 def test_empty_text_is_an_error_naming_its_index(backend, hf, request):
     tok = hf if backend == "hf" else request.getfixturevalue("tf_text")
@@ -196,6 +205,7 @@ def test_empty_text_is_an_error_naming_its_index(backend, hf, request):
     assert ids[1].tolist() == [EOS] + [PAD] * 15 and mask[1].sum() == 1
 
 
+@pytest.mark.reference
 def test_non_text_input_is_a_type_error(hf):
     with pytest.raises(TypeError, match="single string"):
         hf.encode_batch("a situation", 16)
@@ -220,6 +230,7 @@ def test_missing_or_empty_folder_is_an_error_naming_it(tmp_path):
 
 # ------------------------------------------------------------------------------ saving
 
+@pytest.mark.reference
 def test_save_pretrained_makes_a_self_contained_folder(hf, spm_folder, tmp_path, dev_situations):
     target = hf.save_pretrained(tmp_path / "model_folder")
     assert sorted(os.listdir(target)) == ["spiece.model"]  # no temporary files left behind

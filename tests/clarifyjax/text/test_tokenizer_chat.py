@@ -7,7 +7,9 @@ from __future__ import annotations
 import pytest
 
 from clarifyjax.text.tokenizer import VICUNA_V1_1_SYSTEM, CausalTokenizer
-from conftest import require, shared_data
+from helpers.env import require, shared_data
+
+pytestmark = pytest.mark.reference
 
 CHAT = [{"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Is it wrong to lie to a friend?"},

@@ -21,7 +21,7 @@ import pytest
 from clarifyjax.training.checkpointing import Checkpointer, PreemptionGuard, jsonable
 from clarifyjax.models.safetensors_io import CheckpointError
 from clarifyjax.files.child_result import RESULT_FILE_ENV, read_result
-from conftest import REPO_ROOT
+from helpers.env import REPO_ROOT
 from helpers.children import child_failure, child_result, clean_env, run_with_fake_devices
 
 
@@ -118,6 +118,7 @@ def test_extra_must_be_json(tmp_path):
         jsonable({"normalizer": object()})
 
 
+@pytest.mark.child
 def test_sharded_save_restores_into_other_shardings():
     """Saved from a 4-way sharded array, restored into a 2x2 mesh and onto 1 device."""
     result = run_with_fake_devices(textwrap.dedent("""

@@ -13,13 +13,8 @@ import shutil
 
 import pytest
 
-import helpers.resume_runs as R
+from helpers import resume_runs
 from clarifyjax.models.safetensors_io import CheckpointError
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    return R.base_run(tmp_path_factory)
 
 
 def _largest_array_file(step):
@@ -47,12 +42,12 @@ DAMAGE = {
 @pytest.mark.parametrize("kind", list(DAMAGE))
 def test_a_damaged_latest_checkpoint_is_set_aside_and_the_run_resumes(base, tmp_path, capsys,
                                                                       kind):
-    run = R.copy_run(base[0], tmp_path)
+    run = resume_runs.copy_run(base[0], tmp_path)
     checkpoints = run / "checkpoints"
     DAMAGE[kind](checkpoints / "2")
-    damaged = R.snapshot(checkpoints / "2")
+    damaged = resume_runs.snapshot(checkpoints / "2")
     capsys.readouterr()
-    result = R.train(R.sft_config(run, base[1], "run.steps=3"))
+    result = resume_runs.train(resume_runs.sft_config(run, base[1], "run.steps=3"))
     out = capsys.readouterr().out
     print(out)
     assert result["step"] == 3
@@ -66,19 +61,19 @@ def test_a_damaged_latest_checkpoint_is_set_aside_and_the_run_resumes(base, tmp_
                                 "from step 1")
     assert "Traceback" not in out and "TensorStore details" not in warnings[0]
     assert "[checkpoint] resumed from step 1" in out
-    assert R.snapshot(moved[0]) == damaged  # set aside as it was, not repaired or deleted
+    assert resume_runs.snapshot(moved[0]) == damaged  # set aside as it was, not repaired or deleted
     # step 2 saved again (not skipped as "already there"), retention counted intact steps only
-    assert R.committed_steps(run) == [2, 3]
+    assert resume_runs.committed_steps(run) == [2, 3]
     assert {p.name for p in checkpoints.iterdir()} == {"2", "3", moved[0].name}
 
 
 def test_no_intact_checkpoint_is_one_line_and_moves_nothing(base, tmp_path):
-    run = R.copy_run(base[0], tmp_path)
+    run = resume_runs.copy_run(base[0], tmp_path)
     DAMAGE["missing state folder"](run / "checkpoints" / "2")
     DAMAGE["truncated array file"](run / "checkpoints" / "1")
-    before = R.snapshot(run)
+    before = resume_runs.snapshot(run)
     with pytest.raises(CheckpointError) as info:
-        R.train(R.sft_config(run, base[1], "run.steps=3"))
+        resume_runs.train(resume_runs.sft_config(run, base[1], "run.steps=3"))
     message = str(info.value)
     print(message)
     checkpoints = run / "checkpoints"
@@ -88,7 +83,7 @@ def test_no_intact_checkpoint_is_one_line_and_moves_nothing(base, tmp_path):
     assert f"; {checkpoints / '1'} is damaged (Exception: " in message
     assert message.endswith("nothing was moved or deleted (move the damaged folders aside to "
                             "start afresh)")
-    assert R.snapshot(run) == before  # config.yaml not rewritten, nothing moved
+    assert resume_runs.snapshot(run) == before  # config.yaml not rewritten, nothing moved
 
 
 @pytest.mark.parametrize("error", [MemoryError("host out of memory"),
@@ -98,15 +93,15 @@ def test_no_intact_checkpoint_is_one_line_and_moves_nothing(base, tmp_path):
 def test_a_failure_outside_the_files_is_not_damage(base, tmp_path, monkeypatch, error):
     from clarifyjax.training.checkpointing import Checkpointer
 
-    run = R.copy_run(base[0], tmp_path)
-    before = R.snapshot(run)
+    run = resume_runs.copy_run(base[0], tmp_path)
+    before = resume_runs.snapshot(run)
 
     def restore(self, step, abstract_state):
         raise error
 
     monkeypatch.setattr(Checkpointer, "restore", restore)
     with pytest.raises(type(error)):
-        R.train(R.sft_config(run, base[1], "run.steps=3"))
+        resume_runs.train(resume_runs.sft_config(run, base[1], "run.steps=3"))
     assert not [p for p in (run / "checkpoints").iterdir() if ".damaged-" in p.name]
     assert {p.name for p in (run / "checkpoints").iterdir()} == {"1", "2"}
-    assert R.snapshot(run) == before
+    assert resume_runs.snapshot(run) == before

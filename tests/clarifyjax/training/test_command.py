@@ -1,5 +1,5 @@
 """Issue 5's bad input, through the real entry points (`clarifyjax train CONFIG key=value ...`, as
-`clarifyjax.cli.main` and as a process, and `train.train_ppo` / `train.train_sft`): each must stop
+`clarifyjax.cli.main` and as a process, and `loops.train_ppo` / `loops.train_sft`): each must stop
 with one clear error that names what is wrong and where.
 
 * a config with an unknown key: the error names the key (its full dotted path) and the file;
@@ -21,11 +21,11 @@ import pytest
 
 from clarifyjax import cli
 
-from clarifyjax.training import loops as train
+from clarifyjax.training import loops
 from clarifyjax.config import ConfigError, load_config
 from clarifyjax.data import DataError
 from clarifyjax.models.safetensors_io import CheckpointError
-from conftest import REPO_ROOT, shared_data
+from helpers.env import REPO_ROOT, shared_data
 from helpers.resume_runs import forget_record
 
 CONFIGS = REPO_ROOT / "configs"
@@ -51,6 +51,7 @@ def _one_line_error(err: str) -> str:
 # --------------------------------------------------------------------------- unknown keys
 
 
+@pytest.mark.e2e
 def test_unknown_key_in_a_config_file_names_the_key_and_the_file(tmp_path, capsys):
     bad = tmp_path / "my_run.yaml"
     bad.write_text(f"base: {CONFIGS / 'ppo_tiny.yaml'}\n"
@@ -71,6 +72,7 @@ def test_unknown_key_in_a_config_file_names_the_key_and_the_file(tmp_path, capsy
         load_config(sft)
 
 
+@pytest.mark.e2e
 def test_unknown_key_on_the_command_line_names_the_override_and_the_file(tmp_path, capsys):
     config = CONFIGS / "sft_question_tiny.yaml"
     rc, err = _cli(["train", config, f"run.output_dir={tmp_path / 'run'}",
@@ -82,6 +84,8 @@ def test_unknown_key_on_the_command_line_names_the_override_and_the_file(tmp_pat
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.e2e
+@pytest.mark.child
 def test_the_clarifyjax_command_exits_2_with_one_line(tmp_path):
     """The installed entry point as a process: exit status 2, the error on one stderr line, no
     traceback."""
@@ -100,6 +104,7 @@ def test_the_clarifyjax_command_exits_2_with_one_line(tmp_path):
 # --------------------------------------------------------------------------- data files
 
 
+@pytest.mark.e2e
 def test_sft_data_file_with_a_missing_column_names_the_file_and_column(tmp_path, capsys):
     bad = tmp_path / "questions.tsv"  # a question-generator file without its `question` column
     bad.write_text("situation\tanswer\nlying to a friend\tit's wrong\n")
@@ -144,7 +149,7 @@ def test_ppo_dev_file_with_a_missing_column_names_the_file_and_column(tmp_path_f
     cfg = load_config(CONFIGS / "ppo_tiny.yaml", _ppo_overrides(
         tmp_path / "run", _t5_folder(tmp_path_factory, 32)) + [f"data.dev_path={bad}"])
     with pytest.raises(DataError, match=re.escape(f"{bad}: missing column(s) ['situation']")):
-        train.train_ppo(cfg, reward_fn=_zero_reward, tensorboard=False, progress=False,
+        loops.train_ppo(cfg, reward_fn=_zero_reward, tensorboard=False, progress=False,
                         export=False)
 
 
@@ -177,6 +182,7 @@ def _check_shape_error(message: str, run_dir, model_folder, *, narrow: int, wide
     return match
 
 
+@pytest.mark.e2e
 def test_resuming_ppo_with_another_model_shape_names_the_parameter_and_shapes(
         tmp_path_factory, tmp_path, capsys):
     """One PPO step of a d_model 32 policy (checkpointed), then `clarifyjax train` on the same
@@ -184,7 +190,7 @@ def test_resuming_ppo_with_another_model_shape_names_the_parameter_and_shapes(
     narrow = _t5_folder(tmp_path_factory, 32)
     run_dir = tmp_path / "run"
     cfg = load_config(CONFIGS / "ppo_tiny.yaml", _ppo_overrides(run_dir, narrow))
-    result = train.train_ppo(cfg, reward_fn=_zero_reward, tensorboard=False, progress=False,
+    result = loops.train_ppo(cfg, reward_fn=_zero_reward, tensorboard=False, progress=False,
                              export=False)
     assert result["step"] == 1 and (run_dir / "checkpoints" / "1").is_dir()
     forget_record(run_dir)
@@ -217,11 +223,11 @@ def test_resuming_sft_with_another_model_shape_names_the_parameter_and_shapes(
             "data.train_rows=64", "data.dev_rows=8", "data.batch_size=8",
             "data.length_buckets=[16]"])
 
-    result = train.train_sft(config(32, 1), tensorboard=False, progress=False, export=False)
+    result = loops.train_sft(config(32, 1), tensorboard=False, progress=False, export=False)
     assert result["step"] == 1
     forget_record(run_dir)
     with pytest.raises(CheckpointError) as info:
-        train.train_sft(config(48, 2), tensorboard=False, progress=False, export=False)
+        loops.train_sft(config(48, 2), tensorboard=False, progress=False, export=False)
     print(info.value)
     _check_shape_error(str(info.value), run_dir, _t5_folder(tmp_path_factory, 32), narrow=32,
                        wide=48)

@@ -19,7 +19,7 @@ import pytest
 from clarifyjax import cli
 from clarifyjax.config import ConfigError
 from clarifyjax.training import dryrun
-from conftest import shared_data
+from helpers.env import shared_data
 from helpers.tiny_models import tiny_nli_folder, tiny_spm_folder, tiny_t5_folder
 
 SFT = "configs/sft_question_tiny.yaml"
@@ -83,6 +83,7 @@ def _refused(config: str, overrides: list[str], *options: str) -> str:
     return text
 
 
+@pytest.mark.reference
 def test_good_inputs_pass_and_are_reported(inputs):
     lines = []
     sft = dryrun.main(SFT, inputs["sft"] + NONE, say=lines.append)
@@ -93,6 +94,7 @@ def test_good_inputs_pass_and_are_reported(inputs):
     assert any("inputs checked: data.train_path, data.dev_path; policy" in line for line in lines)
 
 
+@pytest.mark.reference
 def test_sft_inputs_are_named_by_option(inputs, tmp_path):
     tmp, t5 = inputs["tmp"], inputs["t5"]
     base = inputs["sft"] + inputs["small"]
@@ -131,6 +133,7 @@ def test_sft_inputs_are_named_by_option(inputs, tmp_path):
         assert message in text, (overrides, text)
 
 
+@pytest.mark.reference
 def test_ppo_inputs_are_named_by_option(inputs):
     tmp, t5, nli = inputs["tmp"], inputs["t5"], inputs["nli"]
     base = inputs["ppo"] + inputs["small"]
@@ -160,6 +163,7 @@ def test_ppo_inputs_are_named_by_option(inputs):
         _refused(PPO, _with(base, overrides), *options)
 
 
+@pytest.mark.reference
 def test_check_models_false_still_reads_the_data(inputs):
     # the shipped tiny config as it is: its runs/ folders are not made here
     report = dryrun.main(SFT, ["dryrun.check_models=false"] + NONE, say=lambda _: None)
@@ -170,6 +174,7 @@ def test_check_models_false_still_reads_the_data(inputs):
         dryrun.main(SFT, ["dryrun.check_models=maybe"] + NONE, say=lambda _: None)
 
 
+@pytest.mark.e2e
 def test_the_issue_command_exits_2_with_one_line(capsys):
     """The issue's command: `clarifyjax train configs/sft_question_tiny.yaml
     data.train_path=/nonexistent/train.tsv --dry-run`."""

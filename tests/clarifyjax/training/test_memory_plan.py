@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from clarifyjax.training.memory_plan import abstract_state
-from conftest import REPO_ROOT
+from helpers.env import REPO_ROOT
 
 GiB = 2 ** 30
 
@@ -143,6 +143,7 @@ def test_outputs_and_command(plans):
     assert json.loads((out / "plan.json").read_text()).keys() == by_name.keys()
 
 
+@pytest.mark.e2e
 def test_model_folder_with_config_json_wins(mp, tmp_path):
     small = mp.KNOWN_ARCHITECTURES["t5-small"]
     (tmp_path / "config.json").write_text(json.dumps(small))
@@ -153,6 +154,7 @@ def test_model_folder_with_config_json_wins(mp, tmp_path):
     assert policy["n_params"] == t5_count(small)
 
 
+@pytest.mark.e2e
 def test_unknown_model_is_a_clear_error(mp):
     with pytest.raises(mp.PlanError, match="rewards.fusion|fusion: cannot size model "
                                            "'pretrained/mystery'"):

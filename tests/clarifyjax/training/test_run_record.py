@@ -20,21 +20,16 @@ import json
 import numpy as np
 import pytest
 
-import helpers.resume_runs as R
+from helpers import resume_runs
 from clarifyjax import cli
 from clarifyjax.training import run_record
-from clarifyjax.training import loops as train
+from clarifyjax.training import loops
 from clarifyjax.config import ConfigError, dump_config, load_config
 from clarifyjax.data import DataError
-from conftest import REPO_ROOT, shared_data
+from helpers.env import REPO_ROOT, shared_data
 
 DEV = str(shared_data("delta-clarify/dev.tsv"))
 TRAIN = str(shared_data("delta-clarify/train.tsv"))
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    return R.base_run(tmp_path_factory)
 
 
 @pytest.fixture
@@ -43,17 +38,17 @@ def nothing_built(monkeypatch):
     def built(*args, **kwargs):
         raise AssertionError("something was built before the refusal")
 
-    monkeypatch.setattr(train.builders, "build_t5", built)
-    monkeypatch.setattr(train.data_lib, "load_sft_pairs", built)
-    monkeypatch.setattr(train.data_lib, "load_ppo_situations", built)
-    monkeypatch.setattr(train.Tokenizer, "from_pretrained", built)
+    monkeypatch.setattr(loops.builders, "build_t5", built)
+    monkeypatch.setattr(loops.data_lib, "load_sft_pairs", built)
+    monkeypatch.setattr(loops.data_lib, "load_ppo_situations", built)
+    monkeypatch.setattr(loops.Tokenizer, "from_pretrained", built)
 
 
 def _refused(run, cfg, step: int = 2, source: str | None = None, **kwargs) -> str:
     """The one-line ConfigError of resuming `cfg`; the run folder must stay byte-identical."""
-    before = R.snapshot(run)
+    before = resume_runs.snapshot(run)
     with pytest.raises(ConfigError) as info:
-        (train.train_ppo if cfg.kind == "ppo" else train.train_sft)(
+        (loops.train_ppo if cfg.kind == "ppo" else loops.train_sft)(
             cfg, tensorboard=False, progress=False, export=False, **kwargs)
     message = str(info.value)
     print(message)
@@ -63,13 +58,13 @@ def _refused(run, cfg, step: int = 2, source: str | None = None, **kwargs) -> st
                               f"{source}): "), message
     assert "may change on resume; restore the recorded values, or give a new run.output_dir" \
         in message
-    assert R.snapshot(run) == before
+    assert resume_runs.snapshot(run) == before
     return message
 
 
 def test_a_fresh_run_records_its_config(base):
     run, _ = base
-    cfg = R.sft_config(run, base[1])
+    cfg = resume_runs.sft_config(run, base[1])
     assert (run / "config.yaml").read_text() == dump_config(cfg)
     assert not (run / "config_history.jsonl").exists()
     for step in (1, 2):
@@ -102,9 +97,9 @@ SFT_CHANGES = [  # (overrides, what the message must say); {model}, {other}: mod
                               for c in SFT_CHANGES])
 def test_a_changed_sft_setting_is_refused_before_anything_is_built(
         base, tmp_path, tmp_path_factory, nothing_built, overrides, expected):
-    paths = {"model": str(base[1]), "other": str(R.t5_folder(tmp_path_factory, seed=1))}
-    run = R.copy_run(base[0], tmp_path)
-    cfg = R.sft_config(run, base[1], "run.steps=3", *[o.format(**paths) for o in overrides])
+    paths = {"model": str(base[1]), "other": str(resume_runs.t5_folder(tmp_path_factory, seed=1))}
+    run = resume_runs.copy_run(base[0], tmp_path)
+    cfg = resume_runs.sft_config(run, base[1], "run.steps=3", *[o.format(**paths) for o in overrides])
     message = _refused(run, cfg)
     differing = message.split(". Only ")[0]
     assert expected.format(**paths) in message
@@ -112,38 +107,39 @@ def test_a_changed_sft_setting_is_refused_before_anything_is_built(
     assert "mesh.*, run.async_checkpointing, " in message  # says which settings may change
 
 
+@pytest.mark.e2e
 def test_the_cli_refuses_with_one_line_and_exit_status_2(base, tmp_path, capsys, nothing_built):
-    run = R.copy_run(base[0], tmp_path)
-    before = R.snapshot(run)
-    rc = cli.main(["train", str(R.CONFIG), *R.sft_overrides(run, base[1], "optimizer.lr=2e-3"),
+    run = resume_runs.copy_run(base[0], tmp_path)
+    before = resume_runs.snapshot(run)
+    rc = cli.main(["train", str(resume_runs.CONFIG), *resume_runs.sft_overrides(run, base[1], "optimizer.lr=2e-3"),
                    "--no-progress", "--no-tensorboard"])
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "error:" in ln]
     assert rc == 2 and len(lines) == 1, lines
     assert lines[0].startswith(f"clarifyjax train: error: {run}: cannot resume with changed ")
     assert "optimizer.lr: 0.001 in the record, 0.002 now" in lines[0]
-    assert R.snapshot(run) == before
+    assert resume_runs.snapshot(run) == before
 
 
 def test_deleted_or_edited_config_yaml_is_checked_against_the_checkpoint(base, tmp_path,
                                                                           nothing_built):
-    run = R.copy_run(base[0], tmp_path)
+    run = resume_runs.copy_run(base[0], tmp_path)
     (run / "config.yaml").unlink()
-    _refused(run, R.sft_config(run, base[1], "optimizer.lr=2e-3"))
+    _refused(run, resume_runs.sft_config(run, base[1], "optimizer.lr=2e-3"))
     assert not (run / "config.yaml").exists()
-    (run / "config.yaml").write_text(dump_config(R.sft_config(run, base[1], "optimizer.lr=2e-3")))
-    message = _refused(run, R.sft_config(run, base[1], "optimizer.lr=2e-3"))  # the edit is moot
+    (run / "config.yaml").write_text(dump_config(resume_runs.sft_config(run, base[1], "optimizer.lr=2e-3")))
+    message = _refused(run, resume_runs.sft_config(run, base[1], "optimizer.lr=2e-3"))  # the edit is moot
     assert "optimizer.lr: 0.001 in the record, 0.002 now" in message
 
 
 def test_checkpoints_without_a_record_fall_back_to_config_yaml(base, tmp_path, capsys):
-    run = R.copy_run(base[0], tmp_path)
-    R.forget_record(run, keep_config_yaml=True)  # older checkpoints, config.yaml kept
-    message = _refused(run, R.sft_config(run, base[1], "run.seed=3"),
+    run = resume_runs.copy_run(base[0], tmp_path)
+    resume_runs.forget_record(run, keep_config_yaml=True)  # older checkpoints, config.yaml kept
+    message = _refused(run, resume_runs.sft_config(run, base[1], "run.seed=3"),
                        source=str(run / "config.yaml"))
     assert "run.seed: 0 in the record, 3 now" in message
     (run / "config.yaml").unlink()  # nothing left to compare with: said, then resumed
     capsys.readouterr()
-    result = R.train(R.sft_config(run, base[1]))
+    result = resume_runs.train(resume_runs.sft_config(run, base[1]))
     out = capsys.readouterr().out
     assert result["step"] == 2 and "[checkpoint] resumed from step 2" in out
     assert "has checkpoints but no recorded config" in out and "cannot be checked" in out
@@ -153,14 +149,14 @@ def test_checkpoints_without_a_record_fall_back_to_config_yaml(base, tmp_path, c
 def test_allowed_changes_resume_and_are_recorded_after_the_restore(base, tmp_path, capsys):
     """Every RESUMABLE key of an SFT run changed at once (the mesh too: checkpoints restore into
     any layout); the run continues from step 2 to 3."""
-    run = R.copy_run(base[0], tmp_path)
+    run = resume_runs.copy_run(base[0], tmp_path)
     changed = ["run.steps=3", "run.name=renamed", "run.eval_every=3", "run.save_every=3",
                "run.log_every=2", "run.sample_every=5", "run.max_to_keep=3",
                "run.async_checkpointing=true", "mesh.data=1", "mesh.rules=fsdp",
                "data.eval_batch_size=4", "data.dev_rows=4"]
-    cfg = R.sft_config(run, base[1], *changed)
+    cfg = resume_runs.sft_config(run, base[1], *changed)
     capsys.readouterr()
-    result = R.train(cfg)
+    result = resume_runs.train(cfg)
     out = capsys.readouterr().out
     assert result["step"] == 3 and "[checkpoint] resumed from step 2" in out
     assert "[resume] run.steps: 2 -> 3 from step 2" in out
@@ -174,9 +170,9 @@ def test_allowed_changes_resume_and_are_recorded_after_the_restore(base, tmp_pat
     extra = json.loads((run / "checkpoints" / "3" / "extra" / "metadata").read_text())
     assert extra["config"] == run_record.as_record(cfg)
 
-    R.train(cfg)  # the same settings again: nothing to record
+    resume_runs.train(cfg)  # the same settings again: nothing to record
     assert len(open(run / "config_history.jsonl").readlines()) == 1
-    message = _refused(run, R.sft_config(run, base[1], *changed, "optimizer.lr=5e-3"), step=3)
+    message = _refused(run, resume_runs.sft_config(run, base[1], *changed, "optimizer.lr=5e-3"), step=3)
     assert "optimizer.lr: 0.001 in the record, 0.005 now" in message
 
 
@@ -214,7 +210,7 @@ def _zero_reward(situations, questions):
 def ppo_record(tmp_path_factory):
     """A PPO run folder reduced to what the check reads before building anything: checkpoint 1's
     extra JSON with the run's config (`test_a_real_ppo_run_records_and_refuses` runs for real)."""
-    policy = R.t5_folder(tmp_path_factory)
+    policy = resume_runs.t5_folder(tmp_path_factory)
     run = tmp_path_factory.mktemp("ppo_record") / "run"
     (run / "checkpoints" / "1" / "extra").mkdir(parents=True)
     config = run_record.as_record(_ppo_config(run, policy))
@@ -237,7 +233,7 @@ PPO_CHANGES = [
 def test_a_changed_ppo_setting_is_refused_before_anything_is_built(
         ppo_record, tmp_path_factory, nothing_built, override, expected):
     run, policy = ppo_record
-    paths = {"policy": str(policy), "other": str(R.t5_folder(tmp_path_factory, seed=1))}
+    paths = {"policy": str(policy), "other": str(resume_runs.t5_folder(tmp_path_factory, seed=1))}
     cfg = _ppo_config(run, policy, "run.steps=2", override.format(**paths))
     message = _refused(run, cfg, step=1, reward_fn=_zero_reward)
     assert expected.format(**paths) in message
@@ -247,20 +243,20 @@ def test_a_changed_ppo_setting_is_refused_before_anything_is_built(
 def test_a_real_ppo_run_records_and_refuses(tmp_path_factory, tmp_path, capsys):
     """One real PPO step: its checkpoint records the config; another policy is refused; the
     evaluation set (dev file and size) may change, and is written to config_history.jsonl."""
-    policy = R.t5_folder(tmp_path_factory)
+    policy = resume_runs.t5_folder(tmp_path_factory)
     run = tmp_path / "run"
     cfg = _ppo_config(run, policy)
-    assert train.train_ppo(cfg, reward_fn=_zero_reward, tensorboard=False, progress=False,
+    assert loops.train_ppo(cfg, reward_fn=_zero_reward, tensorboard=False, progress=False,
                            export=False)["step"] == 1
     extra = json.loads((run / "checkpoints" / "1" / "extra" / "metadata").read_text())
     assert extra["config"] == run_record.as_record(cfg) and "normalizer" in extra
-    other = R.t5_folder(tmp_path_factory, seed=1)
+    other = resume_runs.t5_folder(tmp_path_factory, seed=1)
     message = _refused(run, _ppo_config(run, other), step=1, reward_fn=_zero_reward)
     assert f'policy.init: "{policy}" in the record, "{other}" now' in message
 
     cfg = _ppo_config(run, policy, f"data.dev_path={TRAIN}", "data.dev_situations=4")
     capsys.readouterr()
-    result = train.train_ppo(cfg, reward_fn=_zero_reward, tensorboard=False, progress=False,
+    result = loops.train_ppo(cfg, reward_fn=_zero_reward, tensorboard=False, progress=False,
                              export=False)
     assert result["step"] == 1 and "[checkpoint] resumed from step 1" in capsys.readouterr().out
     changes = json.loads((run / "config_history.jsonl").read_text())["changes"]
@@ -284,21 +280,22 @@ def test_a_missing_data_file_names_its_option_before_anything_is_built(
     run = tmp_path / "run"
     missing = str(tmp_path / "no_such.tsv")
     if kind == "sft":
-        cfg = R.sft_config(run, tmp_path / "model", f"{option}={missing}")
+        cfg = resume_runs.sft_config(run, tmp_path / "model", f"{option}={missing}")
     else:
         cfg = _ppo_config(run, tmp_path / "model", f"{option}={missing}")
     with pytest.raises(DataError) as info:
-        train.run(cfg, tensorboard=False, progress=False, export=False)
+        loops.run(cfg, tensorboard=False, progress=False, export=False)
     _missing(option, missing, str(info.value))
     assert not run.exists()  # nothing was written
 
 
+@pytest.mark.e2e
 def test_the_example_files_are_not_a_fallback(tmp_path, capsys, monkeypatch, nothing_built):
     """`delta-clarify/train.tsv` exists only as examples/delta-clarify/train.tsv, which the old
     resolver read instead; now it is an error, through the CLI too."""
     monkeypatch.chdir(tmp_path)
     assert (REPO_ROOT / "examples" / "delta-clarify" / "train.tsv").is_file()
-    rc = cli.main(["train", str(R.CONFIG), f"run.output_dir={tmp_path / 'run'}",
+    rc = cli.main(["train", str(resume_runs.CONFIG), f"run.output_dir={tmp_path / 'run'}",
                    "data.train_path=delta-clarify/train.tsv", "--no-progress"])
     lines = [ln for ln in capsys.readouterr().err.splitlines() if "error:" in ln]
     assert rc == 2 and len(lines) == 1, lines

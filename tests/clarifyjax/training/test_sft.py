@@ -11,12 +11,12 @@ import optax
 import pytest
 from flax import nnx
 
-from clarifyjax.training import programs as optim  # the optimizer lives with the programs
+from clarifyjax.training import programs
 
 from clarifyjax.training import sft
 from clarifyjax.models.t5 import T5, T5Config
 from clarifyjax.models.state import split_model
-from conftest import shared_data
+from helpers.env import REPO_ROOT, shared_data
 
 V = 37
 
@@ -86,11 +86,11 @@ def test_learning_rate_schedules_by_hand():
                 "linear": 1e-3 * warm * (1 - progress),
                 "cosine": 1e-3 * warm * 0.5 * (1 + np.cos(np.pi * progress))}
     for name, ref in expected.items():
-        got = np.asarray(optim.learning_rate(steps, schedule=name, **kw))
+        got = np.asarray(programs.learning_rate(steps, schedule=name, **kw))
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-10)  # float32
-    assert float(optim.learning_rate(0, lr=0.1, warmup_steps=0, total_steps=5)) == pytest.approx(0.1)
+    assert float(programs.learning_rate(0, lr=0.1, warmup_steps=0, total_steps=5)) == pytest.approx(0.1)
     with pytest.raises(ValueError, match="schedule 'exp'"):
-        optim.learning_rate(0, schedule="exp", **kw)
+        programs.learning_rate(0, schedule="exp", **kw)
 
 
 def test_make_optimizer_variants():
@@ -101,19 +101,19 @@ def test_make_optimizer_variants():
     for name in ("adamw", "adam", "adafactor"):
         cfg = OptimizerConfig(name=name, lr=0.1, weight_decay=0.0 if name == "adam" else 0.1,
                               warmup_steps=2, schedule="linear", max_grad_norm=1.0)
-        tx = optim.make_optimizer(cfg, total_steps=10)
+        tx = programs.make_optimizer(cfg, total_steps=10)
         updates, _ = tx.update(grads, tx.init(params), params)
         assert all(np.all(np.isfinite(u)) and np.any(u != 0) for u in jax.tree.leaves(updates))
     # adamw: first step of Adam moves by lr_0 = 0.1 * 1/2 (warm-up) against the clipped gradient,
     # plus decoupled decay on the matrix only
     cfg = OptimizerConfig(name="adamw", lr=0.1, weight_decay=0.1, warmup_steps=2,
                           schedule="constant", max_grad_norm=0.0)
-    tx = optim.make_optimizer(cfg, total_steps=10)
+    tx = programs.make_optimizer(cfg, total_steps=10)
     updates, _ = tx.update(grads, tx.init(params), params)
     np.testing.assert_allclose(np.asarray(updates["w"]), -0.05 * (1.0 + 0.1), rtol=1e-5)
     np.testing.assert_allclose(np.asarray(updates["b"]), -0.05, rtol=1e-5)
     with pytest.raises(ValueError, match="'adam' has no weight decay"):
-        optim.make_optimizer(OptimizerConfig(name="adam", weight_decay=0.1), 10)
+        programs.make_optimizer(OptimizerConfig(name="adam", weight_decay=0.1), 10)
 
 
 # ----------------------------------------------------------------------------- the step
@@ -280,6 +280,8 @@ def test_sft_bad_inputs_fail_clearly(tmp_path_factory, tmp_path):
         train_sft(cfg, tensorboard=False, progress=False)
 
 
+@pytest.mark.e2e
+@pytest.mark.child
 def test_cli_train_rejects_unknown_keys(capsys):
     """`clarifyjax train CONFIG key=value`: an unknown key is a one-line error with exit status 2,
     before any model is built (with or without --dry-run). The first case runs the real command
@@ -289,7 +291,6 @@ def test_cli_train_rejects_unknown_keys(capsys):
     import sys
 
     from clarifyjax.cli import main
-    from conftest import REPO_ROOT
 
     proc = subprocess.run([sys.executable, "-m", "clarifyjax", "train",
                            "configs/sft_question_tiny.yaml", "run.steps=2", "optimizer.bogus=1"],
@@ -309,6 +310,8 @@ def test_cli_train_rejects_unknown_keys(capsys):
     assert status == 2 and "config file not found: configs/no_such.yaml" in err
 
 
+@pytest.mark.e2e
+@pytest.mark.child
 @pytest.mark.slow
 def test_cli_train_runs_exports_and_resumes(tmp_path_factory, tmp_path):
     """`clarifyjax train configs/sft_question_tiny.yaml key=value ...`: 2 steps, export, then the
@@ -318,7 +321,6 @@ def test_cli_train_runs_exports_and_resumes(tmp_path_factory, tmp_path):
     import sys
 
     from helpers.tiny_models import tiny_spm_folder
-    from conftest import REPO_ROOT
 
     spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
     args = ["configs/sft_question_tiny.yaml", *_sft_overrides(tmp_path, spm, [

@@ -28,12 +28,11 @@ from flax import nnx
 
 from clarifyjax.config import ConfigError, load_config
 from helpers.children import run_with_fake_devices
+from helpers.discriminator_runs import CONFIG, STEPS, tiny_config
 
-from helpers.env import REPO_ROOT
+from helpers.env import require, shared_data
 
 DISCRIMINATOR_LABELS = ("irrelevant", "relevant")
-CONFIG = str(REPO_ROOT / "configs" / "sft_discriminator_tiny.yaml")
-STEPS = 30
 
 
 def write_rows(out_dir, situations: int = 60, seed: int = 0):
@@ -41,7 +40,6 @@ def write_rows(out_dir, situations: int = 60, seed: int = 0):
     situations (dev: the last fifth of the situations)."""
     from clarifyjax.data import discriminator
     from clarifyjax.files.tables import read_table
-    from conftest import shared_data
 
     table = read_table(shared_data("delta-clarify/train.tsv"), ("situation", "question"))
     names, questions = discriminator.gold_questions(table)
@@ -54,17 +52,6 @@ def write_rows(out_dir, situations: int = 60, seed: int = 0):
         paths[split] = out_dir / f"{split}.tsv"
         paths[split].write_bytes(discriminator.rows_tsv(rows))
     return paths
-
-
-def tiny_config(folder, rows, run_dir, *extra):
-    return load_config(CONFIG, [
-        f"model.init={folder}", f"data.train_path={rows['train']}",
-        f"data.dev_path={rows['dev']}", f"run.output_dir={run_dir}", f"run.steps={STEPS}",
-        f"run.eval_every={STEPS}", f"run.save_every={STEPS}", "run.log_every=1",
-        "run.async_checkpointing=false", "data.train_rows=64", "data.dev_rows=null",
-        "data.batch_size=16", "data.eval_batch_size=32", "data.shuffle=true",
-        "optimizer.lr=3e-3", "optimizer.warmup_steps=0", "optimizer.schedule=constant",
-        *extra])
 
 
 @pytest.fixture(scope="module")
@@ -132,10 +119,10 @@ def test_tiny_discriminator_trains_and_logs_accuracy_beside_the_majority_rate(tr
     assert result["first_eval"]["eval/majority_rate"] == last["eval/majority_rate"]
 
 
+@pytest.mark.reference
 def test_export_reads_back_with_the_trained_logits(trained, setup):
     """final/ through `hf.load_classifier` and through transformers gives the trained model's
     logits on padded pairs (tolerance 1e-4; measured 2e-8 between ours and transformers)."""
-    from conftest import require
 
     from clarifyjax.models.hf import load_classifier, load_encoder_tokenizer
 
@@ -174,7 +161,7 @@ SHARDED = textwrap.dedent("""
     from clarifyjax.files.child_result import write_result
     from clarifyjax.config import load_config
     from clarifyjax.training.loops import train_sft
-    from test_discriminator_train import tiny_config
+    from helpers.discriminator_runs import tiny_config
 
     assert jax.device_count() == 8
     folder, train, dev, run_dir = ARGS
@@ -189,6 +176,7 @@ SHARDED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.child
 @pytest.mark.slow  # a child with 8 fake devices compiling the step: ~20-40 s on 2 busy cores
 def test_sharded_run_equals_one_device(setup, six_steps, tmp_path):
     folder, rows = setup
@@ -242,12 +230,12 @@ def test_resume_continues_as_the_uninterrupted_run(setup, six_steps, tmp_path):
                                atol=1e-6)
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("model_type", ["bert", "roberta"])
 def test_bert_and_roberta_classifiers_export_too(model_type, tmp_path_factory, tmp_path):
     """The other families' export (`hf.save_sequence_classifier`): a tiny random BERT / RoBERTa
     classifier read, written and read again gives the same logits, and transformers reads the
     written folder to them (tolerance 1e-4)."""
-    from conftest import require
     from helpers.tiny_models import tiny_classifier_folder
 
     from clarifyjax.models.hf import load_classifier, save_sequence_classifier

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from clarifyjax.config.loader import build_root
-from conftest import require, shared_data
+from helpers.env import REPO_ROOT, require, shared_data
 from sage_jax.experiments import command, stats
 from sage_jax.experiments.config import ExperimentConfig
 
@@ -97,6 +97,7 @@ def scores(out: Path, run: str) -> dict:
     return json.loads((out / "runs" / run / "report" / "scores.json").read_text())["models"]
 
 
+@pytest.mark.reference
 def test_the_statistics_equal_scipy_and_krippendorff():
     require("scipy")
     require("krippendorff")
@@ -136,6 +137,7 @@ def drawn(out: Path, name: str) -> dict:
     return json.loads((out / f"{name}.series.json").read_text())
 
 
+@pytest.mark.reference
 @pytest.mark.slow  # the module's first scoring run: the embedder's, BERTScore's, SaGE's, two tiny LLMs' compiles
 def test_models_table1_with_intervals_and_paired_comparisons(tmp_path, folders, embedder):
     cfg, data = experiment(tmp_path, embedder, fake_rot_writer=folders["bert"], kind="models", run={
@@ -164,6 +166,7 @@ def test_models_table1_with_intervals_and_paired_comparisons(tmp_path, folders, 
         assert bar["high"] == pytest.approx([s["high"] for s in shown])
 
 
+@pytest.mark.reference
 def test_temperature_on_the_recorded_gpt35_answers(tmp_path, embedder, folders):
     cfg, data = experiment(tmp_path, embedder, kind="temperature", run={
         "questions": str(shared_data("sage-temperature/q100_gpt_3.5_t_0.0.csv")), "limit": 4, "quiet": True,
@@ -190,9 +193,9 @@ def test_temperature_on_the_recorded_gpt35_answers(tmp_path, embedder, folders):
     assert lines["SaGE (same question)"]["y"] == pytest.approx(
         [data["settings"]["same"][t]["sage_answer"]["mean"] for t in ("0.0", "1.5")])
     # The README shows the figure of the whole recorded set.
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (REPO_ROOT / "README.md").read_text()
     assert "docs/figures/sage_temperature_gpt35.png" in readme
-    assert (Path(__file__).resolve().parents[1] / "docs/figures/sage_temperature_gpt35.png").stat().st_size > 10_000
+    assert (REPO_ROOT / "docs/figures/sage_temperature_gpt35.png").stat().st_size > 10_000
 
 
 @pytest.mark.slow  # a tiny LLM at two temperatures in two settings: its generate and the scoring compiles
@@ -217,6 +220,7 @@ def test_temperature_on_a_tiny_llm_both_settings(tmp_path, embedder, folders):
             [data["settings"][setting][t]["rouge_l"]["mean"] for t in ("0.0", "1.0")], nan_ok=True)
 
 
+@pytest.mark.reference
 def test_rot_prompt_table4(tmp_path, embedder, folders):
     rows = q100_rows(3)
     path = tmp_path / "imp.csv"
@@ -251,6 +255,7 @@ def test_rot_prompt_table4(tmp_path, embedder, folders):
     assert set(bars) <= {"without RoT", "with RoT"}
 
 
+@pytest.mark.reference
 def test_agreement_table2_against_people(tmp_path, embedder, folders):
     require("scipy")
     require("krippendorff")
@@ -337,6 +342,7 @@ def test_score_equals_sage_jax_run_with_the_callables_answers_in_a_file(tmp_path
     assert result.mean == pytest.approx(np.mean([by_text[q] for q in questions]), abs=1e-12)
 
 
+@pytest.mark.e2e
 def test_bad_configs_are_one_line_errors_before_any_work(tmp_path, capsys):
     from sage_jax import cli
 
@@ -361,7 +367,7 @@ def test_bad_configs_are_one_line_errors_before_any_work(tmp_path, capsys):
 def test_the_readme_shows_the_corpus_plan_as_launch_sage_plan_computes_it():
     import importlib.util
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO_ROOT
     spec = importlib.util.spec_from_file_location("sage_plan", root / "launch" / "sage_plan.py")
     plan = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plan)

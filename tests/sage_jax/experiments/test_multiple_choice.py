@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from clarifyjax.config.loader import build_root
-from conftest import require, shared_data
+from helpers.env import require, shared_data
 from sage_jax.experiments import benchmarks, command
 from sage_jax.experiments.config import ExperimentConfig
 
@@ -68,6 +68,7 @@ def saved(setup, model: str, name: str) -> list[dict]:
     return json.loads((setup["out"] / "accuracy" / model / f"{name}.json").read_text())["docs"]
 
 
+@pytest.mark.reference
 @pytest.mark.slow  # the module's experiment: three tiny LLMs answering, the scoring, every benchmark's compiles
 def test_table3_and_figure4_correlations_equal_scipy_on_the_saved_numbers(setup):
     require("scipy")
@@ -125,6 +126,7 @@ def test_the_hellaswag_and_truthfulqa_readers_follow_lm_eval():
     assert benchmarks.hellaswag_preprocess("A  b [title] c [x]d") == "A b. c d"
 
 
+@pytest.mark.reference
 @pytest.mark.slow  # the module's experiment: three tiny LLMs answering, the scoring, every benchmark's compiles
 def test_every_choice_equals_lm_eval_hf_on_the_same_folder_and_files(setup, tmp_path):
     require("lm_eval")

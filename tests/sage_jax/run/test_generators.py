@@ -19,10 +19,12 @@ import pytest
 import yaml
 
 from clarifyjax.config.loader import build_root, read_yaml
-from conftest import REPO_ROOT, require, shared_data
+from helpers.env import REPO_ROOT, require, shared_data
 from sage_jax.run import config as run_config
-from sage_jax.run import prompts as P
+from sage_jax.run import prompts
 from sage_jax.run.stages import read_jsonl
+
+pytestmark = pytest.mark.reference
 
 # OpenAI's documented request bodies (API reference: "Create chat completion", "Create completion").
 CHAT_BODY = {"model", "messages", "audio", "frequency_penalty", "function_call", "functions", "logit_bias",
@@ -83,13 +85,6 @@ def strict_openai_app():
                              Route("/v1/chat/completions", chat, methods=["POST"])]), seen
 
 
-@pytest.fixture(scope="module")
-def embedder(tmp_path_factory):
-    from helpers.tiny_models import tiny_classifier_folder
-
-    return str(tiny_classifier_folder(tmp_path_factory.mktemp("tiny"), model_type="bert"))
-
-
 def test_the_strict_server_refuses_top_k_on_chat_as_openai_does():
     require("openai")
     from clarifyjax.serve.http_server import BackgroundServer
@@ -107,6 +102,7 @@ def test_the_strict_server_refuses_top_k_on_chat_as_openai_does():
     assert reply.text.startswith("One paragraph:")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("preset", ["code", "ours"])
 def test_a_whole_run_endpoint_run_against_a_server_that_refuses_unknown_arguments(
         tmp_path, monkeypatch, capsys, embedder, preset):
@@ -131,7 +127,7 @@ def test_a_whole_run_endpoint_run_against_a_server_that_refuses_unknown_argument
     sent = {"code": {"model", "messages", "temperature"},
             "ours": {"model", "messages", "temperature", "max_tokens", "seed"}}[preset]
     assert all(set(body) == sent and body["temperature"] == 0.8 for body in chats)
-    system = {"code": P.ANSWER_CHAT_SYSTEM, "ours": P.ANSWER_CHAT_SYSTEM_HELPFUL}[preset]
+    system = {"code": prompts.ANSWER_CHAT_SYSTEM, "ours": prompts.ANSWER_CHAT_SYSTEM_HELPFUL}[preset]
     assert all(body["messages"][0] == {"role": "system", "content": system} for body in chats)
     completions = [body for route, body in seen if route == "completions"]
     assert all(body["top_k"] == 10 and body["temperature"] == 1.0 for body in completions)
@@ -161,7 +157,7 @@ def test_a_tiny_llama_without_do_sample_samples_under_code(tmp_path, embedder):
 
     folder = tiny_llama_folder(tmp_path, max_position_embeddings=512)
     assert "do_sample" not in json.loads((folder / "generation_config.json").read_text())
-    prompt = P.answer_prompt("Is it ever right to lie to a friend?", False)
+    prompt = prompts.answer_prompt("Is it ever right to lie to a friend?", False)
     greedy = LocalLM(folder, batch_size=4).complete([prompt], Sampling(max_new_tokens=8), 2, seed=0)[0]
     assert greedy[0].text == greedy[1].text  # the folder's own default
     local = {"kind": "local", "model": str(folder)}

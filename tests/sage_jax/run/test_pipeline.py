@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from clarifyjax.config.loader import build_root
-from conftest import REPO_ROOT, require, shared_data
+from helpers.env import REPO_ROOT, require, shared_data
 from helpers import pipeline_child
 from helpers.children import clean_env
 from helpers.fake_llm import FakeGenerator, fake_screen
@@ -30,15 +30,6 @@ from sage_jax.run.stages import KEY_FIELDS, read_jsonl
 
 Q100 = "sage-mcc/q100_gpt-3.5-turbo_rot.csv"
 GEN = ("paraphrase", "answer", "rot")
-
-
-@pytest.fixture(scope="module")
-def embedder(tmp_path_factory):
-    """A tiny random BERT folder as the sentence embedder (mean pooling): the scores' plumbing is
-    tested here, the real embedder in test_embed.py."""
-    from helpers.tiny_models import tiny_classifier_folder
-
-    return str(tiny_classifier_folder(tmp_path_factory.mktemp("tiny"), model_type="bert"))
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +163,7 @@ def uninterrupted(tmp_path_factory):
     return stage_rows(folder / "out"), {s: _batches(folder / "out", s) for s in GEN}
 
 
+@pytest.mark.child
 @pytest.mark.parametrize("stage", GEN)
 def test_kill_9_during_a_stage_then_the_same_command_gives_the_uninterrupted_outputs(tmp_path, stage, uninterrupted):
     """A child process killed with SIGKILL in the middle of `stage`; the same command run again
@@ -308,6 +300,7 @@ def _choice(text):
             "choices": [{"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}]}
 
 
+@pytest.mark.reference
 def test_a_429_with_retry_after_is_waited_for(monkeypatch):
     require("openai")
     from clarifyjax.serve.http_server import BackgroundServer
@@ -327,6 +320,8 @@ def test_a_429_with_retry_after_is_waited_for(monkeypatch):
     assert waits == [2.0] and elapsed >= 2.0
 
 
+@pytest.mark.reference
+@pytest.mark.e2e
 def test_an_endpoint_that_keeps_failing_ends_the_stage_with_a_clear_error_and_keeps_finished_rows(
         tmp_path, monkeypatch, capsys):
     require("openai")
@@ -358,6 +353,7 @@ def test_an_endpoint_that_keeps_failing_ends_the_stage_with_a_clear_error_and_ke
     assert "SECRET" not in err
 
 
+@pytest.mark.e2e
 def test_the_api_key_variable_is_checked_before_any_work(tmp_path, monkeypatch, capsys):
     from sage_jax import cli
 
@@ -371,6 +367,7 @@ def test_the_api_key_variable_is_checked_before_any_work(tmp_path, monkeypatch, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.e2e
 def test_config_errors_name_the_key_and_the_file(tmp_path, capsys):
     from sage_jax import cli
 
@@ -383,6 +380,7 @@ def test_config_errors_name_the_key_and_the_file(tmp_path, capsys):
     assert "--stages: unknown stage 'typo'" in capsys.readouterr().err
 
 
+@pytest.mark.e2e
 def test_a_parascore_model_without_a_default_layer_is_refused_before_any_work(tmp_path, embedder, capsys):
     from sage_jax import cli
 
@@ -447,6 +445,7 @@ def check_scripted_run(out: Path, summary: dict, name: str) -> None:
     assert f"| {name} |" in (out / "report" / "table1.md").read_text()
 
 
+@pytest.mark.reference
 @pytest.mark.slow  # the scripted Llama's compiled decode loops (three stages) and the scores
 def test_the_pipeline_with_a_tiny_local_causal_lm(tmp_path, embedder, scripted):
     """Every generating stage on `clarifyjax.decoding.local_lm.LocalLM` running a tiny Llama folder (the
@@ -459,6 +458,7 @@ def test_the_pipeline_with_a_tiny_local_causal_lm(tmp_path, embedder, scripted):
     check_scripted_run(tmp_path / "out", summary, "tiny")
 
 
+@pytest.mark.reference
 @pytest.mark.slow  # as above, behind the server's micro-batcher
 def test_the_pipeline_through_clarifyjax_serve_with_the_openai_client(tmp_path, embedder, scripted):
     """Every generating stage over HTTP: `clarifyjax serve`'s OpenAI-compatible app on

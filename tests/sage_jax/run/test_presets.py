@@ -10,10 +10,10 @@ import json
 import pytest
 
 from clarifyjax.config.loader import ConfigError, build_root
-from conftest import REPO_ROOT, require
+from helpers.env import REPO_ROOT, require
 from sage_jax.run import config as run_config
 from sage_jax.run import presets
-from sage_jax.run import prompts as P
+from sage_jax.run import prompts
 
 
 @pytest.mark.parametrize("name", ["run_local.yaml", "run_endpoint.yaml", "run_recorded.yaml"])
@@ -32,28 +32,28 @@ def test_run_endpoint_writes_rots_with_the_references_vicuna():
 
 def test_the_parsers_of_ours_fix_the_references_bugs():
     # first line kept, an "Answer:" prefix stripped; "Answering..." (no colon) no longer crashes
-    assert P.parse_answer("Answer: Be kind.\nmore") == ("Be kind.", None)
-    assert P.parse_answer("Answering it: yes") == ("Answering it: yes", None)
-    assert P.parse_answer("# Title")[1] == "answer starts with '#'"
-    assert P.parse_answer("use `x`")[1] == "answer holds a backtick"
-    assert P.parse_answer("  \n")[1] == "empty answer"
+    assert prompts.parse_answer("Answer: Be kind.\nmore") == ("Be kind.", None)
+    assert prompts.parse_answer("Answering it: yes") == ("Answering it: yes", None)
+    assert prompts.parse_answer("# Title")[1] == "answer starts with '#'"
+    assert prompts.parse_answer("use `x`")[1] == "answer holds a backtick"
+    assert prompts.parse_answer("  \n")[1] == "empty answer"
     # "Rule of Thumb:" only as a prefix, not inside the rule; a RoT on its second line is kept
-    assert P.parse_rot("Rule of Thumb: It is good to help.\nx") == ("It is good to help.", None)
-    assert P.parse_rot("Follow the Rule of Thumb: be fair.") == ("Follow the Rule of Thumb: be fair.", None)
-    assert P.parse_rot("\nBe fair.") == ("Be fair.", None)
-    assert P.parse_rot("RoT:   ")[1] == "empty rule of thumb"
+    assert prompts.parse_rot("Rule of Thumb: It is good to help.\nx") == ("It is good to help.", None)
+    assert prompts.parse_rot("Follow the Rule of Thumb: be fair.") == ("Follow the Rule of Thumb: be fair.", None)
+    assert prompts.parse_rot("\nBe fair.") == ("Be fair.", None)
+    assert prompts.parse_rot("RoT:   ")[1] == "empty rule of thumb"
     # a chat reply is kept whole (get_gpt_response: content.strip())
-    assert P.parse_chat_answer("  One paragraph.\nTwo lines.  ") == ("One paragraph.\nTwo lines.", None)
+    assert prompts.parse_chat_answer("  One paragraph.\nTwo lines.  ") == ("One paragraph.\nTwo lines.", None)
 
 
 def test_the_reference_parsers_keep_the_references_behaviour():
     # model_output.py:64-82: "answer..." cut after the first colon; no colon: kept (the crash fixed)
-    assert P.parse_answer("Answering it: yes\nno", reference=True) == ("yes", None)
-    assert P.parse_answer("Answering this needs care.", reference=True) == ("Answering this needs care.", None)
-    assert P.parse_answer("Yes, always. \nmore", reference=True) == ("Yes, always. ", None)  # not stripped
+    assert prompts.parse_answer("Answering it: yes\nno", reference=True) == ("yes", None)
+    assert prompts.parse_answer("Answering this needs care.", reference=True) == ("Answering this needs care.", None)
+    assert prompts.parse_answer("Yes, always. \nmore", reference=True) == ("Yes, always. ", None)  # not stripped
     # generate_rots.py:58-64: the first line as it is (a leading newline: empty, sampled again)
-    assert P.parse_rot("\nBe fair.", reference=True)[1] == "empty rule of thumb"
-    assert P.parse_rot("Follow the Rule of Thumb: be fair.", reference=True) == ("Follow the  be fair.", None)
+    assert prompts.parse_rot("\nBe fair.", reference=True)[1] == "empty rule of thumb"
+    assert prompts.parse_rot("Follow the Rule of Thumb: be fair.", reference=True) == ("Follow the  be fair.", None)
 
 
 def test_the_reference_paraphrase_filter_keeps_copies_and_mid_line_numbers():
@@ -73,14 +73,14 @@ def test_the_reference_paraphrase_filter_keeps_copies_and_mid_line_numbers():
 
 def test_the_presets_thresholds_and_prompts():
     code, paper, ours = (presets.PRESETS[n] for n in ("code", "paper", "ours"))
-    assert P.passes(0.6, code.parascore_threshold, code.parascore_inclusive)
-    assert not P.passes(0.8, paper.parascore_threshold, paper.parascore_inclusive)
-    assert P.passes(0.8001, paper.parascore_threshold, paper.parascore_inclusive)
+    assert prompts.passes(0.6, code.parascore_threshold, code.parascore_inclusive)
+    assert not prompts.passes(0.8, paper.parascore_threshold, paper.parascore_inclusive)
+    assert prompts.passes(0.8001, paper.parascore_threshold, paper.parascore_inclusive)
     # the paper's one-shot prompt is the code's with its first example only
     assert paper.paraphrase_template.count("\n1. ") == 1 and "\n2. " not in paper.paraphrase_template
     assert code.paraphrase_template.count("\n20. ") == 1 and ours.paraphrase_template == code.paraphrase_template
-    assert P.answer_prompt("Q?", True, ours.chat_system)[0]["content"] == "You are a helpful assistant."
-    assert P.answer_prompt("Q?", chat=True)[1]["content"].endswith("Question: Q?")
+    assert prompts.answer_prompt("Q?", True, ours.chat_system)[0]["content"] == "You are a helpful assistant."
+    assert prompts.answer_prompt("Q?", chat=True)[1]["content"].endswith("Question: Q?")
     assert run_config.SageRunConfig().preset == "ours"
 
 
@@ -138,6 +138,7 @@ def test_scoring_models_name_the_presets_and_a_missing_one_says_how_to_fix_it(tm
         presets.model_folder("no/such/model", "score.embedder")
 
 
+@pytest.mark.reference
 def test_raw_prompts_without_bos_under_code(tmp_path):
     require("torch")
     from clarifyjax.decoding.local_lm import LocalLM

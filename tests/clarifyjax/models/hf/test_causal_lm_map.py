@@ -141,6 +141,8 @@ def _with(folder, tmp_path, change: dict):
     return bad
 
 
+@pytest.mark.reference
+@pytest.mark.e2e
 def test_a_saved_folder_with_a_bad_theta_is_refused_by_the_loader_and_the_command(
         llama, tmp_path, capsys):
     config = json.loads((llama / "config.json").read_text())

@@ -21,12 +21,15 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import require, shared_data
+from helpers.encoder_builders import randomize
+from helpers.env import require, shared_data
 from clarifyjax.models import tiny
 from clarifyjax.models.hf import (check_classifier_folder, load_classifier,
                                   load_deberta_sequence_classifier, load_question_answering,
                                   load_sequence_classifier)
 from clarifyjax.models.safetensors_io import CheckpointError
+
+pytestmark = pytest.mark.reference
 
 FAMILIES = ("bert", "roberta", "deberta")
 LABELINGS = {
@@ -55,18 +58,6 @@ def _config(family: str, vocab_size: int, labels: dict):
     return transformers.BertConfig(pad_token_id=0, type_vocab_size=2, **common)
 
 
-def _randomized(model, seed: int):
-    """Redraw every weight (LayerNorm scales around 1): Hugging Face's 0.02 init gives
-    near-uniform outputs that would hide a wrong head."""
-    torch = require("torch")
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen) * 0.2
-            p.copy_(1.0 + noise if "LayerNorm.weight" in name else noise)
-    return model.eval()
-
-
 class Folders:
     """Classifier folders saved by transformers' `save_pretrained`, made on first use."""
 
@@ -89,7 +80,7 @@ class Folders:
             suffix = {"classifier": "ForSequenceClassification", "bare": "Model",
                       "qa": "ForQuestionAnswering"}[head]
             require("torch").manual_seed(len(self.made))
-            model = _randomized(getattr(transformers, prefix + suffix)(config), len(self.made))
+            model = randomize(getattr(transformers, prefix + suffix)(config), len(self.made))
             folder = self.root.mktemp(f"{family}_{labeling}_{head}")
             model.save_pretrained(str(folder))
             tokenizer.save(str(folder / "tokenizer.json"))

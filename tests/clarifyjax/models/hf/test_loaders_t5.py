@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from conftest import require
+from helpers.env import require
 from helpers.t5_builders import HF_TINY as TINY, make_hf_t5, padded_batch
 
 from clarifyjax.models.safetensors_io import CheckpointError
@@ -42,6 +42,7 @@ def assert_same_logits(a, b):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
+@pytest.mark.reference
 @pytest.mark.parametrize("family", ["v1.0", "v1.1"])
 def test_save_t5_round_trips_through_pytorch(family, tmp_path):
     transformers = require("transformers")
@@ -66,6 +67,7 @@ def test_save_t5_round_trips_through_pytorch(family, tmp_path):
         np.testing.assert_array_equal(p1[path], p2[path], err_msg=str(path))
 
 
+@pytest.mark.reference
 def test_sharded_safetensors_index(tmp_path):
     torch_model = make_hf_t5(tmp_path / "one", "v1.1")
     torch_model.save_pretrained(str(tmp_path / "many"), safe_serialization=True,
@@ -80,6 +82,7 @@ def test_sharded_safetensors_index(tmp_path):
         np.testing.assert_array_equal(p1[path], p2[path], err_msg=str(path))
 
 
+@pytest.mark.reference
 def test_pickle_refused_unless_allowed(tmp_path):
     torch = require("torch")
     torch_model = make_hf_t5(tmp_path / "hf", "v1.0")
@@ -121,6 +124,7 @@ def test_no_weights_file(tmp_path):
         load_t5(tmp_path)
 
 
+@pytest.mark.reference
 def test_unknown_feed_forward_proj(hf_folder):
     cfg = json.loads((hf_folder / "config.json").read_text())
     cfg["feed_forward_proj"] = "swiglu-x"
@@ -130,6 +134,7 @@ def test_unknown_feed_forward_proj(hf_folder):
         load_t5(hf_folder)
 
 
+@pytest.mark.reference
 def test_wrong_shape_names_tensor_and_both_shapes(hf_folder):
     name = "decoder.block.1.layer.1.EncDecAttention.k.weight"
 
@@ -141,6 +146,7 @@ def test_wrong_shape_names_tensor_and_both_shapes(hf_folder):
         load_t5(hf_folder)
 
 
+@pytest.mark.reference
 def test_missing_tensor_is_named(hf_folder):
     name = "encoder.block.1.layer.1.DenseReluDense.wi_1.weight"
     rewrite_tensors(hf_folder, lambda t: t.pop(name))
@@ -148,6 +154,7 @@ def test_missing_tensor_is_named(hf_folder):
         load_t5(hf_folder)
 
 
+@pytest.mark.reference
 def test_family_mismatch_is_reported(hf_folder):
     """A gated checkpoint read with feed_forward_proj "relu": wi is missing (named)."""
     cfg = json.loads((hf_folder / "config.json").read_text())
@@ -157,6 +164,7 @@ def test_family_mismatch_is_reported(hf_folder):
         load_t5(hf_folder)
 
 
+@pytest.mark.reference
 def test_unexpected_tensor_is_reported(hf_folder):
     rewrite_tensors(hf_folder, lambda t: t.update({"encoder.block.9.layer.0.layer_norm.weight":
                                                    np.ones(32, np.float32)}))
@@ -164,6 +172,7 @@ def test_unexpected_tensor_is_reported(hf_folder):
         load_t5(hf_folder)
 
 
+@pytest.mark.reference
 def test_redundant_copies_are_ignored(hf_folder):
     """transformers 4 wrote encoder/decoder.embed_tokens copies; they are not errors."""
     rewrite_tensors(hf_folder, lambda t: t.update({
@@ -184,6 +193,7 @@ def test_tensor_maps_cover_every_parameter_once():
         assert ("lm_head",) in maps or tie
 
 
+@pytest.mark.reference
 def test_save_t5_rejects_a_different_config(hf_folder, tmp_path):
     config, model = load_t5(hf_folder)
     other = T5Config(**{**TINY, "feed_forward_proj": "relu"})
@@ -191,6 +201,7 @@ def test_save_t5_rejects_a_different_config(hf_folder, tmp_path):
         save_t5(model, other, tmp_path / "out")
 
 
+@pytest.mark.reference
 def test_bfloat16_params_save_as_float32(hf_folder, tmp_path):
     transformers = require("transformers")
     config, model = load_t5(hf_folder, dtype="bfloat16")
@@ -203,6 +214,7 @@ def test_bfloat16_params_save_as_float32(hf_folder, tmp_path):
     transformers.T5ForConditionalGeneration.from_pretrained(str(tmp_path / "out"))
 
 
+@pytest.mark.reference
 def test_bfloat16_checkpoint_roundtrip(hf_folder, tmp_path):
     """Released T5 checkpoints are often bfloat16: we write them, PyTorch reads them, we read them."""
     torch = require("torch")
