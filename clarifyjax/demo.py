@@ -426,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"[demo] ClarifyDelphi on these models, as a web page at http://127.0.0.1:8000/:\n"
           f"    clarifyjax web {models} --port 8000\n"
           f"  in the terminal: clarifyjax interact {models}\n"
-          f"  for a file: clarifyjax ask {models} --situations FILE --output OUT.jsonl",
+          f"  for a file: clarifyjax ask {models} --situations FILE --out OUT.jsonl",
           flush=True)
     run_evaluation(cfg, out, data, plan)
 

@@ -125,7 +125,7 @@ def test_generate_with_logprobs_at_tiny_temperatures_writes_the_greedy_text(llam
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out.jsonl"
-    status = cli.main(["generate", str(llama), "--input", str(prompts), "--output", str(out),
+    status = cli.main(["generate", str(llama), "--input", str(prompts), "--out", str(out),
                        "--max-new-tokens", "6", "--min-new-tokens", "6", "--logprobs",
                        "--batch-size", "4", "--no-progress"])
     assert status == 0, capsys.readouterr().err
