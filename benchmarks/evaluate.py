@@ -47,7 +47,8 @@ from clarifyjax.evaluation.evaluate import read_situations  # noqa: E402
 from clarifyjax.models.tiny import save_t5_folder, tiny_spm_folder, tiny_t5_config  # noqa: E402
 from clarifyjax.reward.nli import NLIFilter  # noqa: E402
 from clarifyjax.reward.pipeline import PipelineConfig, RewardPipeline  # noqa: E402
-from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel  # noqa: E402
+from clarifyjax.decoding.seq2seq import Seq2SeqModel  # noqa: E402
+from clarifyjax.text.generator import Sampling  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:
@@ -81,12 +82,12 @@ class OursPipelineNLI:
     def __init__(self, folders, args):
         self.wh = baselines.WhCandidates(
             Seq2SeqModel.from_pretrained(folders["wh"]),
-            Seq2SeqSampling(args.question_max_length, 1.0, top_k=50, top_p=0.6), WH_STARTS)
+            Sampling(max_new_tokens=args.question_max_length, temperature=1.0, top_k=50, top_p=0.6), WH_STARTS)
         self.pipeline = RewardPipeline(
             Seq2SeqModel.from_pretrained(folders["answerer"]),
             Seq2SeqModel.from_pretrained(folders["fusion"]),
             Judge.from_pretrained(folders["judge"], class_step=DELPHI_CLASS_STEP,
-                                  judgment=Seq2SeqSampling(max_new_tokens=args.judgment_max_length)),
+                                  judgment=Sampling(max_new_tokens=args.judgment_max_length)),
             NLIFilter.from_pretrained(folders["nli"], batch_size=2 * args.chunk * len(WH_STARTS)),
             PipelineConfig(answer_max_length=args.answer_max_length,
                            fusion_max_length=args.fusion_max_length))

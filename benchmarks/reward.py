@@ -63,7 +63,8 @@ from clarifyjax.reward import judge as delphi  # noqa: E402
 from clarifyjax.decoding import seq2seq as seq2seq_lib  # noqa: E402
 from clarifyjax.text import formats as text_lib  # noqa: E402
 from clarifyjax.reward.judge import DELPHI_CLASS_STEP, Judge  # noqa: E402
-from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel  # noqa: E402
+from clarifyjax.decoding.seq2seq import Seq2SeqModel  # noqa: E402
+from clarifyjax.text.generator import Sampling  # noqa: E402
 from clarifyjax.models.tiny import (WANLI_LABELS, save_classifier_folder,  # noqa: E402
                                     save_t5_folder, tiny_bpe_tokenizer, tiny_spm_folder,
                                     tiny_t5_config)
@@ -372,7 +373,7 @@ def build_ours(folders: dict[str, Path], args) -> RewardPipeline:
         Seq2SeqModel.from_pretrained(folders["answerer"], batch_multiple=multiple),
         Seq2SeqModel.from_pretrained(folders["fusion"], batch_multiple=multiple),
         Judge.from_pretrained(folders["judge"], class_step=DELPHI_CLASS_STEP,
-                              judgment=Seq2SeqSampling(max_new_tokens=args.judgment_max_length)),
+                              judgment=Sampling(max_new_tokens=args.judgment_max_length)),
         NLIFilter.from_pretrained(folders["nli"], batch_size=2 * args.situations), config)
 
 

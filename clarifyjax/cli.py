@@ -4,7 +4,7 @@
                                --judge DIR [--nli DIR] --out FILE.jsonl [--overwrite]
                                [--config REWARDS.yaml] [KEY=VALUE ...]
     clarifyjax train CONFIG [--dry-run] [--no-progress] [KEY=VALUE ...]
-    clarifyjax generate MODEL_DIR --input PROMPTS.jsonl --output OUT.jsonl [--n N] [sampling]
+    clarifyjax generate MODEL_DIR --input PROMPTS.jsonl --out OUT.jsonl [--n N] [sampling]
     clarifyjax serve MODEL_DIR [--host 127.0.0.1] [--port N]
     clarifyjax evaluate CONFIG [KEY=VALUE ...]
     clarifyjax discriminator-data --input FILE.tsv --out FILE.tsv [--embedder DIR]

@@ -270,13 +270,14 @@ def show_samples(cfg, before: Path, after: Path, data: Path, n: int = 5) -> None
     answer generator, the fusion model and the judge make of them."""
     from clarifyjax import data as data_lib
     from clarifyjax.text import formats as text
-    from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
+    from clarifyjax.decoding.seq2seq import Seq2SeqModel
+    from clarifyjax.text.generator import Sampling
     from clarifyjax.training.loops import build_reward_fn
 
     situations = data_lib.unique_situations(data_lib.read_table(data / "dev.tsv",
                                                                 ("situation",)))[:n]
     reward = build_reward_fn(cfg)
-    sampling = Seq2SeqSampling(max_new_tokens=cfg.ppo.max_question_length)
+    sampling = Sampling(max_new_tokens=cfg.ppo.max_question_length)
     for label, folder in (("SFT policy", before), ("PPO policy", after)):
         questions = Seq2SeqModel.from_pretrained(folder).generate(
             [text.policy_input(s) for s in situations], sampling).texts
@@ -425,7 +426,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"[demo] ClarifyDelphi on these models, as a web page at http://127.0.0.1:8000/:\n"
           f"    clarifyjax web {models} --port 8000\n"
           f"  in the terminal: clarifyjax interact {models}\n"
-          f"  for a file: clarifyjax ask {models} --situations FILE --output OUT.jsonl",
+          f"  for a file: clarifyjax ask {models} --situations FILE --out OUT.jsonl",
           flush=True)
     run_evaluation(cfg, out, data, plan)
 

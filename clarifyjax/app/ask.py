@@ -1,4 +1,4 @@
-"""`clarifyjax ask MODELS.yaml --situations FILE --output FILE`: ClarifyDelphi's question for each
+"""`clarifyjax ask MODELS.yaml --situations FILE --out FILE`: ClarifyDelphi's question for each
 situation of a file, with the imagined weakener and strengthener answers, their fused situations
 and the judge's P(bad, ok, good) of each (`clarify.Clarifier.ask`).
 
@@ -33,11 +33,11 @@ def _ask_options(p: argparse.ArgumentParser) -> None:
     io_.add_argument("--situation-column", default="situation")
     io_.add_argument("--limit", type=number_type(int, ">= 1"), default=None,
                      help="only the first N situations")
-    io_.add_argument("--output", type=Path, required=True,
+    io_.add_argument("--out", type=Path, required=True,
                      help=".jsonl (one object per situation) or .csv; written at the end in one "
-                          "rename, finished chunks wait in .OUTPUT.partial/ beside it so that the "
+                          "rename, finished chunks wait in .OUT.partial/ beside it so that the "
                           "same command resumes a killed run")
-    io_.add_argument("--overwrite", action="store_true", help="replace an existing --output")
+    io_.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     io_.add_argument("--no-answers", action="store_true",
                      help="only the question and the judgment of each situation (no imagined "
                           "answers; with --candidates > 1 they are still made, to rank)")
@@ -81,7 +81,7 @@ def cut_note(cuts: dict, rows: int) -> str:
             f"before it read them, over {rows} situation(s): {counts}")
 
 
-_NOT_IN_FINGERPRINT = ("output", "overwrite", "run", "command", "no_progress")
+_NOT_IN_FINGERPRINT = ("out", "overwrite", "run", "command", "no_progress")
 
 
 @subcommand("ask", "ClarifyDelphi's clarification question for each situation of a file, with the "
@@ -89,13 +89,13 @@ _NOT_IN_FINGERPRINT = ("output", "overwrite", "run", "command", "no_progress")
 def run_ask(args: argparse.Namespace) -> int:
     from clarifyjax.files.textfiles import atomic_write_bytes, check_output
 
-    kind = FORMATS.get(args.output.suffix.lower())
+    kind = FORMATS.get(args.out.suffix.lower())
     if kind is None:
-        raise CLIError(f"--output {args.output}: give a .jsonl or .csv file")
+        raise CLIError(f"--out {args.out}: give a .jsonl or .csv file")
     if not args.situation_column.strip():
         raise CLIError("--situation-column: empty")
     cfg = load_models(args)
-    check_output(args.output, overwrite=args.overwrite, option="--output", error=CLIError,
+    check_output(args.out, overwrite=args.overwrite, option="--out", error=CLIError,
                  inputs=(("--situations", args.situations), ("MODELS.yaml", args.models)))
     from clarifyjax.data.situations import read_texts
 
@@ -113,7 +113,7 @@ def run_ask(args: argparse.Namespace) -> int:
     r = cfg.rewards
     folders = (cfg.policy.init, r.answerer.init, r.fusion.init, r.judge.model.init,
                None if r.nli is None else r.nli.init)
-    store = ChunkStore(args.output, fingerprint(options, (situations,), folders), AskOutput,
+    store = ChunkStore(args.out, fingerprint(options, (situations,), folders), AskOutput,
                        error=CLIError)
     found = store.start()
     chunks = equal_chunks(len(situations), args.batch_size)
@@ -137,9 +137,9 @@ def run_ask(args: argparse.Namespace) -> int:
     if reused:
         say(f"resumed: {reused} of {len(chunks)} chunks were made by an interrupted run "
             f"({store.folder})")
-    atomic_write_bytes(args.output, render(rows, kind, where))
+    atomic_write_bytes(args.out, render(rows, kind, where))
     store.finish()
     if cuts:
         say(cut_note(cuts, len(rows)))
-    say(f"asked {len(rows)} questions -> {args.output}")
+    say(f"asked {len(rows)} questions -> {args.out}")
     return 0

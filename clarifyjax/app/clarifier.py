@@ -30,27 +30,18 @@ from clarifyjax.files.textfiles import is_blank, text_problem
 from clarifyjax.text import formats as text_lib
 from clarifyjax.config import ModelsConfig, PPOHyperparams
 from clarifyjax.reward.pipeline import RewardPipeline, load_pipeline, stage_sampling
-from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
+from clarifyjax.decoding.seq2seq import Seq2SeqModel
+from clarifyjax.text.generator import Sampling
 
 MAX_TURNS = 3  # paper §7: fusion degrades after the third turn
 CLASSES = text_lib.JUDGE_CLASSES  # ("bad", "ok", "good"): the order of every probability triple
 _PPO = PPOHyperparams()
 
 
-class QuestionSampling(NamedTuple):
-    """How questions are drawn: nucleus sampling as in PPO's rollouts (top-p 0.6, T 0.7);
-    `min_new_tokens` keeps a question from being empty (the user must have something to answer);
-    `candidates` > 1 (ask only): that many sampled questions, ranked by the reward."""
-
-    temperature: float = _PPO.temperature
-    top_p: float = _PPO.top_p
-    max_new_tokens: int = _PPO.max_question_length
-    min_new_tokens: int = 2
-    candidates: int = 1
-
-    def sampling(self) -> Seq2SeqSampling:
-        return Seq2SeqSampling(self.max_new_tokens, self.temperature, top_p=self.top_p,
-                        min_new_tokens=self.min_new_tokens)
+# How questions are drawn: nucleus sampling as in PPO's rollouts (top-p 0.6, T 0.7);
+# min_new_tokens keeps a question from being empty (the user must have something to answer)
+QUESTION_SAMPLING = Sampling(max_new_tokens=_PPO.max_question_length, min_new_tokens=2,
+                             temperature=_PPO.temperature, top_p=_PPO.top_p)
 
 
 class StepRequest(NamedTuple):
@@ -89,23 +80,27 @@ class AskOutput:
 
 
 class Clarifier:
-    """The question generator and the reward pipeline's models (answerer, fusion, NLI, judge)."""
+    """The question generator and the reward pipeline's models (answerer, fusion, NLI, judge).
+    `sampling`: how questions are drawn; `candidates` > 1 (ask only): that many sampled
+    questions, ranked by the reward."""
 
     def __init__(self, questioner: Seq2SeqModel, pipeline: RewardPipeline,
-                 questions: QuestionSampling = QuestionSampling()):
-        self.questioner, self.pipeline, self.question_sampling = questioner, pipeline, questions
+                 sampling: Sampling = QUESTION_SAMPLING, candidates: int = 1):
+        self.questioner, self.pipeline = questioner, pipeline
+        self.sampling, self.candidates = sampling, candidates
         self.timings: dict[str, float] = {}
         # inputs cut to a model's max_input_length in the last `step` or `ask`, by model
         self.cuts: dict[str, int] = {}
 
     @classmethod
-    def from_config(cls, models: ModelsConfig, questions: QuestionSampling = QuestionSampling(),
-                    *, backend: str = "hf") -> Clarifier:
+    def from_config(cls, models: ModelsConfig, sampling: Sampling = QUESTION_SAMPLING,
+                    candidates: int = 1, *, backend: str = "hf") -> Clarifier:
         p = models.policy
         questioner = Seq2SeqModel.from_pretrained(
             p.init, tokenizer_path=p.tokenizer, dtype=p.dtype, backend=backend,
             max_input_length=p.max_input_length, precision=p.precision)
-        return cls(questioner, load_pipeline(models.rewards, backend=backend), questions)
+        return cls(questioner, load_pipeline(models.rewards, backend=backend), sampling,
+                   candidates)
 
     @property
     def judge(self):
@@ -135,7 +130,7 @@ class Clarifier:
         if not inputs:
             return []
         out = self._timed("questions", self.questioner.generate, inputs,
-                          self.question_sampling.sampling(), rng=rng)
+                          self.sampling, rng=rng)
         self._cut("question generator", out.truncated_inputs)
         return [out.texts[i * n:(i + 1) * n] for i in range(len(situations))]
 
@@ -178,7 +173,7 @@ class Clarifier:
         """Batch mode: a question per situation, its imagined answers, fused situations and the
         judge's probabilities. With `candidates` n > 1 the n sampled questions are all scored by
         the reward pipeline and the one with the highest raw reward (JSD) is kept."""
-        n = self.question_sampling.candidates
+        n = self.candidates
         self.cuts = {}
         q_key, r_key = jax.random.split(rng)
         candidates = self.questions(situations, q_key, n)

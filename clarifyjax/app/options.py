@@ -5,6 +5,7 @@ so that ``--help`` stays fast (as `score_config` for score-questions)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from clarifyjax.config.loader import ConfigError
@@ -53,14 +54,14 @@ def load_models(args: argparse.Namespace):
 
 def load_clarifier(args: argparse.Namespace, cfg):
     """The `clarify.Clarifier` of `cfg` with the command line's question sampling."""
-    from clarifyjax.app.clarifier import Clarifier, QuestionSampling
+    from clarifyjax.app.clarifier import QUESTION_SAMPLING, Clarifier
     from clarifyjax.models.safetensors_io import CheckpointError
     from clarifyjax.text.formats import TextFormatError
 
-    sampling = QuestionSampling(args.temperature, args.top_p, args.max_question_length,
-                                candidates=getattr(args, "candidates", 1))
+    sampling = dataclasses.replace(QUESTION_SAMPLING, temperature=args.temperature,
+                                   top_p=args.top_p, max_new_tokens=args.max_question_length)
     try:
-        return Clarifier.from_config(cfg, sampling)
+        return Clarifier.from_config(cfg, sampling, getattr(args, "candidates", 1))
     except (CheckpointError, ConfigError, TextFormatError):
         raise
     except ValueError as e:  # e.g. a max_input_length beyond a model's positions

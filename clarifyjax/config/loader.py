@@ -227,7 +227,10 @@ def _build(cls, data, at: str, source: str):
             raise _unknown_key(cls, str(key), at, source)
     kwargs = {key: _coerce(value, hints[key], _join(at, key), source)
               for key, value in data.items()}
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # a section that checks itself on construction (`Sampling`)
+        raise ConfigError(f"{source}: '{at or '<top>'}': {e}", key=at or None) from None
 
 
 def _type_name(tp) -> str:

@@ -6,8 +6,8 @@ Each checks its arguments and hands them to exactly one function of the model's 
     generate: T5 -> t5_loop.generate_t5        CausalLM -> causal_loop.generate_causal
     score:    T5 -> scoring.score_t5           CausalLM -> scoring.score_causal
 
-The loops, the per-step choice they share (`step`) and the logit filters (`filters`) live in
-those modules.
+The loops, the per-step choice they share (`step`), the logit filters and the draw (`sampling`)
+live in those modules.
 
 Shapes: b = batch, s = source length, n = max_new_tokens, t = target length.
 
@@ -45,12 +45,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from clarifyjax.decoding.causal_loop import generate_causal
-from clarifyjax.decoding.filters import LARGEST_TEMPERATURE, SMALLEST_TEMPERATURE
+from clarifyjax.decoding.sampling import LARGEST_TEMPERATURE, SMALLEST_TEMPERATURE
 from clarifyjax.decoding.scoring import score_causal, score_t5
-from clarifyjax.decoding.step import Generation, LoopSettings, empty_outputs
+from clarifyjax.decoding.step import Generation, empty_outputs
 from clarifyjax.decoding.t5_loop import generate_t5
 from clarifyjax.models.causal_lm import CausalLM
 from clarifyjax.models.t5 import T5
+from clarifyjax.text.generator import Sampling
 
 
 def generate(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Array, *,
@@ -65,9 +66,9 @@ def generate(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Arr
     and the sampling settings are ignored; logprobs are then those of the model's distribution
     at temperature 1. Sampling applies temperature, then top-k, then top-p (transformers'
     order), in float32, with a fresh key per step. Any temperature > 0 is safe: the logits are
-    scaled after subtracting each row's largest (`filters.scale_by_temperature`), so a tiny one
+    scaled after subtracting each row's largest (`sampling.scale_by_temperature`), so a tiny one
     gives the argmax (log-prob 0) rather than overflowing, and one below float32's smallest
-    normal number (`filters.SMALLEST_TEMPERATURE`) is used as that number.
+    normal number (`sampling.SMALLEST_TEMPERATURE`) is used as that number.
 
     For a `CausalLM`, the prompts may be left- or right-padded (every row >= 1 token), a row
     stops after any of `config.eos_token_ids` or `stop_token_ids` (that token included, then
@@ -106,9 +107,9 @@ def generate(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Arr
 
 
 def _loop_settings(max_new_tokens, min_new_tokens, greedy, temperature, top_k,
-                   top_p) -> LoopSettings:
-    """generate's settings, checked; greedy ones with the sampling fields reset, since they do
-    not change the program (one compile for all)."""
+                   top_p) -> Sampling:
+    """generate's settings, checked, as the loops' static argument; greedy ones (temperature 0)
+    with the other sampling fields reset, since they do not change the program."""
     if max_new_tokens < 1:
         raise ValueError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
     if not 0 <= min_new_tokens <= max_new_tokens:
@@ -120,14 +121,13 @@ def _loop_settings(max_new_tokens, min_new_tokens, greedy, temperature, top_k,
         raise ValueError(f"generate: top_k must be >= 0 (0 = off), got {top_k}")
     if not 0 < top_p <= 1:
         raise ValueError(f"generate: top_p must be in (0, 1], got {top_p}")
-    if greedy:
-        temperature, top_k, top_p = 1.0, 0, 1.0
-    # what `filters.scale_by_temperature` uses: every temperature below (above) the range float32
+    # what `sampling.scale_by_temperature` uses: every temperature below (above) the range float32
     # can divide by is one program
     temperature = min(max(float(temperature), SMALLEST_TEMPERATURE), LARGEST_TEMPERATURE)
-    return LoopSettings(max_new_tokens=int(max_new_tokens), min_new_tokens=int(min_new_tokens),
-                        greedy=bool(greedy), temperature=float(temperature), top_k=int(top_k),
-                        top_p=float(top_p))
+    if greedy:
+        temperature, top_k, top_p = 0.0, 0, 1.0
+    return Sampling(max_new_tokens=int(max_new_tokens), min_new_tokens=int(min_new_tokens),
+                    temperature=temperature, top_k=int(top_k), top_p=float(top_p))
 
 
 def score(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Array,

@@ -24,12 +24,12 @@ from flax import nnx
 from clarifyjax.core import buckets, traces
 from clarifyjax.decoding.step import (
     Generation,
-    LoopSettings,
     choose_token,
     empty_outputs,
     record_step,
 )
 from clarifyjax.models.causal_lm import CausalLM, KVCache
+from clarifyjax.text.generator import Sampling
 
 
 class CausalLoopState(NamedTuple):
@@ -56,7 +56,7 @@ def pad_left_to_bucket(ids: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.
 
 
 def generate_causal(model: CausalLM, input_ids: jax.Array, attention_mask: jax.Array,
-                    rng: jax.Array, settings: LoopSettings, *, stop_token_ids: Sequence[int] = (),
+                    rng: jax.Array, settings: Sampling, *, stop_token_ids: Sequence[int] = (),
                     prefix_ids: Sequence[int] | None = None) -> Generation:
     """Sample continuations of the prompts input_ids [b, s] (attention_mask [b, s], int32 both,
     checked by `api.generate`; left- or right-padded, every row >= 1 token) with `settings` ->
@@ -96,7 +96,7 @@ def _bucketed_prefix(prefix_ids: Sequence[int],
 @functools.partial(jax.jit, static_argnames=("graphdef", "settings", "cache_length",
                                              "stop_ids"))
 def _causal_loop(graphdef, state, input_ids, attention_mask, rng, prefix, *,
-                 settings: LoopSettings, cache_length: int,
+                 settings: Sampling, cache_length: int,
                  stop_ids: tuple[int, ...]) -> Generation:
     traces.note("generate_causal")
     model: CausalLM = nnx.merge(graphdef, state)

@@ -41,14 +41,11 @@ def generation_defaults(folder: str | os.PathLike) -> tuple[Sampling, tuple[int,
     from clarifyjax.models.hf import read_generation_defaults
 
     found = read_generation_defaults(folder)
-    get = found.get if isinstance(found, dict) else (lambda k, d=None: getattr(found, k, d))
-    sampled = get("do_sample", False)
-    eos = get("eos_token_ids", None) or ()
+    eos = found["eos_token_ids"]
     defaults = Sampling(
-        max_new_tokens=get("max_new_tokens", None) or DEFAULT_MAX_NEW_TOKENS,
-        min_new_tokens=get("min_new_tokens", None) or 0,
-        temperature=float(get("temperature", 1.0) or 1.0) if sampled else 0.0,
-        top_k=int(get("top_k", 0) or 0), top_p=float(get("top_p", 1.0) or 1.0))
+        max_new_tokens=found["max_new_tokens"] or DEFAULT_MAX_NEW_TOKENS, min_new_tokens=0,
+        temperature=float(found["temperature"]) if found["do_sample"] else 0.0,
+        top_k=int(found["top_k"]), top_p=float(found["top_p"]))
     return defaults, tuple(int(i) for i in ([eos] if isinstance(eos, int) else eos))
 
 

@@ -2,9 +2,9 @@
 
 `Seq2SeqModel`: texts -> ids padded to length buckets, rows padded to a multiple
 (`buckets.padded_rows`, so that shapes repeat) -> jitted `decoding.generate` -> texts
-(`GeneratedText`), decoded as `Seq2SeqSampling` says. The reward pipeline runs the answer generator and
-the fusion model through it, the judge (`delphi.Judge`) its judgment text, and the demo the
-question generator.
+(`GeneratedText`), decoded as a `Sampling` says (unset fields: `DEFAULTS`, greedy). The reward
+pipeline runs the answer generator and the fusion model through it, the judge (`delphi.Judge`)
+its judgment text, and the demo the question generator.
 """
 from __future__ import annotations
 
@@ -23,22 +23,12 @@ from clarifyjax.decoding.api import generate
 from clarifyjax.models.safetensors_io import CheckpointError, check_folder
 from clarifyjax.models.t5 import T5
 from clarifyjax.files.textfiles import check_texts
+from clarifyjax.text.generator import Sampling
 from clarifyjax.text.tokenizer import Tokenizer
 
 
-class Seq2SeqSampling(NamedTuple):
-    """How a `Seq2SeqModel` decodes: temperature 0 is greedy (the other settings then unused).
-    Immutable, so that a default `Seq2SeqSampling()` argument is safe to share."""
-
-    max_new_tokens: int = 32
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_new_tokens: int = 0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+# what a `Seq2SeqModel` uses for a `Sampling` field left None: greedy, at most 32 new tokens
+DEFAULTS = Sampling(max_new_tokens=32, min_new_tokens=0, temperature=0.0, top_k=0, top_p=1.0)
 
 
 class GeneratedText(NamedTuple):
@@ -107,10 +97,12 @@ class Seq2SeqModel:
         rows = padded_rows(len(texts), self.batch_multiple, power_of_two=power_of_two_rows)
         return pad_rows(ids, rows), pad_rows(mask, rows), stats.truncated
 
-    def generate(self, texts: Sequence[str], sampling: Seq2SeqSampling = Seq2SeqSampling(), *,
+    def generate(self, texts: Sequence[str], sampling: Sampling = DEFAULTS, *,
                  rng: jax.Array | None = None, power_of_two_rows: bool = False) -> GeneratedText:
-        """Decode a continuation of every text in one jitted call (`decoding.generate`)."""
+        """Decode a continuation of every text in one jitted call (`decoding.generate`); stop
+        strings are not used."""
         texts = check_texts(texts, f"{self.source} inputs")
+        sampling = sampling.with_defaults(DEFAULTS)
         if not texts:
             return GeneratedText([], np.zeros((0, sampling.max_new_tokens), np.int32), 0)
         if not sampling.greedy and rng is None:

@@ -2,7 +2,7 @@
 row of a preallocated KV cache (`SlotCache`) that requests enter and leave between steps.
 
     engine = SlotEngine(model, slots=32, length=2048, chunk=64)
-    engine.add(SlotRequest(prompt_ids, max_new=64))
+    engine.add(SlotRequest(prompt_ids, Sampling(max_new_tokens=64, temperature=0)))
     while not engine.idle:
         for request in engine.step():  # the requests that finished in this step
             ...request.tokens, request.logprobs, request.finish...
@@ -14,8 +14,8 @@ decoding step of every slot. A slot's tokens sit at cache positions 0.. of its o
 the other slots hold, so a request gets the tokens it would get alone (greedy), and a request
 joining the batch changes nothing for the others.
 
-Sampling settings (greedy, temperature, top-k, top-p, min_new_tokens, seed) are per-row arrays
-(`row_sampling.RowSampling`), so a new setting compiles nothing. The programs are jitted per
+Each request's `Sampling` and seed are a row of per-row arrays (`sampling.stack_rows`), so a new
+setting compiles nothing. The programs are jitted per
 shape only: the decoding step per attention span (the cache positions read: a bucket of the
 longest running row, `min_span` times a power of two up to `length`) and the prefill chunk per
 span and rows (1, or `prefill_rows`); `clarifyjax.core.traces` counts them under
@@ -41,9 +41,10 @@ import numpy as np
 from flax import nnx
 
 from clarifyjax.core import traces
-from clarifyjax.decoding.row_sampling import RowSampling, choose_rows
+from clarifyjax.decoding.sampling import choose_rows, stack_rows
 from clarifyjax.models.causal_lm import CausalLM
 from clarifyjax.models.causal_lm_layers import rope_tables
+from clarifyjax.text.generator import Sampling
 
 
 class SlotCache(NamedTuple):
@@ -130,8 +131,8 @@ def prefill_program(graphdef, state, cache: SlotCache, ids, starts, lasts, rows,
 
 
 @functools.partial(jax.jit, static_argnames=("eos",))
-def choose_program(logits, settings: RowSampling, steps, *, eos: tuple[int, ...]):
-    """Every slot's next token from its logits [S + 1, V], settings and step (`row_sampling`):
+def choose_program(logits, settings: dict[str, jax.Array], steps, *, eos: tuple[int, ...]):
+    """Every slot's next token from its logits [S + 1, V], settings and step (`choose_rows`):
     (token [S + 1], its log-prob). One program for the decoding steps and the prefills."""
     traces.note("slots_choose")
     return choose_rows(logits, settings, steps, eos)
@@ -142,14 +143,10 @@ def choose_program(logits, settings: RowSampling, steps, *, eos: tuple[int, ...]
 
 @dataclasses.dataclass(eq=False)
 class SlotRequest:
-    """One row to generate: its prompt's token ids and settings; filled in as it runs."""
+    """One row to generate: its prompt's token ids and settings (max_new_tokens set; a field
+    left None is off, temperature 0 is greedy); filled in as it runs."""
     prompt: Sequence[int]
-    max_new: int
-    min_new: int = 0
-    greedy: bool = True
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
+    sampling: Sampling
     seed: int = 0                                      # uint32: the row's sampling key
     stop_ids: frozenset = frozenset()                  # tokens that end it (kept in `tokens`)
     stop_text: Callable[[list[int]], bool] | None = None  # checked after each token
@@ -202,12 +199,13 @@ class SlotEngine:
     # -- requests (any thread) -----------------------------------------------------------------
 
     def add(self, request: SlotRequest) -> None:
-        """Queue `request`; ValueError when its prompt and max_new do not fit a slot."""
+        """Queue `request`; ValueError when its prompt and max_new_tokens do not fit a slot."""
         if not request.prompt:
             raise ValueError("SlotEngine: an empty prompt")
-        if request.max_new < 1 or len(request.prompt) + request.max_new > self.length:
+        max_new = request.sampling.max_new_tokens
+        if max_new is None or len(request.prompt) + max_new > self.length:
             raise ValueError(f"{len(request.prompt)} prompt tokens + max_new_tokens "
-                             f"{request.max_new} do not fit a slot of {self.length} positions")
+                             f"{max_new} do not fit a slot of {self.length} positions")
         request.queued_at = time.monotonic()
         with self._lock:
             self._queue.append(request)
@@ -359,7 +357,7 @@ class SlotEngine:
         if r.finish is None:
             if token in r.stop_ids or (r.stop_text is not None and r.stop_text(r.tokens)):
                 r.finish = "stop"
-            elif len(r.tokens) >= r.max_new:
+            elif len(r.tokens) >= r.sampling.max_new_tokens:
                 r.finish = "length"
         if r.finish is not None:
             r.done_at = now
@@ -369,29 +367,20 @@ class SlotEngine:
 
 
 class _HostSettings:
-    """Every slot's `RowSampling` on the host, sent to the device when one changed."""
+    """Every slot's sampling and seed on the host, stacked and sent to the device when one
+    changed."""
 
     def __init__(self, rows: int):
-        self.greedy = np.ones(rows, bool)
-        self.temperature = np.ones(rows, np.float32)
-        self.top_k = np.zeros(rows, np.int32)
-        self.top_p = np.ones(rows, np.float32)
-        self.min_new = np.zeros(rows, np.int32)
-        self.seed = np.zeros(rows, np.uint32)
+        self.rows = [Sampling(temperature=0)] * rows
+        self.seeds = [0] * rows
         self.steps = np.zeros(rows, np.int32)  # tokens each slot has chosen (sent every step)
-        self._device: RowSampling | None = None
+        self._device: dict[str, jax.Array] | None = None
 
     def set(self, slot: int, r: SlotRequest) -> None:
-        self.greedy[slot] = r.greedy
-        self.temperature[slot] = 1.0 if r.greedy else r.temperature
-        self.top_k[slot] = 0 if r.greedy else r.top_k
-        self.top_p[slot] = 1.0 if r.greedy else r.top_p
-        self.min_new[slot], self.seed[slot], self.steps[slot] = r.min_new, r.seed, 0
+        self.rows[slot], self.seeds[slot], self.steps[slot] = r.sampling, r.seed, 0
         self._device = None
 
-    def device(self) -> RowSampling:
+    def device(self) -> dict[str, jax.Array]:
         if self._device is None:
-            self._device = RowSampling(*(jnp.array(a, copy=True) for a in (
-                self.greedy, self.temperature, self.top_k, self.top_p, self.min_new,
-                self.seed)))
+            self._device = jax.device_put(stack_rows(self.rows, self.seeds))
         return self._device

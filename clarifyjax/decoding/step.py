@@ -1,6 +1,6 @@
-"""What the T5 and the causal-LM generation loops share: their static settings (`LoopSettings`),
-their output (`Generation`), and one step's work: `choose_token` (the token and its log-prob
-under the distribution it was drawn from) and `record_step` (write that column of the output).
+"""What the T5 and the causal-LM generation loops share: their output (`Generation`) and one
+step's work: `choose_token` (the token and its log-prob under the distribution it was drawn
+from, as the loop's static `Sampling` says) and `record_step` (write that column of the output).
 
 PPO needs the log-probability of each sampled token under the distribution it was drawn from
 (after temperature, top-k, top-p); at temperature 1 with no truncation that equals `score`.
@@ -15,7 +15,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from clarifyjax.decoding.filters import draw_categorical, filter_logits
+from clarifyjax.decoding.sampling import draw_categorical, filter_logits
+from clarifyjax.text.generator import Sampling
 
 
 class Generation(NamedTuple):
@@ -26,20 +27,8 @@ class Generation(NamedTuple):
     mask: jax.Array
 
 
-class LoopSettings(NamedTuple):
-    """The settings of one generation loop, checked (`api.generate`). Hashable: a static argument
-    of the jitted loops, so calls with the same settings and shapes reuse one program. With
-    greedy=True the sampling fields are 1.0 / 0 / 1.0 whatever the caller asked (one program)."""
-    max_new_tokens: int
-    min_new_tokens: int
-    greedy: bool
-    temperature: float
-    top_k: int
-    top_p: float
-
-
 def choose_token(logits: jax.Array, step: jax.Array, rng: jax.Array, eos_ids: Sequence[int],
-                 settings: LoopSettings) -> tuple[jax.Array, jax.Array, jax.Array]:
+                 settings: Sampling) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One decoding step's choice: logits [b, V] -> (token [b] int32, its log-prob [b] under
     the distribution it was drawn from, rng). EOS ids are impossible before `min_new_tokens`.
     Greedy: the argmax, log-probs under the model's own (temperature 1) distribution, rng
@@ -74,7 +63,7 @@ def record_step(tokens: jax.Array, logprobs: jax.Array, mask: jax.Array, step: j
     return tokens, logprobs, mask
 
 
-def empty_outputs(batch: int, settings: LoopSettings,
+def empty_outputs(batch: int, settings: Sampling,
                   pad_id: int) -> tuple[jax.Array, jax.Array, jax.Array]:
     """The [b, n] outputs before the first step: tokens all `pad_id`, logprobs 0, mask 0."""
     n = settings.max_new_tokens

@@ -20,12 +20,12 @@ from flax import nnx
 from clarifyjax.core import traces
 from clarifyjax.decoding.step import (
     Generation,
-    LoopSettings,
     choose_token,
     empty_outputs,
     record_step,
 )
 from clarifyjax.models.t5 import T5, DecodeCache
+from clarifyjax.text.generator import Sampling
 
 
 class T5LoopState(NamedTuple):
@@ -41,7 +41,7 @@ class T5LoopState(NamedTuple):
 
 
 def generate_t5(model: T5, input_ids: jax.Array, attention_mask: jax.Array, rng: jax.Array,
-                settings: LoopSettings) -> Generation:
+                settings: Sampling) -> Generation:
     """Sample continuations of input_ids [b, s] (attention_mask [b, s], int32 both, checked by
     `api.generate`) with `settings` -> `Generation` [b, n]."""
     graphdef, state = nnx.split(model)
@@ -50,7 +50,7 @@ def generate_t5(model: T5, input_ids: jax.Array, attention_mask: jax.Array, rng:
 
 @functools.partial(jax.jit, static_argnames=("graphdef", "settings"))
 def _t5_loop(graphdef, state, input_ids, attention_mask, rng, *,
-             settings: LoopSettings) -> Generation:
+             settings: Sampling) -> Generation:
     traces.note("generate")
     model: T5 = nnx.merge(graphdef, state)
     c = model.config

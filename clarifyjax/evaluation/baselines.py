@@ -2,7 +2,7 @@
 situation out (or, for the candidate-based ones, a choice among the wh-conditioned candidates).
 
 * `QuestionSampler`: a question generator ("question: " + situation), sampled as
-  `Seq2SeqSampling` says (the *t5 fine-tuned* baseline: top-p 0.6 with top-k 50; the PPO policy too).
+  `Sampling` says (the *t5 fine-tuned* baseline: top-p 0.6 with top-k 50; the PPO policy too).
 * `WhCandidates`: the wh-conditioned generator ("{situation} Q.: {start}"), one question per
   start; with the start "why" alone it is the *why* baseline.
 * `reward_choice`: *pipeline* / *pipeline-nli*: every candidate through the defeasibility reward
@@ -24,13 +24,14 @@ import numpy as np
 
 from clarifyjax.text import formats as text_lib
 from clarifyjax.reward.pipeline import RewardPipeline
-from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
+from clarifyjax.decoding.seq2seq import Seq2SeqModel
+from clarifyjax.text.generator import Sampling
 
 
 class QuestionSampler:
     """One question per situation from a question generator (the PPO policy's input format)."""
 
-    def __init__(self, model: Seq2SeqModel, sampling: Seq2SeqSampling):
+    def __init__(self, model: Seq2SeqModel, sampling: Sampling):
         self.model, self.sampling = model, sampling
 
     def __call__(self, situations: Sequence[str], rng: jax.Array | None = None) -> list[str]:
@@ -42,7 +43,7 @@ class QuestionSampler:
 class WhCandidates:
     """One question per (situation, start) from the wh-conditioned generator: [n][len(starts)]."""
 
-    def __init__(self, model: Seq2SeqModel, sampling: Seq2SeqSampling, starts: Sequence[str]):
+    def __init__(self, model: Seq2SeqModel, sampling: Sampling, starts: Sequence[str]):
         if not starts:
             raise ValueError("WhCandidates: no question starts")
         self.model, self.sampling, self.starts = model, sampling, tuple(starts)

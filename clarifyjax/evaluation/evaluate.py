@@ -12,7 +12,7 @@ Stages, each cached per system and chunk of situations (`stage_cache.StageCache`
 4. ``bertscore``: the F1 against each gold question of the situation (the max is kept);
 5. ``updates`` (Table 3): updates of a δ-SOCIAL-format file, with and without the question.
 
-Seq2SeqSampling keys are `fold_in(key(seed), chunk index)`, and chunks are fixed by the situations and
+Sampling keys are `fold_in(key(seed), chunk index)`, and chunks are fixed by the situations and
 ``data.batch_size``, so a run resumed after a kill writes what an uninterrupted run writes.
 Models load only when a stage has a chunk left to compute.
 """
@@ -30,7 +30,7 @@ from clarifyjax.text import formats as text_lib
 from clarifyjax.core.buckets import equal_chunks
 from clarifyjax.config.loader import config_to_dict
 from clarifyjax.config.evaluate import EvalConfig, SystemConfig
-from clarifyjax.decoding.seq2seq import Seq2SeqSampling
+from clarifyjax.text.generator import Sampling
 from clarifyjax.evaluation.stage_cache import StageCache, model_fingerprint
 from clarifyjax.files.tables import DataError, read_table
 
@@ -153,11 +153,12 @@ class Evaluation:
             self._fingerprints[key] = model_fingerprint(folders, options)
         return self._fingerprints[key]
 
-    def sampling(self) -> Seq2SeqSampling:
+    def sampling(self) -> Sampling:
         g = self.cfg.generation
         if g.greedy:
-            return Seq2SeqSampling(g.max_question_length)
-        return Seq2SeqSampling(g.max_question_length, g.temperature, top_k=g.top_k, top_p=g.top_p)
+            return Sampling(max_new_tokens=g.max_question_length)
+        return Sampling(max_new_tokens=g.max_question_length, temperature=g.temperature,
+                        top_k=g.top_k, top_p=g.top_p)
 
     def per_chunk(self, stage: str, label: str, depends: str, inputs: Sequence,
                   compute: Callable[[int, list], list]) -> list:
@@ -320,7 +321,7 @@ class Evaluation:
                 def compute(part=part, setting=setting, folder=folder):
                     model = self.models.seq2seq(folder, cfg.max_input_length)
                     sources = [update_input(g, setting == "with_question") for g in part]
-                    made = model.generate(sources, Seq2SeqSampling(cfg.max_length)).texts
+                    made = model.generate(sources, Sampling(max_new_tokens=cfg.max_length)).texts
                     return [{"update": u} for u in made]
 
                 texts += [r["update"] for r in self.cache.chunk(

@@ -41,7 +41,8 @@ from clarifyjax.core import traces
 from clarifyjax.core.buckets import bucket_length, pad_rows, pad_sequences, padded_rows
 from clarifyjax.models.safetensors_io import CheckpointError, check_folder, read_config
 from clarifyjax.models.t5 import T5
-from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
+from clarifyjax.decoding.seq2seq import Seq2SeqModel
+from clarifyjax.text.generator import Sampling
 from clarifyjax.files.textfiles import check_texts
 from clarifyjax.text.tokenizer import Tokenizer
 
@@ -150,7 +151,7 @@ class Judge(_BatchedJudge):
     def __init__(self, seq2seq: Seq2SeqModel, *, input_prefix: str = text_lib.JUDGE_PREFIX,
                  class_prefix: str = text_lib.DELPHI_CLASS_PREFIX,
                  class_tokens: Sequence[str] = tuple(reversed(text_lib.DELPHI_CLASS_TOKENS)),
-                 class_step: int | None = None, judgment: Seq2SeqSampling = Seq2SeqSampling(max_new_tokens=32)):
+                 class_step: int | None = None, judgment: Sampling = Sampling(max_new_tokens=32)):
         self.seq2seq = seq2seq
         self.input_prefix = input_prefix
         self.class_prefix = class_prefix
@@ -188,7 +189,7 @@ class Judge(_BatchedJudge):
         return _class_probabilities(graphdef, state, ids, mask, jnp.asarray(self._decoder_ids),
                                     jnp.asarray(self.class_ids, jnp.int32))
 
-    def judgment_text(self, texts: Sequence[str], sampling: Seq2SeqSampling | None = None) -> list[str]:
+    def judgment_text(self, texts: Sequence[str], sampling: Sampling | None = None) -> list[str]:
         """Delphi's judgment text of each text by greedy decoding (the answer generator's input),
         as `sampling` says (None: the judge's own `judgment`; the reward pipeline passes its
         ``judgment_max_length``).
@@ -267,7 +268,7 @@ class ClassifierJudge(_BatchedJudge):
         graphdef, state = nnx.split(self.model)
         return _classifier_probabilities(graphdef, state, ids, mask, self.columns)
 
-    def judgment_text(self, texts: Sequence[str], sampling: Seq2SeqSampling | None = None) -> list[str]:
+    def judgment_text(self, texts: Sequence[str], sampling: Sampling | None = None) -> list[str]:
         """A generic judgment for the argmax class ("it's bad", "it's okay", "it's good");
         `sampling` is unused (nothing is decoded)."""
         labels = np.argmax(self.class_probabilities(texts), axis=-1)
@@ -280,7 +281,7 @@ def load_judge(path: str | os.PathLike, *, kind: str | None = None, dtype: str =
                input_prefix: str | None = None,
                class_prefix: str = text_lib.DELPHI_CLASS_PREFIX,
                class_tokens: Sequence[str] = tuple(reversed(text_lib.DELPHI_CLASS_TOKENS)),
-               class_step: int | None = None, judgment: Seq2SeqSampling = Seq2SeqSampling(max_new_tokens=32),
+               class_step: int | None = None, judgment: Sampling = Sampling(max_new_tokens=32),
                encoder_labels: Sequence[str] = text_lib.JUDGE_CLASSES, mesh=None, rules=None,
                precision: str = "default"):
     """A `Judge` (T5 folder) or a `ClassifierJudge` (BERT / RoBERTa / DeBERTa folder), told apart by

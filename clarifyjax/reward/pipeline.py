@@ -47,7 +47,8 @@ from clarifyjax.reward import jsd as reward_lib
 from clarifyjax.text import formats as text_lib
 from clarifyjax.config import PipelineConfig  # noqa: F401  (the settings; re-exported here)
 from clarifyjax.config.loader import check_tree
-from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
+from clarifyjax.decoding.seq2seq import Seq2SeqModel
+from clarifyjax.text.generator import Sampling
 
 DROPPED_POLICIES = ("zero_reward", "resample", "blank")
 COUNT_KEYS = ("questions", "empty_questions", "truncated_questions", "answers", "empty_answers",
@@ -65,19 +66,22 @@ def check_config(config: PipelineConfig) -> PipelineConfig:
     return config
 
 
-def stage_sampling(config: PipelineConfig, stage: str) -> Seq2SeqSampling:
+def stage_sampling(config: PipelineConfig, stage: str) -> Sampling:
     """How the "answers", "resample", "fusion" or "judgment" stage decodes (temperature 0:
     greedy; the judge's judgment text is always greedy)."""
     if stage == "answers":
-        return Seq2SeqSampling(config.answer_max_length, config.answer_temperature,
-                        top_k=config.answer_top_k, top_p=config.answer_top_p)
+        return Sampling(max_new_tokens=config.answer_max_length,
+                        temperature=config.answer_temperature, top_k=config.answer_top_k,
+                        top_p=config.answer_top_p)
     if stage == "resample":
-        return Seq2SeqSampling(config.answer_max_length, config.resampling_temperature,
-                        top_k=config.answer_top_k, top_p=config.resample_top_p)
+        return Sampling(max_new_tokens=config.answer_max_length,
+                        temperature=config.resampling_temperature, top_k=config.answer_top_k,
+                        top_p=config.resample_top_p)
     if stage == "fusion":
-        return Seq2SeqSampling(config.fusion_max_length, config.fusion_temperature)
+        return Sampling(max_new_tokens=config.fusion_max_length,
+                        temperature=config.fusion_temperature)
     if stage == "judgment":
-        return Seq2SeqSampling(config.judgment_max_length)
+        return Sampling(max_new_tokens=config.judgment_max_length)
     raise ValueError(f"no sampling stage {stage!r}")
 
 

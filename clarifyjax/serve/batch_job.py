@@ -209,12 +209,12 @@ def add_generate_options(p: argparse.ArgumentParser) -> None:
                    help='one object per line: "id" and "prompt" (text) or "messages" (a chat), '
                         "optionally max_new_tokens, min_new_tokens, temperature, top_k, top_p, "
                         "stop")
-    p.add_argument("--output", type=Path, required=True, metavar="OUT.jsonl",
+    p.add_argument("--out", type=Path, required=True, metavar="OUT.jsonl",
                    help="one line per input row, in order, written at the end in one rename; "
                         "finished chunks wait in .OUT.partial/ beside it, so that the same "
                         "command resumes a killed run")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace an existing --output, and discard the finished chunks of an "
+                   help="replace an existing --out, and discard the finished chunks of an "
                         "interrupted run with other settings")
     p.add_argument("--n", type=number_type(int, "[1, 1024]"), default=1,
                    help="completions per prompt")

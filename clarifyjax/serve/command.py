@@ -32,24 +32,24 @@ def run_generate(args: argparse.Namespace) -> int:
     from clarifyjax.files.textfiles import check_output
 
     sampling = generation_job.sampling_of(args, error=CLIError)
-    check_output(args.output, overwrite=args.overwrite, option="--output", error=CLIError,
+    check_output(args.out, overwrite=args.overwrite, option="--out", error=CLIError,
                  inputs=(("--input", args.input),))
     rows = generation_job.read_prompts(args.input)
     lm = _local_lm(args)  # the tokenizer now, the weights when the first chunk runs
     generation_job.check_fit(lm, rows, sampling)
     options = {k: str(v) for k, v in vars(args).items()
-               if k not in ("input", "output", "overwrite", "no_progress", "run", "command")}
+               if k not in ("input", "out", "overwrite", "no_progress", "run", "command")}
     records, reused, store = generation_job.generate_records(
-        lm, rows, out=args.output, sampling=sampling, n=args.n, seed=args.seed,
+        lm, rows, out=args.out, sampling=sampling, n=args.n, seed=args.seed,
         chunk_rows=args.chunk_rows, options=options, folders=(args.model,),
         logprobs=args.logprobs, overwrite=args.overwrite, progress=not args.no_progress,
         error=CLIError)
     lines = [json_line(r, f"{args.input} id {r['id']!r}") for r in records]
-    atomic_write_bytes(args.output, ("\n".join(lines) + "\n").encode("utf-8"))
+    atomic_write_bytes(args.out, ("\n".join(lines) + "\n").encode("utf-8"))
     store.finish()
     if reused:
         print(f"resumed: {reused} chunk(s) were finished by an interrupted run")
-    print(f"generated {len(rows)} x {args.n} completions -> {args.output}")
+    print(f"generated {len(rows)} x {args.n} completions -> {args.out}")
     return 0
 
 

@@ -138,9 +138,8 @@ class ContinuousBatcher:
                 return cut_at_stop(decode(tokens), stop) is not None
         row_seed = 0 if seed is None else int(np.random.SeedSequence(
             [seed % 2 ** 64, row.prompt, row.sample]).generate_state(1)[0])
-        return SlotRequest(row.ids, s.max_new_tokens, s.min_new_tokens, s.greedy,
-                           s.temperature or 1.0, s.top_k, s.top_p, row_seed,
-                           frozenset(self.lm.stop_token_ids(s.stop)), stop_text, job)
+        return SlotRequest(row.ids, s, row_seed, frozenset(self.lm.stop_token_ids(s.stop)),
+                           stop_text, job)
 
     # -- the worker thread ---------------------------------------------------------------------
 

@@ -4,7 +4,7 @@
 Endpoints: ``POST /v1/completions`` (a prompt or a list of prompts), ``POST
 /v1/chat/completions``, ``GET /v1/models``, ``GET /health``. Request fields: ``model``, ``n``,
 ``max_tokens`` (chat: also ``max_completion_tokens``; both given must agree), ``temperature`` (0
-= greedy; any temperature > 0 is safe, `decoding.filters.scale_by_temperature`), ``top_p``,
+= greedy; any temperature > 0 is safe, `decoding.sampling.scale_by_temperature`), ``top_p``,
 ``top_k`` (the OpenAI client sends it through ``extra_body``), ``min_tokens``, ``stop``, ``seed``,
 ``logprobs`` (completions: 0, the chosen tokens' log-probs; chat: true/false). Log-probs are
 those of the distribution each token was drawn from (after temperature, top-k and top-p). Fields

@@ -19,9 +19,10 @@ implement it cheaply.
 from __future__ import annotations
 
 import dataclasses
-import math
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol, runtime_checkable
 from collections.abc import Mapping, Sequence
+
+from clarifyjax.core.ranges import within
 
 Message = Mapping[str, str]
 Prompt = str | Sequence[Message]
@@ -31,11 +32,14 @@ MAX_STOP_STRINGS = 4  # as OpenAI's API
 
 @dataclasses.dataclass(frozen=True)
 class Sampling:
-    """How one prompt is sampled; None = the generator's default.
+    """How one prompt is sampled; None = the generator's default. The one type of generation
+    settings: config sections parse into it (`config.loader`, `_bounds`), the decoding loops take
+    it as their static settings, per-row arrays stack it (`decoding.sampling.stack_rows`).
 
     max_new_tokens: most tokens generated (>= 1). min_new_tokens: no end of text before this many.
     temperature: 0 = greedy, else > 0. top_k: 0 = off. top_p: in (0, 1]. stop: strings that end
-    the completion (not included in its text).
+    the completion (not included in its text). max_total_tokens: prompt + new tokens, as
+    transformers' `max_length` (`sage-jax run` turns it into max_new_tokens per prompt).
     """
 
     max_new_tokens: int | None = None
@@ -44,6 +48,12 @@ class Sampling:
     top_k: int | None = None
     top_p: float | None = None
     stop: tuple[str, ...] = ()
+    max_total_tokens: int | None = None
+
+    _bounds: ClassVar = {"max_new_tokens": ">= 1", "min_new_tokens": ">= 0",
+                         "temperature": ">= 0", "top_k": ">= 0", "top_p": "(0, 1]",
+                         "max_total_tokens": ">= 2"}
+    _integers: ClassVar = ("max_new_tokens", "min_new_tokens", "top_k", "max_total_tokens")
 
     def __post_init__(self):
         if isinstance(self.stop, str):
@@ -55,16 +65,15 @@ class Sampling:
 
     def problem(self) -> tuple[str, str] | None:
         """(field, what is wrong) of the first invalid setting, or None."""
-        checks = (
-            ("max_new_tokens", _int(self.max_new_tokens, 1), "an integer >= 1"),
-            ("min_new_tokens", _int(self.min_new_tokens, 0), "an integer >= 0"),
-            ("temperature", _number(self.temperature) and self.temperature >= 0, "a number >= 0"),
-            ("top_k", _int(self.top_k, 0), "an integer >= 0 (0 = off)"),
-            ("top_p", _number(self.top_p) and 0 < self.top_p <= 1, "a number in (0, 1]"),
-        )
-        for name, ok, expected in checks:
+        for name, bound in self._bounds.items():
             value = getattr(self, name)
-            if value is not None and not ok:
+            integer = name in self._integers
+            kind = (int,) if integer else (int, float)
+            if value is not None and not (isinstance(value, kind) and not isinstance(value, bool)
+                                          and within(value, bound)):
+                expected = (("an integer " if integer else "a number ")
+                            + ("in " if bound[0] in "[(" else "") + bound
+                            + (" (0 = off)" if name == "top_k" else ""))
                 return name, f"must be {expected}, got {value!r}"
         if (self.min_new_tokens is not None and self.max_new_tokens is not None
                 and self.min_new_tokens > self.max_new_tokens):
@@ -86,15 +95,6 @@ class Sampling:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
-
-
-def _int(value, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
-
-
-def _number(value) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,6 +28,7 @@ from typing import ClassVar, Literal
 from collections.abc import Sequence
 
 from clarifyjax.config.loader import ConfigError, build_root, read_yaml
+from clarifyjax.text.generator import Sampling
 
 MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 # The request arguments `sage-jax run` may send to an OpenAI-compatible endpoint (besides model and
@@ -90,23 +91,6 @@ class GeneratorConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class SamplingConfig:
-    """None: the preset's value (sage_jax.run.presets). A run's config.yaml holds the values it
-    used, per stage and model. max_total_tokens: prompt + new tokens, as transformers'
-    `max_length` (the reference's paraphrase call); a local generator counts the prompt's tokens,
-    an endpoint gets max_new_tokens."""
-
-    max_new_tokens: int | None = None
-    max_total_tokens: int | None = None
-    temperature: float | None = None
-    top_k: int | None = None
-    top_p: float | None = None
-
-    _bounds: ClassVar = {"max_new_tokens": "[1, 32768]", "max_total_tokens": "[2, 65536]",
-                         "temperature": "[0, 100]", "top_k": ">= 0", "top_p": "(0, 1]"}
-
-
-@dataclasses.dataclass(frozen=True)
 class ScorerConfig:
     """ParaScore's model (bert-base-uncased in SaGE) and settings (sage_jax.parascore)."""
 
@@ -124,7 +108,7 @@ class ParaphraseConfig:
     paraphrase_column: str = "paraphrased"  # source: file
     generator: GeneratorConfig | None = None
     scorer: ScorerConfig = ScorerConfig()
-    sampling: SamplingConfig = SamplingConfig()
+    sampling: Sampling = Sampling()
     count: int = 5
     threshold: float | None = None  # None: the preset's (code 0.6, paper 0.8)
     max_attempts: int = 5
@@ -149,7 +133,7 @@ class TargetConfig:
 
     name: str = ""
     generator: GeneratorConfig = GeneratorConfig()
-    sampling: SamplingConfig = SamplingConfig()
+    sampling: Sampling = Sampling()
     chat: bool = False  # send the reference's chat messages (its GPT prompt) instead of the raw prompt
     guided: bool = False  # answer with improve.py's prompt holding the question's rule of thumb (guide_column)
 
@@ -164,7 +148,7 @@ class StageConfig:
     """The answer and RoT stages' shared settings."""
 
     generator: GeneratorConfig | None = None  # rot only: the RoT writer (answers use each model's)
-    sampling: SamplingConfig = SamplingConfig()
+    sampling: Sampling = Sampling()
     samples: int = 1
     max_attempts: int = 5
     batch_size: int = 16

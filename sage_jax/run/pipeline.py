@@ -27,7 +27,7 @@ from clarifyjax.files.textfiles import atomic_write_bytes
 from clarifyjax.text.generator import Sampling, TokenCounter
 from sage_jax.run import presets
 from sage_jax.run import prompts as P
-from sage_jax.run.config import GeneratorConfig, SageRunConfig, SamplingConfig
+from sage_jax.run.config import GeneratorConfig, SageRunConfig
 from sage_jax.run.stages import Stage, StageError, Task
 
 STAGES = ("paraphrase", "answer", "rot", "score", "report")
@@ -141,10 +141,10 @@ class TotalLength:
         return dataclasses.replace(self.sampling, max_new_tokens=self.total - tokens)
 
 
-def sampling(cfg: SamplingConfig, fallback: int = 512) -> Sampling | TotalLength:
+def sampling(cfg: Sampling, fallback: int = 512) -> Sampling | TotalLength:
     """A stage's sampling from its resolved settings (`presets.resolve`: nothing left to a default
-    but what an endpoint is not sent)."""
-    s = Sampling(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p)
+    but what an endpoint is not sent); a max_total_tokens becomes each prompt's max_new_tokens."""
+    s = dataclasses.replace(cfg, max_total_tokens=None)
     return TotalLength(s, cfg.max_total_tokens, fallback) if cfg.max_total_tokens else s
 
 

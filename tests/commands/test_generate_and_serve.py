@@ -72,7 +72,7 @@ def setup(tmp_path_factory):
 def _generate_command(setup, out) -> list[str]:
     folder, _, prompts, _, _ = setup
     return [sys.executable, "-m", "clarifyjax", "generate", str(folder), "--input", str(prompts),
-            "--output", str(out), "--n", "2", "--seed", "11", "--max-new-tokens", str(MAX_NEW),
+            "--out", str(out), "--n", "2", "--seed", "11", "--max-new-tokens", str(MAX_NEW),
             "--temperature", "0.8", "--top-k", "20", "--chunk-rows", "1", "--logprobs",
             "--no-progress", *COMMON]
 

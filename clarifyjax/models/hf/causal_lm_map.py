@@ -20,7 +20,6 @@ Families:
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -364,21 +363,10 @@ def check_causal_lm_tensors(folder: Path, source: TensorSource, maps: dict[tuple
 # --------------------------------------------------------------------------- generation_config
 
 
-@dataclasses.dataclass(frozen=True)
-class GenerationDefaults:
-    """The sampling settings a model ships in generation_config.json, with transformers'
-    `GenerationConfig` defaults where the file is missing or silent. "The model's defaults"
-    means exactly these: what `transformers` `model.generate(ids)` would use with no arguments
-    (greedy unless do_sample; temperature/top_k/top_p only apply when sampling)."""
-
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 50
-    top_p: float = 1.0
-    eos_token_ids: tuple[int, ...] = ()
-    max_new_tokens: int | None = None
-    max_length: int = 20
-    pad_token_id: int | None = None
+# transformers' `GenerationConfig` defaults, for what generation_config.json leaves out
+GENERATION_DEFAULTS = {"do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": 1.0,
+                       "eos_token_ids": (), "max_new_tokens": None, "max_length": 20,
+                       "pad_token_id": None}
 
 
 GENERATION_RANGES = {"temperature": "> 0", "top_k": "int >= 0", "top_p": "(0, 1]",
@@ -387,11 +375,12 @@ GENERATION_RANGES = {"temperature": "> 0", "top_k": "int >= 0", "top_p": "(0, 1]
 
 
 def read_generation_defaults(path: str | Path, config_eos: tuple[int, ...] | None = None
-                             ) -> GenerationDefaults:
-    """The model's own sampling defaults: `path`/generation_config.json read as transformers
-    reads it (its `GenerationConfig` defaults where the file is missing or silent: greedy,
-    temperature 1, top_k 50, top_p 1, max_length 20). Eos ids: the file's, else `config_eos`
-    (None: those of config.json)."""
+                             ) -> dict:
+    """The model's own sampling defaults, the keys of GENERATION_DEFAULTS: `path`/
+    generation_config.json read as transformers reads it, its defaults where the file is missing
+    or silent (what `model.generate(ids)` uses with no arguments: greedy unless do_sample;
+    temperature / top_k / top_p apply only when sampling). Eos ids: the file's, else
+    `config_eos` (None: those of config.json)."""
     folder = check_folder(path)
     if config_eos is None:
         config_eos = ()
@@ -399,7 +388,7 @@ def read_generation_defaults(path: str | Path, config_eos: tuple[int, ...] | Non
             config_eos = eos_ids(read_config(folder).get("eos_token_id"))
     file = folder / "generation_config.json"
     if not file.exists():
-        return GenerationDefaults(eos_token_ids=tuple(config_eos))
+        return GENERATION_DEFAULTS | {"eos_token_ids": tuple(config_eos)}
     try:
         data = json.loads(file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -412,6 +401,5 @@ def read_generation_defaults(path: str | Path, config_eos: tuple[int, ...] | Non
     except (TypeError, ValueError) as e:
         raise CheckpointError(f"{file}: field 'eos_token_id' is {data.get('eos_token_id')!r}"
                               ) from e
-    fields = {f.name for f in dataclasses.fields(GenerationDefaults)} - {"eos_token_ids"}
-    given = {k: data[k] for k in fields if data.get(k) is not None}
-    return GenerationDefaults(eos_token_ids=eos, **given)
+    given = {k: data[k] for k in GENERATION_DEFAULTS if data.get(k) is not None}
+    return GENERATION_DEFAULTS | given | {"eos_token_ids": eos}

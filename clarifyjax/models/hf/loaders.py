@@ -199,7 +199,7 @@ def load_causal_lm(path: str | os.PathLike, *, dtype: str = "float32",
     config = causal_lm_params.config_from_hf(hf_config, where, dtype=dtype,
                                              param_dtype=param_dtype or dtype)
     generation = read_generation_defaults(folder, config.eos_token_ids)
-    eos = tuple(dict.fromkeys(config.eos_token_ids + generation.eos_token_ids))
+    eos = tuple(dict.fromkeys(config.eos_token_ids + generation["eos_token_ids"]))
     config = dataclasses.replace(config, eos_token_ids=eos)
     maps = causal_lm_params.causal_lm_tensor_maps(config)
     causal_lm_params.check_causal_lm_tensors(folder, source, maps, config)

@@ -28,7 +28,7 @@ KILLED_CHILD = killed_on_second_call("clarifyjax.app.clarifier", "Clarifier.ask"
 
 def ask_argv(models, out, *extra, limit=N):
     return ["ask", models, "--situations", str(shared_data("delta-clarify/dev.tsv")),
-            "--limit", str(limit), "--output", str(out), "--batch-size", "16", "--seed", "7",
+            "--limit", str(limit), "--out", str(out), "--batch-size", "16", "--seed", "7",
             "--no-progress", *QUESTION_OPTIONS, *extra]
 
 
@@ -96,7 +96,7 @@ def test_candidates_are_ranked_by_the_reward_and_csv_is_written(models_yaml, tmp
 def test_bad_models_files_are_one_line(tmp_path, capsys, content, message):
     models = tmp_path / "models.yaml"
     models.write_text(content)
-    status = main(["ask", str(models), "--situations", str(models), "--output",
+    status = main(["ask", str(models), "--situations", str(models), "--out",
                    str(tmp_path / "out.jsonl")])
     err = capsys.readouterr().err
     assert status == 2 and message in err and len(err.strip().splitlines()) == 1, err
@@ -105,7 +105,7 @@ def test_bad_models_files_are_one_line(tmp_path, capsys, content, message):
 
 def test_the_output_format_is_checked_first(models_yaml, tmp_path, capsys):
     assert main(ask_argv(models_yaml, tmp_path / "out.txt")) == 2
-    assert "--output" in capsys.readouterr().err and not (tmp_path / "out.txt").exists()
+    assert "--out" in capsys.readouterr().err and not (tmp_path / "out.txt").exists()
 
 
 @pytest.mark.parametrize("line, message", [
@@ -126,7 +126,7 @@ def test_a_situation_that_is_not_text_is_named_by_file_and_line(tmp_path, capsys
                       f"fusion: {folders['f']}, judge: {{model: {folders['j']}}}}}\n")
     situations = tmp_path / "s.jsonl"
     situations.write_text('{"situation": "lying to a friend"}\n' + line + "\n")
-    status = main(["ask", str(models), "--situations", str(situations), "--output",
+    status = main(["ask", str(models), "--situations", str(situations), "--out",
                    str(tmp_path / "out.jsonl")])
     err = capsys.readouterr().err
     assert status == 2 and f"{situations}:2" in err and message in err, err

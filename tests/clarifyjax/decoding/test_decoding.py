@@ -26,11 +26,10 @@ from flax import nnx
 from clarifyjax import decoding
 
 from clarifyjax.core import traces
-from clarifyjax.core import native
 from clarifyjax.decoding import Generation, filter_logits, generate, score
-from clarifyjax.decoding.row_sampling import (TOP_K_CANDIDATES, RowSampling, choose_rows,
-                                              filter_rows)
+from clarifyjax.decoding.sampling import TOP_K_CANDIDATES, choose_rows, filter_rows, stack_rows
 from clarifyjax.models.t5 import T5, T5Config, shift_right
+from clarifyjax.text.generator import Sampling
 from helpers.t5_builders import FAMILIES, TINY, random_t5
 
 MAX_NEW = 12
@@ -195,38 +194,34 @@ def test_top_k_1_and_tiny_top_p_equal_greedy(stopping):
                                    atol=TOL)  # a point mass
 
 
-@pytest.fixture(params=["top_k", "xla_search", "bisection"])
+@pytest.fixture(params=["search", "bisection"])
 def threshold_path(request):
-    """The ways of finding the top-k / top-p thresholds: `lax.top_k` and, on this CPU, the native
-    top-p kernel (the default); the same with the kernel off (`lax.top_k`'s candidates, then a
-    bisection where they fall short: what an accelerator runs); the bisections of the whole row
-    (`filter_logits`' `bisect=True`). Yields the path's name; tests trace inside its setting."""
-    with native.use("off" if request.param == "xla_search" else "require"):
-        yield request.param
+    """The ways of finding the top-k / top-p thresholds: `lax.top_k`'s candidates, then a
+    bisection where they fall short (the default); the bisections of the whole row
+    (`filter_logits`' `bisect=True`). Yields the path's name."""
+    return request.param
 
 
 @functools.cache
 def filtered_logprobs(temperature: float, top_k: int, top_p: float, path: str):
-    """log_softmax(filter_logits(.)) at one setting and threshold path, jitted once (traced at
-    its first call, inside the path's `native.use`): [b, V] -> [b, V]."""
+    """log_softmax(filter_logits(.)) at one setting and threshold path, jitted once:
+    [b, V] -> [b, V]."""
     return jax.jit(lambda x: jax.nn.log_softmax(filter_logits(
         x, temperature=temperature, top_k=top_k, top_p=top_p, bisect=path == "bisection"), -1))
 
 
-# `row_sampling.choose_rows` with EOS id 2: one program for the per-row tests (row_batch's shapes)
+# `sampling.choose_rows` with EOS id 2: one program for the per-row tests (row_batch's shapes)
 choose = jax.jit(lambda x, settings, step: choose_rows(x, settings, step, (2,)))
 ROW_SETTINGS = [(1.0, 0, 1.0), (0.7, 10, 1.0), (1.3, 0, 0.9), (1.0, TOP_K_CANDIDATES + 36, 0.8),
                 (0.5, 5, 0.5), (2.0, 0, 1.0)]
 
 
 def row_batch():
-    """[6, 3000] logits (row 2 flat), RowSampling with ROW_SETTINGS (row i seeded i), steps."""
+    """[6, 3000] logits (row 2 flat), per-row settings ROW_SETTINGS (row i seeded i), steps."""
     rng = np.random.RandomState(3)
     logits = (rng.randn(6, 3000) * np.array([[4.0], [4.0], [0.3], [4.0], [2.0], [1.0]]))
-    t, k, p = (np.asarray(c) for c in zip(*ROW_SETTINGS))
-    rows = RowSampling(jnp.zeros(6, bool), jnp.asarray(t, jnp.float32), jnp.asarray(k, jnp.int32),
-                       jnp.asarray(p, jnp.float32), jnp.zeros(6, jnp.int32),
-                       jnp.arange(6, dtype=jnp.uint32))
+    rows = stack_rows([Sampling(temperature=t, top_k=k, top_p=p) for t, k, p in ROW_SETTINGS],
+                      range(6))
     return logits.astype(np.float32), rows, jnp.arange(6, dtype=jnp.int32)
 
 
@@ -236,11 +231,9 @@ def test_no_threshold_sorts_the_vocabulary():
     The filters checked: top-k alone; top-p alone; top-p among top-k's kept (k <= and k >
     TOP_P_CANDIDATES); the last two are the programs that the large-vocabulary test runs."""
     x = jnp.zeros((4, 3000), jnp.float32)
-    for path, chosen in (("top_k", "require"), ("xla_search", "off")):
-        with native.use(chosen):
-            for setting in ((1.0, 10, 1.0), (0.7, 0, 0.6), (1.0, 7, 0.5), (1.3, 1000, 0.9)):
-                text = filtered_logprobs(*setting, path).lower(x).compile().as_text()
-                assert " sort(" not in text, (path, setting)
+    for setting in ((1.0, 10, 1.0), (0.7, 0, 0.6), (1.0, 7, 0.5), (1.3, 1000, 0.9)):
+        text = filtered_logprobs(*setting, "search").lower(x).compile().as_text()
+        assert " sort(" not in text, setting
     logits, rows, steps = row_batch()
     assert " sort(" not in choose.lower(logits, rows, steps).compile().as_text()
 
@@ -407,7 +400,7 @@ def test_bad_sampling_arguments():
 
 
 def test_per_row_settings_filter_and_draw_as_each_row_alone():
-    """`row_sampling`: each row of one batch filtered with its own temperature, top-k (one above
+    """`choose_rows`: each row of one batch filtered with its own temperature, top-k (one above
     TOP_K_CANDIDATES: the bisection) and top-p (a flat row: past the candidates) keeps what
     `filter_logits` keeps for that row alone; a row's draw depends on its seed and step only."""
     logits, rows, steps = row_batch()
@@ -420,12 +413,12 @@ def test_per_row_settings_filter_and_draw_as_each_row_alone():
     assert np.isfinite(got[2]).sum() > 1000  # the flat row's nucleus is past the candidates
     tokens, _ = choose(logits, rows, steps)
     # the same row, seed and step in another batch (other rows' settings and logits changed)
-    other = rows._replace(seed=jnp.asarray([0] + [99] * 5, jnp.uint32),
-                          top_k=jnp.asarray([ROW_SETTINGS[0][1]] + [3] * 5, jnp.int32))
+    other = rows | {"seed": np.asarray([0] + [99] * 5, np.uint32),
+                    "top_k": np.asarray([ROW_SETTINGS[0][1]] + [3] * 5, np.int32)}
     changed = logits.copy()
     changed[1:] = 0.0
     alone, _ = choose(changed, other, steps)
     assert int(tokens[0]) == int(alone[0])
-    greedy = rows._replace(greedy=jnp.ones(6, bool))
+    greedy = rows | {"greedy": np.ones(6, bool)}
     np.testing.assert_array_equal(np.asarray(choose(logits, greedy, steps)[0]),
                                   np.argmax(logits, -1))

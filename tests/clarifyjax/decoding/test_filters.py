@@ -1,5 +1,5 @@
 """Tiny temperatures (issue 26, item 4): any temperature > 0 is safe. Sampling scales the logits
-after subtracting each row's largest (`filters.scale_by_temperature`), so down to the smallest
+after subtracting each row's largest (`sampling.scale_by_temperature`), so down to the smallest
 positive float (5e-324) and float32's subnormals the distribution is the argmax (ties shared),
 never the id 0 that an overflow to NaN gave, and every log-prob is finite. Checked on the filter
 itself, on `decoding.generate` (T5), and on a tiny Llama through `clarifyjax generate --logprobs`
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from clarifyjax.decoding import filter_logits, generate, sample_categorical
-from clarifyjax.decoding.filters import SMALLEST_TEMPERATURE, scale_by_temperature
+from clarifyjax.decoding.sampling import SMALLEST_TEMPERATURE, scale_by_temperature
 from clarifyjax.models.t5 import T5Config
 from helpers.t5_builders import FAMILIES, TINY, random_t5
 
@@ -126,7 +126,7 @@ def test_generate_with_logprobs_at_tiny_temperatures_writes_the_greedy_text(llam
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out.jsonl"
-    status = cli.main(["generate", str(llama), "--input", str(prompts), "--output", str(out),
+    status = cli.main(["generate", str(llama), "--input", str(prompts), "--out", str(out),
                        "--max-new-tokens", "6", "--min-new-tokens", "6", "--logprobs",
                        "--batch-size", "4", "--no-progress"])
     assert status == 0, capsys.readouterr().err

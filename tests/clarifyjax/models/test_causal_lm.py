@@ -130,17 +130,17 @@ def test_generation_defaults(folder, tmp_path):
     shutil.copytree(folder, bare)
     (bare / "generation_config.json").unlink(missing_ok=True)
     plain = read_generation_defaults(bare)  # transformers' defaults; eos from config.json
-    assert (plain.do_sample, plain.temperature, plain.top_k, plain.top_p, plain.max_length) == \
-        (False, 1.0, 50, 1.0, 20)
-    assert plain.eos_token_ids == (3,)
+    assert [plain[k] for k in ("do_sample", "temperature", "top_k", "top_p", "max_length")] == \
+        [False, 1.0, 50, 1.0, 20]
+    assert plain["eos_token_ids"] == (3,)
     custom = tmp_path / "custom"
     shutil.copytree(folder, custom)
     (custom / "generation_config.json").write_text(json.dumps(dict(
         do_sample=True, temperature=0.6, top_p=0.9, eos_token_id=[3, 7], max_new_tokens=64)))
     got = read_generation_defaults(custom)
-    assert (got.do_sample, got.temperature, got.top_k, got.top_p, got.max_new_tokens) == \
-        (True, 0.6, 50, 0.9, 64)
-    assert got.eos_token_ids == (3, 7)
+    assert [got[k] for k in ("do_sample", "temperature", "top_k", "top_p", "max_new_tokens")] == \
+        [True, 0.6, 50, 0.9, 64]
+    assert got["eos_token_ids"] == (3, 7)
     assert load_causal_lm(custom)[0].eos_token_ids == (3, 7)  # generate stops on both
     (custom / "generation_config.json").write_text(json.dumps(dict(top_p=2)))
     with pytest.raises(CheckpointError, match="generation_config.json.*'top_p'"):

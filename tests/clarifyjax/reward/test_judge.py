@@ -25,7 +25,7 @@ from helpers.tiny_models import tiny_classifier_folder, tiny_t5_folder
 from helpers.env import require, shared_data
 from clarifyjax.core import traces
 from clarifyjax.reward.judge import DELPHI_CLASS_STEP, ClassifierJudge, Judge, load_judge
-from clarifyjax.decoding.seq2seq import Seq2SeqSampling
+from clarifyjax.text.generator import Sampling
 from clarifyjax.text.formats import parse_delphi_output
 from clarifyjax.models.safetensors_io import CheckpointError
 
@@ -45,7 +45,7 @@ def t5_judge(request, tmp_path_factory):
     transformers = require("transformers")
     folder = tiny_t5_folder(tmp_path_factory, family=request.param, seed=3)
     judge = Judge.from_pretrained(folder, class_step=DELPHI_CLASS_STEP, batch_multiple=8,
-                                  judgment=Seq2SeqSampling(max_new_tokens=10))
+                                  judgment=Sampling(max_new_tokens=10))
     torch_model = transformers.T5ForConditionalGeneration.from_pretrained(str(folder)).eval()
     hf_tok = transformers.T5TokenizerFast.from_pretrained(str(folder), extra_ids=0)
     return folder, judge, torch_model, hf_tok
@@ -239,4 +239,4 @@ def test_load_judge_dispatches_on_model_type(t5_judge, tmp_path):
 @pytest.mark.reference
 def test_sampling_needs_an_rng(t5_judge):
     with pytest.raises(ValueError, match="needs an rng"):
-        t5_judge[1].seq2seq.generate(["a"], Seq2SeqSampling(temperature=0.7))
+        t5_judge[1].seq2seq.generate(["a"], Sampling(temperature=0.7))

@@ -34,7 +34,8 @@ from helpers.tiny_models import tiny_classifier_folder, tiny_nli_folder, tiny_t5
 from helpers.env import require, shared_data
 from clarifyjax.text import formats
 from clarifyjax.reward.judge import ClassifierJudge, Judge
-from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
+from clarifyjax.decoding.seq2seq import Seq2SeqModel
+from clarifyjax.text.generator import Sampling
 from clarifyjax.reward.nli import NLIFilter, NLIResult
 from clarifyjax.reward.jsd import RewardNormalizer
 from clarifyjax.reward.pipeline import PipelineConfig, RewardPipeline, stage_sampling
@@ -65,7 +66,7 @@ def folders(tmp_path_factory):
 def models(folders):
     answerer = Seq2SeqModel.from_pretrained(folders["answerer"])
     fusion = Seq2SeqModel.from_pretrained(folders["fusion"])
-    judge = Judge.from_pretrained(folders["judge"], judgment=Seq2SeqSampling(max_new_tokens=6))
+    judge = Judge.from_pretrained(folders["judge"], judgment=Sampling(max_new_tokens=6))
     nli = NLIFilter.from_pretrained(folders["nli"], batch_size=128)
     return answerer, fusion, judge, nli
 

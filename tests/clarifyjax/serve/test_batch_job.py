@@ -47,12 +47,12 @@ def test_each_bad_row_is_named_by_file_line_and_field(tmp_path, row, message):
 def test_the_command_prints_one_line_before_loading_any_model(tmp_path, capsys):
     path = _write(tmp_path / "prompts.jsonl", [{"id": 0, "prompt": "a", "top_k": -2}])
     status = cli.main(["generate", str(tmp_path / "no_model"), "--input", str(path),
-                       "--output", str(tmp_path / "out.jsonl")])
+                       "--out", str(tmp_path / "out.jsonl")])
     err = capsys.readouterr().err.strip()
     assert status == 2 and err.count("\n") == 0
     assert err.startswith("clarifyjax generate: error: ") and f"{path}:1: field top_k" in err
     status = cli.main(["generate", str(tmp_path / "no_model"), "--input", str(path),
-                       "--output", str(tmp_path / "out.jsonl"), "--top-p", "1.5"])
+                       "--out", str(tmp_path / "out.jsonl"), "--top-p", "1.5"])
     assert status == 2 and "--top-p" in capsys.readouterr().err
 
 

@@ -155,7 +155,7 @@ def test_a_saved_folder_with_a_bad_theta_is_refused_by_the_loader_and_the_comman
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"id": 0, "prompt": "hello"}\n')
     out = tmp_path / "out.jsonl"
-    status = cli.main(["generate", str(bad), "--input", str(prompts), "--output", str(out),
+    status = cli.main(["generate", str(bad), "--input", str(prompts), "--out", str(out),
                        "--max-new-tokens", "4", "--no-progress"])
     err = capsys.readouterr().err.strip()
     assert status == 2 and err.count("\n") == 0, err
