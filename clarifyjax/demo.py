@@ -57,7 +57,7 @@ def find_data(data_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
     """(folder holding the four δ-CLARIFY files, "shared" | "examples" | "given").
 
     Falling back to the example files is the demo's choice alone (`main` prints it): training
-    configs must name files that exist (`clarifyjax.data.resolve_data_path`)."""
+    configs must name files that exist (`clarifyjax.files.tables.resolve_data_path`)."""
     if data_dir is not None:
         folder, kind = Path(data_dir), "given"
     else:
@@ -77,12 +77,12 @@ def find_data(data_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
 
 def corpus(data: Path, max_rows: int = 6000) -> list[str]:
     """Inputs and targets of the question, answerer and fusion tasks (a sample of each file)."""
-    from clarifyjax import data as data_lib
+    from clarifyjax.data.pairs import read_pairs
 
     texts = []
     for name, task in (("train.tsv", "question"), ("sc_dev_questions_gpt.tsv", "answerer"),
                        ("fusion_dev.csv", "fusion")):
-        for pair in data_lib.read_pairs(data / name, task)[:max_rows]:
+        for pair in read_pairs(data / name, task)[:max_rows]:
             texts += [pair.input, pair.target]
     return texts + list(DELPHI_TARGET_PIECES) * 30
 
@@ -90,7 +90,7 @@ def corpus(data: Path, max_rows: int = 6000) -> list[str]:
 def train_tokenizer(texts: Sequence[str], folder: Path, vocab_size: int = VOCAB) -> Path:
     """A SentencePiece unigram model trained on `texts` -> `folder` (spiece.model, plus the Hugging
     Face tokenizer.json made from it so that later loads are fast), checked for the judge."""
-    from clarifyjax.reward import judge as delphi
+    from clarifyjax.reward import judge
     from clarifyjax.files.textfiles import atomic_write_bytes
     from clarifyjax.models.tiny import train_spm_model
     from clarifyjax.text.tokenizer import Tokenizer
@@ -105,17 +105,18 @@ def train_tokenizer(texts: Sequence[str], folder: Path, vocab_size: int = VOCAB)
 
     T5TokenizerFast.from_pretrained(str(folder), extra_ids=0).save_pretrained(str(folder))
     tok = Tokenizer.from_pretrained(folder)
-    delphi.class_token_ids(tok, "<class>", ("-1", "0", "1"), vocab_size=MODEL_VOCAB,
-                           source=str(folder))  # raises if the judge could not read classes
+    judge.class_token_ids(tok, "<class>", ("-1", "0", "1"), vocab_size=MODEL_VOCAB,
+                          source=str(folder))  # raises if the judge could not read classes
     return folder
 
 
 def derive_judge_file(silver: Path, path: Path) -> Path:
     """(text, class) TSV from the silver answers: the judge's training file."""
-    from clarifyjax import data as data_lib
+    from clarifyjax.data.pairs import SILVER_COLUMNS, silver_judge_rows
+    from clarifyjax.files.tables import read_table
     from clarifyjax.files.textfiles import atomic_write_bytes
 
-    table = data_lib.silver_judge_rows(data_lib.read_table(silver, data_lib.SILVER_COLUMNS))
+    table = silver_judge_rows(read_table(silver, SILVER_COLUMNS))
     out = io.StringIO()
     writer = csv.writer(out, delimiter="\t", lineterminator="\n")
     writer.writerow(["text", "class"])
@@ -268,18 +269,19 @@ def _plot_rollout_rewards(ax, steps, rewards) -> None:
 def show_samples(cfg, before: Path, after: Path, data: Path, n: int = 5) -> None:
     """Greedy questions of the SFT policy and of the PPO policy for dev situations, with what the
     answer generator, the fusion model and the judge make of them."""
-    from clarifyjax import data as data_lib
-    from clarifyjax.text import formats as text
+    from clarifyjax.data.pairs import unique_situations
+    from clarifyjax.files.tables import read_table
+    from clarifyjax.text import formats
     from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
     from clarifyjax.training.loops import build_reward_fn
 
-    situations = data_lib.unique_situations(data_lib.read_table(data / "dev.tsv",
-                                                                ("situation",)))[:n]
+    situations = unique_situations(read_table(data / "dev.tsv",
+                                              ("situation",)))[:n]
     reward = build_reward_fn(cfg)
     sampling = Seq2SeqSampling(max_new_tokens=cfg.ppo.max_question_length)
     for label, folder in (("SFT policy", before), ("PPO policy", after)):
         questions = Seq2SeqModel.from_pretrained(folder).generate(
-            [text.policy_input(s) for s in situations], sampling).texts
+            [formats.policy_input(s) for s in situations], sampling).texts
         out = reward(situations, questions)
         print(f"\n=== {label} ({folder}) ===")
         for i, (s, q) in enumerate(zip(situations, questions)):
@@ -343,12 +345,12 @@ def run_evaluation(ppo_cfg, out: Path, data: Path, plan: dict) -> dict:
 
 
 def run_sage(out: Path) -> int:
-    from sage_jax import cli as sage_cli
+    from sage_jax import cli
 
     args = ["score", str(EXAMPLES / "sage_demo.jsonl"), "--out", str(out / "sage_demo"),
             "--quiet", "--overwrite"]  # a second demo run replaces the first one's scores
     print(f"\n=== SaGE: sage-jax {' '.join(args)} ===", flush=True)
-    return sage_cli.main(args)
+    return cli.main(args)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -382,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # else the caller's cache, its settings
         jax.config.update("jax_compilation_cache_dir", str(out / ".jax_cache"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    from clarifyjax.training import loops as train
+    from clarifyjax.training import loops
 
     data, kind = find_data(args.data)
     if kind == "examples":
@@ -405,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for task in ("question", "wh_question", "answerer", "fusion", "judge"):
         cfg = sft_config(task, out, tokenizer, data, plan, judge_file)
-        result = train.train_sft(cfg, progress=args.progress)
+        result = loops.train_sft(cfg, progress=args.progress)
         ev = result.get("eval") or {}
         print(f"[demo] SFT {task}: dev loss {ev.get('eval/loss', float('nan')):.3f}, token "
               f"accuracy {ev.get('eval/accuracy', float('nan')):.3f}, ROUGE-L "
@@ -413,7 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               flush=True)
 
     cfg = ppo_config(out, data, plan)
-    result = train.train_ppo(cfg, progress=args.progress)
+    result = loops.train_ppo(cfg, progress=args.progress)
     print(f"[demo] PPO: {ppo_summary(result)} ({time.time() - start:.0f} s)", flush=True)
     ppo_dir = out / "ppo_tiny"
     png = plot_rewards(ppo_dir / "metrics.jsonl", ppo_dir / "reward_curve.png")

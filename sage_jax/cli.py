@@ -250,7 +250,7 @@ def run_score(args) -> int:
 def run_pipeline(args) -> int:
     from clarifyjax.config.loader import parse_overrides
     from sage_jax.run import pipeline
-    from sage_jax.run import config as run_config
+    from sage_jax.run import config
     from sage_jax.run.generators import GenerationError
     from sage_jax.run.stages import StageError
 
@@ -259,7 +259,7 @@ def run_pipeline(args) -> int:
     if unknown or not stages:
         raise UsageError(f"--stages: unknown stage {unknown[0] if unknown else '(none given)'!r}; "
                          f"expected a comma-separated list of {','.join(pipeline.STAGES)}")
-    cfg = run_config.load_run_config(args.config, parse_overrides(args.overrides))
+    cfg = config.load_run_config(args.config, parse_overrides(args.overrides))
     run = pipeline.Run(cfg)
     run.check(stages)  # the questions file, every generator and model path: before any work
     try:

@@ -1,7 +1,7 @@
 """What `clarifyjax ask`, `interact` and `web` share on the command line: MODELS.yaml (with its
 ``KEY=VALUE`` overrides), how questions are drawn, and the models loaded from them, with every
 error a one-line `ConfigError` naming the file and key. Imports no JAX until models are loaded,
-so that ``--help`` stays fast (as `score_config` for score-questions)."""
+so that ``--help`` stays fast (as `clarifyjax.config.score` for score-questions)."""
 from __future__ import annotations
 
 import argparse

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from clarifyjax.core import sharding as sharding_lib
-from clarifyjax.text import formats as text_lib
+from clarifyjax.core import sharding
+from clarifyjax.text import formats
 from clarifyjax.core.buckets import FINE_BUCKETS, pad_rows, padded_rows
 from clarifyjax.decoding.api import generate
 from clarifyjax.models.safetensors_io import CheckpointError, check_folder
@@ -81,7 +81,7 @@ class Seq2SeqModel:
         self.length_buckets = tuple(int(b) for b in length_buckets)
         padded_rows(1, int(batch_multiple))  # validates the multiple
         self.mesh = mesh
-        self.batch_multiple = math.lcm(int(batch_multiple), sharding_lib.row_shards(mesh))
+        self.batch_multiple = math.lcm(int(batch_multiple), sharding.row_shards(mesh))
         self.source = source
 
     @classmethod
@@ -117,11 +117,11 @@ class Seq2SeqModel:
             raise ValueError(f"{self.source}: sampling (temperature {sampling.temperature}) "
                              "needs an rng key")
         ids, mask, truncated = self.encode(texts, power_of_two_rows=power_of_two_rows)
-        ids, mask = (sharding_lib.place_rows(x, self.mesh) for x in (ids, mask))
+        ids, mask = (sharding.place_rows(x, self.mesh) for x in (ids, mask))
         out = generate(self.model, ids, mask, rng=rng, max_new_tokens=sampling.max_new_tokens,
                        min_new_tokens=sampling.min_new_tokens, greedy=sampling.greedy,
                        temperature=sampling.temperature or 1.0, top_k=sampling.top_k,
                        top_p=sampling.top_p)
         tokens = np.asarray(jax.device_get(out.tokens))[: len(texts)]
-        decoded = [text_lib.normalize_whitespace(t) for t in self.tokenizer.decode_batch(tokens)]
+        decoded = [formats.normalize_whitespace(t) for t in self.tokenizer.decode_batch(tokens)]
         return GeneratedText(decoded, tokens, truncated)

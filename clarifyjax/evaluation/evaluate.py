@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from clarifyjax.text import formats as text_lib
+from clarifyjax.text import formats
 from clarifyjax.core.buckets import equal_chunks
 from clarifyjax.config.loader import config_to_dict
 from clarifyjax.config.evaluate import EvalConfig, SystemConfig
@@ -54,8 +54,8 @@ def read_situations(path, limit: int | None) -> tuple[list[str], list[list[str]]
     table = read_table(path, ("situation", "question"))
     gold: dict[str, list[str]] = {}
     for row in table.rows:
-        situation = text_lib.normalize_whitespace(row["situation"])
-        gold.setdefault(situation, []).append(text_lib.normalize_whitespace(row["question"]))
+        situation = formats.normalize_whitespace(row["situation"])
+        gold.setdefault(situation, []).append(formats.normalize_whitespace(row["question"]))
     situations = list(gold)[:limit] if limit is not None else list(gold)
     if not situations:
         raise DataError(f"{table.path}: no situations")
@@ -70,15 +70,15 @@ def read_update_groups(path, question_column: str, limit: int | None) -> list[di
     has_question = question_column in table.columns
     groups: dict[tuple[str, str], dict] = {}
     for i, row in enumerate(table.rows):
-        hypothesis = text_lib.normalize_whitespace(row["Hypothesis"])
-        kind = text_lib.normalize_whitespace(row["UpdateType"]).lower()
-        if kind not in text_lib.UPDATE_TYPES:
+        hypothesis = formats.normalize_whitespace(row["Hypothesis"])
+        kind = formats.normalize_whitespace(row["UpdateType"]).lower()
+        if kind not in formats.UPDATE_TYPES:
             raise DataError(f"{table.where(i)}: column 'UpdateType' must be one of "
-                            f"{text_lib.UPDATE_TYPES}, got {row['UpdateType']!r}")
+                            f"{formats.UPDATE_TYPES}, got {row['UpdateType']!r}")
         group = groups.setdefault((hypothesis, kind), {
             "hypothesis": hypothesis, "update_type": kind, "question": "", "references": []})
-        group["references"].append(text_lib.normalize_whitespace(row["Update"]))
-        question = text_lib.normalize_whitespace(row.get(question_column, "") or "")
+        group["references"].append(formats.normalize_whitespace(row["Update"]))
+        question = formats.normalize_whitespace(row.get(question_column, "") or "")
         if has_question and not group["question"] and question:
             group["question"] = question
     out = list(groups.values())
@@ -361,9 +361,9 @@ class Evaluation:
 def update_input(group: dict, with_question: bool) -> str:
     """The answer generator's input for a δ-SOCIAL group, with or without its question."""
     if with_question:
-        return text_lib.answer_sft_example(group["hypothesis"], group["update_type"],
-                                           group["question"], "-")[0]
-    return text_lib.answer_input_without_question(group["hypothesis"], group["update_type"])
+        return formats.answer_sft_example(group["hypothesis"], group["update_type"],
+                                          group["question"], "-")[0]
+    return formats.answer_input_without_question(group["hypothesis"], group["update_type"])
 
 
 def bertscore_f1(candidates: list[str], references: list[list[str]], cfg) -> np.ndarray:

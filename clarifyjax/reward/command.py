@@ -82,17 +82,17 @@ def _score_options(p: argparse.ArgumentParser) -> None:
 def _check_score_options(args: argparse.Namespace):
     """What one option alone cannot say, and the `RewardConfig`; all before any file is read or
     model loaded."""
-    from clarifyjax.config import score as score_config
+    from clarifyjax.config import score
 
     if (args.gain is None) != (args.bias is None):
         raise CLIError("--gain and --bias go together")
     for option in ("--situation-column", "--question-column"):
         if not getattr(args, option[2:].replace("-", "_")).strip():
             raise CLIError(f"{option}: empty")
-    rewards = score_config.reward_config(args)
-    for key, folder in score_config.reward_model_folders(rewards).items():
+    rewards = score.reward_config(args)
+    for key, folder in score.reward_model_folders(rewards).items():
         if folder is not None and not Path(folder).is_dir():
-            raise CLIError(f"{score_config.flag_of(key)} {folder}: " + (
+            raise CLIError(f"{score.flag_of(key)} {folder}: " + (
                 "not a folder" if Path(folder).exists() else "no such folder"))
     return rewards
 
@@ -109,13 +109,13 @@ def _read_inputs(args) -> tuple[list[str], list[str], list[str], list[str]]:
 
 
 def _load_pipeline(args, rewards):
-    from clarifyjax.reward import pipeline as reward_pipeline
+    from clarifyjax.reward.pipeline import load_pipeline
     from clarifyjax.models.safetensors_io import CheckpointError
     from clarifyjax.reward.jsd import RewardNormalizer
 
     judge_options = {"class_step": args.class_step}
     try:
-        return reward_pipeline.load_pipeline(
+        return load_pipeline(
             rewards, normalizer=None if args.gain is None else RewardNormalizer(args.gain,
                                                                                 args.bias),
             nli_batch_size=2 * args.batch_size, judge_options=judge_options,
@@ -135,7 +135,7 @@ def _score_chunks(args, rewards, situations: list[str], questions: list[str]):
     clarifyjax.files.chunkstore); models are loaded only when a chunk is left to score."""
     import jax
 
-    from clarifyjax.config import score as score_config
+    from clarifyjax.config import score
     from clarifyjax.core.buckets import equal_chunks
     from clarifyjax.files.chunkstore import ChunkStore, fingerprint
     from clarifyjax.config.loader import config_to_dict
@@ -144,7 +144,7 @@ def _score_chunks(args, rewards, situations: list[str], questions: list[str]):
     options = {k: v for k, v in vars(args).items() if k not in _NOT_IN_FINGERPRINT}
     options["rewards"] = config_to_dict(rewards)  # what --config and KEY=VALUE gave, too
     store = ChunkStore(args.out, fingerprint(options, (situations, questions),
-                                             tuple(score_config.reward_model_folders(rewards).values())),
+                                             tuple(score.reward_model_folders(rewards).values())),
                        RewardOutput, error=CLIError)
     found = store.start()
     key, pipeline, outputs, reused = jax.random.key(args.seed), None, [], 0

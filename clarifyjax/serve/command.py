@@ -28,18 +28,18 @@ def _local_lm(args):
 @subcommand("generate", "complete every prompt of a JSONL file with a local causal LM (n samples "
             "each); resumes a killed run", _generate_options)
 def run_generate(args: argparse.Namespace) -> int:
-    from clarifyjax.serve import batch_job as generation_job
+    from clarifyjax.serve import batch_job
     from clarifyjax.files.textfiles import check_output
 
-    sampling = generation_job.sampling_of(args, error=CLIError)
+    sampling = batch_job.sampling_of(args, error=CLIError)
     check_output(args.output, overwrite=args.overwrite, option="--output", error=CLIError,
                  inputs=(("--input", args.input),))
-    rows = generation_job.read_prompts(args.input)
+    rows = batch_job.read_prompts(args.input)
     lm = _local_lm(args)  # the tokenizer now, the weights when the first chunk runs
-    generation_job.check_fit(lm, rows, sampling)
+    batch_job.check_fit(lm, rows, sampling)
     options = {k: str(v) for k, v in vars(args).items()
                if k not in ("input", "output", "overwrite", "no_progress", "run", "command")}
-    records, reused, store = generation_job.generate_records(
+    records, reused, store = batch_job.generate_records(
         lm, rows, out=args.output, sampling=sampling, n=args.n, seed=args.seed,
         chunk_rows=args.chunk_rows, options=options, folders=(args.model,),
         logprobs=args.logprobs, overwrite=args.overwrite, progress=not args.no_progress,

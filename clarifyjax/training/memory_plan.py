@@ -19,7 +19,7 @@ Per device:
 * parameters of policy, value, reference, answerer, fusion, judge and NLI in their ``param_dtype``:
   policy, value and reference on the run's mesh; the reward models (answerer, fusion, judge, NLI)
   on each host's own devices (`sharding.process_mesh`: the run's fsdp x model layout where it
-  fits in one host, as `train.build_reward_fn` places them);
+  fits in one host, as `loops.build_reward_fn` places them);
 * optimizer: Adam's two moments (optax keeps them in the parameters' dtype), for policy + value;
 * gradients of policy + value, sharded like the parameters;
 * activations, an upper bound: every intermediate of one PPO minibatch's forward pass that a
@@ -229,7 +229,7 @@ def plan(cfg: PPOConfig, hardware: Hardware, configs_dir: Path) -> dict:
         raise PlanError(f"the memory plan is for PPO configs (kind: ppo), got kind {cfg.kind!r}")
     sizes = mesh_sizes(cfg.mesh, hardware.devices)
     mesh = AbstractMesh(tuple(sizes[a] for a in sharding.MESH_AXES), sharding.MESH_AXES)
-    # the reward models live on each host's own devices (`train.build_reward_fn`)
+    # the reward models live on each host's own devices (`loops.build_reward_fn`)
     local = sharding.process_sizes(sizes, hardware.devices_per_host)
     host_mesh = AbstractMesh(tuple(local[a] for a in sharding.MESH_AXES), sharding.MESH_AXES)
     rules = sharding.RULES[cfg.mesh.rules]

@@ -25,7 +25,7 @@ from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 
 from clarifyjax.files.textfiles import atomic_write_bytes
-from sage_jax.run import prompts as P
+from sage_jax.run import prompts
 from sage_jax.run.config import GeneratorConfig, ParaphraseConfig, SageRunConfig, ScoreConfig, ScorerConfig, \
     StageConfig, TargetConfig
 
@@ -45,7 +45,7 @@ class SageScores:
 
 def question_of_answer_prompt(prompt) -> str:
     """The paraphrase inside an answer prompt (what the reference passed to `get_response`)."""
-    head, tail = P.ANSWER_TEMPLATE.split("{question}")
+    head, tail = prompts.ANSWER_TEMPLATE.split("{question}")
     if not (isinstance(prompt, str) and prompt.startswith(head) and prompt.endswith(tail)):
         raise ValueError("not an answer prompt of sage_jax.run.prompts.ANSWER_TEMPLATE")
     return prompt[len(head):len(prompt) - len(tail)]
@@ -112,7 +112,7 @@ def score_questions(questions: Sequence[str], get_response: Callable[[str], str]
     keyword arguments; `embedder_model`: a loaded `SentenceEmbedder` to use instead of a folder)."""
     import json
 
-    from sage_jax.run import generators as G
+    from sage_jax.run import generators
     from sage_jax.run import pipeline
 
     out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="sage-"))
@@ -124,8 +124,8 @@ def score_questions(questions: Sequence[str], get_response: Callable[[str], str]
         if c.kind != "callable":
             return pipeline.build_generator(c, batch_size, prompt_of)
         argument_of = question_of_answer_prompt if c.model == MODEL else None
-        return G.CallableGenerator(functions[c.model], name=c.model, argument_of=argument_of,
-                                   concurrency=c.concurrency, max_retries=c.max_retries, **extra)
+        return generators.CallableGenerator(functions[c.model], name=c.model, argument_of=argument_of,
+                                            concurrency=c.concurrency, max_retries=c.max_retries, **extra)
 
     run = pipeline.Run(cfg, generators=pipeline.Generators(build), embedder=embedder_model)
     run.check(pipeline.STAGES)

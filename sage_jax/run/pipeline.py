@@ -26,7 +26,7 @@ from clarifyjax.config.loader import ConfigError, dump_config
 from clarifyjax.files.textfiles import atomic_write_bytes
 from clarifyjax.text.generator import Sampling, TokenCounter
 from sage_jax.run import presets
-from sage_jax.run import prompts as P
+from sage_jax.run import prompts
 from sage_jax.run.config import GeneratorConfig, SageRunConfig, SamplingConfig
 from sage_jax.run.stages import Stage, StageError, Task
 
@@ -208,18 +208,18 @@ class AnswerPromptOf:
     """The answer prompt a recorded file's row answered (its `paraphrased` column)."""
 
     chat: bool
-    system: str = P.ANSWER_CHAT_SYSTEM
+    system: str = prompts.ANSWER_CHAT_SYSTEM
     column: str = "paraphrased"
     guide_column: str | None = None  # a guided model's rule of thumb
 
     def __call__(self, row) -> object:
         rot = row[self.guide_column].strip() if self.guide_column else None
-        return P.answer_prompt(row[self.column].strip(), self.chat, self.system, rot)
+        return prompts.answer_prompt(row[self.column].strip(), self.chat, self.system, rot)
 
 
 def rot_prompt_of(row) -> str:
     """The RoT prompt a recorded file's row answered (its paraphrase and answer)."""
-    return P.rot_prompt(row["paraphrased"].strip(), row["model_output"].strip())
+    return prompts.rot_prompt(row["paraphrased"].strip(), row["model_output"].strip())
 
 
 class Run:
@@ -278,7 +278,7 @@ class Run:
     def save_records(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self.out / "config.yaml", dump_config(self.cfg).encode())
-        for name, text in P.templates(self.preset.paraphrase_template, self.preset.chat_system).items():
+        for name, text in prompts.templates(self.preset.paraphrase_template, self.preset.chat_system).items():
             (self.out / "prompts").mkdir(exist_ok=True)
             atomic_write_bytes(self.out / "prompts" / name, text.encode())
 
@@ -318,7 +318,7 @@ class Run:
         for task, text, prev in zip(tasks, texts, previous):
             kept = list(prev["kept"]) if prev else []
             screened = self.screen()(task.context["question"], text, [k["text"] for k in kept], self.reference)
-            passing = [p for p in screened.kept if P.passes(p.score, threshold, inclusive)]
+            passing = [p for p in screened.kept if prompts.passes(p.score, threshold, inclusive)]
             kept += [{"text": p.text, "parascore": p.score} for p in passing[:max(0, want - len(kept))]]
             ok = len(kept) >= want
             reason = None if ok else (f"{len(kept)} of {want} paraphrases passed ParaScore "
@@ -342,7 +342,7 @@ class Run:
             atomic_write_bytes(folder / "rows.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
             return rows
         tasks = [Task((q.question_id, -1, PARAPHRASER, 0),
-                      P.paraphrase_prompt(self.preset.paraphrase_template, q.question),
+                      prompts.paraphrase_prompt(self.preset.paraphrase_template, q.question),
                       {"question_id": q.question_id, "question": q.question, "guide": q.guide})
                  for q in questions]
         s = sampling(cfg.sampling, self.preset.paraphrase_max_new_tokens)
@@ -392,14 +392,14 @@ class Run:
                 continue
             for i, k in enumerate(row["kept"][:self.cfg.paraphrase.count]):
                 for sample in range(settings.samples):
-                    prompt = P.answer_prompt(k["text"], target.chat, self.preset.chat_system,
-                                             row.get("guide") if target.guided else None)
+                    prompt = prompts.answer_prompt(k["text"], target.chat, self.preset.chat_system,
+                                                   row.get("guide") if target.guided else None)
                     tasks.append(Task((row["question_id"], i, target.name, sample), prompt,
                                       {"question_id": row["question_id"], "question": row["question"],
                                        "paraphrase": k["text"], "parascore": k["parascore"], "sample": sample}))
         s = sampling(target.sampling)  # resolved: the shared answer sampling, the target's own, the preset's
         whole = target.chat or target.generator.kind == "callable"  # a function's reply is kept whole, as the library's
-        parse = P.parse_chat_answer if whole else (lambda text: P.parse_answer(text, self.reference))
+        parse = prompts.parse_chat_answer if whole else (lambda text: prompts.parse_answer(text, self.reference))
         return self._text_stage("answer", target, tasks, target.generator, settings, s, parse, "answer",
                                 AnswerPromptOf(target.chat, self.preset.chat_system, target.generator.prompt_column,
                                                self.cfg.guide_column if target.guided else None))
@@ -407,13 +407,13 @@ class Run:
     def rot(self, target) -> list[dict]:
         settings = self.cfg.rot
         tasks = [Task((r["question_id"], r["paraphrase_index"], target.name, r["sample"]),
-                      P.rot_prompt(r["paraphrase"], r["answer"]),
+                      prompts.rot_prompt(r["paraphrase"], r["answer"]),
                       {"question_id": r["question_id"], "question": r["question"], "paraphrase": r["paraphrase"],
                        "parascore": r["parascore"], "sample": r["sample"]})
                  for r in self.finished_rows("answer", target.name) if r["status"] == "ok"]
         s = sampling(settings.sampling)
         return self._text_stage("rot", target, tasks, settings.generator, settings, s,
-                                lambda text: P.parse_rot(text, self.reference), "rot", rot_prompt_of)
+                                lambda text: prompts.parse_rot(text, self.reference), "rot", rot_prompt_of)
 
     # ------------------------------------------------------------------ all
 
@@ -428,6 +428,6 @@ class Run:
                 self.rot(target)
         if self.index != 0 or not ({"score", "report"} & set(stages)):
             return None
-        from sage_jax.run import report as run_report
+        from sage_jax.run import report
 
-        return run_report.score_and_report(self, stages)
+        return report.score_and_report(self, stages)

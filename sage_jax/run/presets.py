@@ -26,7 +26,7 @@ import dataclasses
 from pathlib import Path
 
 from clarifyjax.config.loader import ConfigError
-from sage_jax.run import prompts as P
+from sage_jax.run import prompts
 from sage_jax.run.config import (OPENAI_CHAT_ARGUMENTS, REQUEST_ARGUMENTS, GeneratorConfig, SageRunConfig,
                                  SamplingConfig)
 
@@ -61,15 +61,16 @@ class Preset:
     chat_temperature: float = 0.8
 
 
-_REFERENCE = dict(sampling="model", raw_bos=False, chat_system=P.ANSWER_CHAT_SYSTEM, chat_arguments=("temperature",),
-                  embedder=CODE_EMBEDDER, bertscore_model="bert-base-uncased", bertscore_layer=9,
-                  paraphrase_max_total_tokens=1024)
+_REFERENCE = dict(sampling="model", raw_bos=False, chat_system=prompts.ANSWER_CHAT_SYSTEM,
+                  chat_arguments=("temperature",), embedder=CODE_EMBEDDER, bertscore_model="bert-base-uncased",
+                  bertscore_layer=9, paraphrase_max_total_tokens=1024)
 PRESETS = {
-    "code": Preset("code", P.CODE_PARAPHRASE_TEMPLATE, 0.6, True, graph="text", parsing="reference", **_REFERENCE),
-    "paper": Preset("paper", P.PAPER_PARAPHRASE_TEMPLATE, 0.8, False, graph="distinct", parsing="fixed",
+    "code": Preset("code", prompts.CODE_PARAPHRASE_TEMPLATE, 0.6, True, graph="text", parsing="reference",
+                   **_REFERENCE),
+    "paper": Preset("paper", prompts.PAPER_PARAPHRASE_TEMPLATE, 0.8, False, graph="distinct", parsing="fixed",
                     **_REFERENCE),
-    "ours": Preset("ours", P.CODE_PARAPHRASE_TEMPLATE, 0.6, True, graph="distinct", parsing="fixed",
-                   sampling="stated", raw_bos=True, chat_system=P.ANSWER_CHAT_SYSTEM_HELPFUL,
+    "ours": Preset("ours", prompts.CODE_PARAPHRASE_TEMPLATE, 0.6, True, graph="distinct", parsing="fixed",
+                   sampling="stated", raw_bos=True, chat_system=prompts.ANSWER_CHAT_SYSTEM_HELPFUL,
                    chat_arguments=("temperature", "max_tokens", "seed"), embedder=MINILM, bertscore_model=None,
                    bertscore_layer=None),
 }
