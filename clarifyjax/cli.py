@@ -43,6 +43,10 @@ import clarifyjax.training.command  # noqa: F401
 import clarifyjax.serve.command  # noqa: F401
 import clarifyjax.evaluation.command  # noqa: F401
 from clarifyjax.app import ask, interact, web  # noqa: F401
+from clarifyjax.config.loader import ConfigError
+from clarifyjax.files.tables import DataError
+from clarifyjax.models.safetensors_io import CheckpointError
+from clarifyjax.text.formats import TextFormatError
 
 
 
@@ -86,11 +90,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(one_line(str(e)), file=sys.stderr)
         return 2
-    from clarifyjax.config.loader import ConfigError
-    from clarifyjax.files.tables import DataError
-    from clarifyjax.models.safetensors_io import CheckpointError
-    from clarifyjax.text.formats import TextFormatError
-
     try:
         return int(args.run(args) or 0)
     except (CLIError, CheckpointError, ConfigError, DataError, TextFormatError) as e:

@@ -35,8 +35,16 @@ import sys
 import time
 from pathlib import Path
 from collections.abc import Sequence
+import dataclasses
 
-from clarifyjax.files.tables import REPO_ROOT
+from clarifyjax.files.tables import REPO_ROOT, read_table
+from clarifyjax.models.tiny import shared_data_dir, train_spm_model
+from clarifyjax.data.pairs import SILVER_COLUMNS, read_pairs, silver_judge_rows, unique_situations
+from clarifyjax.files.textfiles import atomic_write_bytes
+from clarifyjax.text.tokenizer import Tokenizer
+from clarifyjax.rl.diagnostics import paired_gain
+from clarifyjax.text import formats
+from sage_jax import cli
 
 EXAMPLES = REPO_ROOT / "examples"
 DATA_FILES = ("train.tsv", "dev.tsv", "sc_dev_questions_gpt.tsv", "fusion_dev.csv")
@@ -61,8 +69,6 @@ def find_data(data_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
     if data_dir is not None:
         folder, kind = Path(data_dir), "given"
     else:
-        from clarifyjax.models.tiny import shared_data_dir
-
         folder, kind = shared_data_dir() / "delta-clarify", "shared"
         if not all((folder / f).is_file() for f in DATA_FILES):
             folder, kind = EXAMPLES / "delta-clarify", "examples"
@@ -77,8 +83,6 @@ def find_data(data_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
 
 def corpus(data: Path, max_rows: int = 6000) -> list[str]:
     """Inputs and targets of the question, answerer and fusion tasks (a sample of each file)."""
-    from clarifyjax.data.pairs import read_pairs
-
     texts = []
     for name, task in (("train.tsv", "question"), ("sc_dev_questions_gpt.tsv", "answerer"),
                        ("fusion_dev.csv", "fusion")):
@@ -91,9 +95,6 @@ def train_tokenizer(texts: Sequence[str], folder: Path, vocab_size: int = VOCAB)
     """A SentencePiece unigram model trained on `texts` -> `folder` (spiece.model, plus the Hugging
     Face tokenizer.json made from it so that later loads are fast), checked for the judge."""
     from clarifyjax.reward import judge
-    from clarifyjax.files.textfiles import atomic_write_bytes
-    from clarifyjax.models.tiny import train_spm_model
-    from clarifyjax.text.tokenizer import Tokenizer
 
     model = train_spm_model([t.replace("<", " ") for t in texts], vocab_size, num_threads=2,
                             hard_vocab_limit=False)  # the small example files give fewer pieces
@@ -112,10 +113,6 @@ def train_tokenizer(texts: Sequence[str], folder: Path, vocab_size: int = VOCAB)
 
 def derive_judge_file(silver: Path, path: Path) -> Path:
     """(text, class) TSV from the silver answers: the judge's training file."""
-    from clarifyjax.data.pairs import SILVER_COLUMNS, silver_judge_rows
-    from clarifyjax.files.tables import read_table
-    from clarifyjax.files.textfiles import atomic_write_bytes
-
     table = silver_judge_rows(read_table(silver, SILVER_COLUMNS))
     out = io.StringIO()
     writer = csv.writer(out, delimiter="\t", lineterminator="\n")
@@ -203,8 +200,6 @@ def ppo_config(out: Path, data: Path, plan: dict, extra: Sequence[str] = ()):
 def ppo_summary(result: dict) -> str:
     """The dev reward before and after PPO with their standard errors, and the paired gain in
     standard errors: the line that says whether PPO helped by more than its noise."""
-    from clarifyjax.rl.diagnostics import paired_gain
-
     first, last = result.get("first_eval") or {}, result.get("eval") or {}
     nan = float("nan")
     text = (f"dev reward {first.get('eval/reward', nan):.3f} +- {first.get('eval/reward_se', nan):.3f} -> "
@@ -269,9 +264,6 @@ def _plot_rollout_rewards(ax, steps, rewards) -> None:
 def show_samples(cfg, before: Path, after: Path, data: Path, n: int = 5) -> None:
     """Greedy questions of the SFT policy and of the PPO policy for dev situations, with what the
     answer generator, the fusion model and the judge make of them."""
-    from clarifyjax.data.pairs import unique_situations
-    from clarifyjax.files.tables import read_table
-    from clarifyjax.text import formats
     from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
     from clarifyjax.training.loops import build_reward_fn
 
@@ -293,8 +285,6 @@ def show_samples(cfg, before: Path, after: Path, data: Path, n: int = 5) -> None
 def write_models_file(cfg, out: Path) -> Path:
     """OUT/models.yaml: the PPO policy (the question generator) and the run's reward models, the
     MODELS.yaml of `clarifyjax ask`, `interact` and `web`."""
-    import dataclasses
-
     from clarifyjax.config import ModelsConfig, load_models_config
     from clarifyjax.config.loader import save_config
 
@@ -345,8 +335,6 @@ def run_evaluation(ppo_cfg, out: Path, data: Path, plan: dict) -> dict:
 
 
 def run_sage(out: Path) -> int:
-    from sage_jax import cli
-
     args = ["score", str(EXAMPLES / "sage_demo.jsonl"), "--out", str(out / "sage_demo"),
             "--quiet", "--overwrite"]  # a second demo run replaces the first one's scores
     print(f"\n=== SaGE: sage-jax {' '.join(args)} ===", flush=True)
@@ -388,8 +376,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     data, kind = find_data(args.data)
     if kind == "examples":
-        from clarifyjax.models.tiny import shared_data_dir
-
         print(f"[demo] no δ-CLARIFY files in {shared_data_dir() / 'delta-clarify'}: using the "
               f"project's small example files in {data} instead (smaller runs)", flush=True)
     plan = _plan(data, args.quick)

@@ -7,8 +7,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from clarifyjax.config.loader import ConfigError
+from clarifyjax.config.loader import ConfigError, parse_overrides
 from clarifyjax.core.ranges import number_type
+from clarifyjax.config import load_models_config
+from clarifyjax.app.clarifier import Clarifier, QuestionSampling
+from clarifyjax.models.safetensors_io import CheckpointError
+from clarifyjax.text.formats import TextFormatError
 
 
 def add_models_options(p: argparse.ArgumentParser, *, candidates: bool = False) -> None:
@@ -33,9 +37,6 @@ def add_models_options(p: argparse.ArgumentParser, *, candidates: bool = False) 
 
 def load_models(args: argparse.Namespace):
     """The `config.ModelsConfig` of MODELS.yaml, its folders checked; before any model loads."""
-    from clarifyjax.config import load_models_config
-    from clarifyjax.config.loader import parse_overrides
-
     cfg = load_models_config(args.models, parse_overrides(args.overrides))
     r = cfg.rewards
     folders = {"policy.init": cfg.policy.init, "rewards.answerer.init": r.answerer.init,
@@ -53,10 +54,6 @@ def load_models(args: argparse.Namespace):
 
 def load_clarifier(args: argparse.Namespace, cfg):
     """The `clarify.Clarifier` of `cfg` with the command line's question sampling."""
-    from clarifyjax.app.clarifier import Clarifier, QuestionSampling
-    from clarifyjax.models.safetensors_io import CheckpointError
-    from clarifyjax.text.formats import TextFormatError
-
     sampling = QuestionSampling(args.temperature, args.top_p, args.max_question_length,
                                 candidates=getattr(args, "candidates", 1))
     try:

@@ -24,6 +24,7 @@ from clarifyjax.models.safetensors_io import CheckpointError, check_folder
 from clarifyjax.models.t5 import T5
 from clarifyjax.files.textfiles import check_texts
 from clarifyjax.text.tokenizer import Tokenizer
+from clarifyjax.models.hf import load_t5
 
 
 class Seq2SeqSampling(NamedTuple):
@@ -92,8 +93,6 @@ class Seq2SeqModel:
         tokenizer.json, in `tokenizer_path` or the same folder); with `mesh`, the parameters are
         read straight into their shards by the logical axis `rules` (default
         `sharding.DEFAULT_RULES`); `precision`: of the model's matmuls (`T5Config.precision`)."""
-        from clarifyjax.models.hf import load_t5  # keeps `import clarifyjax.decoding.seq2seq` light
-
         folder = check_folder(path)
         _, model = load_t5(folder, dtype=dtype, mesh=mesh, rules=rules, precision=precision)
         tokenizer = Tokenizer.from_pretrained(tokenizer_path or folder, backend=backend)

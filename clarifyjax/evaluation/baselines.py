@@ -25,6 +25,9 @@ import numpy as np
 from clarifyjax.text import formats
 from clarifyjax.reward.pipeline import RewardPipeline
 from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
+from clarifyjax.models.encoder import labels_from_hf
+from clarifyjax.models.safetensors_io import CheckpointError, check_folder, read_config
+from clarifyjax.reward.nli import NLIFilter
 
 
 class QuestionSampler:
@@ -82,10 +85,6 @@ class Discriminator:
 
     def __init__(self, folder, *, relevant_label: str = "relevant", max_length: int = 128,
                  batch_size: int = 64, dtype: str = "float32"):
-        from clarifyjax.models.encoder import labels_from_hf
-        from clarifyjax.models.safetensors_io import CheckpointError, check_folder, read_config
-        from clarifyjax.reward.nli import NLIFilter
-
         folder = check_folder(folder)
         labels = [str(label) for label in labels_from_hf(read_config(folder),
                                                               folder / "config.json")]

@@ -25,14 +25,22 @@ from pathlib import Path
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import jax
 
 from clarifyjax.text import formats
 from clarifyjax.core.buckets import equal_chunks
 from clarifyjax.config.loader import config_to_dict
 from clarifyjax.config.evaluate import EvalConfig, SystemConfig
-from clarifyjax.decoding.seq2seq import Seq2SeqSampling
+from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
 from clarifyjax.evaluation.stage_cache import StageCache, model_fingerprint
 from clarifyjax.files.tables import DataError, read_table
+from clarifyjax.reward.pipeline import RewardPipeline, load_pipeline
+from clarifyjax.evaluation.baselines import (
+    Discriminator, QuestionSampler, WhCandidates, best_candidates, candidate_rewards,
+)
+from clarifyjax.evaluation.qa_metric import load_unanswerable
+from clarifyjax.evaluation.bertscore import bertscore
+from clarifyjax.evaluation.report import write_report
 
 
 @dataclasses.dataclass
@@ -86,8 +94,6 @@ def read_update_groups(path, question_column: str, limit: int | None) -> list[di
 
 
 def _key(seed: int, label: str, index: int):
-    import jax
-
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), zlib.crc32(
         label.encode()) & 0x7FFFFFFF), index)
 
@@ -105,14 +111,10 @@ class Models:
         return self._loaded[key]
 
     def seq2seq(self, folder: str, max_input_length: int = 128):
-        from clarifyjax.decoding.seq2seq import Seq2SeqModel
-
         return self._get(("seq2seq", folder, max_input_length), lambda: Seq2SeqModel.from_pretrained(
             folder, max_input_length=max_input_length))
 
     def reward(self, with_nli: bool):
-        from clarifyjax.reward.pipeline import RewardPipeline, load_pipeline
-
         full = self._get(("reward",), lambda: load_pipeline(self.cfg.rewards))
         if with_nli or full.nli is None:
             return full
@@ -120,13 +122,9 @@ class Models:
             full.answerer, full.fusion, full.judge, None, full.config))
 
     def discriminator(self, folder: str):
-        from clarifyjax.evaluation.baselines import Discriminator
-
         return self._get(("discriminator", folder), lambda: Discriminator(folder))
 
     def qa(self, folder: str):
-        from clarifyjax.evaluation.qa_metric import load_unanswerable
-
         cfg = self.cfg.informativeness
         return self._get(("qa", folder), lambda: load_unanswerable(
             folder, max_length=cfg.max_length, batch_size=cfg.batch_size))
@@ -175,8 +173,6 @@ class Evaluation:
         return config_to_dict(self.cfg.generation)
 
     def sampled_questions(self, system: SystemConfig) -> list[str]:
-        from clarifyjax.evaluation.baselines import QuestionSampler, WhCandidates
-
         g = self.cfg.generation
         options = {**self._generation_options(), "kind": system.kind}
         if system.kind == "why":
@@ -197,8 +193,6 @@ class Evaluation:
         return [r["question"] for r in records]
 
     def candidates(self, model: str) -> list[list[str]]:
-        from clarifyjax.evaluation.baselines import WhCandidates
-
         g = self.cfg.generation
         depends = self.depends([model], **self._generation_options())
 
@@ -213,8 +207,6 @@ class Evaluation:
 
     def candidate_scores(self, system: SystemConfig, candidates: list[list[str]]
                          ) -> list[list[float]]:
-        from clarifyjax.evaluation.baselines import candidate_rewards
-
         inputs = [[s, c] for s, c in zip(self.situations, candidates)]
         if system.kind == "discriminator":
             depends = self.depends([system.classifier])
@@ -333,8 +325,6 @@ class Evaluation:
     # ------------------------------------------------------------------ the run
 
     def system_output(self, system: SystemConfig) -> SystemOutput:
-        from clarifyjax.evaluation.baselines import best_candidates
-
         candidates = scores = None
         if system.kind in ("ppo", "t5", "why"):
             questions = self.sampled_questions(system)
@@ -369,8 +359,6 @@ def update_input(group: dict, with_question: bool) -> str:
 def bertscore_f1(candidates: list[str], references: list[list[str]], cfg) -> np.ndarray:
     """[n] BERTScore F1 of each candidate: the max over its references (`clarifyjax.evaluation.bertscore`,
     the bert-score package's rule for several references)."""
-    from clarifyjax.evaluation.bertscore import bertscore
-
     _, _, f1 = bertscore(candidates, references, model=cfg.model, layer=cfg.layer, idf=cfg.idf,
                          baseline=cfg.baseline, batch_size=cfg.batch_size)
     return np.asarray(f1, np.float64)
@@ -378,8 +366,6 @@ def bertscore_f1(candidates: list[str], references: list[list[str]], cfg) -> np.
 
 def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = print) -> dict:
     """Run every stage (resuming from the cache) and write the report; returns the summary."""
-    from clarifyjax.evaluation.report import write_report
-
     run = Evaluation(cfg, say=say).run()
     summary = write_report(cfg, run)
     for row in summary["systems"]:  # a system that asks one question of everything is named

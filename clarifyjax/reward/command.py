@@ -4,10 +4,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import jax
+
 from clarifyjax.core.commands import CLIError, json_line, subcommand
 from clarifyjax.core.ranges import number_type
 from clarifyjax.config.score import MAX_TOKENS, add_reward_options  # imports no JAX
-from clarifyjax.files.textfiles import atomic_write_bytes
+from clarifyjax.files.textfiles import atomic_write_bytes, check_output
+from clarifyjax.config import score
+from clarifyjax.data.situations import read_texts
+from clarifyjax.reward.pipeline import RewardOutput, concat_outputs, load_pipeline
+from clarifyjax.models.safetensors_io import CheckpointError
+from clarifyjax.reward.jsd import RewardNormalizer
+from clarifyjax.core.buckets import equal_chunks
+from clarifyjax.files.chunkstore import ChunkStore, fingerprint
+from clarifyjax.config.loader import config_to_dict
 
 
 LENGTH = number_type(int, f"[1, {MAX_TOKENS}]")
@@ -82,8 +92,6 @@ def _score_options(p: argparse.ArgumentParser) -> None:
 def _check_score_options(args: argparse.Namespace):
     """What one option alone cannot say, and the `RewardConfig`; all before any file is read or
     model loaded."""
-    from clarifyjax.config import score
-
     if (args.gain is None) != (args.bias is None):
         raise CLIError("--gain and --bias go together")
     for option in ("--situation-column", "--question-column"):
@@ -98,8 +106,6 @@ def _check_score_options(args: argparse.Namespace):
 
 
 def _read_inputs(args) -> tuple[list[str], list[str], list[str], list[str]]:
-    from clarifyjax.data.situations import read_texts
-
     situations, s_where = read_texts(args.situations, args.situation_column, limit=args.limit)
     questions, q_where = read_texts(args.questions, args.question_column, limit=args.limit)
     if len(situations) != len(questions):
@@ -109,10 +115,6 @@ def _read_inputs(args) -> tuple[list[str], list[str], list[str], list[str]]:
 
 
 def _load_pipeline(args, rewards):
-    from clarifyjax.reward.pipeline import load_pipeline
-    from clarifyjax.models.safetensors_io import CheckpointError
-    from clarifyjax.reward.jsd import RewardNormalizer
-
     judge_options = {"class_step": args.class_step}
     try:
         return load_pipeline(
@@ -133,14 +135,6 @@ _NOT_IN_FINGERPRINT = ("out", "overwrite", "run", "command")
 def _score_chunks(args, rewards, situations: list[str], questions: list[str]):
     """Every chunk's `RewardOutput`, resuming an interrupted run of the same command (see
     clarifyjax.files.chunkstore); models are loaded only when a chunk is left to score."""
-    import jax
-
-    from clarifyjax.config import score
-    from clarifyjax.core.buckets import equal_chunks
-    from clarifyjax.files.chunkstore import ChunkStore, fingerprint
-    from clarifyjax.config.loader import config_to_dict
-    from clarifyjax.reward.pipeline import RewardOutput
-
     options = {k: v for k, v in vars(args).items() if k not in _NOT_IN_FINGERPRINT}
     options["rewards"] = config_to_dict(rewards)  # what --config and KEY=VALUE gave, too
     store = ChunkStore(args.out, fingerprint(options, (situations, questions),
@@ -168,9 +162,6 @@ def _score_chunks(args, rewards, situations: list[str], questions: list[str]):
 @subcommand("score-questions", "reward of each (situation, question): answers, fused situations, "
             "judge distributions, JSD; prints the paper's Table 4", _score_options)
 def run_score_questions(args: argparse.Namespace) -> int:
-    from clarifyjax.reward.pipeline import concat_outputs
-    from clarifyjax.files.textfiles import check_output
-
     rewards = _check_score_options(args)
     check_output(args.out, overwrite=args.overwrite, error=CLIError,
                  inputs=(("--situations", args.situations), ("--questions", args.questions)))

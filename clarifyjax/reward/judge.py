@@ -35,15 +35,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from clarifyjax.core import sharding
+from clarifyjax.core import sharding, traces
 from clarifyjax.text import formats
-from clarifyjax.core import traces
 from clarifyjax.core.buckets import bucket_length, pad_rows, pad_sequences, padded_rows
 from clarifyjax.models.safetensors_io import CheckpointError, check_folder, read_config
 from clarifyjax.models.t5 import T5
 from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
 from clarifyjax.files.textfiles import check_texts
 from clarifyjax.text.tokenizer import Tokenizer
+from clarifyjax.models.hf import load_classifier, load_encoder_tokenizer
 
 DELPHI_CLASS_STEP = 4  # `▁ <unk> class >` in T5's vocabulary: Delphi reads the class at step 4
 
@@ -246,8 +246,6 @@ class ClassifierJudge(_BatchedJudge):
                         precision: str = "default", **kwargs) -> ClassifierJudge:
         """A BERT, RoBERTa or DeBERTa-v2/v3 `...ForSequenceClassification` folder
         (`hf.load_classifier`); `mesh`, `rules`, `precision` as `Seq2SeqModel.from_pretrained`."""
-        from clarifyjax.models.hf import load_classifier, load_encoder_tokenizer
-
         folder = check_folder(path)
         model = load_classifier(folder, dtype=dtype, mesh=mesh, rules=rules, precision=precision)
         return cls(model, load_encoder_tokenizer(folder, max_input_length),

@@ -46,8 +46,9 @@ from clarifyjax.reward import jsd
 from clarifyjax.reward.judge import load_judge
 from clarifyjax.text import formats
 from clarifyjax.config import PipelineConfig
-from clarifyjax.config.loader import check_tree
+from clarifyjax.config.loader import check_tree, ConfigError
 from clarifyjax.decoding.seq2seq import Seq2SeqSampling, Seq2SeqModel
+from clarifyjax.reward.nli import NLIFilter
 
 DROPPED_POLICIES = ("zero_reward", "resample", "blank")
 COUNT_KEYS = ("questions", "empty_questions", "truncated_questions", "answers", "empty_answers",
@@ -199,8 +200,6 @@ class RewardPipeline:
           straight into its shards there, and each stage's rows are split over its data x fsdp
           devices.
         """
-        from clarifyjax.reward.nli import NLIFilter
-
         _check_judge_options(judge_options)
         common = dict(backend=backend, dtype=dtype, max_input_length=max_input_length,
                       batch_multiple=batch_multiple, mesh=mesh, rules=rules)
@@ -424,9 +423,6 @@ def load_pipeline(rewards, *, normalizer: jsd.RewardNormalizer | None = None,
     Raises:
       ConfigError: a model that is not a trained folder (``init``; a loaded config has one).
     """
-    from clarifyjax.config.loader import ConfigError
-    from clarifyjax.reward.nli import NLIFilter
-
     _check_judge_options(judge_options)
 
     def folder(m, key):

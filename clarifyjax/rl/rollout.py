@@ -18,6 +18,7 @@ import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from clarifyjax import decoding
 
@@ -34,8 +35,6 @@ def host_rows(x, mesh) -> np.ndarray:
     """This process's rows of a batch-sharded global array (all of them on one process)."""
     if jax.process_count() == 1:
         return np.asarray(x)
-    from jax.experimental import multihost_utils
-
     spec = sharding.batch_sharding(mesh, x.ndim).spec
     return np.asarray(multihost_utils.global_array_to_host_local_array(x, mesh, spec))
 

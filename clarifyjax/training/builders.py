@@ -17,7 +17,7 @@ from flax import nnx
 
 from clarifyjax.core import sharding
 from clarifyjax.config import ConfigError
-from clarifyjax.models.hf import load_t5
+from clarifyjax.models.hf import load_t5, CheckpointError, load_classifier, load_encoder_tokenizer
 from clarifyjax.models.t5 import T5, T5Config
 from clarifyjax.models.state import copy_params, shape_only, split_model
 from clarifyjax.rl.value import ValueModel
@@ -89,8 +89,6 @@ def build_classifier(model_cfg, *, mesh, rules, num_labels: int = 2, where: str 
     `ConfigError` naming ``{where}.init``. The classifier is called without token type ids (all
     0): DeBERTa-v3 and RoBERTa have no segment embeddings, but a BERT trains and exports with
     its second segment read as type 0 (not what transformers' pair encoding feeds it)."""
-    from clarifyjax.models.hf import CheckpointError, load_classifier, load_encoder_tokenizer
-
     try:
         model = load_classifier(model_cfg.init, dtype=model_cfg.dtype,
                                 param_dtype=model_cfg.param_dtype, mesh=mesh, rules=rules,

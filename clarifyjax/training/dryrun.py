@@ -49,13 +49,15 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from clarifyjax.training import memory_plan
+from clarifyjax.training import memory_plan, builders, programs, run_record
 
-from clarifyjax.training import builders, programs
 from clarifyjax.core import sharding
 from clarifyjax.config import CLASSIFIER_TASKS, ConfigError, PPOConfig, load_config
 from clarifyjax.core.commands import one_line
 from clarifyjax.models.t5 import T5Config
+from clarifyjax.models.hf import check_classifier_folder, check_t5_folder, load_encoder_tokenizer
+from clarifyjax.text.tokenizer import Tokenizer
+from clarifyjax import data
 
 DRYRUN_KEYS = ("compile", "num_layers", "rows", "check_models")
 
@@ -93,10 +95,6 @@ def _model_roles(cfg) -> list[tuple[str, Any, str]]:
 def _check_model(option: str, model_cfg, kind: str) -> list[str]:
     """The problems of one model folder and of its tokenizer, read as the run reads them without
     a weight, each naming its option."""
-    from clarifyjax.models.hf import (check_classifier_folder, check_t5_folder,
-                                      load_encoder_tokenizer)
-    from clarifyjax.text.tokenizer import Tokenizer
-
     problems, vocab = [], None
     if model_cfg.tiny is not None:
         vocab = model_cfg.tiny.vocab_size
@@ -131,9 +129,6 @@ def check_run_inputs(cfg, *, models: bool = True) -> dict[str, list[str]]:
     Raises:
       ConfigError: one line naming every option whose input is missing or bad.
     """
-    from clarifyjax import data
-    from clarifyjax.training import run_record
-
     problems: list[str] = []
     done: dict[str, list[str]] = {"data": [], "models": []}
     try:

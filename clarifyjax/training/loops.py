@@ -34,13 +34,9 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from clarifyjax import data
-from clarifyjax import decoding
-from clarifyjax.core import metrics_log
-from clarifyjax.training import builders, programs
-from clarifyjax.training import run_record
-from clarifyjax.training import sft
-from clarifyjax.core import sharding
+from clarifyjax import data, decoding
+from clarifyjax.core import metrics_log, sharding
+from clarifyjax.training import builders, programs, run_record, sft
 from clarifyjax.training.checkpointing import Checkpointer, PreemptionGuard
 from clarifyjax.config import CLASSIFIER_TASKS, ConfigError
 from clarifyjax.core.metrics_log import MetricsLogger, say_through
@@ -53,6 +49,7 @@ from clarifyjax.files.tables import check_data_paths
 from clarifyjax.files.textfiles import atomic_write_bytes
 from clarifyjax.text.tokenizer import Tokenizer
 from clarifyjax.training.ppo_eval import all_hosts, evaluate_ppo, fit_normalizer
+from clarifyjax.reward import pipeline
 
 # --------------------------------------------------------------------------- runs
 
@@ -288,8 +285,6 @@ def build_reward_fn(cfg):
     split by the run's rules (``mesh.rules``) over the fsdp x model devices that the training mesh
     puts in one process, each device reading only its slices of the checkpoints.
     """
-    from clarifyjax.reward import pipeline
-
     return pipeline.load_pipeline(cfg.rewards, mesh=sharding.process_mesh(cfg.mesh),
                                   rules=sharding.RULES[cfg.mesh.rules])
 

@@ -48,6 +48,11 @@ from clarifyjax.config import ModelConfig, PPOConfig, TinyModelSpec, load_config
 from clarifyjax.models.safetensors_io import read_config
 from clarifyjax.files.tables import REPO_ROOT
 from clarifyjax.models.state import shape_only
+from clarifyjax.models.deberta import DebertaSequenceClassifier
+from clarifyjax.models.encoder import EncoderConfig, SequenceClassifier
+from clarifyjax.models.hf.deberta_map import deberta_config_from_hf
+from clarifyjax.models.t5 import T5, T5Config
+from clarifyjax.rl.value import ValueModel
 
 # Model folders written relative to the repository (as the configs write them) are found from any
 # working directory.
@@ -132,12 +137,6 @@ def _is_encoder(hf: dict) -> bool:
 def abstract_state(kind: str, hf_json: str, param_dtype: str):
     """The abstract (shape-only) state of one model ("t5", "value" or "encoder"), flattened:
     [(path, Variable holding a ShapeDtypeStruct)]; cached per architecture."""
-    from clarifyjax.models.deberta import DebertaSequenceClassifier
-    from clarifyjax.models.encoder import EncoderConfig, SequenceClassifier
-    from clarifyjax.models.hf.deberta_map import deberta_config_from_hf
-    from clarifyjax.models.t5 import T5, T5Config
-    from clarifyjax.rl.value import ValueModel
-
     hf = json.loads(hf_json)
     if kind == "encoder" and hf.get("model_type") == "deberta-v2":  # type_vocab_size 0 allowed
         cfg = deberta_config_from_hf(hf, param_dtype=param_dtype)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from clarifyjax import data
 from clarifyjax.core import sharding
@@ -28,8 +29,6 @@ def all_hosts(x: np.ndarray) -> np.ndarray:
     """Concatenate a host-local numpy array over all processes (itself on one process)."""
     if jax.process_count() == 1:
         return np.asarray(x)
-    from jax.experimental import multihost_utils
-
     return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=True))
 
 

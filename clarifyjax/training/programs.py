@@ -37,8 +37,7 @@ from clarifyjax.rl import ppo
 
 from clarifyjax.training import sft
 
-from clarifyjax.core import traces
-from clarifyjax.core import sharding
+from clarifyjax.core import traces, sharding
 from clarifyjax.rl.policy import make_ppo_fns
 from clarifyjax.training.builders import abstract_tree
 
@@ -59,8 +58,6 @@ def param_shardings(params, mesh):
 
 def opt_state_shardings(tx, opt_state, params, p_shardings, mesh):
     """Optimizer-state leaves shaped like their parameter share its sharding; others replicate."""
-    import optax
-
     return optax.tree_map_params(
         tx, lambda leaf, p, s: s if leaf.shape == p.shape else replicated(mesh), opt_state,
         params, p_shardings, transform_non_params=lambda _: replicated(mesh),

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Mapping
 
+import jax
+
 from clarifyjax.config.loader import ConfigError, config_to_dict, save_config
 
 CONFIG_FILE, HISTORY_FILE, CHECKPOINTS = "config.yaml", "config_history.jsonl", "checkpoints"
@@ -179,8 +181,6 @@ def commit(cfg, step: int, extra: Mapping, say: Callable[[str], None] = print) -
       ConfigError: the restored checkpoint's own record differs in a refused setting (it is
         older than the one `check_resume` read, when a newer one was damaged).
     """
-    import jax
-
     run_dir = Path(cfg.run.directory)
     changes = []
     if step:

@@ -23,9 +23,10 @@ import io
 import tempfile
 from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
+import json
 
 from clarifyjax.files.textfiles import atomic_write_bytes
-from sage_jax.run import prompts
+from sage_jax.run import prompts, generators, pipeline
 from sage_jax.run.config import GeneratorConfig, ParaphraseConfig, SageRunConfig, ScoreConfig, ScorerConfig, \
     StageConfig, TargetConfig
 
@@ -110,11 +111,6 @@ def score_questions(questions: Sequence[str], get_response: Callable[[str], str]
           out: str | Path | None = None, embedder_model=None, sleep=None, **settings) -> SageScores:
     """SaGE of `get_response` on `questions` (see the module docstring; `settings` are `build_run`'s
     keyword arguments; `embedder_model`: a loaded `SentenceEmbedder` to use instead of a folder)."""
-    import json
-
-    from sage_jax.run import generators
-    from sage_jax.run import pipeline
-
     out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="sage-"))
     cfg, functions = build_run(list(questions), use_rots, out, **settings)
     functions[MODEL] = get_response

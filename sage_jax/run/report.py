@@ -29,12 +29,14 @@ import io
 import json
 import math
 from types import SimpleNamespace
+import sys
 
 import numpy as np
 
 from clarifyjax.files.textfiles import atomic_write_bytes
 from sage_jax import report
 from sage_jax.run.stages import StageError
+from sage_jax.scoring import load_bertscore_model
 
 LONG_COLUMNS = ("question_id", "question", "paraphrased", "score", "model_output", "rot", "paraphrase_index",
                 "sample", "answer_status", "answer_reason", "answer_attempts", "rot_status", "rot_reason",
@@ -154,8 +156,6 @@ def _floats(values) -> list[float]:
 
 
 def _quiet_bar(run, total, desc):
-    import sys
-
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, disable=run.cfg.quiet, leave=False, file=sys.stderr, dynamic_ncols=True)
@@ -192,8 +192,6 @@ def score_stage(run) -> dict:
 
     bertscore = None
     if run.cfg.score.bertscore:
-        from sage_jax.scoring import load_bertscore_model
-
         bertscore = load_bertscore_model(_args(run, "answer", None, folders=folders))
     models = {}
     for target in run.cfg.models:

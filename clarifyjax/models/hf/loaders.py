@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
 from clarifyjax.models.hf import causal_lm_map
 from clarifyjax.models.causal_lm import CausalLM, CausalLMConfig
@@ -83,8 +84,6 @@ def _host_params(model: nnx.Module):
     for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         value = var.get_value()
         if isinstance(value, jax.Array) and not value.is_fully_addressable:
-            from jax.experimental import multihost_utils
-
             value = multihost_utils.process_allgather(value, tiled=True)
         yield p, np.asarray(jax.device_get(value), np.float32)
 
