@@ -27,6 +27,7 @@ from typing import Any
 from collections.abc import Callable, Mapping
 
 import jax
+import yaml
 
 from clarifyjax.config.loader import ConfigError, config_to_dict, save_config
 
@@ -110,8 +111,6 @@ def recorded_config(run_dir: str | os.PathLike) -> tuple[dict | None, str]:
     The newest checkpoint that carries a config wins (it is what the steps were made with); a
     folder of checkpoints saved before they carried one falls back to ``config.yaml``.
     """
-    import yaml
-
     run_dir = Path(run_dir)
     for step in checkpoint_steps(run_dir):
         config = _checkpoint_config(run_dir, step)
