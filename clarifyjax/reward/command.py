@@ -12,7 +12,7 @@ from clarifyjax.config.score import MAX_TOKENS, add_reward_options  # imports no
 from clarifyjax.files.textfiles import atomic_write_bytes, check_output
 from clarifyjax.config import score
 from clarifyjax.data.situations import read_texts
-from clarifyjax.reward.pipeline import RewardOutput, concat_outputs, load_pipeline
+from clarifyjax.reward import pipeline
 from clarifyjax.models.safetensors_io import CheckpointError
 from clarifyjax.reward.jsd import RewardNormalizer
 from clarifyjax.core.buckets import equal_chunks
@@ -117,7 +117,7 @@ def _read_inputs(args) -> tuple[list[str], list[str], list[str], list[str]]:
 def _load_pipeline(args, rewards):
     judge_options = {"class_step": args.class_step}
     try:
-        return load_pipeline(
+        return pipeline.load_pipeline(
             rewards, normalizer=None if args.gain is None else RewardNormalizer(args.gain,
                                                                                 args.bias),
             nli_batch_size=2 * args.batch_size, judge_options=judge_options,
@@ -139,16 +139,16 @@ def _score_chunks(args, rewards, situations: list[str], questions: list[str]):
     options["rewards"] = config_to_dict(rewards)  # what --config and KEY=VALUE gave, too
     store = ChunkStore(args.out, fingerprint(options, (situations, questions),
                                              tuple(score.reward_model_folders(rewards).values())),
-                       RewardOutput, error=CLIError)
+                       pipeline.RewardOutput, error=CLIError)
     found = store.start()
-    key, pipeline, outputs, reused = jax.random.key(args.seed), None, [], 0
+    key, scorer, outputs, reused = jax.random.key(args.seed), None, [], 0
     chunks = equal_chunks(len(situations), args.batch_size)
     for i, chunk in enumerate(chunks):
         output = store.load(i) if found else None
         if output is None or len(output.reward) != chunk.stop - chunk.start:
-            pipeline = pipeline or _load_pipeline(args, rewards)
+            scorer = scorer or _load_pipeline(args, rewards)
             # fold_in(key, i) whether resumed or not: a resumed run scores as an uninterrupted one
-            output = pipeline(situations[chunk], questions[chunk], rng=jax.random.fold_in(key, i))
+            output = scorer(situations[chunk], questions[chunk], rng=jax.random.fold_in(key, i))
             store.save(i, output)
         else:
             reused += 1
@@ -167,7 +167,7 @@ def run_score_questions(args: argparse.Namespace) -> int:
                  inputs=(("--situations", args.situations), ("--questions", args.questions)))
     situations, s_where, questions, q_where = _read_inputs(args)
     store, outputs = _score_chunks(args, rewards, situations, questions)
-    out = concat_outputs(outputs)
+    out = pipeline.concat_outputs(outputs)
     lines = []
     for i, row in enumerate(out.rows()):
         record = {"situation_at": s_where[i], "question_at": q_where[i],
