@@ -15,12 +15,12 @@ def _answer_prompts(count: int) -> list[str]:
     import csv
 
     from clarifyjax.files.tables import resolve_data_path
-    from sage_jax.run import prompts as P
+    from sage_jax.run.prompts import answer_prompt
 
     path = resolve_data_path("../shared/data/sage-mcc/q100_gpt-3.5-turbo_rot.csv")
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    return [P.answer_prompt(r["paraphrased"].strip(), False) for r in rows[:count]]
+    return [answer_prompt(r["paraphrased"].strip(), False) for r in rows[:count]]
 
 
 TOKENIZER_TEXTS = "../shared/data/sage-mcc/moral100-high-ambiguity_gpt-3.5-turbo_rot.csv"
@@ -79,11 +79,11 @@ def time_our_stage(lm, root: Path, prompts: list[str], sampling, args) -> dict:
     """Our answer stage (`Stage` over `lm`, parsing and batch files included) on `prompts`: a
     first run with another seed (it compiles), `--answer-repeats` timed runs, one more for the
     rows' statuses, and a run that requeues failed rows (3 attempts)."""
-    from sage_jax.run import prompts as P
+    from sage_jax.run.prompts import parse_answer
     from sage_jax.run.stages import Stage, Task
 
     def judge(tasks, texts, previous):
-        return [{"ok": r is None, "reason": r, "answer": a} for a, r in map(P.parse_answer, texts)]
+        return [{"ok": r is None, "reason": r, "answer": a} for a, r in map(parse_answer, texts)]
 
     def stage(name: str, rows: list[str], max_attempts: int, seed: int = 0) -> tuple[float, list[dict]]:
         tasks = [Task((str(i), 0, "bench", 0), p, {}) for i, p in enumerate(rows)]

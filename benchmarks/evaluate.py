@@ -40,7 +40,7 @@ from reward import (DEV, OriginalReward, add_model_size_args, build_folders,  # 
                     recording_shapes, stage_bound)
 
 from clarifyjax.evaluation import baselines  # noqa: E402
-from clarifyjax.text import formats as text_lib  # noqa: E402
+from clarifyjax.text import formats  # noqa: E402
 from clarifyjax.reward.judge import DELPHI_CLASS_STEP, Judge  # noqa: E402
 from clarifyjax.config.evaluate import WH_STARTS  # noqa: E402
 from clarifyjax.evaluation.evaluate import read_situations  # noqa: E402
@@ -127,7 +127,7 @@ class OriginalPipelineNLI:
         chosen = []
         for s in situations:
             t0 = time.perf_counter()
-            inputs = [text_lib.wh_question_input(s, w) for w in WH_STARTS]
+            inputs = [formats.wh_question_input(s, w) for w in WH_STARTS]
             enc = self.reward.tok(inputs, return_tensors="pt", padding=True)
             with torch.no_grad():
                 seq = self.wh.generate(**enc, do_sample=True, top_p=0.6, top_k=50,

@@ -3,7 +3,7 @@ against the same math in PyTorch on the same weights.
 
 Models: random, float32, T5 v1.0 (d_model 512, 6+6 layers, 8 heads, d_ff 2048, vocabulary 32128)
 for the policy, the frozen reference (a copy) and the value model
-(`rl.value.ValueModel.from_t5`, as `train.train_ppo` builds it). Texts use a SentencePiece
+(`rl.value.ValueModel.from_t5`, as `loops.train_ppo` builds it). Texts use a SentencePiece
 vocabulary of 2,000 pieces trained on δ-CLARIFY; the policy's ids beyond it are folded into it for
 decoding (`FoldedVocabulary`), so that every sampled token becomes text. Queries: "question: " +
 δ-CLARIFY dev situations, 64 tokens.
@@ -12,10 +12,10 @@ Settings: configs/ppo_t5_large.yaml's where they apply (4 epochs, 1 minibatch, c
 most 30 tokens, the reward pipeline's lengths), with a batch of 16 instead of 64 (2-core CPU), mesh
 1 x 1 x 1, float32 and no NLI filter.
 
-One PPO step, as in `train.train_ppo`, split in three:
+One PPO step, as in `loops.train_ppo`, split in three:
   rollout  `RolloutSampler.questions` (jitted sampling with the KV cache, then text on the host)
            + the jitted scoring pass (log-probs under policy and reference, values);
-  reward   `--reward pipeline`: the real `RewardPipeline` that `train.build_reward_fn` builds
+  reward   `--reward pipeline`: the real `RewardPipeline` that `loops.build_reward_fn` builds
            from the config (answerer, fusion and judge: t5-small-sized random T5s; no NLI), or
            `--reward stand-in`: a cheap host function (for when the pipeline makes a run too long);
   update   the jitted `ppo_update` (`ppo.make_ppo_update` over `policy.make_ppo_fns`).
@@ -57,17 +57,15 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from clarifyjax.training import programs as optim  # noqa: E402  (the optimizer)
-
 from clarifyjax.rl import ppo
 
 from clarifyjax.training import builders, programs
 
 from clarifyjax.core import traces
 
-from clarifyjax.training import loops as train
-from clarifyjax.core import sharding as sharding_lib  # noqa: E402
-from clarifyjax.text import formats as text_lib  # noqa: E402
+from clarifyjax.training import loops
+from clarifyjax.core import sharding  # noqa: E402
+from clarifyjax.text import formats  # noqa: E402
 from clarifyjax.config import load_config  # noqa: E402
 from clarifyjax.models.tiny import save_t5_folder, tiny_spm_folder, tiny_t5_config  # noqa: E402
 from clarifyjax.models.state import copy_params, split_model  # noqa: E402
@@ -171,7 +169,7 @@ def summary(times: list[float]) -> dict:
 
 def build(args, root: Path):
     """The config, the models (ours and the torch policy with the same weights), the sampler,
-    the jitted update factory: what `train.train_ppo` sets up, on a 1-device mesh."""
+    the jitted update factory: what `loops.train_ppo` sets up, on a 1-device mesh."""
     spm = tiny_spm_folder(root, vocab_size=2000)
     hf_config = tiny_t5_config("v1.0", vocab_size=args.vocab, d_model=args.d_model,
                                d_kv=args.d_model // args.heads, d_ff=args.d_ff,
@@ -205,25 +203,25 @@ def build(args, root: Path):
         raise SystemExit(f"the PyTorch peer is Adam at a constant rate without clipping; "
                          f"{args.config} asks for {o} (use --no-torch)")
     h = cfg.ppo
-    mesh = sharding_lib.make_mesh(cfg.mesh)
+    mesh = sharding.make_mesh(cfg.mesh)
     tokenizer = Tokenizer.from_pretrained(spm)
     p_config, policy = builders.build_t5(cfg.policy, seed=0, mesh=mesh,
-                                         rules=sharding_lib.DEFAULT_RULES, tokenizer=tokenizer,
+                                         rules=sharding.DEFAULT_RULES, tokenizer=tokenizer,
                                          where="policy")
     graphdef, params = split_model(policy)
     value_graphdef, value_params = split_model(ValueModel.from_t5(policy, seed=2))
-    # The state and the update's shardings as `train.train_ppo` assembles them (its outputs keep
+    # The state and the update's shardings as `loops.train_ppo` assembles them (its outputs keep
     # the inputs' layout, so the sampler and the scorer see the same parameter layout at every
     # step); the update is jitted here without donation, since the benchmark reuses `state0`.
     program = programs.PPOProgram.build(cfg, mesh, graphdef, params, value_graphdef, value_params)
-    tx = optim.make_optimizer(o, cfg.run.steps)
+    tx = programs.make_optimizer(o, cfg.run.steps)
 
     def jit_update(config: ppo.PPOUpdateConfig):
         fn = ppo.make_ppo_update(*make_ppo_fns(graphdef, value_graphdef), tx, tx, config)
         return jax.jit(fn, in_shardings=program.in_shardings,
                        out_shardings=(program.state_shardings["ppo"], program.in_shardings[2]))
 
-    reward_fn = train.build_reward_fn(cfg) if args.reward == "pipeline" else stand_in_reward
+    reward_fn = loops.build_reward_fn(cfg) if args.reward == "pipeline" else stand_in_reward
     sampler = RolloutSampler(FoldedVocabulary(tokenizer), graphdef, value_graphdef, reward_fn,
                              mesh, max_new_tokens=h.max_question_length,
                              temperature=h.temperature, top_k=h.top_k, top_p=h.top_p)
@@ -254,7 +252,7 @@ def rollout(bench, state: ppo.PPOState, batch, situations, key):
         state.policy_params, bench.ref_params, state.value_params, ids, mask, gen.tokens,
         gen.mask))
     t3 = time.perf_counter()
-    rewards = sharding_lib.shard_batch(fields["reward"], bench.mesh)
+    rewards = sharding.shard_batch(fields["reward"], bench.mesh)
     logprobs, ref_logprobs, values = scored
     r = ppo.Rollout(query_ids=ids, query_mask=mask, response_ids=gen.tokens,
                     response_mask=gen.mask, logprobs=logprobs, ref_logprobs=ref_logprobs,
@@ -269,7 +267,7 @@ def make_step_inputs(bench, args, situations):
 
     def step_inputs(i: int):
         sits = situations[i * b:(i + 1) * b]
-        ids, mask = bench.tokenizer.encode_batch([text_lib.policy_input(s) for s in sits],
+        ids, mask = bench.tokenizer.encode_batch([formats.policy_input(s) for s in sits],
                                                  args.query_len, pad_to=args.query_len)
         return {"input_ids": ids, "input_mask": mask}, sits
     return step_inputs

@@ -4,7 +4,7 @@ bf16 matmul throughput measured in the same run.
 Policy and value: T5-large (d_model 1024, 24+24 layers, 16 heads, d_ff 4096, vocab 32128), random
 weights, float32 parameters with bfloat16 compute; Adam 1e-5; the paper's update: batch 64, 4 epochs
 over the full batch, queries of 64 tokens, questions of 30 tokens. The update is
-`ppo.make_ppo_update(*policy.make_ppo_fns(...))`, jitted once, as `train.train_ppo` runs it.
+`ppo.make_ppo_update(*policy.make_ppo_fns(...))`, jitted once, as `loops.train_ppo` runs it.
 FLOPs: the matmul count of the update, exactly (6 x matmul parameters x tokens for forward and
 backward of policy and value, plus the attention products), times the epochs. XLA's cost analysis
 of the compiled update (epochs=1, a loop body counts once) is reported beside it: on CPU it agrees
@@ -144,7 +144,7 @@ def main() -> None:
     rollout = random_rollout(b, s, t)
     fns = make_ppo_fns(graphdef, value_graphdef)
 
-    def make_update(epochs: int):  # jitted as train.train_ppo jits it
+    def make_update(epochs: int):  # jitted as loops.train_ppo jits it
         fn = ppo.make_ppo_update(*fns, tx, tx, ppo.PPOUpdateConfig(epochs=epochs, minibatches=1))
         return jax.jit(fn, donate_argnums=(0,))
 

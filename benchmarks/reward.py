@@ -59,9 +59,9 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from clarifyjax.reward import judge as delphi  # noqa: E402
-from clarifyjax.decoding import seq2seq as seq2seq_lib  # noqa: E402
-from clarifyjax.text import formats as text_lib  # noqa: E402
+from clarifyjax.reward import judge  # noqa: E402
+from clarifyjax.decoding import seq2seq  # noqa: E402
+from clarifyjax.text import formats  # noqa: E402
 from clarifyjax.reward.judge import DELPHI_CLASS_STEP, Judge  # noqa: E402
 from clarifyjax.decoding.seq2seq import Seq2SeqModel  # noqa: E402
 from clarifyjax.text.generator import Sampling  # noqa: E402
@@ -188,7 +188,7 @@ class OriginalReward:
         """DelphiScorer.generate_batch (its text split replaced by our tolerant parser)."""
         seq = self._generate(self.judge, ["[moral_single]: " + s for s in situations],
                              max_new_tokens=self.args.reference_judgment_tokens)
-        return [text_lib.parse_delphi_output(t, keep_unparsed=True)[1]
+        return [formats.parse_delphi_output(t, keep_unparsed=True)[1]
                 for t in self.tok.batch_decode(seq, skip_special_tokens=True)]
 
     def __call__(self, situations: list[str], questions: list[str]):
@@ -196,8 +196,8 @@ class OriginalReward:
         judgments = self._timed("judgment", self.judgments, situations)
         inputs, premises = [], []
         for jud, sit, q in zip(judgments, situations, questions):  # as the original interleaves
-            for kind in text_lib.UPDATE_TYPES:
-                inputs.append(text_lib.answer_input(sit, q, kind, jud))
+            for kind in formats.UPDATE_TYPES:
+                inputs.append(formats.answer_input(sit, q, kind, jud))
                 premises.append(sit)
         seq = self._timed("answers", self._generate, self.answerer, inputs,
                           max_new_tokens=self.args.answer_max_length)
@@ -215,7 +215,7 @@ class OriginalReward:
         weak, strong = kept[0::2], kept[1::2]
         fused = []
         for part in (weak, strong):  # predict_merge, once per update type
-            merge = [text_lib.fusion_input(s, q, a.strip()) for s, q, a in
+            merge = [formats.fusion_input(s, q, a.strip()) for s, q, a in
                      zip(situations, questions, part)]
             seq = self._timed("fusion", self._generate, self.fusion, merge,
                               max_new_tokens=self.args.fusion_max_length)
@@ -242,8 +242,8 @@ def recording_shapes(pipeline: RewardPipeline) -> Iterator[list[dict]]:
     teacher-forced pass: its t positions at once, rows * t) and lm_head_positions per row."""
     calls: list[dict] = []
     stage = [None]
-    real_stage, real_generate = pipeline._stage, seq2seq_lib.generate  # every T5's decoding
-    real_class_probabilities = delphi._class_probabilities
+    real_stage, real_generate = pipeline._stage, seq2seq.generate  # every T5's decoding
+    real_class_probabilities = judge._class_probabilities
 
     def staged(name, fn, *args, **kwargs):
         stage[0] = name
@@ -269,12 +269,12 @@ def recording_shapes(pipeline: RewardPipeline) -> Iterator[list[dict]]:
                                         class_ids)
 
     pipeline._stage = staged
-    seq2seq_lib.generate, delphi._class_probabilities = generate, class_probabilities
+    seq2seq.generate, judge._class_probabilities = generate, class_probabilities
     try:
         yield calls
     finally:
         del pipeline._stage
-        seq2seq_lib.generate, delphi._class_probabilities = real_generate, real_class_probabilities
+        seq2seq.generate, judge._class_probabilities = real_generate, real_class_probabilities
 
 
 def t5_call_flops(call: dict) -> dict[str, tuple[float, tuple[int, int, int]]]:
@@ -378,9 +378,9 @@ def build_ours(folders: dict[str, Path], args) -> RewardPipeline:
 
 
 def print_summary(results: dict, b: int) -> None:
-    pipeline, judge = results["pipeline"], results["judge_alone"]
+    pipeline, alone = results["pipeline"], results["judge_alone"]
     ours_t, ref_t, bound = pipeline["ours"], pipeline["original"], pipeline["bound"]
-    ratio, judge_ratio = pipeline["ratio"], judge["ratio"]
+    ratio, judge_ratio = pipeline["ratio"], alone["ratio"]
     print(f"pipeline: ours {b / ours_t['best_s']:.2f} situations/s, original "
           f"{b / ref_t['best_s']:.2f}/s -> {ratio:.1f}x (target >= 10x)")
     print(f"bound: {bound['gflop']:.0f} GFLOP, at least {bound['ours_min_s_at_shape_rates']:.2f} s "
@@ -389,8 +389,8 @@ def print_summary(results: dict, b: int) -> None:
           f"{bound['bound_over_measured']:.2f} of it; this work at these shapes allows <= "
           f"{bound['max_ratio_all_stages_at_shape_rates']:.1f}x the original, any implementation "
           f"<= {bound['max_ratio_answers_fusion_at_peak']:.1f}x (answers + fusion at the peak)")
-    print(f"judge alone: ours {2 * b / judge['ours']['best_s']:.1f} texts/s, original "
-          f"{2 * b / judge['original']['best_s']:.1f}/s -> {judge_ratio:.1f}x (target >= 20x)")
+    print(f"judge alone: ours {2 * b / alone['ours']['best_s']:.1f} texts/s, original "
+          f"{2 * b / alone['original']['best_s']:.1f}/s -> {judge_ratio:.1f}x (target >= 20x)")
 
 
 def main() -> None:

@@ -65,18 +65,18 @@ def worker(batch: int, repeats: int) -> dict:
     from clarifyjax.rl import ppo
     from clarifyjax.models.state import split_model
     from clarifyjax.rl.value import ValueModel
-    from clarifyjax.core import sharding as sh
+    from clarifyjax.core import sharding
     from clarifyjax.models.t5 import T5, T5Config
 
     n = jax.device_count()
-    mesh = sh.make_mesh({"data": n, "fsdp": 1, "model": 1})
+    mesh = sharding.make_mesh({"data": n, "fsdp": 1, "model": 1})
     config = T5Config(vocab_size=256, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
                       relative_attention_num_buckets=8, relative_attention_max_distance=32,
                       dropout_rate=0.0, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
     pol_def, pol = split_model(
-        sh.create_sharded(lambda: T5(config, rngs=nnx.Rngs(0)), mesh))
+        sharding.create_sharded(lambda: T5(config, rngs=nnx.Rngs(0)), mesh))
     val_def, val = split_model(
-        sh.create_sharded(lambda: ValueModel(config, rngs=nnx.Rngs(1)), mesh))
+        sharding.create_sharded(lambda: ValueModel(config, rngs=nnx.Rngs(1)), mesh))
 
     rs = np.random.RandomState(0)
     s, t = 16, 12
@@ -99,7 +99,7 @@ def worker(batch: int, repeats: int) -> dict:
     key = jax.random.key(0)
 
     # data parallel: the batch split over `data`, parameters replicated
-    rollout = sh.shard_batch(rollout_np, mesh)  # a Rollout of global arrays
+    rollout = sharding.shard_batch(rollout_np, mesh)  # a Rollout of global arrays
     dp = jax.jit(update)
     dp_hlo = dp.lower(state, rollout, key).compile().as_text()
 

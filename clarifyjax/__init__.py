@@ -4,6 +4,3 @@ Subpackages, lowest first (docs/architecture.md is the map): `core`, `files`, `m
 `decoding`, `rl`, `config`, `data`, `reward`, `training`, `evaluation`, `serve`, `app`; the
 commands are `cli` (`clarifyjax ...`) and `demo` (`make demo`).
 """
-from clarifyjax.core import moved as _moved
-
-_moved.install()  # the flat layout's module paths, deprecated (see clarifyjax.core.moved)

@@ -38,11 +38,15 @@ from clarifyjax.core.commands import SUBCOMMANDS, CLIError, CommandParser, Usage
 from clarifyjax.files.textfiles import describe_os_error
 
 # Each import registers its subcommands, in the order `clarifyjax --help` lists them.
-from clarifyjax.reward import command as _score_command  # noqa: E402,F401,I001
-from clarifyjax.training import command as _train_command  # noqa: E402,F401
-from clarifyjax.serve import command as _serve_commands  # noqa: E402,F401
-from clarifyjax.evaluation import command as _evaluate_commands  # noqa: E402,F401
-from clarifyjax.app import ask, interact, web  # noqa: E402,F401
+import clarifyjax.reward.command  # noqa: F401,I001
+import clarifyjax.training.command  # noqa: F401
+import clarifyjax.serve.command  # noqa: F401
+import clarifyjax.evaluation.command  # noqa: F401
+from clarifyjax.app import ask, interact, web  # noqa: F401
+from clarifyjax.config.loader import ConfigError
+from clarifyjax.files.tables import DataError
+from clarifyjax.models.safetensors_io import CheckpointError
+from clarifyjax.text.formats import TextFormatError
 
 
 
@@ -86,11 +90,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         print(one_line(str(e)), file=sys.stderr)
         return 2
-    from clarifyjax.config.loader import ConfigError
-    from clarifyjax.data import DataError
-    from clarifyjax.models.safetensors_io import CheckpointError
-    from clarifyjax.text.formats import TextFormatError
-
     try:
         return int(args.run(args) or 0)
     except (CLIError, CheckpointError, ConfigError, DataError, TextFormatError) as e:

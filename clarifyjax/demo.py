@@ -35,8 +35,16 @@ import sys
 import time
 from pathlib import Path
 from collections.abc import Sequence
+import dataclasses
 
-from clarifyjax.files.tables import REPO_ROOT
+from clarifyjax.files.tables import REPO_ROOT, read_table
+from clarifyjax.models.tiny import shared_data_dir, train_spm_model
+from clarifyjax.data.pairs import SILVER_COLUMNS, read_pairs, silver_judge_rows, unique_situations
+from clarifyjax.files.textfiles import atomic_write_bytes
+from clarifyjax.text.tokenizer import Tokenizer
+from clarifyjax.rl.diagnostics import paired_gain
+from clarifyjax.text import formats
+from sage_jax import cli
 
 EXAMPLES = REPO_ROOT / "examples"
 DATA_FILES = ("train.tsv", "dev.tsv", "sc_dev_questions_gpt.tsv", "fusion_dev.csv")
@@ -57,12 +65,10 @@ def find_data(data_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
     """(folder holding the four δ-CLARIFY files, "shared" | "examples" | "given").
 
     Falling back to the example files is the demo's choice alone (`main` prints it): training
-    configs must name files that exist (`clarifyjax.data.resolve_data_path`)."""
+    configs must name files that exist (`clarifyjax.files.tables.resolve_data_path`)."""
     if data_dir is not None:
         folder, kind = Path(data_dir), "given"
     else:
-        from clarifyjax.models.tiny import shared_data_dir
-
         folder, kind = shared_data_dir() / "delta-clarify", "shared"
         if not all((folder / f).is_file() for f in DATA_FILES):
             folder, kind = EXAMPLES / "delta-clarify", "examples"
@@ -77,12 +83,10 @@ def find_data(data_dir: str | os.PathLike | None = None) -> tuple[Path, str]:
 
 def corpus(data: Path, max_rows: int = 6000) -> list[str]:
     """Inputs and targets of the question, answerer and fusion tasks (a sample of each file)."""
-    from clarifyjax import data as data_lib
-
     texts = []
     for name, task in (("train.tsv", "question"), ("sc_dev_questions_gpt.tsv", "answerer"),
                        ("fusion_dev.csv", "fusion")):
-        for pair in data_lib.read_pairs(data / name, task)[:max_rows]:
+        for pair in read_pairs(data / name, task)[:max_rows]:
             texts += [pair.input, pair.target]
     return texts + list(DELPHI_TARGET_PIECES) * 30
 
@@ -90,10 +94,7 @@ def corpus(data: Path, max_rows: int = 6000) -> list[str]:
 def train_tokenizer(texts: Sequence[str], folder: Path, vocab_size: int = VOCAB) -> Path:
     """A SentencePiece unigram model trained on `texts` -> `folder` (spiece.model, plus the Hugging
     Face tokenizer.json made from it so that later loads are fast), checked for the judge."""
-    from clarifyjax.reward import judge as delphi
-    from clarifyjax.files.textfiles import atomic_write_bytes
-    from clarifyjax.models.tiny import train_spm_model
-    from clarifyjax.text.tokenizer import Tokenizer
+    from clarifyjax.reward import judge
 
     model = train_spm_model([t.replace("<", " ") for t in texts], vocab_size, num_threads=2,
                             hard_vocab_limit=False)  # the small example files give fewer pieces
@@ -105,17 +106,14 @@ def train_tokenizer(texts: Sequence[str], folder: Path, vocab_size: int = VOCAB)
 
     T5TokenizerFast.from_pretrained(str(folder), extra_ids=0).save_pretrained(str(folder))
     tok = Tokenizer.from_pretrained(folder)
-    delphi.class_token_ids(tok, "<class>", ("-1", "0", "1"), vocab_size=MODEL_VOCAB,
-                           source=str(folder))  # raises if the judge could not read classes
+    judge.class_token_ids(tok, "<class>", ("-1", "0", "1"), vocab_size=MODEL_VOCAB,
+                          source=str(folder))  # raises if the judge could not read classes
     return folder
 
 
 def derive_judge_file(silver: Path, path: Path) -> Path:
     """(text, class) TSV from the silver answers: the judge's training file."""
-    from clarifyjax import data as data_lib
-    from clarifyjax.files.textfiles import atomic_write_bytes
-
-    table = data_lib.silver_judge_rows(data_lib.read_table(silver, data_lib.SILVER_COLUMNS))
+    table = silver_judge_rows(read_table(silver, SILVER_COLUMNS))
     out = io.StringIO()
     writer = csv.writer(out, delimiter="\t", lineterminator="\n")
     writer.writerow(["text", "class"])
@@ -202,8 +200,6 @@ def ppo_config(out: Path, data: Path, plan: dict, extra: Sequence[str] = ()):
 def ppo_summary(result: dict) -> str:
     """The dev reward before and after PPO with their standard errors, and the paired gain in
     standard errors: the line that says whether PPO helped by more than its noise."""
-    from clarifyjax.rl.diagnostics import paired_gain
-
     first, last = result.get("first_eval") or {}, result.get("eval") or {}
     nan = float("nan")
     text = (f"dev reward {first.get('eval/reward', nan):.3f} +- {first.get('eval/reward_se', nan):.3f} -> "
@@ -268,19 +264,17 @@ def _plot_rollout_rewards(ax, steps, rewards) -> None:
 def show_samples(cfg, before: Path, after: Path, data: Path, n: int = 5) -> None:
     """Greedy questions of the SFT policy and of the PPO policy for dev situations, with what the
     answer generator, the fusion model and the judge make of them."""
-    from clarifyjax import data as data_lib
-    from clarifyjax.text import formats as text
     from clarifyjax.decoding.seq2seq import Seq2SeqModel
     from clarifyjax.text.generator import Sampling
     from clarifyjax.training.loops import build_reward_fn
 
-    situations = data_lib.unique_situations(data_lib.read_table(data / "dev.tsv",
-                                                                ("situation",)))[:n]
+    situations = unique_situations(read_table(data / "dev.tsv",
+                                              ("situation",)))[:n]
     reward = build_reward_fn(cfg)
     sampling = Sampling(max_new_tokens=cfg.ppo.max_question_length)
     for label, folder in (("SFT policy", before), ("PPO policy", after)):
         questions = Seq2SeqModel.from_pretrained(folder).generate(
-            [text.policy_input(s) for s in situations], sampling).texts
+            [formats.policy_input(s) for s in situations], sampling).texts
         out = reward(situations, questions)
         print(f"\n=== {label} ({folder}) ===")
         for i, (s, q) in enumerate(zip(situations, questions)):
@@ -292,8 +286,6 @@ def show_samples(cfg, before: Path, after: Path, data: Path, n: int = 5) -> None
 def write_models_file(cfg, out: Path) -> Path:
     """OUT/models.yaml: the PPO policy (the question generator) and the run's reward models, the
     MODELS.yaml of `clarifyjax ask`, `interact` and `web`."""
-    import dataclasses
-
     from clarifyjax.config import ModelsConfig, load_models_config
     from clarifyjax.config.loader import save_config
 
@@ -344,12 +336,10 @@ def run_evaluation(ppo_cfg, out: Path, data: Path, plan: dict) -> dict:
 
 
 def run_sage(out: Path) -> int:
-    from sage_jax import cli as sage_cli
-
     args = ["score", str(EXAMPLES / "sage_demo.jsonl"), "--out", str(out / "sage_demo"),
             "--quiet", "--overwrite"]  # a second demo run replaces the first one's scores
     print(f"\n=== SaGE: sage-jax {' '.join(args)} ===", flush=True)
-    return sage_cli.main(args)
+    return cli.main(args)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -383,12 +373,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):  # else the caller's cache, its settings
         jax.config.update("jax_compilation_cache_dir", str(out / ".jax_cache"))
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-    from clarifyjax.training import loops as train
+    from clarifyjax.training import loops
 
     data, kind = find_data(args.data)
     if kind == "examples":
-        from clarifyjax.models.tiny import shared_data_dir
-
         print(f"[demo] no δ-CLARIFY files in {shared_data_dir() / 'delta-clarify'}: using the "
               f"project's small example files in {data} instead (smaller runs)", flush=True)
     plan = _plan(data, args.quick)
@@ -406,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for task in ("question", "wh_question", "answerer", "fusion", "judge"):
         cfg = sft_config(task, out, tokenizer, data, plan, judge_file)
-        result = train.train_sft(cfg, progress=args.progress)
+        result = loops.train_sft(cfg, progress=args.progress)
         ev = result.get("eval") or {}
         print(f"[demo] SFT {task}: dev loss {ev.get('eval/loss', float('nan')):.3f}, token "
               f"accuracy {ev.get('eval/accuracy', float('nan')):.3f}, ROUGE-L "
@@ -414,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               flush=True)
 
     cfg = ppo_config(out, data, plan)
-    result = train.train_ppo(cfg, progress=args.progress)
+    result = loops.train_ppo(cfg, progress=args.progress)
     print(f"[demo] PPO: {ppo_summary(result)} ({time.time() - start:.0f} s)", flush=True)
     ppo_dir = out / "ppo_tiny"
     png = plot_rewards(ppo_dir / "metrics.jsonl", ppo_dir / "reward_curve.png")

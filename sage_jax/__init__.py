@@ -19,8 +19,6 @@ The metric functions are re-exported here lazily, so `import sage_jax` stays che
 """
 from __future__ import annotations
 
-import clarifyjax.core.moved  # noqa: F401  (installs the old module paths, sage_jax.embed included)
-
 _METRIC = ("sage", "sage_from_similarity", "sage_blend", "sage_chunked", "blend_similarity",
            "mean_sage", "pairwise_cosine")
 

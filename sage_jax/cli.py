@@ -32,6 +32,10 @@ from clarifyjax.core.commands import UsageError  # a bad option or input, before
 from clarifyjax.files.textfiles import describe_os_error
 from sage_jax.scoring import (MAX_TEXTS, TEXT_FIELDS, Loaded, load_bertscore_model,  # noqa: F401  (tests read and
                               score_loaded)  # patch them here)
+from clarifyjax.files.tables import file_kind
+from clarifyjax.models.safetensors_io import check_folder
+from sage_jax import report
+from sage_jax.run.stages import StageError
 
 # Ranges of the integer options: bigger batches do not make a CPU forward faster and may exhaust
 # memory.
@@ -135,8 +139,6 @@ def check_options(args) -> None:
 
 def check_inputs(files: Sequence[Path]) -> None:
     """Each input exists, is a file of a known type and is given once."""
-    from clarifyjax.files.tables import file_kind
-
     missing = [str(f) for f in files if not f.exists()]
     if missing:
         raise UsageError(f"{', '.join(missing)}: no such file")  # the words of `tables.read_rows`
@@ -176,7 +178,6 @@ def _load_all(args, names: Sequence[str]) -> list[Loaded]:
 
 def _check_embedder(args) -> None:
     """The embedder folder exists (cheap), when one will be loaded: before reading any input."""
-    from clarifyjax.models.safetensors_io import check_folder
     from clarifyjax.models.embedder import default_embedder_path
 
     if args.bertscore_model is not None and not args.no_bertscore:
@@ -190,8 +191,6 @@ def _check_embedder(args) -> None:
 
 
 def _write(out, results: list, args) -> None:
-    from sage_jax import report
-
     for per_question, summary in results:
         report.write_per_question_csv(out / f"{summary['model']}.per_question.csv", per_question)
     report.write_summary_json(out / "summary.json", {"models": [summary for _, summary in results]})
@@ -201,8 +200,6 @@ def _write(out, results: list, args) -> None:
 
 
 def run_score(args) -> int:
-    from sage_jax import report
-
     check_inputs(args.files)
     out = report.OutputFolder(args.out, overwrite=args.overwrite, inputs=args.files)
     try:
@@ -250,16 +247,15 @@ def run_score(args) -> int:
 def run_pipeline(args) -> int:
     from clarifyjax.config.loader import parse_overrides
     from sage_jax.run import pipeline
-    from sage_jax.run import config as run_config
+    from sage_jax.run import config
     from sage_jax.run.generators import GenerationError
-    from sage_jax.run.stages import StageError
 
     stages = [s.strip() for s in args.stages.split(",") if s.strip()]
     unknown = [s for s in stages if s not in pipeline.STAGES]
     if unknown or not stages:
         raise UsageError(f"--stages: unknown stage {unknown[0] if unknown else '(none given)'!r}; "
                          f"expected a comma-separated list of {','.join(pipeline.STAGES)}")
-    cfg = run_config.load_run_config(args.config, parse_overrides(args.overrides))
+    cfg = config.load_run_config(args.config, parse_overrides(args.overrides))
     run = pipeline.Run(cfg)
     run.check(stages)  # the questions file, every generator and model path: before any work
     try:
@@ -277,7 +273,6 @@ def run_pipeline(args) -> int:
 def run_experiment_command(args) -> int:
     from sage_jax.experiments import command
     from sage_jax.run.generators import GenerationError
-    from sage_jax.run.stages import StageError
 
     try:
         return command.main(args.config, args.overrides)

@@ -11,8 +11,11 @@ from __future__ import annotations
 import time
 from pathlib import Path
 from collections.abc import Sequence
+import sys
 
 import numpy as np
+
+from sage_jax import report
 
 TEXT_FIELDS = {"answer": ("answer",), "rot": ("rot",), "blend": ("answer", "rot")}
 # A question with more texts than MAX_TEXTS is almost surely a wrong --question-id-column
@@ -143,8 +146,6 @@ def lexical_tokenizer(args) -> str:
 def warn_mostly_dropped(item: Loaded, texts) -> list[int]:
     """One warning line on stderr when some questions' texts lose most of their characters to
     the reference's tokenisation (non-Latin scripts, emoji); the indices of those questions."""
-    import sys
-
     from sage_jax import lexical
 
     dropped = lexical.mostly_dropped(texts)
@@ -189,8 +190,6 @@ def baselines(item: Loaded, args, embedder_fn, progress) -> dict:
 
 def score_loaded(item: Loaded, args, embedder_fn, progress) -> tuple[dict, dict]:
     """Score one loaded file; returns (per-question columns, summary)."""
-    from sage_jax import report
-
     started = time.perf_counter()
     scores = sage_scores(item, args, embedder_fn, progress)
     sage_seconds = time.perf_counter() - started  # embedding included

@@ -16,9 +16,18 @@ import io
 import json
 from pathlib import Path
 
+import jax
+
 from clarifyjax.app.options import add_models_options, load_clarifier, load_models
 from clarifyjax.core.commands import CLIError, json_line, subcommand
 from clarifyjax.core.ranges import number_type
+from clarifyjax.app.clarifier import AskOutput, CLASSES
+from clarifyjax.files.textfiles import atomic_write_bytes, check_output
+from clarifyjax.data.situations import read_texts
+from clarifyjax.core.buckets import equal_chunks
+from clarifyjax.files.chunkstore import ChunkStore, fingerprint
+from clarifyjax.config.loader import config_to_dict
+from clarifyjax.core.metrics_log import progress, say_through
 
 FORMATS = {".jsonl": "jsonl", ".csv": "csv"}
 # CSV columns: the lists of a JSONL row spread over one column each.
@@ -50,8 +59,6 @@ def _ask_options(p: argparse.ArgumentParser) -> None:
 def csv_row(row: dict) -> dict:
     """A JSONL row as CSV columns: p_base -> p_base_bad, p_base_ok, p_base_good; candidates as
     JSON text."""
-    from clarifyjax.app.clarifier import CLASSES
-
     out = {}
     for key, value in row.items():
         if key in _PROBABILITY_FIELDS:
@@ -87,8 +94,6 @@ _NOT_IN_FINGERPRINT = ("out", "overwrite", "run", "command", "no_progress")
 @subcommand("ask", "ClarifyDelphi's clarification question for each situation of a file, with the "
             "imagined answers, fused situations and the judge's P(bad, ok, good)", _ask_options)
 def run_ask(args: argparse.Namespace) -> int:
-    from clarifyjax.files.textfiles import atomic_write_bytes, check_output
-
     kind = FORMATS.get(args.out.suffix.lower())
     if kind is None:
         raise CLIError(f"--out {args.out}: give a .jsonl or .csv file")
@@ -97,16 +102,7 @@ def run_ask(args: argparse.Namespace) -> int:
     cfg = load_models(args)
     check_output(args.out, overwrite=args.overwrite, option="--out", error=CLIError,
                  inputs=(("--situations", args.situations), ("MODELS.yaml", args.models)))
-    from clarifyjax.data.situations import read_texts
-
     situations, where = read_texts(args.situations, args.situation_column, limit=args.limit)
-    import jax
-
-    from clarifyjax.core.buckets import equal_chunks
-    from clarifyjax.files.chunkstore import ChunkStore, fingerprint
-    from clarifyjax.app.clarifier import AskOutput
-    from clarifyjax.config.loader import config_to_dict
-    from clarifyjax.core.metrics_log import progress, say_through
 
     options = {k: v for k, v in vars(args).items() if k not in _NOT_IN_FINGERPRINT}
     options["models"] = config_to_dict(cfg)

@@ -13,7 +13,7 @@ requests of several sessions that arrive together into one call (`Clarifier.step
 
 `Clarifier.ask` is the batch mode: a question per situation (nucleus sampling, or `candidates`
 sampled questions ranked by the reward), with the imagined weakener and strengthener answers,
-their fused situations and the judge's probabilities (`reward_pipeline.RewardPipeline`).
+their fused situations and the judge's probabilities (`pipeline.RewardPipeline`).
 """
 from __future__ import annotations
 
@@ -27,14 +27,14 @@ import jax
 import numpy as np
 
 from clarifyjax.files.textfiles import is_blank, text_problem
-from clarifyjax.text import formats as text_lib
+from clarifyjax.text import formats
 from clarifyjax.config import ModelsConfig, PPOHyperparams
 from clarifyjax.reward.pipeline import RewardPipeline, load_pipeline, stage_sampling
 from clarifyjax.decoding.seq2seq import Seq2SeqModel
 from clarifyjax.text.generator import Sampling
 
 MAX_TURNS = 3  # paper §7: fusion degrades after the third turn
-CLASSES = text_lib.JUDGE_CLASSES  # ("bad", "ok", "good"): the order of every probability triple
+CLASSES = formats.JUDGE_CLASSES  # ("bad", "ok", "good"): the order of every probability triple
 _PPO = PPOHyperparams()
 
 
@@ -125,7 +125,7 @@ class Clarifier:
 
     def questions(self, situations: Sequence[str], rng: jax.Array, n: int = 1) -> list[list[str]]:
         """`n` sampled questions per situation ([b][n]), all in one batch."""
-        inputs = [text_lib.policy_input(s, where=f"situation {i}")
+        inputs = [formats.policy_input(s, where=f"situation {i}")
                   for i, s in enumerate(situations) for _ in range(n)]
         if not inputs:
             return []
@@ -138,7 +138,7 @@ class Clarifier:
              rng: jax.Array | None = None) -> list[str]:
         """Each answer fused into its situation, decoded as the reward's fusion stage decodes
         (greedy by default); "" where the fusion model wrote nothing."""
-        inputs = [text_lib.fusion_input(s, q, a, where=f"row {i}")
+        inputs = [formats.fusion_input(s, q, a, where=f"row {i}")
                   for i, (s, q, a) in enumerate(zip(situations, questions, answers))]
         if not inputs:
             return []
@@ -241,7 +241,7 @@ def checked_text(text, name: str) -> str:
     problem = text_problem(text)
     if problem is not None:
         raise SessionError(f"{name} {problem}")
-    return text_lib.normalize_whitespace(text)
+    return formats.normalize_whitespace(text)
 
 
 @dataclasses.dataclass

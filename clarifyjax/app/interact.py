@@ -19,9 +19,13 @@ import re
 import sys
 from pathlib import Path
 
+import jax
+
 from clarifyjax.app.ask import cut_note
 from clarifyjax.app.options import add_models_options, load_clarifier, load_models
-from clarifyjax.core.commands import subcommand
+from clarifyjax.core.commands import subcommand, CLIError
+from clarifyjax.app.clarifier import CLASSES, Session, SessionError, run_steps
+from clarifyjax.files.textfiles import atomic_write_bytes, check_output
 
 COMMANDS = {"/skip": "skip", "": "skip", "/another": "another", "/quit": "quit"}
 _COMMAND = re.compile(r"/[A-Za-z]+")  # a line that is one /word is a command, never a text
@@ -66,8 +70,6 @@ def _read(prompt: str, interactive: bool) -> str | None:
 
 
 def _show(turn, number: int) -> None:
-    from clarifyjax.app.clarifier import CLASSES
-
     bars = "  ".join(f"{c} {p:.3f} {'#' * round(20 * p):<20}" for c, p in
                      zip(CLASSES, turn.probabilities))
     title = "situation" if number == 0 else f"updated situation (turn {number})"
@@ -91,8 +93,6 @@ def transcript_lines(sessions) -> list[str]:
 def _converse(session, step, interactive: bool) -> str | None:
     """The answers to one session's questions until it is done; the last reply (None at the
     end of the input, "/quit" when the user quits)."""
-    from clarifyjax.app.clarifier import SessionError
-
     reply = ""
     while not session.done:
         reply = _read("answer> ", interactive)
@@ -125,14 +125,8 @@ def _converse(session, step, interactive: bool) -> str | None:
             "your answer, the updated judgment (three turns); the transcript is saved as JSONL",
             _interact_options)
 def run_interact(args: argparse.Namespace) -> int:
-    from clarifyjax.core.commands import CLIError
-    from clarifyjax.files.textfiles import atomic_write_bytes, check_output
-
     cfg = load_models(args)
     check_output(args.transcript, overwrite=True, option="--transcript", error=CLIError)
-    import jax
-
-    from clarifyjax.app.clarifier import Session, SessionError, run_steps
 
     interactive = sys.stdin.isatty()
     if hasattr(sys.stdin, "reconfigure"):  # bytes that are not UTF-8: refused below, by line

@@ -1,15 +1,19 @@
 """What `clarifyjax ask`, `interact` and `web` share on the command line: MODELS.yaml (with its
 ``KEY=VALUE`` overrides), how questions are drawn, and the models loaded from them, with every
 error a one-line `ConfigError` naming the file and key. Imports no JAX until models are loaded,
-so that ``--help`` stays fast (as `score_config` for score-questions)."""
+so that ``--help`` stays fast (as `clarifyjax.config.score` for score-questions)."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 from pathlib import Path
 
-from clarifyjax.config.loader import ConfigError
+from clarifyjax.config.loader import ConfigError, parse_overrides
 from clarifyjax.core.ranges import number_type
+from clarifyjax.config import load_models_config
+from clarifyjax.app.clarifier import QUESTION_SAMPLING, Clarifier
+from clarifyjax.models.safetensors_io import CheckpointError
+from clarifyjax.text.formats import TextFormatError
 
 
 def add_models_options(p: argparse.ArgumentParser, *, candidates: bool = False) -> None:
@@ -34,9 +38,6 @@ def add_models_options(p: argparse.ArgumentParser, *, candidates: bool = False) 
 
 def load_models(args: argparse.Namespace):
     """The `config.ModelsConfig` of MODELS.yaml, its folders checked; before any model loads."""
-    from clarifyjax.config import load_models_config
-    from clarifyjax.config.loader import parse_overrides
-
     cfg = load_models_config(args.models, parse_overrides(args.overrides))
     r = cfg.rewards
     folders = {"policy.init": cfg.policy.init, "rewards.answerer.init": r.answerer.init,
@@ -54,10 +55,6 @@ def load_models(args: argparse.Namespace):
 
 def load_clarifier(args: argparse.Namespace, cfg):
     """The `clarify.Clarifier` of `cfg` with the command line's question sampling."""
-    from clarifyjax.app.clarifier import QUESTION_SAMPLING, Clarifier
-    from clarifyjax.models.safetensors_io import CheckpointError
-    from clarifyjax.text.formats import TextFormatError
-
     sampling = dataclasses.replace(QUESTION_SAMPLING, temperature=args.temperature,
                                    top_p=args.top_p, max_new_tokens=args.max_question_length)
     try:

@@ -30,9 +30,17 @@ import collections
 import sys
 from pathlib import Path
 from typing import Any
+import contextlib
+
+import jax
 
 from clarifyjax.app.options import add_models_options, load_clarifier, load_models
 from clarifyjax.core.commands import subcommand
+from clarifyjax.serve.http_server import (
+    ApiError, MicroBatcher, add_listen_options, check_keys, error_response, read_json_object, serve_forever,
+)
+from clarifyjax.app.clarifier import Session, SessionError, checked_text, run_steps
+from clarifyjax.text.formats import TextFormatError
 
 STATIC = Path(__file__).resolve().parent / "web_static"
 MAX_BODY_BYTES = 64 * 1024
@@ -48,10 +56,6 @@ class ClarifyApp:
 
     def __init__(self, clarifier, *, seed: int = 0, window_s: float = 0.01, max_batch: int = 32,
                  max_queued: int = 1024, max_sessions: int = MAX_SESSIONS):
-        import jax
-
-        from clarifyjax.serve.http_server import MicroBatcher
-
         self.clarifier, self.max_sessions = clarifier, max_sessions
         self.sessions: collections.OrderedDict[str, Any] = collections.OrderedDict()
         self._key, self._batches = jax.random.key(seed), 0
@@ -60,12 +64,6 @@ class ClarifyApp:
 
     def _run_batch(self, sessions: list) -> list:
         """In the batcher's one worker thread: one `Clarifier.step` for all `sessions`."""
-        import jax
-
-        from clarifyjax.app.clarifier import run_steps
-        from clarifyjax.serve.http_server import ApiError
-        from clarifyjax.text.formats import TextFormatError
-
         key, self._batches = jax.random.fold_in(self._key, self._batches), self._batches + 1
         try:
             run_steps(self.clarifier, sessions, key)
@@ -87,8 +85,6 @@ class ClarifyApp:
         return results
 
     def session(self, session_id: str):
-        from clarifyjax.serve.http_server import ApiError
-
         session = self.sessions.get(session_id)
         if session is None:
             raise ApiError(404, f"no session {session_id!r} (unknown, or forgotten: start again)",
@@ -96,8 +92,6 @@ class ClarifyApp:
         return session
 
     async def start(self, situation: str):
-        from clarifyjax.app.clarifier import Session
-
         session = Session.start(situation)
         self.sessions[session.id] = session
         while len(self.sessions) > self.max_sessions:
@@ -110,9 +104,6 @@ class ClarifyApp:
         return session
 
     async def act(self, session_id: str, action: str, answer: str | None = None):
-        from clarifyjax.app.clarifier import SessionError
-        from clarifyjax.serve.http_server import ApiError
-
         session = self.session(session_id)
         try:
             if action == "answer":
@@ -131,9 +122,6 @@ def _text_field(body: dict, name: str, limit: int) -> str:
     """`body[name]`: a text by the rule `ask` and `interact` follow (`clarifier.checked_text`:
     a string, not empty or invisible, no NUL), of at most `limit` characters (ApiError 422
     otherwise, naming the field)."""
-    from clarifyjax.app.clarifier import SessionError, checked_text
-    from clarifyjax.serve.http_server import ApiError, check_keys
-
     check_keys(body, (name,), (name,))
     try:
         text = checked_text(body[name], f"field {name!r}")
@@ -148,16 +136,12 @@ def _text_field(body: dict, name: str, limit: int) -> str:
 def build_app(clarifier, *, seed: int = 0, window_s: float = 0.01, max_batch: int = 32):
     """The Starlette application of the page and its API (`app.state.clarify`: the
     `ClarifyApp`)."""
-    import contextlib
-
     from starlette.applications import Starlette
     from starlette.exceptions import HTTPException
     from starlette.responses import FileResponse, JSONResponse
     from starlette.routing import Mount, Route
     from starlette.staticfiles import StaticFiles
 
-    from clarifyjax.serve.http_server import (ApiError, check_keys, error_response,
-                                              read_json_object)
 
     state = ClarifyApp(clarifier, seed=seed, window_s=window_s, max_batch=max_batch)
 
@@ -224,8 +208,6 @@ def build_app(clarifier, *, seed: int = 0, window_s: float = 0.01, max_batch: in
 
 
 def _web_options(p: argparse.ArgumentParser) -> None:
-    from clarifyjax.serve.http_server import add_listen_options
-
     add_models_options(p)
     add_listen_options(p)
 
@@ -233,8 +215,6 @@ def _web_options(p: argparse.ArgumentParser) -> None:
 @subcommand("web", "ClarifyDelphi as a web page: a situation, its judgment as P(bad, ok, good) "
             "bars, the questions and your answers, three turns", _web_options)
 def run_web(args: argparse.Namespace) -> int:
-    from clarifyjax.serve.http_server import serve_forever
-
     cfg = load_models(args)
     clarifier = load_clarifier(args, cfg)
     app = build_app(clarifier, seed=args.seed, window_s=args.window_ms / 1000)

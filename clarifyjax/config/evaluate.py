@@ -32,6 +32,8 @@ from collections.abc import Sequence
 
 from clarifyjax.config import SHARED_DELTA_CLARIFY, RewardConfig
 from clarifyjax.config.loader import ConfigError, build_root, check_tree, read_yaml, refuse_changed
+from clarifyjax.files.tables import DataError, resolve_data_path
+from clarifyjax.files.textfiles import check_output_folder
 
 SYSTEM_KINDS = ("ppo", "t5", "wh", "pipeline", "pipeline-nli", "why", "discriminator")
 CANDIDATE_KINDS = ("wh", "pipeline", "pipeline-nli", "discriminator")
@@ -257,9 +259,6 @@ def check_eval_inputs(cfg: EvalConfig, source: str = "the config") -> None:
     Raises:
       ConfigError: naming the key, the path and `source`.
     """
-    from clarifyjax.files.tables import DataError, resolve_data_path
-    from clarifyjax.files.textfiles import check_output_folder
-
     try:  # a file, /dev/null or a read-only place: before any model loads
         check_output_folder(cfg.out, option="out", error=ConfigError)
     except ConfigError as e:

@@ -102,7 +102,7 @@ _NO_DROPOUT = "PPO runs every model without dropout"
 _FIXED = "a reward model must be a trained folder (init)"
 _IN_DTYPE = "a reward model is stored in its dtype"
 _LENGTHS = ("tokenizer", "max_input_length", "max_target_length")
-# Per PPO role, the `ModelConfig` keys that `train.train_ppo` / `train.build_reward_fn` never read,
+# Per PPO role, the `ModelConfig` keys that `loops.train_ppo` / `loops.build_reward_fn` never read,
 # with the reason (and the key that does the job, if any). They are refused at load time.
 PPO_UNUSED_MODEL_KEYS: dict[str, dict[str, str]] = {
     "policy": {"max_target_length": "questions are ppo.max_question_length tokens long",

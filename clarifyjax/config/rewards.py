@@ -45,7 +45,7 @@ class JudgeConfig:
             if len(value) != 3 or len(set(value)) != 3:
                 raise ConfigError(f"{at}.{name}: need 3 distinct entries (bad, ok, good), got "
                                   f"{list(value)}", key=f"{at}.{name}")
-        if self.kind == "t5":  # `delphi.load_judge` passes each kind only its own options
+        if self.kind == "t5":  # `judge.load_judge` passes each kind only its own options
             refuse_changed(self, at, {"encoder_labels": f"{at}.kind is t5"})
         else:
             refuse_changed(self, at, dict.fromkeys(("class_prefix", "class_tokens"),

@@ -125,7 +125,7 @@ class SFTDataConfig:
     """Where the (input, target) pairs of an SFT run come from, and how they are batched.
 
     Relative paths are read from the working directory, else from the repository root; a path that
-    exists in neither stops the run (`clarifyjax.data.resolve_data_path`: no fallback). ``dev_path:
+    exists in neither stops the run (`clarifyjax.files.tables.resolve_data_path`: no fallback). ``dev_path:
     null``: a seeded split of ``train_path`` (grouped by situation, so that no dev situation is seen
     in training), ``dev_fraction`` of the groups. ``train_fraction`` keeps that share of the
     training situations (a seeded sample of whole groups: the data-size ablation; null: all),
@@ -275,7 +275,7 @@ class ValueConfig:
 
 
 # SFT tasks trained as an encoder sequence classifier over (situation, question) pairs (the
-# target is a class id) rather than as a T5: `train.train_sft` builds `builders.build_classifier`.
+# target is a class id) rather than as a T5: `loops.train_sft` builds `builders.build_classifier`.
 CLASSIFIER_TASKS = ("discriminator",)
 
 

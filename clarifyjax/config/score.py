@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from clarifyjax.config.loader import ConfigError, build_root, parse_overrides, read_yaml
 from clarifyjax.core.ranges import number_type
+from clarifyjax import config
+from clarifyjax.config import RewardConfig
 
 # Token lengths beyond this do not fit attention memory on one device anyway; capping them turns a
 # typo (--answer-max-length 320000) into an error instead of an out-of-memory crash.
@@ -153,8 +155,6 @@ def bounded(section: str, name: str, kind: type = int, *, high: float | None = N
     the field's own range (its `_bounds`, declared once there; read when a value is parsed, so
     that `--help` imports no JAX), and at most `high`."""
     def bound() -> str:
-        from clarifyjax import config
-
         return getattr(config, section)._bounds[name]
 
     return number_type(kind, bound, high=high)
@@ -211,8 +211,6 @@ def _refuse_clash(dest: str, key: str, items: Sequence[str]) -> None:
 
 def _build(raw, overrides, source, flags) -> RewardConfig:
     """`build_root`, with errors naming the flag that set a key rather than its override."""
-    from clarifyjax.config import RewardConfig
-
     try:
         return build_root(RewardConfig, raw, overrides, source=source)
     except ConfigError as e:

@@ -39,6 +39,7 @@ from typing import TypeVar
 from collections.abc import Callable, Mapping, Sequence
 
 import jax
+from jax.experimental import multihost_utils
 
 ENV_COORDINATOR = "CLARIFYJAX_COORDINATOR"
 ENV_NUM_PROCESSES = "CLARIFYJAX_NUM_PROCESSES"
@@ -298,6 +299,4 @@ def barrier(name: str) -> None:
     E.g. after process 0 wrote a file that the others will read.
     """
     if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
         multihost_utils.sync_global_devices(name)

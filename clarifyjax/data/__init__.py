@@ -12,10 +12,6 @@ from clarifyjax.data.pairs import (  # noqa: F401  (the package's public API)
     silver_judge_rows, unique_situations, split_by_group, read_pairs, load_sft_pairs, load_ppo_situations,
     as_hf_dataset,
 )
-# The table readers, as the flat layout's `clarifyjax.data` re-exported them.
-from clarifyjax.files.tables import (  # noqa: F401,E402
-    REPO_ROOT, DataError, Table, check_data_paths, read_table, resolve_data_path,
-)
 
 __all__ = [
     "GOLD_COLUMNS", "SILVER_COLUMNS", "FUSION_COLUMNS", "TASKS", "Pair", "question_pairs",
@@ -23,5 +19,4 @@ __all__ = [
     "silver_judge_rows", "unique_situations", "split_by_group", "read_pairs", "load_sft_pairs", "load_ppo_situations",
     "as_hf_dataset", "TokenizedDataset", "sft_dataset", "classifier_dataset",
     "situation_dataset", "BatchIterator", "eval_batches",
-    "REPO_ROOT", "DataError", "Table", "check_data_paths", "read_table", "resolve_data_path",
 ]

@@ -25,7 +25,7 @@ import numpy as np
 from clarifyjax.core.buckets import bucket_length, column_buckets
 from clarifyjax.data.pairs import Pair
 from clarifyjax.files.tables import DataError
-from clarifyjax.text import formats as fmt
+from clarifyjax.text import formats
 
 
 class TokenizedDataset:
@@ -137,7 +137,7 @@ def situation_dataset(situations: Sequence[str], tokenizer, max_input_length: in
                       buckets: Sequence[int] = ()) -> TokenizedDataset:
     """PPO prompts: column input = "question: " + situation; ``texts["situation"]`` keeps the
     bare situations for the reward models (``texts`` has no ids for it)."""
-    prompts = [fmt.policy_input(s) for s in situations]
+    prompts = [formats.policy_input(s) for s in situations]
     ds = TokenizedDataset({"input": prompts}, tokenizer, {"input": max_input_length}, buckets)
     ds.texts["situation"] = list(situations)
     return ds

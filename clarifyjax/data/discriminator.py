@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from clarifyjax.text import formats as fmt
+from clarifyjax.text import formats
 from clarifyjax.files.tables import Table
 
 DISCRIMINATOR_COLUMNS = ("situation", "question", "label")
@@ -39,8 +39,8 @@ def gold_questions(table: Table) -> tuple[list[str], list[list[str]]]:
     table (columns situation, question), whitespace-normalized."""
     questions: dict[str, list[str]] = {}
     for row in table.rows:
-        situation = fmt.normalize_whitespace(row["situation"])
-        question = fmt.normalize_whitespace(row["question"])
+        situation = formats.normalize_whitespace(row["situation"])
+        question = formats.normalize_whitespace(row["question"])
         listed = questions.setdefault(situation, [])
         if question and question not in listed:
             listed.append(question)
@@ -67,7 +67,7 @@ def nearest_other(embeddings: np.ndarray, k: int, block: int = 2048) -> np.ndarr
 
 
 def _key(question: str) -> str:
-    return fmt.normalize_whitespace(question).casefold()
+    return formats.normalize_whitespace(question).casefold()
 
 
 def hard_negatives(i: int, questions: Sequence[Sequence[str]], neighbours: np.ndarray,
@@ -109,5 +109,5 @@ def rows_tsv(rows: Sequence[dict[str, str]]) -> bytes:
     out = io.StringIO()
     writer = csv.writer(out, delimiter="\t", lineterminator="\n")
     writer.writerow(DISCRIMINATOR_COLUMNS)
-    writer.writerows([fmt.normalize_whitespace(r[c]) for c in DISCRIMINATOR_COLUMNS] for r in rows)
+    writer.writerows([formats.normalize_whitespace(r[c]) for c in DISCRIMINATOR_COLUMNS] for r in rows)
     return out.getvalue().encode("utf-8")

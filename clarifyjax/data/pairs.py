@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from clarifyjax.data import discriminator
-from clarifyjax.text import formats as fmt
+from clarifyjax.text import formats
 from clarifyjax.files.tables import (REPO_ROOT, DataError, Table, check_data_paths,  # noqa: F401
                                read_table, resolve_data_path)
 
@@ -50,15 +50,15 @@ def _pairs(table: Table, make) -> list[Pair]:
     for i, row in enumerate(table.rows):
         try:
             source, target, group = make(row, table.where(i))
-            out.append(Pair(source, target, fmt.normalize_whitespace(group)))
-        except fmt.TextFormatError as e:
+            out.append(Pair(source, target, formats.normalize_whitespace(group)))
+        except formats.TextFormatError as e:
             raise DataError(str(e)) from e
     return out
 
 
 def question_pairs(table: Table) -> list[Pair]:
     """train/dev/test.tsv -> ("question: {situation}", question)."""
-    return _pairs(table, lambda r, w: (*fmt.question_sft_example(r["situation"], r["question"],
+    return _pairs(table, lambda r, w: (*formats.question_sft_example(r["situation"], r["question"],
                                                                   where=w), r["situation"]))
 
 
@@ -78,13 +78,13 @@ def wh_question_pairs(table: Table) -> list[Pair]:
         table = dataclasses.replace(
             table, rows=[r for i, r in enumerate(table.rows) if i not in skip],
             lines=[n for i, n in enumerate(table.lines) if i not in skip])
-    return _pairs(table, lambda r, w: (*fmt.wh_question_sft_example(
+    return _pairs(table, lambda r, w: (*formats.wh_question_sft_example(
         r["situation"], r["question"], where=w), r["situation"]))
 
 
 def answerer_pairs(table: Table) -> list[Pair]:
     """sc_dev_questions_gpt.tsv -> ("answer: {Hypothesis} TYPE: {UpdateType} QUESTION: {q}", Update)."""
-    return _pairs(table, lambda r, w: (*fmt.answer_sft_from_row(r, where=w), r["situation"]))
+    return _pairs(table, lambda r, w: (*formats.answer_sft_from_row(r, where=w), r["situation"]))
 
 
 _FUSION_SITUATION = re.compile(r"^SITUATION: (.*?) QUESTION:")
@@ -97,7 +97,7 @@ def fusion_pairs(table: Table) -> list[Pair]:
         if not match:
             raise DataError(f"{where}: column 'input' does not start with 'SITUATION: ... "
                             f"QUESTION:': {row['input'][:80]!r}")
-        return (*fmt.fusion_sft_from_row(row, where=where), match.group(1))
+        return (*formats.fusion_sft_from_row(row, where=where), match.group(1))
     return _pairs(table, make)
 
 
@@ -111,8 +111,8 @@ def judge_pairs(table: Table, text_column: str = "text", label_column: str = "cl
             raise DataError(f"{table.path}: missing column {c!r}; the file has {list(table.columns)}")
     def make(row, where):
         judgment = row.get("judgment") or None
-        return (*fmt.judge_sft_example(row[text_column], row[label_column], judgment, where=where),
-                fmt.normalize_whitespace(row[text_column]))
+        return (*formats.judge_sft_example(row[text_column], row[label_column], judgment, where=where),
+                formats.normalize_whitespace(row[text_column]))
     return _pairs(table, make)
 
 
@@ -121,12 +121,12 @@ def discriminator_pairs(table: Table) -> list[Pair]:
     is the (situation, question) tuple, an encoder classifier's two segments, and whose target is
     the class id "1" (relevant) or "0" (irrelevant) (`classifier_dataset`)."""
     def make(row, where):
-        pair = (fmt.normalize_whitespace(row["situation"]),
-                fmt.normalize_whitespace(row["question"]))
+        pair = (formats.normalize_whitespace(row["situation"]),
+                formats.normalize_whitespace(row["question"]))
         if not all(pair):
-            raise fmt.TextFormatError(f"{where}: empty field "
-                                      f"{'situation' if not pair[0] else 'question'!r}")
-        return pair, str(fmt.discriminator_label(row["label"], where=where)), row["situation"]
+            raise formats.TextFormatError(f"{where}: empty field "
+                                          f"{'situation' if not pair[0] else 'question'!r}")
+        return pair, str(formats.discriminator_label(row["label"], where=where)), row["situation"]
     return _pairs(table, make)
 
 
@@ -167,13 +167,13 @@ def silver_judge_rows(table: Table) -> Table:
         polarity = hypothesis_polarity(row["Hypothesis"])
         if polarity is None:
             continue
-        situation = fmt.ensure_period(fmt.normalize_whitespace(row["situation"]))
-        update = fmt.normalize_whitespace(row["Update"])
+        situation = formats.ensure_period(formats.normalize_whitespace(row["situation"]))
+        update = formats.normalize_whitespace(row["Update"])
         kind = row["UpdateType"].strip().lower()
-        if kind not in fmt.UPDATE_TYPES:
+        if kind not in formats.UPDATE_TYPES:
             raise DataError(f"{table.where(i)}: column 'UpdateType' must be one of "
-                            f"{fmt.UPDATE_TYPES}, got {row['UpdateType']!r}")
-        label = polarity if kind == fmt.STRENGTHENER else _WEAKENED[polarity]
+                            f"{formats.UPDATE_TYPES}, got {row['UpdateType']!r}")
+        label = polarity if kind == formats.STRENGTHENER else _WEAKENED[polarity]
         for text, cls in ((situation, polarity), (f"{situation} {update}", label)):
             if (text, cls) not in seen:
                 seen.add((text, cls))
@@ -184,7 +184,7 @@ def silver_judge_rows(table: Table) -> Table:
 
 def unique_situations(table: Table) -> list[str]:
     """The distinct situations of a table (whitespace-normalized), in order of first appearance."""
-    return list(dict.fromkeys(fmt.normalize_whitespace(r["situation"]) for r in table.rows))
+    return list(dict.fromkeys(formats.normalize_whitespace(r["situation"]) for r in table.rows))
 
 
 def split_by_group(pairs: Sequence[Pair], dev_fraction: float, seed: int

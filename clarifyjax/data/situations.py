@@ -2,7 +2,7 @@
 or a column of a table, each checked (empty, invisible, unencodable) with its file and line named.
 
 Reading the bytes (UTF-8 with an optional byte-order mark) is `clarifyjax.files.textfiles`'s; this module
-adds the table formats (`clarifyjax.data.read_table`) and checks each text by the one rule of a
+adds the table formats (`clarifyjax.files.tables.read_table`) and checks each text by the one rule of a
 user's text (`textfiles.text_problem`: a JSON number is not a situation; empty, invisible, NUL and
 lone surrogates are refused).
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from clarifyjax.data import DataError, read_table
+from clarifyjax.files.tables import DataError, read_table
 from clarifyjax.files.tables import jsonl_objects
 from clarifyjax.files.textfiles import (TABLE_SUFFIXES, is_blank, read_text_file, split_lines,
                                         text_problem)

@@ -24,11 +24,15 @@ from pathlib import Path
 from collections.abc import Sequence
 
 import numpy as np
+import jax
 
 from clarifyjax.core.buckets import FINE_BUCKETS, bucket_length, length_sorted_batches, pad_rows
 from clarifyjax.models.safetensors_io import read_config
 from clarifyjax.text.generator import Completion, Prompt, Sampling, cut_at_stop, per_prompt
 from clarifyjax.text.tokenizer import CHAT_TEMPLATES, CausalTokenizer
+from clarifyjax.models.hf import load_causal_lm, read_generation_defaults
+from clarifyjax.decoding.api import generate
+from clarifyjax.core.sharding import place_rows, row_shards
 
 DEFAULT_MAX_NEW_TOKENS = 256  # when neither the caller nor generation_config.json says
 NEW_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -38,8 +42,6 @@ _CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length"
 
 def generation_defaults(folder: str | os.PathLike) -> tuple[Sampling, tuple[int, ...]]:
     """The model's own sampling settings (do_sample false: temperature 0) and its EOS ids."""
-    from clarifyjax.models.hf import read_generation_defaults
-
     found = read_generation_defaults(folder)
     eos = found["eos_token_ids"]
     defaults = Sampling(
@@ -107,8 +109,6 @@ class LocalLM:
     def load(self) -> LocalLM:
         """Read the weights (done by the first `complete`; the tokenizer alone checks prompts)."""
         if self._model is None:
-            from clarifyjax.models.hf import load_causal_lm
-
             self.config, self._model = load_causal_lm(self.folder, dtype=self.dtype,
                                                       mesh=self.mesh)
         return self
@@ -198,10 +198,6 @@ class LocalLM:
         return batches
 
     def _run(self, batch: list[EncodedRow], seed_state: int) -> list[Completion]:
-        import jax
-
-        from clarifyjax.decoding.api import generate
-
         s = batch[0].sampling
         greedy, _, min_new, max_new, stop_ids = self._group_key(s)
         prefix = _common_prefix([r.ids for r in batch])
@@ -224,8 +220,6 @@ class LocalLM:
         rows = self.batch_size
         ids, mask = pad_rows(ids, rows), pad_rows(mask, rows)
         if self.mesh is not None:  # rows split over the mesh's data x fsdp devices
-            from clarifyjax.core.sharding import place_rows, row_shards
-
             rows = -(-rows // row_shards(self.mesh)) * row_shards(self.mesh)
             ids, mask = (place_rows(pad_rows(x, rows), self.mesh) for x in (ids, mask))
         out = generate(self.model, ids, mask,

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from clarifyjax.core import sharding as sharding_lib
-from clarifyjax.text import formats as text_lib
+from clarifyjax.core import sharding
+from clarifyjax.text import formats
 from clarifyjax.core.buckets import FINE_BUCKETS, pad_rows, padded_rows
 from clarifyjax.decoding.api import generate
 from clarifyjax.models.safetensors_io import CheckpointError, check_folder
@@ -25,6 +25,7 @@ from clarifyjax.models.t5 import T5
 from clarifyjax.files.textfiles import check_texts
 from clarifyjax.text.generator import Sampling
 from clarifyjax.text.tokenizer import Tokenizer
+from clarifyjax.models.hf import load_t5
 
 
 # what a `Seq2SeqModel` uses for a `Sampling` field left None: greedy, at most 32 new tokens
@@ -71,7 +72,7 @@ class Seq2SeqModel:
         self.length_buckets = tuple(int(b) for b in length_buckets)
         padded_rows(1, int(batch_multiple))  # validates the multiple
         self.mesh = mesh
-        self.batch_multiple = math.lcm(int(batch_multiple), sharding_lib.row_shards(mesh))
+        self.batch_multiple = math.lcm(int(batch_multiple), sharding.row_shards(mesh))
         self.source = source
 
     @classmethod
@@ -82,8 +83,6 @@ class Seq2SeqModel:
         tokenizer.json, in `tokenizer_path` or the same folder); with `mesh`, the parameters are
         read straight into their shards by the logical axis `rules` (default
         `sharding.DEFAULT_RULES`); `precision`: of the model's matmuls (`T5Config.precision`)."""
-        from clarifyjax.models.hf import load_t5  # keeps `import clarifyjax.decoding.seq2seq` light
-
         folder = check_folder(path)
         _, model = load_t5(folder, dtype=dtype, mesh=mesh, rules=rules, precision=precision)
         tokenizer = Tokenizer.from_pretrained(tokenizer_path or folder, backend=backend)
@@ -109,11 +108,11 @@ class Seq2SeqModel:
             raise ValueError(f"{self.source}: sampling (temperature {sampling.temperature}) "
                              "needs an rng key")
         ids, mask, truncated = self.encode(texts, power_of_two_rows=power_of_two_rows)
-        ids, mask = (sharding_lib.place_rows(x, self.mesh) for x in (ids, mask))
+        ids, mask = (sharding.place_rows(x, self.mesh) for x in (ids, mask))
         out = generate(self.model, ids, mask, rng=rng, max_new_tokens=sampling.max_new_tokens,
                        min_new_tokens=sampling.min_new_tokens, greedy=sampling.greedy,
                        temperature=sampling.temperature or 1.0, top_k=sampling.top_k,
                        top_p=sampling.top_p)
         tokens = np.asarray(jax.device_get(out.tokens))[: len(texts)]
-        decoded = [text_lib.normalize_whitespace(t) for t in self.tokenizer.decode_batch(tokens)]
+        decoded = [formats.normalize_whitespace(t) for t in self.tokenizer.decode_batch(tokens)]
         return GeneratedText(decoded, tokens, truncated)

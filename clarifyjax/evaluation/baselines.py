@@ -6,7 +6,7 @@ situation out (or, for the candidate-based ones, a choice among the wh-condition
 * `WhCandidates`: the wh-conditioned generator ("{situation} Q.: {start}"), one question per
   start; with the start "why" alone it is the *why* baseline.
 * `reward_choice`: *pipeline* / *pipeline-nli*: every candidate through the defeasibility reward
-  (`reward_pipeline.RewardPipeline`, the PPO reward, without / with its NLI filter); the highest
+  (`pipeline.RewardPipeline`, the PPO reward, without / with its NLI filter); the highest
   raw reward (the JSD before normalization; a dropped answer's `dropped_reward`) wins, the first
   start on ties.
 * `Discriminator`: a (situation, question) relevance classifier (DeBERTa, BERT or RoBERTa, as
@@ -22,10 +22,13 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from clarifyjax.text import formats as text_lib
+from clarifyjax.text import formats
 from clarifyjax.reward.pipeline import RewardPipeline
 from clarifyjax.decoding.seq2seq import Seq2SeqModel
 from clarifyjax.text.generator import Sampling
+from clarifyjax.models.encoder import labels_from_hf
+from clarifyjax.models.safetensors_io import CheckpointError, check_folder, read_config
+from clarifyjax.reward.nli import NLIFilter
 
 
 class QuestionSampler:
@@ -35,7 +38,7 @@ class QuestionSampler:
         self.model, self.sampling = model, sampling
 
     def __call__(self, situations: Sequence[str], rng: jax.Array | None = None) -> list[str]:
-        inputs = [text_lib.policy_input(s, where=f"situation {i}")
+        inputs = [formats.policy_input(s, where=f"situation {i}")
                   for i, s in enumerate(situations)]
         return self.model.generate(inputs, self.sampling, rng=rng).texts
 
@@ -50,7 +53,7 @@ class WhCandidates:
 
     def __call__(self, situations: Sequence[str], rng: jax.Array | None = None
                  ) -> list[list[str]]:
-        inputs = [text_lib.wh_question_input(s, start, where=f"situation {i}")
+        inputs = [formats.wh_question_input(s, start, where=f"situation {i}")
                   for i, s in enumerate(situations) for start in self.starts]
         texts = self.model.generate(inputs, self.sampling, rng=rng).texts
         k = len(self.starts)
@@ -83,10 +86,6 @@ class Discriminator:
 
     def __init__(self, folder, *, relevant_label: str = "relevant", max_length: int = 128,
                  batch_size: int = 64, dtype: str = "float32"):
-        from clarifyjax.models.encoder import labels_from_hf
-        from clarifyjax.models.safetensors_io import CheckpointError, check_folder, read_config
-        from clarifyjax.reward.nli import NLIFilter
-
         folder = check_folder(folder)
         labels = [str(label) for label in labels_from_hf(read_config(folder),
                                                               folder / "config.json")]
@@ -102,7 +101,7 @@ class Discriminator:
 
     def relevance(self, situations: Sequence[str], questions: Sequence[str]) -> np.ndarray:
         """[n] P(relevant) of each (situation, question) pair."""
-        sits = [text_lib.strip_policy_prefix(s) for s in situations]
+        sits = [formats.strip_policy_prefix(s) for s in situations]
         return self.classifier.probabilities(sits, list(questions))[:, self.column]
 
     def scores(self, situations: Sequence[str], candidates: Sequence[Sequence[str]]

@@ -7,7 +7,10 @@ from pathlib import Path
 
 from clarifyjax.core.commands import CLIError, subcommand
 from clarifyjax.core.ranges import number_type
-from clarifyjax.files.textfiles import atomic_write_bytes
+from clarifyjax.files.textfiles import atomic_write_bytes, check_output
+from clarifyjax.models.safetensors_io import CheckpointError
+from clarifyjax.data import discriminator
+from clarifyjax.files.tables import read_table
 
 
 
@@ -31,7 +34,6 @@ def run_evaluate(args: argparse.Namespace) -> int:
         from clarifyjax.config.loader import ConfigError
         from clarifyjax.evaluation.bertscore import check_layer
 
-        from clarifyjax.models.safetensors_io import CheckpointError
 
         try:
             check_layer(cfg.bertscore.model, cfg.bertscore.layer)
@@ -69,10 +71,6 @@ def _discriminator_data_options(p: argparse.ArgumentParser) -> None:
             "table: gold questions and hard negatives from similar situations",
             _discriminator_data_options)
 def run_discriminator_data(args: argparse.Namespace) -> int:
-    from clarifyjax.data import discriminator
-    from clarifyjax.files.tables import read_table
-    from clarifyjax.files.textfiles import check_output
-
     check_output(args.out, overwrite=args.overwrite, error=CLIError,
                  inputs=(("--input", args.input),))
     situations, questions = discriminator.gold_questions(

@@ -25,14 +25,23 @@ from pathlib import Path
 from collections.abc import Callable, Sequence
 
 import numpy as np
+import jax
 
-from clarifyjax.text import formats as text_lib
+from clarifyjax.text import formats
 from clarifyjax.core.buckets import equal_chunks
 from clarifyjax.config.loader import config_to_dict
 from clarifyjax.config.evaluate import EvalConfig, SystemConfig
+from clarifyjax.decoding.seq2seq import Seq2SeqModel
 from clarifyjax.text.generator import Sampling
 from clarifyjax.evaluation.stage_cache import StageCache, model_fingerprint
 from clarifyjax.files.tables import DataError, read_table
+from clarifyjax.reward.pipeline import RewardPipeline, load_pipeline
+from clarifyjax.evaluation.baselines import (
+    Discriminator, QuestionSampler, WhCandidates, best_candidates, candidate_rewards,
+)
+from clarifyjax.evaluation.qa_metric import load_unanswerable
+from clarifyjax.evaluation.bertscore import bertscore
+from clarifyjax.evaluation.report import write_report
 
 
 @dataclasses.dataclass
@@ -54,8 +63,8 @@ def read_situations(path, limit: int | None) -> tuple[list[str], list[list[str]]
     table = read_table(path, ("situation", "question"))
     gold: dict[str, list[str]] = {}
     for row in table.rows:
-        situation = text_lib.normalize_whitespace(row["situation"])
-        gold.setdefault(situation, []).append(text_lib.normalize_whitespace(row["question"]))
+        situation = formats.normalize_whitespace(row["situation"])
+        gold.setdefault(situation, []).append(formats.normalize_whitespace(row["question"]))
     situations = list(gold)[:limit] if limit is not None else list(gold)
     if not situations:
         raise DataError(f"{table.path}: no situations")
@@ -70,15 +79,15 @@ def read_update_groups(path, question_column: str, limit: int | None) -> list[di
     has_question = question_column in table.columns
     groups: dict[tuple[str, str], dict] = {}
     for i, row in enumerate(table.rows):
-        hypothesis = text_lib.normalize_whitespace(row["Hypothesis"])
-        kind = text_lib.normalize_whitespace(row["UpdateType"]).lower()
-        if kind not in text_lib.UPDATE_TYPES:
+        hypothesis = formats.normalize_whitespace(row["Hypothesis"])
+        kind = formats.normalize_whitespace(row["UpdateType"]).lower()
+        if kind not in formats.UPDATE_TYPES:
             raise DataError(f"{table.where(i)}: column 'UpdateType' must be one of "
-                            f"{text_lib.UPDATE_TYPES}, got {row['UpdateType']!r}")
+                            f"{formats.UPDATE_TYPES}, got {row['UpdateType']!r}")
         group = groups.setdefault((hypothesis, kind), {
             "hypothesis": hypothesis, "update_type": kind, "question": "", "references": []})
-        group["references"].append(text_lib.normalize_whitespace(row["Update"]))
-        question = text_lib.normalize_whitespace(row.get(question_column, "") or "")
+        group["references"].append(formats.normalize_whitespace(row["Update"]))
+        question = formats.normalize_whitespace(row.get(question_column, "") or "")
         if has_question and not group["question"] and question:
             group["question"] = question
     out = list(groups.values())
@@ -86,8 +95,6 @@ def read_update_groups(path, question_column: str, limit: int | None) -> list[di
 
 
 def _key(seed: int, label: str, index: int):
-    import jax
-
     return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), zlib.crc32(
         label.encode()) & 0x7FFFFFFF), index)
 
@@ -105,14 +112,10 @@ class Models:
         return self._loaded[key]
 
     def seq2seq(self, folder: str, max_input_length: int = 128):
-        from clarifyjax.decoding.seq2seq import Seq2SeqModel
-
         return self._get(("seq2seq", folder, max_input_length), lambda: Seq2SeqModel.from_pretrained(
             folder, max_input_length=max_input_length))
 
     def reward(self, with_nli: bool):
-        from clarifyjax.reward.pipeline import RewardPipeline, load_pipeline
-
         full = self._get(("reward",), lambda: load_pipeline(self.cfg.rewards))
         if with_nli or full.nli is None:
             return full
@@ -120,13 +123,9 @@ class Models:
             full.answerer, full.fusion, full.judge, None, full.config))
 
     def discriminator(self, folder: str):
-        from clarifyjax.evaluation.baselines import Discriminator
-
         return self._get(("discriminator", folder), lambda: Discriminator(folder))
 
     def qa(self, folder: str):
-        from clarifyjax.evaluation.qa_metric import load_unanswerable
-
         cfg = self.cfg.informativeness
         return self._get(("qa", folder), lambda: load_unanswerable(
             folder, max_length=cfg.max_length, batch_size=cfg.batch_size))
@@ -176,8 +175,6 @@ class Evaluation:
         return config_to_dict(self.cfg.generation)
 
     def sampled_questions(self, system: SystemConfig) -> list[str]:
-        from clarifyjax.evaluation.baselines import QuestionSampler, WhCandidates
-
         g = self.cfg.generation
         options = {**self._generation_options(), "kind": system.kind}
         if system.kind == "why":
@@ -198,8 +195,6 @@ class Evaluation:
         return [r["question"] for r in records]
 
     def candidates(self, model: str) -> list[list[str]]:
-        from clarifyjax.evaluation.baselines import WhCandidates
-
         g = self.cfg.generation
         depends = self.depends([model], **self._generation_options())
 
@@ -214,8 +209,6 @@ class Evaluation:
 
     def candidate_scores(self, system: SystemConfig, candidates: list[list[str]]
                          ) -> list[list[float]]:
-        from clarifyjax.evaluation.baselines import candidate_rewards
-
         inputs = [[s, c] for s, c in zip(self.situations, candidates)]
         if system.kind == "discriminator":
             depends = self.depends([system.classifier])
@@ -334,8 +327,6 @@ class Evaluation:
     # ------------------------------------------------------------------ the run
 
     def system_output(self, system: SystemConfig) -> SystemOutput:
-        from clarifyjax.evaluation.baselines import best_candidates
-
         candidates = scores = None
         if system.kind in ("ppo", "t5", "why"):
             questions = self.sampled_questions(system)
@@ -362,16 +353,14 @@ class Evaluation:
 def update_input(group: dict, with_question: bool) -> str:
     """The answer generator's input for a δ-SOCIAL group, with or without its question."""
     if with_question:
-        return text_lib.answer_sft_example(group["hypothesis"], group["update_type"],
-                                           group["question"], "-")[0]
-    return text_lib.answer_input_without_question(group["hypothesis"], group["update_type"])
+        return formats.answer_sft_example(group["hypothesis"], group["update_type"],
+                                          group["question"], "-")[0]
+    return formats.answer_input_without_question(group["hypothesis"], group["update_type"])
 
 
 def bertscore_f1(candidates: list[str], references: list[list[str]], cfg) -> np.ndarray:
     """[n] BERTScore F1 of each candidate: the max over its references (`clarifyjax.evaluation.bertscore`,
     the bert-score package's rule for several references)."""
-    from clarifyjax.evaluation.bertscore import bertscore
-
     _, _, f1 = bertscore(candidates, references, model=cfg.model, layer=cfg.layer, idf=cfg.idf,
                          baseline=cfg.baseline, batch_size=cfg.batch_size)
     return np.asarray(f1, np.float64)
@@ -379,8 +368,6 @@ def bertscore_f1(candidates: list[str], references: list[list[str]], cfg) -> np.
 
 def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = print) -> dict:
     """Run every stage (resuming from the cache) and write the report; returns the summary."""
-    from clarifyjax.evaluation.report import write_report
-
     run = Evaluation(cfg, say=say).run()
     summary = write_report(cfg, run)
     for row in summary["systems"]:  # a system that asks one question of everything is named

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from clarifyjax.reward import jsd as reward_lib
+from clarifyjax.reward import jsd
 
 FLIP_READINGS = ("base", "pair")
 
@@ -34,8 +34,8 @@ def table4(p_base, p_weak, p_strong, valid, answered) -> dict[str, float]:
     p_updated = np.stack([p_weak, p_strong], axis=1)
     pair_flips = p_weak.argmax(-1) != p_strong.argmax(-1)
     return {
-        "avg_jsd": float(reward_lib.average_jsd(p_weak, p_strong, valid)),
-        "flips_base": float(reward_lib.flip_rate(p_base, p_updated, answered)),
+        "avg_jsd": float(jsd.average_jsd(p_weak, p_strong, valid)),
+        "flips_base": float(jsd.flip_rate(p_base, p_updated, answered)),
         "flips_pair": float(pair_flips[valid].mean()) if valid.any() else float("nan"),
         "pairs": int(valid.sum()), "answers": int(answered.sum())}
 

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from clarifyjax.text import formats as text_lib
+from clarifyjax.text import formats
 from clarifyjax.evaluation.answer_spans import best_spans
 from clarifyjax.core.buckets import encoding_batches, pad_sequences
 from clarifyjax.models.hf import load_encoder_tokenizer, load_question_answering
@@ -40,8 +40,8 @@ class Unanswerable:
         return best_spans(start, end, answer_mask).unanswerable
 
     def __call__(self, situations: Sequence[str], questions: Sequence[str]) -> np.ndarray:
-        situations = [text_lib.strip_policy_prefix(s) for s in check_texts(situations,
-                                                                           "situations")]
+        situations = [formats.strip_policy_prefix(s) for s in check_texts(situations,
+                                                                          "situations")]
         questions = check_texts(questions, "questions")
         out = np.ones(len(questions), bool)  # an empty question asks nothing: unanswerable
         asked = [i for i, q in enumerate(questions) if q.strip()]

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from clarifyjax.evaluation import metrics as eval_metrics
+from clarifyjax.evaluation import metrics
 from clarifyjax.config.loader import config_to_dict
 from clarifyjax.files.textfiles import atomic_write_bytes
 from clarifyjax.rl.diagnostics import question_stats
@@ -35,15 +35,15 @@ def system_rows(outputs, flip: str) -> list[dict]:
     rows = []
     for out in outputs:
         j = out.judgments
-        t4 = eval_metrics.table4([r["p_base"] for r in j], [r["p_weak"] for r in j],
-                                 [r["p_strong"] for r in j], [r["valid"] for r in j],
-                                 [r["answered"] for r in j])
+        t4 = metrics.table4([r["p_base"] for r in j], [r["p_weak"] for r in j],
+                            [r["p_strong"] for r in j], [r["valid"] for r in j],
+                            [r["answered"] for r in j])
         rows.append({
             "system": out.system.name, "kind": out.system.kind, "situations": len(out.questions),
             "avg_jsd": t4["avg_jsd"], "flips": 100 * t4[f"flips_{flip}"],
             "flips_base": 100 * t4["flips_base"], "flips_pair": 100 * t4["flips_pair"],
             "pairs": t4["pairs"], "answers": t4["answers"],
-            "unanswerable_pct": (eval_metrics.percent(out.unanswerable)
+            "unanswerable_pct": (metrics.percent(out.unanswerable)
                                  if out.unanswerable is not None else float("nan")),
             "bertscore_f1": (float(np.mean(out.bertscore)) if out.bertscore is not None
                              else float("nan")),
@@ -64,7 +64,7 @@ def table3_rows(updates) -> list[dict]:
     if not updates:
         return []
     refs = [u["references"] for u in updates]
-    return [{"setting": setting.replace("_", " "), **eval_metrics.update_generation(
+    return [{"setting": setting.replace("_", " "), **metrics.update_generation(
         [u[setting] for u in updates], refs)} for setting in ("with_question",
                                                                "without_question")]
 
@@ -130,11 +130,11 @@ def plot_systems(rows, flip: str, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    metrics = [("avg_jsd", "avg. JSD"), ("flips", f"judgment flips % ({flip})"),
-               ("unanswerable_pct", "unanswerable %"), ("bertscore_f1", "BERTScore F1")]
+    panels = [("avg_jsd", "avg. JSD"), ("flips", f"judgment flips % ({flip})"),
+              ("unanswerable_pct", "unanswerable %"), ("bertscore_f1", "BERTScore F1")]
     names = [r["system"] for r in rows]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4 * len(metrics), 3.6), dpi=100)
-    for ax, (key, title) in zip(axes, metrics):
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6), dpi=100)
+    for ax, (key, title) in zip(axes, panels):
         values = [r[key] if r[key] is not None else float("nan") for r in rows]
         ax.bar(range(len(names)), [0 if math.isnan(v) else v for v in values],
                color=[f"C{i}" for i in range(len(names))])

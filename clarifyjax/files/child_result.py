@@ -20,6 +20,8 @@ import json
 import os
 from pathlib import Path
 
+from clarifyjax.files.textfiles import atomic_write_bytes
+
 RESULT_FILE_ENV = "CLARIFYJAX_RESULT_FILE"
 PROCESS_ID_ENV = "CLARIFYJAX_PROCESS_ID"  # clarifyjax.core.distributed.ENV_PROCESS_ID (no jax here)
 
@@ -35,8 +37,6 @@ def result_path(base: str | os.PathLike, process_id: int | None = None) -> Path:
 def write_result(data: dict, *, process_id: int | None = None) -> Path:
     """Write `data` as JSON to the file named by ``$CLARIFYJAX_RESULT_FILE`` (per process when
     `process_id` is given or ``$CLARIFYJAX_PROCESS_ID`` is set); returns the path."""
-    from clarifyjax.files.textfiles import atomic_write_bytes
-
     base = os.environ.get(RESULT_FILE_ENV)
     if not base:
         raise RuntimeError(f"${RESULT_FILE_ENV} is not set: the parent names the result file")

@@ -1,6 +1,6 @@
 """Decoder-only language models in Flax NNX: one decoder for Llama (1/2/3, Vicuna), Mistral,
 Qwen2, Qwen3, OPT and Falcon, driven by a frozen `CausalLMConfig` (read from a Hugging Face
-`config.json` by `causal_lm_params.config_from_hf`), with a preallocated KV cache for decoding.
+`config.json` by `causal_lm_map.config_from_hf`), with a preallocated KV cache for decoding.
 
 The families differ only in switches of the config:
   * norm "rms" (Llama family) or "layer" (OPT, Falcon: with a bias);
@@ -48,7 +48,7 @@ ROPE_TYPES = ("default", "linear", "llama3")
 
 @dataclasses.dataclass(frozen=True)
 class CausalLMConfig:
-    """Every switch of the decoder; `causal_lm_params.config_from_hf` fills it from config.json."""
+    """Every switch of the decoder; `causal_lm_map.config_from_hf` fills it from config.json."""
 
     model_type: str
     vocab_size: int

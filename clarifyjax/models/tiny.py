@@ -37,6 +37,7 @@ import os
 import shutil
 from pathlib import Path
 from collections.abc import Iterable, Sequence
+import argparse
 
 from clarifyjax.files.tables import REPO_ROOT
 
@@ -404,8 +405,6 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m clarifyjax.models.tiny [DIR]``: the tiny discriminator's starting folder
     (sft_discriminator_tiny.yaml). Options are parsed as options (``--help`` is help, not a
     folder); a DIR that is a file, or a folder holding other files, is refused."""
-    import argparse
-
     p = argparse.ArgumentParser(prog="python -m clarifyjax.models.tiny",
                                 description="Write the tiny random DeBERTa-v3 classifier folder "
                                             "that configs/sft_discriminator_tiny.yaml starts from.")

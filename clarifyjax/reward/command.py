@@ -4,10 +4,20 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import jax
+
 from clarifyjax.core.commands import CLIError, json_line, subcommand
 from clarifyjax.core.ranges import number_type
 from clarifyjax.config.score import MAX_TOKENS, add_reward_options  # imports no JAX
-from clarifyjax.files.textfiles import atomic_write_bytes
+from clarifyjax.files.textfiles import atomic_write_bytes, check_output
+from clarifyjax.config import score
+from clarifyjax.data.situations import read_texts
+from clarifyjax.reward import pipeline
+from clarifyjax.models.safetensors_io import CheckpointError
+from clarifyjax.reward.jsd import RewardNormalizer
+from clarifyjax.core.buckets import equal_chunks
+from clarifyjax.files.chunkstore import ChunkStore, fingerprint
+from clarifyjax.config.loader import config_to_dict
 
 
 LENGTH = number_type(int, f"[1, {MAX_TOKENS}]")
@@ -82,24 +92,20 @@ def _score_options(p: argparse.ArgumentParser) -> None:
 def _check_score_options(args: argparse.Namespace):
     """What one option alone cannot say, and the `RewardConfig`; all before any file is read or
     model loaded."""
-    from clarifyjax.config import score as score_config
-
     if (args.gain is None) != (args.bias is None):
         raise CLIError("--gain and --bias go together")
     for option in ("--situation-column", "--question-column"):
         if not getattr(args, option[2:].replace("-", "_")).strip():
             raise CLIError(f"{option}: empty")
-    rewards = score_config.reward_config(args)
-    for key, folder in score_config.reward_model_folders(rewards).items():
+    rewards = score.reward_config(args)
+    for key, folder in score.reward_model_folders(rewards).items():
         if folder is not None and not Path(folder).is_dir():
-            raise CLIError(f"{score_config.flag_of(key)} {folder}: " + (
+            raise CLIError(f"{score.flag_of(key)} {folder}: " + (
                 "not a folder" if Path(folder).exists() else "no such folder"))
     return rewards
 
 
 def _read_inputs(args) -> tuple[list[str], list[str], list[str], list[str]]:
-    from clarifyjax.data.situations import read_texts
-
     situations, s_where = read_texts(args.situations, args.situation_column, limit=args.limit)
     questions, q_where = read_texts(args.questions, args.question_column, limit=args.limit)
     if len(situations) != len(questions):
@@ -109,13 +115,9 @@ def _read_inputs(args) -> tuple[list[str], list[str], list[str], list[str]]:
 
 
 def _load_pipeline(args, rewards):
-    from clarifyjax.reward import pipeline as reward_pipeline
-    from clarifyjax.models.safetensors_io import CheckpointError
-    from clarifyjax.reward.jsd import RewardNormalizer
-
     judge_options = {"class_step": args.class_step}
     try:
-        return reward_pipeline.load_pipeline(
+        return pipeline.load_pipeline(
             rewards, normalizer=None if args.gain is None else RewardNormalizer(args.gain,
                                                                                 args.bias),
             nli_batch_size=2 * args.batch_size, judge_options=judge_options,
@@ -133,28 +135,20 @@ _NOT_IN_FINGERPRINT = ("out", "overwrite", "run", "command")
 def _score_chunks(args, rewards, situations: list[str], questions: list[str]):
     """Every chunk's `RewardOutput`, resuming an interrupted run of the same command (see
     clarifyjax.files.chunkstore); models are loaded only when a chunk is left to score."""
-    import jax
-
-    from clarifyjax.config import score as score_config
-    from clarifyjax.core.buckets import equal_chunks
-    from clarifyjax.files.chunkstore import ChunkStore, fingerprint
-    from clarifyjax.config.loader import config_to_dict
-    from clarifyjax.reward.pipeline import RewardOutput
-
     options = {k: v for k, v in vars(args).items() if k not in _NOT_IN_FINGERPRINT}
     options["rewards"] = config_to_dict(rewards)  # what --config and KEY=VALUE gave, too
     store = ChunkStore(args.out, fingerprint(options, (situations, questions),
-                                             tuple(score_config.reward_model_folders(rewards).values())),
-                       RewardOutput, error=CLIError)
+                                             tuple(score.reward_model_folders(rewards).values())),
+                       pipeline.RewardOutput, error=CLIError)
     found = store.start()
-    key, pipeline, outputs, reused = jax.random.key(args.seed), None, [], 0
+    key, scorer, outputs, reused = jax.random.key(args.seed), None, [], 0
     chunks = equal_chunks(len(situations), args.batch_size)
     for i, chunk in enumerate(chunks):
         output = store.load(i) if found else None
         if output is None or len(output.reward) != chunk.stop - chunk.start:
-            pipeline = pipeline or _load_pipeline(args, rewards)
+            scorer = scorer or _load_pipeline(args, rewards)
             # fold_in(key, i) whether resumed or not: a resumed run scores as an uninterrupted one
-            output = pipeline(situations[chunk], questions[chunk], rng=jax.random.fold_in(key, i))
+            output = scorer(situations[chunk], questions[chunk], rng=jax.random.fold_in(key, i))
             store.save(i, output)
         else:
             reused += 1
@@ -168,15 +162,12 @@ def _score_chunks(args, rewards, situations: list[str], questions: list[str]):
 @subcommand("score-questions", "reward of each (situation, question): answers, fused situations, "
             "judge distributions, JSD; prints the paper's Table 4", _score_options)
 def run_score_questions(args: argparse.Namespace) -> int:
-    from clarifyjax.reward.pipeline import concat_outputs
-    from clarifyjax.files.textfiles import check_output
-
     rewards = _check_score_options(args)
     check_output(args.out, overwrite=args.overwrite, error=CLIError,
                  inputs=(("--situations", args.situations), ("--questions", args.questions)))
     situations, s_where, questions, q_where = _read_inputs(args)
     store, outputs = _score_chunks(args, rewards, situations, questions)
-    out = concat_outputs(outputs)
+    out = pipeline.concat_outputs(outputs)
     lines = []
     for i, row in enumerate(out.rows()):
         record = {"situation_at": s_where[i], "question_at": q_where[i],

@@ -35,9 +35,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from clarifyjax.core import sharding as sharding_lib
-from clarifyjax.text import formats as text_lib
-from clarifyjax.core import traces
+from clarifyjax.core import sharding, traces
+from clarifyjax.text import formats
 from clarifyjax.core.buckets import bucket_length, pad_rows, pad_sequences, padded_rows
 from clarifyjax.models.safetensors_io import CheckpointError, check_folder, read_config
 from clarifyjax.models.t5 import T5
@@ -45,6 +44,7 @@ from clarifyjax.decoding.seq2seq import Seq2SeqModel
 from clarifyjax.text.generator import Sampling
 from clarifyjax.files.textfiles import check_texts
 from clarifyjax.text.tokenizer import Tokenizer
+from clarifyjax.models.hf import load_classifier, load_encoder_tokenizer
 
 DELPHI_CLASS_STEP = 4  # `▁ <unk> class >` in T5's vocabulary: Delphi reads the class at step 4
 
@@ -122,8 +122,8 @@ class _BatchedJudge:
     def inputs(self, texts: Sequence[str], *, allow_empty: bool = False) -> list[str]:
         """The judge's input for each text: input_prefix + text without the policy prefix; an
         empty text raises `text.TextFormatError` naming its index, unless `allow_empty`."""
-        return [text_lib.judge_input(t, prefix=self.input_prefix, allow_empty=allow_empty,
-                                     where=f"judge text {i}")
+        return [formats.judge_input(t, prefix=self.input_prefix, allow_empty=allow_empty,
+                                    where=f"judge text {i}")
                 for i, t in enumerate(check_texts(texts, "judge texts"))]
 
     def class_probabilities(self, texts: Sequence[str], *, allow_empty: bool = False
@@ -136,7 +136,7 @@ class _BatchedJudge:
             return np.zeros((0, 3), np.float32)
         ids, mask, truncated = self._encode(inputs)
         self.truncated_inputs += truncated
-        probs = self._forward(*(sharding_lib.place_rows(x, self.mesh) for x in (ids, mask)))
+        probs = self._forward(*(sharding.place_rows(x, self.mesh) for x in (ids, mask)))
         return np.asarray(jax.device_get(probs))[: len(inputs)]
 
 
@@ -148,9 +148,9 @@ class Judge(_BatchedJudge):
 
     kind = "t5"
 
-    def __init__(self, seq2seq: Seq2SeqModel, *, input_prefix: str = text_lib.JUDGE_PREFIX,
-                 class_prefix: str = text_lib.DELPHI_CLASS_PREFIX,
-                 class_tokens: Sequence[str] = tuple(reversed(text_lib.DELPHI_CLASS_TOKENS)),
+    def __init__(self, seq2seq: Seq2SeqModel, *, input_prefix: str = formats.JUDGE_PREFIX,
+                 class_prefix: str = formats.DELPHI_CLASS_PREFIX,
+                 class_tokens: Sequence[str] = tuple(reversed(formats.DELPHI_CLASS_TOKENS)),
                  class_step: int | None = None, judgment: Sampling = Sampling(max_new_tokens=32)):
         self.seq2seq = seq2seq
         self.input_prefix = input_prefix
@@ -199,7 +199,7 @@ class Judge(_BatchedJudge):
         inputs = self.inputs(texts)
         out = self.seq2seq.generate(inputs, sampling or self.judgment_sampling)
         self.truncated_inputs += out.truncated_inputs
-        return [text_lib.parse_delphi_output(t, keep_unparsed=True)[1] for t in out.texts]
+        return [formats.parse_delphi_output(t, keep_unparsed=True)[1] for t in out.texts]
 
 
 # --------------------------------------------------------------------------- classifier judge
@@ -221,7 +221,7 @@ class ClassifierJudge(_BatchedJudge):
 
     kind = "encoder"
 
-    def __init__(self, model, tokenizer, *, encoder_labels: Sequence[str] = text_lib.JUDGE_CLASSES,
+    def __init__(self, model, tokenizer, *, encoder_labels: Sequence[str] = formats.JUDGE_CLASSES,
                  input_prefix: str = "", max_input_length: int = 128, batch_multiple: int = 8,
                  source: str = "judge", mesh=None):
         labels = [label.lower() for label in model.config.labels]
@@ -237,7 +237,7 @@ class ClassifierJudge(_BatchedJudge):
         self.model, self.tokenizer = model, tokenizer
         self.input_prefix, self.source = input_prefix, source
         self.max_input_length, self.mesh = int(max_input_length), mesh
-        self.batch_multiple = math.lcm(int(batch_multiple), sharding_lib.row_shards(mesh))
+        self.batch_multiple = math.lcm(int(batch_multiple), sharding.row_shards(mesh))
         self.pad_token_id = model.config.pad_token_id
         self.truncated_inputs = 0
 
@@ -247,8 +247,6 @@ class ClassifierJudge(_BatchedJudge):
                         precision: str = "default", **kwargs) -> ClassifierJudge:
         """A BERT, RoBERTa or DeBERTa-v2/v3 `...ForSequenceClassification` folder
         (`hf.load_classifier`); `mesh`, `rules`, `precision` as `Seq2SeqModel.from_pretrained`."""
-        from clarifyjax.models.hf import load_classifier, load_encoder_tokenizer
-
         folder = check_folder(path)
         model = load_classifier(folder, dtype=dtype, mesh=mesh, rules=rules, precision=precision)
         return cls(model, load_encoder_tokenizer(folder, max_input_length),
@@ -272,17 +270,17 @@ class ClassifierJudge(_BatchedJudge):
         """A generic judgment for the argmax class ("it's bad", "it's okay", "it's good");
         `sampling` is unused (nothing is decoded)."""
         labels = np.argmax(self.class_probabilities(texts), axis=-1)
-        return [text_lib.DEFAULT_JUDGMENT_TEXT[text_lib.CLASS_TO_LABEL[text_lib.JUDGE_CLASSES[k]]]
+        return [formats.DEFAULT_JUDGMENT_TEXT[formats.CLASS_TO_LABEL[formats.JUDGE_CLASSES[k]]]
                 for k in labels]
 
 
 def load_judge(path: str | os.PathLike, *, kind: str | None = None, dtype: str = "float32",
                backend: str = "hf", max_input_length: int = 128, batch_multiple: int = 8,
                input_prefix: str | None = None,
-               class_prefix: str = text_lib.DELPHI_CLASS_PREFIX,
-               class_tokens: Sequence[str] = tuple(reversed(text_lib.DELPHI_CLASS_TOKENS)),
+               class_prefix: str = formats.DELPHI_CLASS_PREFIX,
+               class_tokens: Sequence[str] = tuple(reversed(formats.DELPHI_CLASS_TOKENS)),
                class_step: int | None = None, judgment: Sampling = Sampling(max_new_tokens=32),
-               encoder_labels: Sequence[str] = text_lib.JUDGE_CLASSES, mesh=None, rules=None,
+               encoder_labels: Sequence[str] = formats.JUDGE_CLASSES, mesh=None, rules=None,
                precision: str = "default"):
     """A `Judge` (T5 folder) or a `ClassifierJudge` (BERT / RoBERTa / DeBERTa folder), told apart by
     config.json `model_type` unless `kind` ("t5" | "encoder") says. `input_prefix` None: the
@@ -303,7 +301,7 @@ def load_judge(path: str | os.PathLike, *, kind: str | None = None, dtype: str =
             folder, dtype=dtype, backend=backend, max_input_length=max_input_length,
             batch_multiple=batch_multiple, class_prefix=class_prefix, class_tokens=class_tokens,
             class_step=class_step, judgment=judgment, mesh=mesh, rules=rules, precision=precision,
-            input_prefix=text_lib.JUDGE_PREFIX if input_prefix is None else input_prefix)
+            input_prefix=formats.JUDGE_PREFIX if input_prefix is None else input_prefix)
     if kind == "encoder":
         return ClassifierJudge.from_pretrained(
             folder, dtype=dtype, max_input_length=max_input_length, batch_multiple=batch_multiple,

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from clarifyjax.core import sharding as sharding_lib
+from clarifyjax.core import sharding
 from clarifyjax.config import NLI_THRESHOLD
 from clarifyjax.models.safetensors_io import CheckpointError, check_folder, read_config
 from clarifyjax.core.buckets import encoding_batches
@@ -161,9 +161,9 @@ class NLIFilter:
         pending = []
         for index, _, ids, mask, types in encoding_batches(
                 encodings, self.batch_size, self.max_length, self.pad_token_id,
-                token_types=self.use_token_types, shards=sharding_lib.row_shards(self.mesh)):
+                token_types=self.use_token_types, shards=sharding.row_shards(self.mesh)):
             pending.append((index, self._probabilities(
-                self._state, *(sharding_lib.place_rows(x, self.mesh) for x in (ids, mask, types)))))
+                self._state, *(sharding.place_rows(x, self.mesh) for x in (ids, mask, types)))))
         for index, probs in pending:  # dispatched asynchronously above
             out[index] = np.asarray(probs)[: len(index)]
         return out

@@ -13,7 +13,7 @@ Every model stage is one jitted call (`decoding.generate`, the judge's forward, 
 on inputs padded to length buckets and to a row multiple, so that a repeated batch size compiles
 each stage once (`RewardPipeline.traces` counts the traces per stage).
 
-The settings are `clarifyjax.config.PipelineConfig` (re-exported here), the part of a run's
+The settings are `clarifyjax.config.PipelineConfig`, the part of a run's
 ``rewards:`` section (`RewardConfig`) that is not the models; `load_pipeline` builds the pipeline
 of a whole `RewardConfig`, for training and `clarifyjax score-questions` alike.
 
@@ -40,15 +40,16 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 
-from clarifyjax.reward import judge as delphi
 
 from clarifyjax.core import traces
-from clarifyjax.reward import jsd as reward_lib
-from clarifyjax.text import formats as text_lib
-from clarifyjax.config import PipelineConfig  # noqa: F401  (the settings; re-exported here)
-from clarifyjax.config.loader import check_tree
+from clarifyjax.reward import jsd
+from clarifyjax.reward.judge import load_judge
+from clarifyjax.text import formats
+from clarifyjax.config import PipelineConfig
+from clarifyjax.config.loader import check_tree, ConfigError
 from clarifyjax.decoding.seq2seq import Seq2SeqModel
 from clarifyjax.text.generator import Sampling
+from clarifyjax.reward.nli import NLIFilter
 
 DROPPED_POLICIES = ("zero_reward", "resample", "blank")
 COUNT_KEYS = ("questions", "empty_questions", "truncated_questions", "answers", "empty_answers",
@@ -120,8 +121,8 @@ class RewardOutput:
         fused) whose updated situation flips the judge's argmax against the base situation."""
         flips_valid = self.answered & self.valid[:, None]
         p_updated = np.stack([self.p_weak, self.p_strong], axis=1)
-        return {"avg_jsd": float(reward_lib.average_jsd(self.p_weak, self.p_strong, self.valid)),
-                "judgment_flips": float(reward_lib.flip_rate(self.p_base, p_updated, flips_valid)),
+        return {"avg_jsd": float(jsd.average_jsd(self.p_weak, self.p_strong, self.valid)),
+                "judgment_flips": float(jsd.flip_rate(self.p_base, p_updated, flips_valid)),
                 "pairs": int(self.valid.sum()), "answers": int(flips_valid.sum())}
 
     def rows(self) -> list[dict[str, Any]]:
@@ -145,9 +146,9 @@ class RewardOutput:
 
 def _string(value, field: str, row: int) -> str:
     if not isinstance(value, str):
-        raise text_lib.TextFormatError(f"row {row}: field {field!r} must be a string, got "
-                                       f"{type(value).__name__}")
-    return text_lib.normalize_whitespace(value)
+        raise formats.TextFormatError(f"row {row}: field {field!r} must be a string, got "
+                                      f"{type(value).__name__}")
+    return formats.normalize_whitespace(value)
 
 
 def _trace_total(nli) -> int:
@@ -163,7 +164,7 @@ def _as_key(rng) -> jax.Array | None:
 
 
 class RewardPipeline:
-    """answerer, fusion: `Seq2SeqModel`s; judge: a `delphi.Judge` or `delphi.ClassifierJudge`;
+    """answerer, fusion: `Seq2SeqModel`s; judge: a `judge.Judge` or `judge.ClassifierJudge`;
     nli: a `nli.NLIFilter` (or anything with `__call__(premises, hypotheses) -> .keep [n]`), or
     None for no filter.
 
@@ -178,7 +179,7 @@ class RewardPipeline:
 
     def __init__(self, answerer: Seq2SeqModel, fusion: Seq2SeqModel, judge, nli=None,
                  config: PipelineConfig = PipelineConfig(),
-                 normalizer: reward_lib.RewardNormalizer | None = None):
+                 normalizer: jsd.RewardNormalizer | None = None):
         """config: the settings (a `RewardConfig` gives its `.pipeline`); normalizer: None gives
         the raw JSD as the reward."""
         self.answerer, self.fusion, self.judge, self.nli = answerer, fusion, judge, nli
@@ -198,19 +199,17 @@ class RewardPipeline:
         `NLIFilter` with `config.nli_threshold`).
 
         nli_batch_size: pairs per NLI forward; 2 x the questions per call keeps it one call.
-        judge_options: keyword arguments of `delphi.load_judge` (kind, class_prefix, ...).
+        judge_options: keyword arguments of `load_judge` (kind, class_prefix, ...).
         mesh, rules: a `sharding.process_mesh` and logical axis rules: every model is read
           straight into its shards there, and each stage's rows are split over its data x fsdp
           devices.
         """
-        from clarifyjax.reward.nli import NLIFilter
-
         _check_judge_options(judge_options)
         common = dict(backend=backend, dtype=dtype, max_input_length=max_input_length,
                       batch_multiple=batch_multiple, mesh=mesh, rules=rules)
         return cls(Seq2SeqModel.from_pretrained(answerer, **common),
                    Seq2SeqModel.from_pretrained(fusion, **common),
-                   delphi.load_judge(judge, **{**common, **(judge_options or {})}),
+                   load_judge(judge, **{**common, **(judge_options or {})}),
                    None if nli is None else NLIFilter.from_pretrained(
                        nli, threshold=config.nli_threshold, dtype=dtype,
                        max_length=max_input_length,
@@ -232,8 +231,8 @@ class RewardPipeline:
         nonempty = np.flatnonzero(keep)
         if self.nli is not None and nonempty.size:
             period = self.config.nli_premise_period
-            pairs = [text_lib.nli_pair(premises[i], answers[i], period=period,
-                                       where=f"answer {i}") for i in nonempty]
+            pairs = [formats.nli_pair(premises[i], answers[i], period=period,
+                                      where=f"answer {i}") for i in nonempty]
             result = self._stage("nli", self.nli, [p for p, _ in pairs], [h for _, h in pairs])
             kept = np.asarray(result.keep, bool)
             keep[nonempty] = kept
@@ -286,9 +285,9 @@ class RewardPipeline:
         counts["questions"] = len(situations)
         sits = []
         for i, s in enumerate(situations):
-            s = text_lib.strip_policy_prefix(_string(s, "situation", i))
+            s = formats.strip_policy_prefix(_string(s, "situation", i))
             if not s:
-                raise text_lib.TextFormatError(f"row {i}: field 'situation' is empty")
+                raise formats.TextFormatError(f"row {i}: field 'situation' is empty")
             sits.append(s)
         qs = []
         for i, q in enumerate(questions):
@@ -326,8 +325,8 @@ class RewardPipeline:
         """Weakener and strengthener answers ([2n], weak first) and which the NLI filter keeps,
         after resampling what it dropped when so configured."""
         cfg = self.config
-        answer_inputs = [text_lib.answer_input(sits[i], qs[i], kind, judgments[i], where=f"row {i}")
-                         for kind in text_lib.UPDATE_TYPES for i in active]
+        answer_inputs = [formats.answer_input(sits[i], qs[i], kind, judgments[i], where=f"row {i}")
+                         for kind in formats.UPDATE_TYPES for i in active]
         answers = self._stage("answers", self.answerer.generate, answer_inputs,
                               stage_sampling(cfg, "answers"), rng=keys[0])
         counts["truncated_answer_inputs"] += answers.truncated_inputs
@@ -359,8 +358,8 @@ class RewardPipeline:
         n = active.size
         fused_answers = [a if k else "" for a, k in zip(answers, keep)]
         period = self.config.fusion_situation_period
-        fusion_inputs = [text_lib.fusion_input(premises[r], qs[active[r % n]], fused_answers[r],
-                                               period=period, where=f"row {active[r % n]}")
+        fusion_inputs = [formats.fusion_input(premises[r], qs[active[r % n]], fused_answers[r],
+                                              period=period, where=f"row {active[r % n]}")
                          for r in range(2 * n)]
         fused = self._stage("fusion", self.fusion.generate, fusion_inputs,
                             stage_sampling(self.config, "fusion"), rng=key)
@@ -388,9 +387,9 @@ class RewardPipeline:
             pair_ok &= keep.reshape(2, n).all(0)
         valid[active] = pair_ok
         counts["invalid_pairs"] = int(b - valid.sum())
-        jsd = np.asarray(reward_lib.jsd(p_weak, p_strong, axis=-1), np.float32)
-        raw = np.asarray(reward_lib.defeasibility_reward(p_weak, p_strong, valid,
-                                                         cfg.dropped_reward), np.float32)
+        divergence = np.asarray(jsd.jsd(p_weak, p_strong, axis=-1), np.float32)
+        raw = np.asarray(jsd.defeasibility_reward(p_weak, p_strong, valid,
+                                                  cfg.dropped_reward), np.float32)
         reward = raw if self.normalizer is None else np.asarray(self.normalizer(raw), np.float32)
 
         def spread(values: list[str], part: int) -> list[str]:
@@ -401,7 +400,7 @@ class RewardPipeline:
 
         situations = [t if ok else "" for t, ok in zip(fused, fused_ok)]
         return RewardOutput(
-            reward=reward, raw_reward=raw, jsd=jsd, valid=valid, p_base=p_base, p_weak=p_weak,
+            reward=reward, raw_reward=raw, jsd=divergence, valid=valid, p_base=p_base, p_weak=p_weak,
             p_strong=p_strong, dropped=dropped, answered=answered, questions=qs,
             judgments=judgments, weak_answers=spread(answers, 0),
             strong_answers=spread(answers, 1), weak_situations=spread(situations, 0),
@@ -417,20 +416,17 @@ def _check_judge_options(judge_options) -> None:
                          "(PipelineConfig), not a judge option")
 
 
-def load_pipeline(rewards, *, normalizer: reward_lib.RewardNormalizer | None = None,
+def load_pipeline(rewards, *, normalizer: jsd.RewardNormalizer | None = None,
                   mesh=None, rules=None, backend: str = "hf", nli_batch_size: int = 64,
                   judge_options: dict | None = None) -> RewardPipeline:
     """The pipeline of a `clarifyjax.config.RewardConfig` (a PPO run's ``rewards:`` section, or
     what `clarifyjax score-questions` builds): its four models, read from their folders, and its
     `PipelineConfig`. mesh, rules: as `RewardPipeline.from_folders`. judge_options: more keyword
-    arguments of `delphi.load_judge` (class_step, judgment).
+    arguments of `load_judge` (class_step, judgment).
 
     Raises:
       ConfigError: a model that is not a trained folder (``init``; a loaded config has one).
     """
-    from clarifyjax.config.loader import ConfigError
-    from clarifyjax.reward.nli import NLIFilter
-
     _check_judge_options(judge_options)
 
     def folder(m, key):
@@ -445,12 +441,12 @@ def load_pipeline(rewards, *, normalizer: reward_lib.RewardNormalizer | None = N
             max_input_length=m.max_input_length, mesh=mesh, rules=rules, precision=m.precision)
 
     j = rewards.judge
-    judge = delphi.load_judge(folder(j.model, "judge.model"), kind=j.kind, dtype=j.model.dtype,
-                              backend=backend, max_input_length=j.model.max_input_length,
-                              input_prefix=j.input_prefix, class_prefix=j.class_prefix,
-                              class_tokens=j.class_tokens, encoder_labels=j.encoder_labels,
-                              mesh=mesh, rules=rules, precision=j.model.precision,
-                              **(judge_options or {}))
+    judge = load_judge(folder(j.model, "judge.model"), kind=j.kind, dtype=j.model.dtype,
+                       backend=backend, max_input_length=j.model.max_input_length,
+                       input_prefix=j.input_prefix, class_prefix=j.class_prefix,
+                       class_tokens=j.class_tokens, encoder_labels=j.encoder_labels,
+                       mesh=mesh, rules=rules, precision=j.model.precision,
+                       **(judge_options or {}))
     nli = None if rewards.nli is None else NLIFilter.from_pretrained(
         folder(rewards.nli, "nli"), threshold=rewards.nli_threshold, dtype=rewards.nli.dtype,
         max_length=rewards.nli.max_input_length, batch_size=nli_batch_size, mesh=mesh,

@@ -6,7 +6,7 @@
   `policy.make_rollout_scorer`) -> `ppo.Rollout`.
 * `host_rows`: this process's rows of a batch-sharded global array.
 
-The reward is named as in `reward_pipeline.RewardOutput`: ``raw_reward`` is what the reward
+The reward is named as in `pipeline.RewardOutput`: ``raw_reward`` is what the reward
 function gave (the JSD), ``reward`` the normalized one that PPO pays at the last token.
 """
 from __future__ import annotations
@@ -18,14 +18,15 @@ import time
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from clarifyjax import decoding
 
 from clarifyjax.rl import ppo
-from clarifyjax.core import sharding as sharding_lib
+from clarifyjax.core import sharding
 from clarifyjax.models.state import merge_model
 from clarifyjax.rl.policy import make_reference_nll, make_rollout_scorer
-from clarifyjax.text import formats as text_lib
+from clarifyjax.text import formats
 
 MIN_QUESTION_TOKENS = 2  # the original sampled with min_length=3, counting the start token
 
@@ -34,9 +35,7 @@ def host_rows(x, mesh) -> np.ndarray:
     """This process's rows of a batch-sharded global array (all of them on one process)."""
     if jax.process_count() == 1:
         return np.asarray(x)
-    from jax.experimental import multihost_utils
-
-    spec = sharding_lib.batch_sharding(mesh, x.ndim).spec
+    spec = sharding.batch_sharding(mesh, x.ndim).spec
     return np.asarray(multihost_utils.global_array_to_host_local_array(x, mesh, spec))
 
 
@@ -45,7 +44,7 @@ def reward_fields(output, n: int) -> dict[str, np.ndarray]:
     "p_base", "p_weak", "p_strong"}.
 
     Accepts an array of raw rewards, or an object with a ``raw_reward`` or ``reward`` field (e.g.
-    `reward_pipeline.RewardOutput`, whose ``raw_reward`` is taken: the loop normalizes).
+    `pipeline.RewardOutput`, whose ``raw_reward`` is taken: the loop normalizes).
     """
     if isinstance(output, (np.ndarray, jax.Array, list, tuple)):
         fields = {"raw_reward": output}
@@ -120,12 +119,12 @@ class RolloutSampler:
     def decode(self, ids) -> list[str]:
         """The text of each row of host-local `ids` [b, L], cleaned up when `clean_up_spaces`."""
         texts = self.tokenizer.decode_batch(ids)
-        return [text_lib.clean_up_tokenization(t) for t in texts] if self.clean_up_spaces else texts
+        return [formats.clean_up_tokenization(t) for t in texts] if self.clean_up_spaces else texts
 
     @functools.cached_property
     def _prefix_ids(self) -> np.ndarray:
         """The token ids of the policy's "question:" prefix, without EOS (encoded once)."""
-        prefix, mask = self.tokenizer.encode_batch([text_lib.POLICY_PREFIX.strip()], 16)
+        prefix, mask = self.tokenizer.encode_batch([formats.POLICY_PREFIX.strip()], 16)
         return np.asarray(prefix[0, :int(mask[0].sum()) - 1])
 
     def situations(self, batch, texts) -> list[str]:
@@ -138,11 +137,11 @@ class RolloutSampler:
         k = len(prefix)
         if ids.shape[1] > k and np.all(ids[:, :k] == prefix):
             ids = ids[:, k:]  # a vocabulary without ":" would not decode the prefix back
-        return [text_lib.strip_policy_prefix(t) for t in self.decode(ids)]
+        return [formats.strip_policy_prefix(t) for t in self.decode(ids)]
 
     def questions(self, params, batch, key, *, greedy: bool = False):
         """(ids, mask on the mesh, `decoding.Generation`, decoded questions of this host's rows)."""
-        ids, mask = sharding_lib.shard_batch((batch["input_ids"], batch["input_mask"]), self.mesh)
+        ids, mask = sharding.shard_batch((batch["input_ids"], batch["input_mask"]), self.mesh)
         gen = decoding.generate(merge_model(self.graphdef, params), ids, mask, rng=key,
                                 greedy=greedy, **self.sampling)
         return ids, mask, gen, self.decode(host_rows(gen.tokens, self.mesh))
@@ -174,7 +173,7 @@ class RolloutSampler:
                                                      state.value_params, ids, mask, gen.tokens,
                                                      gen.mask)
         paid = group_baseline(fields["reward"], group) if group > 1 else fields["reward"]
-        rewards = sharding_lib.shard_batch(paid, self.mesh)
+        rewards = sharding.shard_batch(paid, self.mesh)
         rollout = ppo.Rollout(query_ids=ids, query_mask=mask, response_ids=gen.tokens,
                               response_mask=gen.mask, logprobs=logprobs,
                               ref_logprobs=ref_logprobs, values=values, rewards=rewards)

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 
 from clarifyjax.core.commands import CLIError, json_line, subcommand
-from clarifyjax.files.textfiles import atomic_write_bytes
+from clarifyjax.files.textfiles import atomic_write_bytes, check_output
+from clarifyjax.serve.batch_job import add_generate_options, add_model_options
+from clarifyjax.serve import batch_job
+from clarifyjax.serve.openai_api import OpenAIServer, ServerLimits, add_server_options
+from clarifyjax.serve.http_server import serve_forever
 
 
 
 def _generate_options(p: argparse.ArgumentParser) -> None:
-    from clarifyjax.serve.batch_job import add_generate_options
-
     add_generate_options(p)
 
 
@@ -28,18 +30,15 @@ def _local_lm(args):
 @subcommand("generate", "complete every prompt of a JSONL file with a local causal LM (n samples "
             "each); resumes a killed run", _generate_options)
 def run_generate(args: argparse.Namespace) -> int:
-    from clarifyjax.serve import batch_job as generation_job
-    from clarifyjax.files.textfiles import check_output
-
-    sampling = generation_job.sampling_of(args, error=CLIError)
+    sampling = batch_job.sampling_of(args, error=CLIError)
     check_output(args.out, overwrite=args.overwrite, option="--out", error=CLIError,
                  inputs=(("--input", args.input),))
-    rows = generation_job.read_prompts(args.input)
+    rows = batch_job.read_prompts(args.input)
     lm = _local_lm(args)  # the tokenizer now, the weights when the first chunk runs
-    generation_job.check_fit(lm, rows, sampling)
+    batch_job.check_fit(lm, rows, sampling)
     options = {k: str(v) for k, v in vars(args).items()
                if k not in ("input", "out", "overwrite", "no_progress", "run", "command")}
-    records, reused, store = generation_job.generate_records(
+    records, reused, store = batch_job.generate_records(
         lm, rows, out=args.out, sampling=sampling, n=args.n, seed=args.seed,
         chunk_rows=args.chunk_rows, options=options, folders=(args.model,),
         logprobs=args.logprobs, overwrite=args.overwrite, progress=not args.no_progress,
@@ -54,9 +53,7 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def _serve_options(p: argparse.ArgumentParser) -> None:
-    from clarifyjax.serve.batch_job import add_model_options
     from clarifyjax.serve.continuous import add_batching_options
-    from clarifyjax.serve.openai_api import add_server_options
 
     add_model_options(p)
     add_server_options(p)
@@ -66,9 +63,6 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
 @subcommand("serve", "an OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions, "
             "/v1/models) for a local causal LM, batching concurrent requests", _serve_options)
 def run_serve(args: argparse.Namespace) -> int:
-    from clarifyjax.serve.openai_api import OpenAIServer, ServerLimits
-    from clarifyjax.serve.http_server import serve_forever
-
     lm = _local_lm(args)
     lm.load()
     limits = ServerLimits(max_n=args.max_n, max_tokens=args.max_tokens,

@@ -24,11 +24,13 @@ import threading
 import time
 
 import numpy as np
+import jax
 
 from clarifyjax.decoding.local_lm import EncodedRow, LocalLM
 from clarifyjax.decoding.slots import SlotEngine, SlotRequest, slot_cache_bytes
 from clarifyjax.serve.http_server import ApiError
 from clarifyjax.text.generator import Completion, cut_at_stop
+from clarifyjax.core.ranges import number_type
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,8 +195,6 @@ class ContinuousBatcher:
 def _check_memory(config, slots: int, length: int) -> None:
     """ValueError, before allocating, when the slots' KV cache would take more than 90% of the
     device's memory (where the device reports it; a CPU does not)."""
-    import jax
-
     stats = jax.devices()[0].memory_stats() or {}
     limit = stats.get("bytes_limit")
     need = slot_cache_bytes(config, slots, length)
@@ -219,8 +219,6 @@ def _settle(job: _Job, result) -> None:
 
 def add_batching_options(p) -> None:
     """`clarifyjax serve`'s batching options (an argparse parser)."""
-    from clarifyjax.core.ranges import number_type
-
     p.add_argument("--batching", choices=("continuous", "window"), default="continuous",
                    help="continuous: requests join and leave the running batch at every step "
                         "(--slots rows); window: requests arriving within --window-ms run "

@@ -25,6 +25,10 @@ import threading
 import time
 from typing import Any
 from collections.abc import Callable, Sequence
+import argparse
+
+from clarifyjax.serve.guard import RequestGuard, RequestPolicy, host_name, origin
+from clarifyjax.core.ranges import number_type
 
 DEFAULT_HOST = "127.0.0.1"  # a server is reachable from this machine only, unless asked
 
@@ -245,7 +249,6 @@ def _uvicorn_server(app, sock: socket.socket, host: str, allowed_hosts: Sequence
     """uvicorn serving `app` behind `guard.RequestGuard` (Host, Origin, Content-Type)."""
     import uvicorn
 
-    from clarifyjax.serve.guard import RequestGuard, RequestPolicy
 
     policy = RequestPolicy.for_socket(sock, host, allowed_hosts=allowed_hosts,
                                       allowed_origins=allowed_origins)
@@ -311,8 +314,6 @@ class BackgroundServer:
 
 def _checked(check: Callable[[str], str]) -> Callable[[str], str]:
     """An argparse type from a check that raises ValueError (argparse prints its message)."""
-    import argparse
-
     def parse(value: str) -> str:
         try:
             return check(value)
@@ -327,9 +328,6 @@ def add_listen_options(p) -> None:
     parser): where it listens, which Host names and web page origins it answers
     (`guard.RequestGuard`), and how long a request waits for others to share its batch
     (`MicroBatcher`'s window)."""
-    from clarifyjax.core.ranges import number_type
-    from clarifyjax.serve.guard import host_name, origin
-
     p.add_argument("--host", default=DEFAULT_HOST,
                    help="address to listen on (127.0.0.1: this machine only)")
     p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",

@@ -31,11 +31,13 @@ import dataclasses
 import time
 import uuid
 from collections.abc import Sequence
+import argparse
 
 from clarifyjax.serve.http_server import (ApiError, MicroBatcher, add_listen_options, check_keys,
                                 error_response, read_json_object, wait_unless_disconnected)
 from clarifyjax.text.generator import (MAX_STOP_STRINGS, Completion, Sampling, TextGenerator,
                                 TokenCounter, check_messages)
+from clarifyjax.core.ranges import number_type
 
 
 @dataclasses.dataclass(frozen=True)
@@ -353,8 +355,6 @@ def model_name(name: str) -> str:
 
 
 def _model_name_option(value: str) -> str:
-    import argparse
-
     try:
         return model_name(value)
     except ValueError as e:
@@ -363,8 +363,6 @@ def _model_name_option(value: str) -> str:
 
 def add_server_options(p) -> None:
     """`clarifyjax serve`'s address and `ServerLimits` options (an argparse parser)."""
-    from clarifyjax.core.ranges import number_type
-
     add_listen_options(p)
     p.add_argument("--name", default=None, type=_model_name_option,
                    help="the model's name in the API (default: the folder name)")

@@ -15,9 +15,9 @@ from flax import nnx
 
 
 
-from clarifyjax.core import sharding as sharding_lib
+from clarifyjax.core import sharding
 from clarifyjax.config import ConfigError
-from clarifyjax.models.hf import load_t5
+from clarifyjax.models.hf import load_t5, CheckpointError, load_classifier, load_encoder_tokenizer
 from clarifyjax.models.t5 import T5, T5Config
 from clarifyjax.models.state import copy_params, shape_only, split_model
 from clarifyjax.rl.value import ValueModel
@@ -39,7 +39,7 @@ def with_dropout(config: T5Config, model_cfg) -> T5Config:
 
 
 def t5_config(model_cfg, hf: dict) -> T5Config:
-    """The T5Config `train.build_t5` gives `model_cfg`, from its architecture alone: a Hugging Face
+    """The T5Config `builders.build_t5` gives `model_cfg`, from its architecture alone: a Hugging Face
     config.json dict, or ``{"tiny": ...}`` (`memory_plan.resolve_architecture`)."""
     if model_cfg.tiny is not None:
         return t5_config_from_spec(model_cfg)
@@ -52,7 +52,7 @@ def abstract_model(kind: str, config: T5Config, mesh, rules) -> tuple[Any, Any]:
     """(graphdef, params) of a T5 ("t5") or a value model ("value") built with `nnx.eval_shape`:
     params is a pure dict of `jax.ShapeDtypeStruct`s carrying the rules' `NamedSharding`s."""
     graphdef, state = nnx.split(shape_only(ValueModel if kind == "value" else T5, config))
-    shardings = nnx.to_pure_dict(sharding_lib.model_shardings(state, mesh, rules))
+    shardings = nnx.to_pure_dict(sharding.model_shardings(state, mesh, rules))
     return graphdef, abstract_tree(nnx.to_pure_dict(state), shardings)
 
 
@@ -69,8 +69,8 @@ def build_t5(model_cfg, *, seed: int, mesh, rules, tokenizer: Tokenizer | None =
     if model_cfg.init is None:
         config = t5_config_from_spec(model_cfg)
         check_vocab(config)
-        return config, sharding_lib.create_sharded(lambda: T5(config, rngs=nnx.Rngs(seed)),
-                                                   mesh, rules)
+        return config, sharding.create_sharded(lambda: T5(config, rngs=nnx.Rngs(seed)),
+                                               mesh, rules)
     loaded, model = load_t5(model_cfg.init, dtype=model_cfg.dtype, mesh=mesh, rules=rules,
                             param_dtype=model_cfg.param_dtype, precision=model_cfg.precision)
     check_vocab(loaded)
@@ -89,8 +89,6 @@ def build_classifier(model_cfg, *, mesh, rules, num_labels: int = 2, where: str 
     `ConfigError` naming ``{where}.init``. The classifier is called without token type ids (all
     0): DeBERTa-v3 and RoBERTa have no segment embeddings, but a BERT trains and exports with
     its second segment read as type 0 (not what transformers' pair encoding feeds it)."""
-    from clarifyjax.models.hf import CheckpointError, load_classifier, load_encoder_tokenizer
-
     try:
         model = load_classifier(model_cfg.init, dtype=model_cfg.dtype,
                                 param_dtype=model_cfg.param_dtype, mesh=mesh, rules=rules,
@@ -142,7 +140,7 @@ def build_ppo_models(cfg, mesh, rules, tokenizer: Tokenizer) -> PPOModels:
         cfg.value.model, seed=seed + 1, mesh=mesh, rules=rules, where="value.model")[1]
     value = build_value(cfg, trunk)
     value_graphdef, value_params = split_model(value)
-    value_params = jax.device_put(value_params, nnx.to_pure_dict(sharding_lib.model_shardings(
+    value_params = jax.device_put(value_params, nnx.to_pure_dict(sharding.model_shardings(
         nnx.state(value), mesh, rules)))
     return PPOModels(p_config, graphdef, params, ref_params, value_graphdef, value_params)
 
@@ -152,9 +150,9 @@ def build_ppo_models(cfg, mesh, rules, tokenizer: Tokenizer) -> PPOModels:
 
 def abstract_tree(tree, shardings=None):
     """`jax.ShapeDtypeStruct`s of `tree`'s arrays, with `shardings` (a matching tree) or theirs."""
-    def spec(x, sharding=None):
+    def spec(x, given=None):
         return jax.ShapeDtypeStruct(np.shape(x), x.dtype, weak_type=bool(getattr(x, "weak_type",
                                                                                False)),
-                                    sharding=getattr(x, "sharding", None) if sharding is None
-                                    else sharding)
+                                    sharding=getattr(x, "sharding", None) if given is None
+                                    else given)
     return jax.tree.map(spec, tree) if shardings is None else jax.tree.map(spec, tree, shardings)

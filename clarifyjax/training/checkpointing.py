@@ -52,6 +52,7 @@ from collections.abc import Callable, Iterable, Mapping
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from clarifyjax.models.safetensors_io import CheckpointError
 
@@ -305,8 +306,6 @@ class Checkpointer:
             say(f"[checkpoint] warning: checkpoint {src} is damaged ({reason}); moved it to "
                 f"{dst} (kept, not deleted) and resumed from step {restored}")
         if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
-
             multihost_utils.sync_global_devices("clarifyjax_set_aside_damaged_checkpoints")
         self._manager.reload()
 
@@ -346,8 +345,6 @@ def _on_every_process(ok: bool) -> bool:
     """True when `ok` on every process (a collective with several)."""
     if jax.process_count() == 1:
         return ok
-    from jax.experimental import multihost_utils
-
     flags = multihost_utils.process_allgather(np.array([ok], np.int32))
     return bool(np.asarray(flags).all())
 
@@ -414,8 +411,6 @@ class PreemptionGuard:
         """Whether the loop should save `step` and stop (the same answer on every process)."""
         if jax.process_count() == 1:
             return self.requested
-        from jax.experimental import multihost_utils
-
         flags = multihost_utils.process_allgather(np.array([self.requested], np.int32))
         stop = bool(np.asarray(flags).any())
         try:

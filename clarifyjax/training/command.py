@@ -55,9 +55,9 @@ def run_train(args: argparse.Namespace) -> int:
         from clarifyjax.core import distributed  # before any other JAX call
 
         distributed.initialize()
-        from clarifyjax.training import loops as train
+        from clarifyjax.training import loops
 
-        result = train.run(cfg, tensorboard=not args.no_tensorboard,
+        result = loops.run(cfg, tensorboard=not args.no_tensorboard,
                            progress=not args.no_progress)
     except ConfigError as e:
         raise CLIError(str(e)) from e

@@ -49,13 +49,15 @@ from collections.abc import Callable, Sequence
 
 import jax
 
-from clarifyjax.training import memory_plan
+from clarifyjax.training import memory_plan, builders, programs, run_record
 
-from clarifyjax.training import builders, programs
-from clarifyjax.core import sharding as sharding_lib
+from clarifyjax.core import sharding
 from clarifyjax.config import CLASSIFIER_TASKS, ConfigError, PPOConfig, load_config
 from clarifyjax.core.commands import one_line
 from clarifyjax.models.t5 import T5Config
+from clarifyjax.models.hf import check_classifier_folder, check_t5_folder, load_encoder_tokenizer
+from clarifyjax.text.tokenizer import Tokenizer
+from clarifyjax import data
 
 DRYRUN_KEYS = ("compile", "num_layers", "rows", "check_models")
 
@@ -93,10 +95,6 @@ def _model_roles(cfg) -> list[tuple[str, Any, str]]:
 def _check_model(option: str, model_cfg, kind: str) -> list[str]:
     """The problems of one model folder and of its tokenizer, read as the run reads them without
     a weight, each naming its option."""
-    from clarifyjax.models.hf import (check_classifier_folder, check_t5_folder,
-                                      load_encoder_tokenizer)
-    from clarifyjax.text.tokenizer import Tokenizer
-
     problems, vocab = [], None
     if model_cfg.tiny is not None:
         vocab = model_cfg.tiny.vocab_size
@@ -131,16 +129,13 @@ def check_run_inputs(cfg, *, models: bool = True) -> dict[str, list[str]]:
     Raises:
       ConfigError: one line naming every option whose input is missing or bad.
     """
-    from clarifyjax import data as data_lib
-    from clarifyjax.training import run_record
-
     problems: list[str] = []
     done: dict[str, list[str]] = {"data": [], "models": []}
     try:
         if isinstance(cfg, PPOConfig):
-            data_lib.load_ppo_situations(cfg.data)
+            data.load_ppo_situations(cfg.data)
         else:
-            data_lib.load_sft_pairs(cfg.data, cfg.task)
+            data.load_sft_pairs(cfg.data, cfg.task)
         done["data"] = [f"data.{f}" for f in ("train_path", "dev_path")
                         if getattr(cfg.data, f, None) is not None]
     except (ValueError, OSError) as e:  # DataError: a ValueError naming the file and line
@@ -185,7 +180,7 @@ def parameter_table(role: str, params) -> list[dict]:
 def lower_ppo_update(cfg, mesh, rules, policy_config: T5Config, value_config: T5Config, rows: int
                      ) -> jax.stages.Lowered:
     """One PPO update of `cfg`, lowered on abstract arguments: the `programs.PPOProgram` that
-    `train.train_ppo` runs, for a rollout of `rows` rows of full-length queries."""
+    `loops.train_ppo` runs, for a rollout of `rows` rows of full-length queries."""
     graphdef, params = builders.abstract_model("t5", policy_config, mesh, rules)
     value_graphdef, value_params = builders.abstract_model("value", value_config, mesh, rules)
     program = programs.PPOProgram.build(cfg, mesh, graphdef, params, value_graphdef, value_params)
@@ -196,7 +191,7 @@ def lower_ppo_update(cfg, mesh, rules, policy_config: T5Config, value_config: T5
 def lower_sft_step(cfg, mesh, rules, model_config: T5Config, model_cfg, rows: int
                    ) -> jax.stages.Lowered:
     """One SFT step of `cfg`, lowered on abstract arguments: the `programs.SFTProgram` that
-    `train.train_sft` runs, for ``grad_accum`` micro-batches of `rows` full-length rows."""
+    `loops.train_sft` runs, for ``grad_accum`` micro-batches of `rows` full-length rows."""
     graphdef, params = builders.abstract_model("t5", model_config, mesh, rules)
     program = programs.SFTProgram.build(cfg, mesh, graphdef, params,
                                         dropout=model_config.dropout_rate > 0)
@@ -290,8 +285,8 @@ def main(config_path: str, overrides: Sequence[str] = (), *, say: Callable[[str]
         raise ValueError(f"dryrun.check_models={options['check_models']!r}: expected true or false")
     checked = check_run_inputs(cfg, models=check == "true")  # 0. before anything is built
     configs_dir = Path(config_path).resolve().parent
-    mesh = sharding_lib.make_mesh(cfg.mesh)
-    rules = sharding_lib.RULES[cfg.mesh.rules]
+    mesh = sharding.make_mesh(cfg.mesh)
+    rules = sharding.RULES[cfg.mesh.rules]
     is_ppo = isinstance(cfg, PPOConfig)
     if not is_ppo and cfg.task in CLASSIFIER_TASKS:
         raise ConfigError(f"task: {cfg.task!r} trains an encoder classifier, which the dry run "

@@ -34,13 +34,9 @@ from collections.abc import Callable
 import jax
 import numpy as np
 
-from clarifyjax import data as data_lib
-from clarifyjax import decoding
-from clarifyjax.core import metrics_log
-from clarifyjax.training import builders, programs
-from clarifyjax.training import run_record
-from clarifyjax.training import sft
-from clarifyjax.core import sharding as sharding_lib
+from clarifyjax import data, decoding
+from clarifyjax.core import metrics_log, sharding
+from clarifyjax.training import builders, programs, run_record, sft
 from clarifyjax.training.checkpointing import Checkpointer, PreemptionGuard
 from clarifyjax.config import CLASSIFIER_TASKS, ConfigError
 from clarifyjax.core.metrics_log import MetricsLogger, say_through
@@ -49,9 +45,11 @@ from clarifyjax.models.t5 import T5, T5Config
 from clarifyjax.models.state import merge_model, split_model
 from clarifyjax.reward.jsd import RewardNormalizer
 from clarifyjax.rl.rollout import RolloutSampler, host_rows
+from clarifyjax.files.tables import check_data_paths
 from clarifyjax.files.textfiles import atomic_write_bytes
 from clarifyjax.text.tokenizer import Tokenizer
 from clarifyjax.training.ppo_eval import all_hosts, evaluate_ppo, fit_normalizer
+from clarifyjax.reward import pipeline
 
 # --------------------------------------------------------------------------- runs
 
@@ -59,13 +57,13 @@ from clarifyjax.training.ppo_eval import all_hosts, evaluate_ppo, fit_normalizer
 def _start(cfg, kind: str, say) -> tuple[Path, Any, tuple]:
     # Both checks read files only: a missing data file or a resume with changed settings stops
     # here, before any model is built or anything in the run folder is written.
-    data_lib.check_data_paths(cfg.data)
+    check_data_paths(cfg.data)
     run_record.check_resume(cfg, say)
     run_dir = Path(cfg.run.directory)
-    mesh = sharding_lib.make_mesh(cfg.mesh)
+    mesh = sharding.make_mesh(cfg.mesh)
     say(f"[{kind}] {cfg.run.name}: {jax.device_count()} {jax.default_backend()} device(s), mesh "
         f"{dict(mesh.shape)}, output {run_dir}")
-    rules = sharding_lib.RULES[cfg.mesh.rules]
+    rules = sharding.RULES[cfg.mesh.rules]
     return run_dir, mesh, rules
 
 
@@ -150,8 +148,8 @@ def evaluate_sft(model: T5, eval_step, params, dataset, tokenizer, *, batch_size
     """Dev loss / token accuracy over every row, and BLEU / ROUGE-L of greedy outputs."""
     totals = {"nll_sum": 0.0, "tokens": 0.0, "correct": 0.0}
     predictions, references = [], []
-    for batch in data_lib.eval_batches(dataset, batch_size):
-        placed = sharding_lib.shard_batch({k: batch[k] for k in sft.BATCH_KEYS}, mesh)
+    for batch in data.eval_batches(dataset, batch_size):
+        placed = sharding.shard_batch({k: batch[k] for k in sft.BATCH_KEYS}, mesh)
         out = eval_step(params, placed)
         for k in totals:
             totals[k] += float(out[k])
@@ -178,9 +176,9 @@ def _sft_model_and_data(cfg, train_pairs, dev_pairs, mesh, rules, say):
     if cfg.task in CLASSIFIER_TASKS:  # an encoder classifier: (situation, question) pairs -> class logits
         model, tokenizer = builders.build_classifier(cfg.model, mesh=mesh, rules=rules)
         config = model.config
-        train_ds, dev_ds = (data_lib.classifier_dataset(pairs, tokenizer,
-                                                        cfg.model.max_input_length,
-                                                        cfg.data.length_buckets)
+        train_ds, dev_ds = (data.classifier_dataset(pairs, tokenizer,
+                                                    cfg.model.max_input_length,
+                                                    cfg.data.length_buckets)
                             for pairs in (train_pairs, dev_pairs))
         majority = _majority_rate(dev_ds)
         say(f"[sft:{cfg.task}] {len(train_ds)} train / {len(dev_ds)} dev pairs; "
@@ -188,8 +186,8 @@ def _sft_model_and_data(cfg, train_pairs, dev_pairs, mesh, rules, say):
             f"layers, labels {list(config.labels)}; dev majority-class rate {majority:.4f}")
     else:
         tokenizer = Tokenizer.from_pretrained(cfg.model.tokenizer_path)
-        train_ds, dev_ds = (data_lib.sft_dataset(pairs, tokenizer, cfg.model,
-                                                 cfg.data.length_buckets)
+        train_ds, dev_ds = (data.sft_dataset(pairs, tokenizer, cfg.model,
+                                             cfg.data.length_buckets)
                             for pairs in (train_pairs, dev_pairs))
         config, model = builders.build_t5(cfg.model, seed=cfg.run.seed, mesh=mesh, rules=rules,
                                           tokenizer=tokenizer)
@@ -211,7 +209,7 @@ def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: b
     final/ is a Hugging Face classifier folder (`hf.save_sequence_classifier`)."""
     say = say_through(None)
     run_dir, mesh, rules = _start(cfg, f"sft:{cfg.task}", say)
-    train_pairs, dev_pairs = data_lib.load_sft_pairs(cfg.data, cfg.task)  # bad files fail first
+    train_pairs, dev_pairs = data.load_sft_pairs(cfg.data, cfg.task)  # bad files fail first
     classifier = cfg.task in CLASSIFIER_TASKS
     model, config, tokenizer, train_ds, dev_ds, majority = _sft_model_and_data(
         cfg, train_pairs, dev_pairs, mesh, rules, say)
@@ -226,8 +224,8 @@ def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: b
                               "eval": None, "first_eval": None, "program": program}
     with _checkpointer(cfg, run_dir) as ckpt, PreemptionGuard() as guard:
         step, state, extra = _restore(ckpt, state, say, cfg)
-        batches = data_lib.BatchIterator(train_ds, cfg.data.batch_size, seed=cfg.run.seed,
-                                         shuffle=cfg.data.shuffle, position=extra.get("data"))
+        batches = data.BatchIterator(train_ds, cfg.data.batch_size, seed=cfg.run.seed,
+                                     shuffle=cfg.data.shuffle, position=extra.get("data"))
 
         def evaluate(at: int) -> dict:
             m, preds = evaluate_sft(merge_model(graphdef, state["params"]), eval_step,
@@ -280,17 +278,15 @@ def train_sft(cfg, *, tensorboard: bool = True, progress: bool = True, export: b
 
 def build_reward_fn(cfg):
     """ClarifyDelphi's reward for a `PPOConfig`: the `RewardPipeline` of its ``rewards:`` section
-    (`reward_pipeline.load_pipeline`, as `clarifyjax score-questions` builds it), returning raw
+    (`pipeline.load_pipeline`, as `clarifyjax score-questions` builds it), returning raw
     JSDs (the loop normalizes).
 
     Each process scores its own rows, so the reward models live on its `sharding.process_mesh`:
     split by the run's rules (``mesh.rules``) over the fsdp x model devices that the training mesh
     puts in one process, each device reading only its slices of the checkpoints.
     """
-    from clarifyjax.reward import pipeline as reward_pipeline
-
-    return reward_pipeline.load_pipeline(cfg.rewards, mesh=sharding_lib.process_mesh(cfg.mesh),
-                                         rules=sharding_lib.RULES[cfg.mesh.rules])
+    return pipeline.load_pipeline(cfg.rewards, mesh=sharding.process_mesh(cfg.mesh),
+                                  rules=sharding.RULES[cfg.mesh.rules])
 
 
 def _sampler(cfg, tokenizer, m: builders.PPOModels, reward_fn, mesh) -> RolloutSampler:
@@ -307,10 +303,10 @@ def _sampler(cfg, tokenizer, m: builders.PPOModels, reward_fn, mesh) -> RolloutS
 def _situations(cfg, tokenizer) -> tuple[Any, Any]:
     """(train dataset, dev dataset or None) of tokenized situations."""
     def dataset(situations):
-        return data_lib.situation_dataset(situations, tokenizer, cfg.policy.max_input_length,
-                                          cfg.data.length_buckets)
+        return data.situation_dataset(situations, tokenizer, cfg.policy.max_input_length,
+                                      cfg.data.length_buckets)
 
-    train_sits, dev_sits = data_lib.load_ppo_situations(cfg.data)
+    train_sits, dev_sits = data.load_ppo_situations(cfg.data)
     return dataset(train_sits), (dataset(dev_sits) if dev_sits else None)
 
 
@@ -384,8 +380,8 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
         normalizer = _normalizer(cfg, extra.get("normalizer"), f"{ckpt.directory}: normalizer",
                                  sampler, state["ppo"].policy_params, train_ds, say)
         group = h.samples_per_situation
-        batches = data_lib.BatchIterator(train_ds, h.batch_size // group, seed=seed,
-                                         shuffle=cfg.data.shuffle, position=extra.get("data"))
+        batches = data.BatchIterator(train_ds, h.batch_size // group, seed=seed,
+                                     shuffle=cfg.data.shuffle, position=extra.get("data"))
 
         def evaluate(at: int):
             rows: dict = {}

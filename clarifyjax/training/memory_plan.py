@@ -19,7 +19,7 @@ Per device:
 * parameters of policy, value, reference, answerer, fusion, judge and NLI in their ``param_dtype``:
   policy, value and reference on the run's mesh; the reward models (answerer, fusion, judge, NLI)
   on each host's own devices (`sharding.process_mesh`: the run's fsdp x model layout where it
-  fits in one host, as `train.build_reward_fn` places them);
+  fits in one host, as `loops.build_reward_fn` places them);
 * optimizer: Adam's two moments (optax keeps them in the parameters' dtype), for policy + value;
 * gradients of policy + value, sharded like the parameters;
 * activations, an upper bound: every intermediate of one PPO minibatch's forward pass that a
@@ -48,6 +48,11 @@ from clarifyjax.config import ModelConfig, PPOConfig, TinyModelSpec, load_config
 from clarifyjax.models.safetensors_io import read_config
 from clarifyjax.files.tables import REPO_ROOT
 from clarifyjax.models.state import shape_only
+from clarifyjax.models.deberta import DebertaSequenceClassifier
+from clarifyjax.models.encoder import EncoderConfig, SequenceClassifier
+from clarifyjax.models.hf.deberta_map import deberta_config_from_hf
+from clarifyjax.models.t5 import T5, T5Config
+from clarifyjax.rl.value import ValueModel
 
 # Model folders written relative to the repository (as the configs write them) are found from any
 # working directory.
@@ -132,12 +137,6 @@ def _is_encoder(hf: dict) -> bool:
 def abstract_state(kind: str, hf_json: str, param_dtype: str):
     """The abstract (shape-only) state of one model ("t5", "value" or "encoder"), flattened:
     [(path, Variable holding a ShapeDtypeStruct)]; cached per architecture."""
-    from clarifyjax.models.deberta import DebertaSequenceClassifier
-    from clarifyjax.models.encoder import EncoderConfig, SequenceClassifier
-    from clarifyjax.models.hf.deberta_map import deberta_config_from_hf
-    from clarifyjax.models.t5 import T5, T5Config
-    from clarifyjax.rl.value import ValueModel
-
     hf = json.loads(hf_json)
     if kind == "encoder" and hf.get("model_type") == "deberta-v2":  # type_vocab_size 0 allowed
         cfg = deberta_config_from_hf(hf, param_dtype=param_dtype)
@@ -229,7 +228,7 @@ def plan(cfg: PPOConfig, hardware: Hardware, configs_dir: Path) -> dict:
         raise PlanError(f"the memory plan is for PPO configs (kind: ppo), got kind {cfg.kind!r}")
     sizes = mesh_sizes(cfg.mesh, hardware.devices)
     mesh = AbstractMesh(tuple(sizes[a] for a in sharding.MESH_AXES), sharding.MESH_AXES)
-    # the reward models live on each host's own devices (`train.build_reward_fn`)
+    # the reward models live on each host's own devices (`loops.build_reward_fn`)
     local = sharding.process_sizes(sizes, hardware.devices_per_host)
     host_mesh = AbstractMesh(tuple(local[a] for a in sharding.MESH_AXES), sharding.MESH_AXES)
     rules = sharding.RULES[cfg.mesh.rules]

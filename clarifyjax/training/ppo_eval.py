@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
-from clarifyjax import data as data_lib
-from clarifyjax.core import sharding as sharding_lib
+from clarifyjax import data
+from clarifyjax.core import sharding
 from clarifyjax.reward.jsd import RewardNormalizer, flip_rate
 from clarifyjax.rl.diagnostics import mean_se, question_stats
 from clarifyjax.rl.rollout import RolloutSampler
@@ -28,8 +29,6 @@ def all_hosts(x: np.ndarray) -> np.ndarray:
     """Concatenate a host-local numpy array over all processes (itself on one process)."""
     if jax.process_count() == 1:
         return np.asarray(x)
-    from jax.experimental import multihost_utils
-
     return np.asarray(multihost_utils.process_allgather(np.asarray(x), tiled=True))
 
 
@@ -40,7 +39,7 @@ def fit_normalizer(cfg, sampler, params, dataset, say) -> RewardNormalizer:
     if not n.fit:
         return RewardNormalizer(gain=n.gain, bias=n.bias)
     # A separate iterator and key: fitting does not move the training data or RNG streams.
-    it = data_lib.BatchIterator(dataset, cfg.ppo.batch_size, seed=cfg.run.seed + 7919)
+    it = data.BatchIterator(dataset, cfg.ppo.batch_size, seed=cfg.run.seed + 7919)
     key = jax.random.fold_in(jax.random.key(cfg.run.seed), 7919)
     raw, valid = [], []
     for i in range(n.fit_batches):
@@ -62,7 +61,7 @@ def _draw(sampler, params, ref_params, batch, situations, keep, key, greedy: boo
     """One question per situation of `batch` and what the evaluation reads of it (kept rows)."""
     ids, mask, gen, questions = sampler.questions(params, batch, key, greedy=greedy)
     fields = sampler.rewards(situations, questions, jax.random.fold_in(key, 1))
-    rows = sharding_lib.shard_batch(keep.astype(np.int32)[:, None], sampler.mesh)
+    rows = sharding.shard_batch(keep.astype(np.int32)[:, None], sampler.mesh)
     s, n = sampler.ref_nll(ref_params, ids, mask, gen.tokens, gen.mask * rows)
     valid = fields.get("valid", np.ones(len(keep), bool))
     out = {"raw": fields["raw_reward"][keep], "valid": valid[keep], "nll": float(s),
@@ -90,7 +89,7 @@ def evaluate_ppo(sampler: RolloutSampler, params, ref_params, dataset, *, batch_
     ("reward", "raw", "jsd") and the questions, in dataset order, for paired comparisons.
     """
     draws: list[list[dict]] = []
-    for i, batch in enumerate(data_lib.eval_batches(dataset, batch_size)):
+    for i, batch in enumerate(data.eval_batches(dataset, batch_size)):
         keep = batch["example_mask"].astype(bool)
         situations = sampler.situations(batch, dataset.texts["situation"])
         draws.append([_draw(sampler, params, ref_params, batch, situations, keep,

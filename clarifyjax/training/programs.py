@@ -37,8 +37,7 @@ from clarifyjax.rl import ppo
 
 from clarifyjax.training import sft
 
-from clarifyjax.core import traces
-from clarifyjax.core import sharding as sharding_lib
+from clarifyjax.core import traces, sharding
 from clarifyjax.rl.policy import make_ppo_fns
 from clarifyjax.training.builders import abstract_tree
 
@@ -59,8 +58,6 @@ def param_shardings(params, mesh):
 
 def opt_state_shardings(tx, opt_state, params, p_shardings, mesh):
     """Optimizer-state leaves shaped like their parameter share its sharding; others replicate."""
-    import optax
-
     return optax.tree_map_params(
         tx, lambda leaf, p, s: s if leaf.shape == p.shape else replicated(mesh), opt_state,
         params, p_shardings, transform_non_params=lambda _: replicated(mesh),
@@ -184,7 +181,7 @@ class Program:
 def sft_batch_shardings(mesh) -> dict:
     """Micro-batch stacks travel batch-major, [b, a, ...], so that the batch axis is split over
     the data axes like any batch (`shard_batch`, process-local rows on several hosts)."""
-    return {k: sharding_lib.batch_sharding(mesh, 2 if k == "example_mask" else 3)
+    return {k: sharding.batch_sharding(mesh, 2 if k == "example_mask" else 3)
             for k in sft.BATCH_KEYS}
 
 
@@ -227,8 +224,8 @@ class SFTProgram(Program):
     def place_batch(self, micro_batches) -> dict:
         """``grad_accum`` host batches -> one batch-major stack on the mesh."""
         stack = sft.stack_micro_batches(micro_batches)
-        return sharding_lib.shard_batch({k: np.swapaxes(v, 0, 1) for k, v in stack.items()},
-                                        self.mesh)
+        return sharding.shard_batch({k: np.swapaxes(v, 0, 1) for k, v in stack.items()},
+                                    self.mesh)
 
     def abstract_batch(self, rows: int, source: int, target: int) -> dict:
         lengths = {"input_ids": source, "input_mask": source, "target_ids": target,
@@ -270,7 +267,7 @@ class PPOProgram(Program):
             value_opt_state=opt_state_shardings(tx, shapes.value_opt_state, value_params, v_sh,
                                                 mesh),
             kl_ctl=jax.tree.map(lambda _: rep, shapes.kl_ctl), step=rep)
-        b1, b2 = sharding_lib.batch_sharding(mesh, 1), sharding_lib.batch_sharding(mesh, 2)
+        b1, b2 = sharding.batch_sharding(mesh, 1), sharding.batch_sharding(mesh, 2)
         rollout_sh = ppo.Rollout(query_ids=b2, query_mask=b2, response_ids=b2, response_mask=b2,
                                  logprobs=b2, ref_logprobs=b2, values=b2, rewards=b1)
         update = ppo.make_ppo_update(*make_ppo_fns(graphdef, value_graphdef), tx, tx, hyper)
@@ -282,8 +279,8 @@ class PPOProgram(Program):
                    step)
 
     def abstract_batch(self, rows: int, query_len: int, response_len: int) -> ppo.Rollout:
-        def spec(sharding, dtype, *shape):
-            return jax.ShapeDtypeStruct((rows,) + shape, dtype, sharding=sharding)
+        def spec(target, dtype, *shape):
+            return jax.ShapeDtypeStruct((rows,) + shape, dtype, sharding=target)
         sh, i32, f32 = self.batch_shardings, jnp.int32, jnp.float32
         return ppo.Rollout(
             query_ids=spec(sh.query_ids, i32, query_len),

@@ -26,6 +26,9 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Callable, Mapping
 
+import jax
+import yaml
+
 from clarifyjax.config.loader import ConfigError, config_to_dict, save_config
 
 CONFIG_FILE, HISTORY_FILE, CHECKPOINTS = "config.yaml", "config_history.jsonl", "checkpoints"
@@ -108,8 +111,6 @@ def recorded_config(run_dir: str | os.PathLike) -> tuple[dict | None, str]:
     The newest checkpoint that carries a config wins (it is what the steps were made with); a
     folder of checkpoints saved before they carried one falls back to ``config.yaml``.
     """
-    import yaml
-
     run_dir = Path(run_dir)
     for step in checkpoint_steps(run_dir):
         config = _checkpoint_config(run_dir, step)
@@ -179,8 +180,6 @@ def commit(cfg, step: int, extra: Mapping, say: Callable[[str], None] = print) -
       ConfigError: the restored checkpoint's own record differs in a refused setting (it is
         older than the one `check_resume` read, when a newer one was damaged).
     """
-    import jax
-
     run_dir = Path(cfg.run.directory)
     changes = []
     if step:

@@ -15,10 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 from collections.abc import Sequence
 
-from clarifyjax.config.loader import dump_config
+from clarifyjax.config.loader import dump_config, parse_overrides
 from clarifyjax.files.textfiles import atomic_write_bytes
 from sage_jax.experiments import consistency, validity
 from sage_jax.experiments.config import ExperimentConfig, load_experiment_config
+from clarifyjax.files.tables import resolve_data_path
 
 RUNNERS = {"models": consistency.models_experiment, "temperature": consistency.temperature_experiment,
            "rot_prompt": consistency.rot_prompt_experiment, "accuracy": validity.accuracy_experiment,
@@ -30,8 +31,6 @@ FIGURES = {**TABLES, "accuracy": "figure4"}
 
 def check_experiment_inputs(cfg: ExperimentConfig) -> None:
     """The files the experiment reads itself, before any work (the runs check their own)."""
-    from clarifyjax.files.tables import resolve_data_path
-
     for i, b in enumerate(cfg.benchmarks):
         resolve_data_path(b.file, f"benchmarks[{i}].file")
         if b.fewshot_file:
@@ -53,8 +52,6 @@ def run_experiment(cfg: ExperimentConfig, **given) -> dict:
 
 def main(config: Path, overrides: Sequence[str]) -> int:
     """The command: the table printed, and where the files are."""
-    from clarifyjax.config.loader import parse_overrides
-
     cfg = load_experiment_config(config, parse_overrides(overrides))
     run_experiment(cfg)
     out = Path(cfg.out)

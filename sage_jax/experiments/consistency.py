@@ -18,6 +18,8 @@ from clarifyjax.files.textfiles import atomic_write_bytes
 from sage_jax.experiments import output, stats
 from sage_jax.experiments.config import ExperimentConfig
 from sage_jax.run.config import SageRunConfig, TargetConfig
+from sage_jax.run import pipeline
+from sage_jax.run.pipeline import read_source_questions
 
 # Table 1's columns: the per-question score -> its label (the paper's BLEU, ROUGE, BERTScore and
 # SaGE, each on the answers and on the rules of thumb).
@@ -35,8 +37,6 @@ def settings(cfg: ExperimentConfig) -> dict:
 def run_and_score(run_cfg: SageRunConfig, *, embedder=None, generators=None) -> dict[str, dict]:
     """One `sage-jax run` (every stage; a finished one is reused), then each model's per-question
     columns (`report/scores.json`; None for a model with no answered row)."""
-    from sage_jax.run import pipeline
-
     run = pipeline.Run(run_cfg, embedder=embedder, generators=generators)
     run.check(pipeline.STAGES)
     run.run(pipeline.STAGES)
@@ -96,8 +96,6 @@ def models_experiment(cfg: ExperimentConfig, out: Path, **given) -> dict:
 
 def same_question_file(cfg: ExperimentConfig, out: Path) -> Path:
     """The questions file of the `same` setting: each question as its own `repeats` paraphrases."""
-    from sage_jax.run.pipeline import read_source_questions
-
     source = read_source_questions(cfg.run.build(out / "runs" / "unused", [TargetConfig(name="x")],
                                                  paraphrase=dataclasses.replace(cfg.run.paraphrase, source="generate")))
     buf = io.StringIO()

@@ -21,6 +21,7 @@ import numpy as np
 
 from clarifyjax.files.tables import DataError
 from sage_jax.experiments.benchmarks import TARGET_DELIMITER, Doc
+from clarifyjax.text.tokenizer import CausalTokenizer
 
 
 class ChoiceScorer:
@@ -29,7 +30,6 @@ class ChoiceScorer:
     def __init__(self, folder: str | os.PathLike, *, dtype: str = "float32", max_length: int | None = None,
                  batch_size: int = 16):
         from clarifyjax.decoding.local_lm import context_length
-        from clarifyjax.text.tokenizer import CausalTokenizer
 
         self.folder = str(folder)
         self.tokenizer = CausalTokenizer(folder)

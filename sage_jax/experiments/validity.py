@@ -15,6 +15,8 @@ bootstrap interval over the questions, of each metric of the run with that entro
 from __future__ import annotations
 
 from pathlib import Path
+import csv
+import io
 
 import numpy as np
 
@@ -70,9 +72,6 @@ def sage_questions(cfg: ExperimentConfig, out: Path) -> str:
     """run.questions, or the first benchmark's questions (question_id, question) for the run to paraphrase."""
     if cfg.run.questions.strip():
         return cfg.run.questions
-    import csv
-    import io
-
     chosen, _ = benchmark_docs(cfg.benchmarks[0])
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from clarifyjax.text.generator import Completion, Prompt, Sampling, per_prompt
 from sage_jax.run.config import OPENAI_CHAT_ARGUMENTS, REQUEST_ARGUMENTS
+from clarifyjax.files.tables import DataError, read_rows
 
 # Backoff between retries of one request, in seconds: BACKOFF_BASE * 2**attempt, at most BACKOFF_CAP,
 # and never less than the server's Retry-After (itself capped at RETRY_AFTER_CAP: a server asking
@@ -209,8 +210,6 @@ class RecordedGenerator:
     prompt the file lacks is a `GenerationError` naming it."""
 
     def __init__(self, path, *, column: str, prompt_of: Callable[[Mapping[str, str]], Prompt]):
-        from clarifyjax.files.tables import DataError, read_rows
-
         self.path, self.column = str(path), column
         header, rows = read_rows(path)
         if column not in header:

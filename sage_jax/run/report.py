@@ -29,12 +29,14 @@ import io
 import json
 import math
 from types import SimpleNamespace
+import sys
 
 import numpy as np
 
 from clarifyjax.files.textfiles import atomic_write_bytes
-from sage_jax import report
+from sage_jax import report, scoring
 from sage_jax.run.stages import StageError
+from sage_jax.scoring import load_bertscore_model
 
 LONG_COLUMNS = ("question_id", "question", "paraphrased", "score", "model_output", "rot", "paraphrase_index",
                 "sample", "answer_status", "answer_reason", "answer_attempts", "rot_status", "rot_reason",
@@ -123,7 +125,7 @@ def distinct_answers(texts: list[list[str]]) -> list[int]:
 def score_model(run, target, embedder_fn, bertscore=None) -> dict:
     """Per-question columns of one model (lists), from its long-format file: SaGE on the preset's
     graph (`sage_<text>`) and on the other (`sage_<text>_<graph>_graph`)."""
-    from sage_jax import lexical, scoring
+    from sage_jax import lexical
 
     path = run.out / "report" / f"{target.name}.answers.csv"
     progress = lambda total, desc: _quiet_bar(run, total, desc)  # noqa: E731
@@ -154,8 +156,6 @@ def _floats(values) -> list[float]:
 
 
 def _quiet_bar(run, total, desc):
-    import sys
-
     from tqdm import tqdm
 
     return tqdm(total=total, desc=desc, disable=run.cfg.quiet, leave=False, file=sys.stderr, dynamic_ncols=True)
@@ -192,8 +192,6 @@ def score_stage(run) -> dict:
 
     bertscore = None
     if run.cfg.score.bertscore:
-        from sage_jax.scoring import load_bertscore_model
-
         bertscore = load_bertscore_model(_args(run, "answer", None, folders=folders))
     models = {}
     for target in run.cfg.models:
@@ -203,11 +201,11 @@ def score_stage(run) -> dict:
         models[target.name] = {"per_question": score_model(run, target, embedder_fn, bertscore),
                                "failures": failures[target.name]}
     s = run.cfg.score
-    scoring = {"graph": run.preset.graph,
-               "embedder": {"name": s.embedder, "folder": str(folders["embedder"] or "(given to the run)")},
-               "bertscore": None if bertscore is None else {
-                   "name": s.bertscore_model, "folder": str(folders["bertscore_model"]), "layer": bertscore[1]}}
-    result = {"fingerprint": digest.hexdigest(), "models": models, "scoring": scoring}
+    settings = {"graph": run.preset.graph,
+                "embedder": {"name": s.embedder, "folder": str(folders["embedder"] or "(given to the run)")},
+                "bertscore": None if bertscore is None else {
+                    "name": s.bertscore_model, "folder": str(folders["bertscore_model"]), "layer": bertscore[1]}}
+    result = {"fingerprint": digest.hexdigest(), "models": models, "scoring": settings}
     atomic_write_bytes(scores_path, json.dumps(_finite(result), indent=1).encode())
     return json.loads(scores_path.read_text())
 
@@ -249,8 +247,8 @@ def graph_difference(run, name: str, pq: dict, stats: dict) -> tuple[dict, str]:
 
 
 def _header(run, scores: dict) -> str:
-    scoring = scores.get("scoring") or {}
-    bert = scoring.get("bertscore")
+    settings = scores.get("scoring") or {}
+    bert = settings.get("bertscore")
     models = f"SaGE embedder {run.cfg.score.embedder}" + (
         f"; BERTScore {bert['name']}, layer {bert['layer']}" if bert else "")
     lexical = (f" BLEU / ROUGE-L tokenisation: {run.cfg.score.lexical_tokenizer}."

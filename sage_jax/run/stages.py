@@ -30,6 +30,7 @@ from pathlib import Path
 from collections.abc import Callable, Sequence
 
 from clarifyjax.files.textfiles import atomic_write_bytes
+from clarifyjax.text.generator import TokenCounter
 
 KEY_FIELDS = ("question_id", "paraphrase_index", "model", "sample")
 
@@ -70,8 +71,6 @@ def _key(record: dict) -> tuple:
 def _unfit(generator, tasks: Sequence[Task], samplings) -> dict[int, str]:
     """Rows whose prompt the generator can tell will not fit its context (a `TokenCounter`): they
     fail at once, with the reason, instead of stopping the stage."""
-    from clarifyjax.text.generator import TokenCounter
-
     out = {i: s for i, s in enumerate(samplings) if isinstance(s, str)}  # a sampling rule's reason
     if not isinstance(generator, TokenCounter):
         return out

@@ -206,15 +206,6 @@ def test_no_module_uses_a_private_name_of_another():
     assert not wrong, wrong
 
 
-def test_each_subpackage_holds_2_to_10_modules():
-    for unit in LAYERS:
-        folder = REPO_ROOT / unit.replace(".", "/")
-        if not folder.is_dir() or unit in PACKAGES:
-            continue
-        count = len([p for p in folder.glob("*.py") if p.name != "__init__.py"])
-        assert 2 <= count <= 10, f"{unit} holds {count} modules"
-
-
 def test_the_packages_never_reach_into_launch_or_tests():
     for name, path in all_modules().items():
         tree = ast.parse(path.read_text())

@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.experimental import multihost_utils
 
-from clarifyjax.models.hf import causal_lm_map as causal_lm_params
+from clarifyjax.models.hf import causal_lm_map
 from clarifyjax.models.causal_lm import CausalLM, CausalLMConfig
 from clarifyjax.models.hf.causal_lm_map import read_generation_defaults
 from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, read_config,
@@ -83,8 +84,6 @@ def _host_params(model: nnx.Module):
     for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         value = var.get_value()
         if isinstance(value, jax.Array) and not value.is_fully_addressable:
-            from jax.experimental import multihost_utils
-
             value = multihost_utils.process_allgather(value, tiled=True)
         yield p, np.asarray(jax.device_get(value), np.float32)
 
@@ -196,13 +195,13 @@ def load_causal_lm(path: str | os.PathLike, *, dtype: str = "float32",
     folder = source.folder
     hf_config = read_config(folder)
     where = folder / "config.json"
-    config = causal_lm_params.config_from_hf(hf_config, where, dtype=dtype,
-                                             param_dtype=param_dtype or dtype)
+    config = causal_lm_map.config_from_hf(hf_config, where, dtype=dtype,
+                                          param_dtype=param_dtype or dtype)
     generation = read_generation_defaults(folder, config.eos_token_ids)
     eos = tuple(dict.fromkeys(config.eos_token_ids + generation["eos_token_ids"]))
     config = dataclasses.replace(config, eos_token_ids=eos)
-    maps = causal_lm_params.causal_lm_tensor_maps(config)
-    causal_lm_params.check_causal_lm_tensors(folder, source, maps, config)
+    maps = causal_lm_map.causal_lm_tensor_maps(config)
+    causal_lm_map.check_causal_lm_tensors(folder, source, maps, config)
     abstract = nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0)))
     return config, read_into(abstract, maps, source, config.param_dtype, mesh, rules)
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from clarifyjax.core import sharding as sharding_lib
+from clarifyjax.core import sharding
 from clarifyjax.models.safetensors_io import CheckpointError, TensorSource, check_present
 
 
@@ -173,7 +173,7 @@ def read_into(abstract: nnx.Module, maps: Mapping[tuple, TensorMap], source: Ten
     if mesh is None:
         values = {p: jnp.asarray(maps[p].read(source).astype(np_dtype)) for p, _ in flat}
     else:
-        shardings = sharding_lib.flat_shardings(abstract_state, mesh, rules)
+        shardings = sharding.flat_shardings(abstract_state, mesh, rules)
         values = {}
         for p, _ in flat:
             tm, memo = maps[p], {}
