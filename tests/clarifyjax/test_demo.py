@@ -22,6 +22,7 @@ def test_find_data_falls_back_to_the_examples(tmp_path, monkeypatch):
 def test_example_files_are_small_and_readable():
     """The example files are the project's own (a few dozen rows each), in the real formats."""
     from clarifyjax import data
+    from clarifyjax.files import tables
 
     folder = REPO_ROOT / "examples" / "delta-clarify"
     sizes = {"train.tsv": "question", "dev.tsv": "question",
@@ -29,7 +30,7 @@ def test_example_files_are_small_and_readable():
     for name, task in sizes.items():
         pairs = data.read_pairs(folder / name, task)
         assert 10 <= len(pairs) <= 100, (name, len(pairs))
-    judge = data.silver_judge_rows(data.read_table(folder / "sc_dev_questions_gpt.tsv",
+    judge = data.silver_judge_rows(tables.read_table(folder / "sc_dev_questions_gpt.tsv",
                                                    data.SILVER_COLUMNS))
     assert {r["class"] for r in judge.rows} == {"-1", "0", "1"}
 

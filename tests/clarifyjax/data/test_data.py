@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from clarifyjax import data
+from clarifyjax.files import tables
 from clarifyjax.core.buckets import column_buckets
 from clarifyjax.config import SFTDataConfig, load_config
 from helpers.env import REPO_ROOT, require, shared_data
@@ -39,7 +40,7 @@ class WordTokenizer:
 
 @functools.cache
 def gold(name):
-    return data.read_table(shared_data(f"delta-clarify/{name}"), data.GOLD_COLUMNS)
+    return tables.read_table(shared_data(f"delta-clarify/{name}"), data.GOLD_COLUMNS)
 
 
 # --------------------------------------------------------------------------- counts and formats
@@ -58,12 +59,12 @@ def test_gold_counts_as_documented():
 
 
 def test_silver_and_fusion_counts_as_documented():
-    silver = data.read_table(shared_data("delta-clarify/sc_dev_questions_gpt.tsv"), data.SILVER_COLUMNS)
+    silver = tables.read_table(shared_data("delta-clarify/sc_dev_questions_gpt.tsv"), data.SILVER_COLUMNS)
     assert len(silver) == 1676
     assert collections.Counter(r["UpdateType"] for r in silver.rows) == {
         "strengthener": 868, "weakener": 808}
     assert sum(r["situation"] == r["Hypothesis"] for r in silver.rows) == 708
-    fusion = data.read_table(shared_data("delta-clarify/fusion_dev.csv"), data.FUSION_COLUMNS)
+    fusion = tables.read_table(shared_data("delta-clarify/fusion_dev.csv"), data.FUSION_COLUMNS)
     assert len(fusion) == 9928
     pairs = data.fusion_pairs(fusion)
     assert len({p.group for p in pairs}) == 4843
@@ -83,12 +84,12 @@ def test_pair_formats_match_the_original_templates():
     for row, pair in zip(table.rows[:200], data.wh_question_pairs(table)):
         first = re.sub(r"[^\w']+$", "", row["question"].split()[0]).lower()
         assert pair.input == " ".join(row["situation"].split()) + " Q.: " + first
-    silver = data.read_table(shared_data("delta-clarify/sc_dev_questions_gpt.tsv"), data.SILVER_COLUMNS)
+    silver = tables.read_table(shared_data("delta-clarify/sc_dev_questions_gpt.tsv"), data.SILVER_COLUMNS)
     for row, pair in zip(silver.rows[:200], data.answerer_pairs(silver)):
         assert pair.input == (f"answer: {row['Hypothesis']} TYPE: {row['UpdateType']} "
                               f"QUESTION: {row['question_davinci']}")
         assert pair.target == row["Update"].strip()
-    fusion = data.read_table(shared_data("delta-clarify/fusion_dev.csv"), data.FUSION_COLUMNS)
+    fusion = tables.read_table(shared_data("delta-clarify/fusion_dev.csv"), data.FUSION_COLUMNS)
     for row, pair in zip(fusion.rows[:200], data.fusion_pairs(fusion)):
         assert pair.input == "merge: " + " ".join(row["input"].split())  # whitespace collapsed
         assert pair.target == " ".join(row["output"].split())
@@ -103,7 +104,7 @@ def test_judge_pairs_from_a_table_and_from_silver(tmp_path):
                                         "[moral_single]: lying to mom", "[moral_single]: sleeping in"]
     assert [re.match(r"<class>(-?\d)</class> <text>.+</text>$", p.target).group(1)
             for p in pairs] == ["1", "-1", "0"]
-    silver = data.read_table(shared_data("delta-clarify/sc_dev_questions_gpt.tsv"), data.SILVER_COLUMNS)
+    silver = tables.read_table(shared_data("delta-clarify/sc_dev_questions_gpt.tsv"), data.SILVER_COLUMNS)
     rows = data.silver_judge_rows(silver)
     labels = collections.Counter(r["class"] for r in rows.rows)
     assert set(labels) == {"-1", "0", "1"} and len(rows) > 1500
@@ -159,58 +160,58 @@ def test_hf_dataset_view():
 
 def test_missing_file_column_and_malformed_rows(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(data.DataError, match="data file not found: nowhere/x.tsv"):
-        data.read_table("nowhere/x.tsv", ["a"])
+    with pytest.raises(tables.DataError, match="data file not found: nowhere/x.tsv"):
+        tables.read_table("nowhere/x.tsv", ["a"])
     f = tmp_path / "t.tsv"
     f.write_text("id\tsource\tsituation\nA\tB\tC\n")
-    with pytest.raises(data.DataError, match=r"t\.tsv: missing column\(s\) \['question'\]"):
+    with pytest.raises(tables.DataError, match=r"t\.tsv: missing column\(s\) \['question'\]"):
         data.read_pairs(f, "question")
     f.write_text("id\tsource\tsituation\tquestion\n1\tx\tfine\twhy?\n2\tx\tonly three\n")
-    with pytest.raises(data.DataError, match=r"t\.tsv:3: malformed row: 3 fields"):
+    with pytest.raises(tables.DataError, match=r"t\.tsv:3: malformed row: 3 fields"):
         data.read_pairs(f, "question")
     f.write_text("id\tsource\tsituation\tquestion\n1\tx\tfine\twhy?\n2\tx\t \twhy?\n")
-    with pytest.raises(data.DataError, match=r"t\.tsv:3: column 'situation' is empty"):
+    with pytest.raises(tables.DataError, match=r"t\.tsv:3: column 'situation' is empty"):
         data.read_pairs(f, "question")
     f.write_text('id\tsource\tsituation\tquestion\n1\tx\t"multi\nline"\twhy?\n3\tx\ty\t"bad"q\n')
-    with pytest.raises(data.DataError, match=r"t\.tsv:4: malformed row"):
+    with pytest.raises(tables.DataError, match=r"t\.tsv:4: malformed row"):
         data.read_pairs(f, "question")
     s = tmp_path / "s.tsv"
     s.write_text("Hypothesis\tUpdate\tUpdateType\tquestion_davinci\tsituation\n"
                  "It's good.\tu\tweakener\tq?\ts\nIt's good.\tu\tsideways\tq?\ts\n")
-    with pytest.raises(data.DataError, match=r"s\.tsv:3.*update_type"):
+    with pytest.raises(tables.DataError, match=r"s\.tsv:3.*update_type"):
         data.read_pairs(s, "answerer")
     j = tmp_path / "j.jsonl"
     j.write_text('{"text": "a", "class": 1}\n{"text": "b", "class": 7}\n')
-    with pytest.raises(data.DataError, match=r"j\.jsonl:2.*label"):
+    with pytest.raises(tables.DataError, match=r"j\.jsonl:2.*label"):
         data.read_pairs(j, "judge")
     j.write_text('{"text": "a", "class": 1}\n{"text": "b"\n')
-    with pytest.raises(data.DataError, match=r"j\.jsonl:2: malformed JSON"):
+    with pytest.raises(tables.DataError, match=r"j\.jsonl:2: malformed JSON"):
         data.read_pairs(j, "judge")
 
 
 def test_relative_paths_and_no_example_fallback(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # relative paths still find ../shared/data beside the repository
     shared_data("delta-clarify/dev.tsv")
-    assert data.resolve_data_path("../shared/data/delta-clarify/dev.tsv").is_file()
+    assert tables.resolve_data_path("../shared/data/delta-clarify/dev.tsv").is_file()
     fake = tmp_path / "elsewhere" / "delta-clarify"
     fake.mkdir(parents=True)
     (fake / "mini.tsv").write_text("id\tsource\tsituation\tquestion\n1\tx\tsit\twhy?\n")
     monkeypatch.setenv("CLARIFYJAX_SHARED_DATA", str(tmp_path / "elsewhere"))
-    assert data.resolve_data_path("../shared/data/delta-clarify/mini.tsv") == fake / "mini.tsv"
+    assert tables.resolve_data_path("../shared/data/delta-clarify/mini.tsv") == fake / "mini.tsv"
     # a path that exists nowhere is an error, even where examples/delta-clarify holds a file of
     # that name (which the old fallback read instead); the fallback belongs to the demo alone.
     # One line naming the option and the path.
-    assert (data.REPO_ROOT / "examples" / "delta-clarify" / "train.tsv").is_file()
-    with pytest.raises(data.DataError) as info:
-        data.read_table(data.resolve_data_path("typo/delta-clarify/train.tsv", "data.train_path"),
+    assert (tables.REPO_ROOT / "examples" / "delta-clarify" / "train.tsv").is_file()
+    with pytest.raises(tables.DataError) as info:
+        tables.read_table(tables.resolve_data_path("typo/delta-clarify/train.tsv", "data.train_path"),
                      data.GOLD_COLUMNS)
     message = str(info.value)
     assert "\n" not in message and message.startswith(
         "data.train_path: data file not found: typo/delta-clarify/train.tsv (looked at "
-        f"{tmp_path / 'typo/delta-clarify/train.tsv'}, {data.REPO_ROOT / 'typo'}"), message
+        f"{tmp_path / 'typo/delta-clarify/train.tsv'}, {tables.REPO_ROOT / 'typo'}"), message
     assert "examples" not in message
-    with pytest.raises(data.DataError, match=r"^data file not found: typo/delta-clarify/dev\.tsv"):
-        data.read_table("typo/delta-clarify/dev.tsv", data.GOLD_COLUMNS)  # without an option name
+    with pytest.raises(tables.DataError, match=r"^data file not found: typo/delta-clarify/dev\.tsv"):
+        tables.read_table("typo/delta-clarify/dev.tsv", data.GOLD_COLUMNS)  # without an option name
 
 
 # --------------------------------------------------------------------------- batches
@@ -281,9 +282,9 @@ def test_resumed_iterator_continues_identically(dev_dataset):
 def test_resume_refuses_a_changed_dataset(dev_dataset):
     it = data.BatchIterator(dev_dataset, 64, seed=7, process_index=0, process_count=1)
     position = dict(it.position, num_examples=2000)
-    with pytest.raises(data.DataError, match="num_examples=2000"):
+    with pytest.raises(tables.DataError, match="num_examples=2000"):
         data.BatchIterator(dev_dataset, 64, position=position, process_index=0, process_count=1)
-    with pytest.raises(data.DataError, match="global_batch_size=64"):
+    with pytest.raises(tables.DataError, match="global_batch_size=64"):
         data.BatchIterator(dev_dataset, 32, position=it.position, process_index=0, process_count=1)
 
 

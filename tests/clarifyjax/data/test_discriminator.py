@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from clarifyjax import data
+from clarifyjax.files import tables
 
 from clarifyjax.data import discriminator
 from clarifyjax.text import formats
@@ -103,7 +104,7 @@ def test_the_table_reads_back_as_discriminator_pairs(tmp_path):
 def test_a_bad_label_is_named(tmp_path):
     path = tmp_path / "d.tsv"
     path.write_text("situation\tquestion\tlabel\ns\tq?\tmaybe\n")
-    with pytest.raises(data.DataError, match=r"d\.tsv:2: field 'label'.*'maybe'"):
+    with pytest.raises(tables.DataError, match=r"d\.tsv:2: field 'label'.*'maybe'"):
         data.read_pairs(path, "discriminator")
 
 

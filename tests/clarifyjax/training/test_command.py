@@ -23,7 +23,7 @@ from clarifyjax import cli
 
 from clarifyjax.training import loops
 from clarifyjax.config import ConfigError, load_config
-from clarifyjax.data import DataError
+from clarifyjax.files.tables import DataError
 from clarifyjax.models.safetensors_io import CheckpointError
 from helpers.env import REPO_ROOT, shared_data
 from helpers.resume_runs import forget_record

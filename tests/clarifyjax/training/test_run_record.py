@@ -25,7 +25,7 @@ from clarifyjax import cli
 from clarifyjax.training import run_record
 from clarifyjax.training import loops
 from clarifyjax.config import ConfigError, dump_config, load_config
-from clarifyjax.data import DataError
+from clarifyjax.files.tables import DataError
 from helpers.env import REPO_ROOT, shared_data
 
 DEV = str(shared_data("delta-clarify/dev.tsv"))
@@ -39,8 +39,8 @@ def nothing_built(monkeypatch):
         raise AssertionError("something was built before the refusal")
 
     monkeypatch.setattr(loops.builders, "build_t5", built)
-    monkeypatch.setattr(loops.data_lib, "load_sft_pairs", built)
-    monkeypatch.setattr(loops.data_lib, "load_ppo_situations", built)
+    monkeypatch.setattr(loops.data, "load_sft_pairs", built)
+    monkeypatch.setattr(loops.data, "load_ppo_situations", built)
     monkeypatch.setattr(loops.Tokenizer, "from_pretrained", built)
 
 

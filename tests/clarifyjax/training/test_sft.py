@@ -263,7 +263,7 @@ def test_sft_on_2000_rows_lowers_the_dev_loss(tmp_path_factory, tmp_path):
 def test_sft_bad_inputs_fail_clearly(tmp_path_factory, tmp_path):
     from helpers.tiny_models import tiny_spm_folder
     from clarifyjax.config import ConfigError
-    from clarifyjax.data import DataError
+    from clarifyjax.files.tables import DataError
     from clarifyjax.training.loops import train_sft
 
     spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
