@@ -65,7 +65,7 @@ durations-fast: setup
 
 bench: setup
 	for b in benchmarks/*.py; do $(PY) $$b || exit 1; done
-	$(PY) launch/sage_plan.py --readme  # the README's corpus plan reads the CPU rates just measured
+	$(PY) launch/sage_plan.py --docs  # docs/usage.md's corpus plan reads the CPU rates just measured
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -40,10 +40,10 @@ def machine_info() -> dict:
     return info
 
 
-def write_results(name: str, results: dict) -> Path:
-    """Write benchmarks/results/<name>.json atomically and print it."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
+def write_results(name: str, results: dict, path: Path | None = None) -> Path:
+    """Write `path` (default benchmarks/results/<name>.json) atomically and print it."""
+    path = Path(path or RESULTS_DIR / f"{name}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     results = {"benchmark": name, "machine": machine_info(), **results}
     tmp.write_text(json.dumps(results, indent=2) + "\n")

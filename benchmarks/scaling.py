@@ -1,6 +1,6 @@
 """Step time of the tiny PPO update on 1, 2, 4 and 8 fake CPU devices, and its communication share.
 
-    python benchmarks/scaling.py [--devices 1 2 4 8] [--batch 16] [--repeats 5] [--name scaling]
+    python benchmarks/scaling.py [--devices 1 2 4 8] [--batch 16] [--repeats 5] [--name scaling] [--out FILE]
 
 Each device count runs in its own subprocess (XLA_FLAGS=--xla_force_host_platform_device_count=N
 must be set before jax starts). The workload is fixed (strong scaling): one PPO update (4 epochs,
@@ -140,6 +140,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--name", default="scaling", help="results/<name>.json")
+    parser.add_argument("--out", type=Path, default=None, help="write here instead of results/<name>.json")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -180,7 +181,8 @@ def main() -> None:
         "method": "communication share = (t_data_parallel - t_independent_replicas) / "
                   "t_data_parallel; see the docstring",
         "runs": runs,
-        "step_time_vs_first": {str(r["devices"]): r["step_s"]["median_s"] / base for r in runs}})
+        "step_time_vs_first": {str(r["devices"]): r["step_s"]["median_s"] / base for r in runs}},
+        args.out)
 
 
 if __name__ == "__main__":

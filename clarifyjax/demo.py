@@ -21,7 +21,7 @@ that each step compiles once, learning rates), and they go where those configs p
 after the demo. Compiled programs are cached in ``OUT/.jax_cache``, so a second run starts faster.
 Each stage resumes from its checkpoints; ``--fresh`` deletes the demo's folders first. ``--quick``
 is a smoke-sized run (tests use it). ``--tokenizer-only`` makes ``OUT/tokenizer_tiny`` and stops: the
-one thing the tiny configs need before `clarifyjax train configs/sft_*_tiny.yaml` (README, Usage).
+one thing the tiny configs need before `clarifyjax train configs/sft_*_tiny.yaml` (docs/usage.md).
 """
 from __future__ import annotations
 
@@ -216,7 +216,7 @@ def ppo_summary(result: dict) -> str:
 def plot_rewards(metrics: Path, png: Path) -> Path:
     """reward_curve.png: the rollouts' mean normalized reward per PPO step and the dev reward
     (with its standard error), beside the KL to the reference and the policy's entropy, so that a
-    run that drifts without gaining shows at a glance. Paths may be str (the README calls it from
+    run that drifts without gaining shows at a glance. Paths may be str (docs/usage.md calls it from
     the shell)."""
     metrics, png = Path(metrics), Path(png)
     import matplotlib

@@ -4,8 +4,8 @@ each, 11 models answering every paraphrase, a rule of thumb for every answer, an
 one CPU host, one H100 and a TPU v4-32 slice.
 
     python launch/sage_plan.py                       # the table
-    python launch/sage_plan.py --markdown plan.md    # as the README's table
-    python launch/sage_plan.py --readme              # rewrite the README's table (after `make bench`)
+    python launch/sage_plan.py --markdown plan.md    # as docs/usage.md's table
+    python launch/sage_plan.py --docs                # rewrite docs/usage.md's table (after `make bench`)
 
 The CPU host's rates are the ones this project's benchmarks measured (benchmarks/results/
 causal_lm.json: the float32 matmul rate, the prefill FLOP/s the causal LM reached, the bytes/s it
@@ -124,42 +124,42 @@ def assumptions() -> str:
             "a 30-40 B model needs two H100s' memory in bf16, counted here as one H100's time.")
 
 
-README = REPO_ROOT / "README.md"
+USAGE = REPO_ROOT / "docs" / "usage.md"
 OPEN, CLOSE = "<!-- sage_plan -->\n", "<!-- /sage_plan -->"
 
 
-def _split_readme(readme: str) -> tuple[str, str, str]:
-    """README.md's text -> (before the block, the block, after it); the markers stay outside."""
-    head, opened, rest = readme.partition(OPEN)
+def _split_doc(doc: str) -> tuple[str, str, str]:
+    """docs/usage.md's text -> (before the block, the block, after it); the markers stay outside."""
+    head, opened, rest = doc.partition(OPEN)
     block, closed, tail = rest.partition(CLOSE)
     if not (opened and closed):
-        raise SystemExit(f"error: {README}: no '{OPEN.strip()}' ... '{CLOSE}' block")
+        raise SystemExit(f"error: {USAGE}: no '{OPEN.strip()}' ... '{CLOSE}' block")
     return head, block, tail
 
 
-def readme_block(readme: str) -> str:
-    """The text between the README's sage_plan markers."""
-    return _split_readme(readme)[1]
+def doc_block(doc: str) -> str:
+    """The text between the page's sage_plan markers."""
+    return _split_doc(doc)[1]
 
 
-def readme_with(readme: str, text: str) -> str:
-    """The README with `text` between its sage_plan markers."""
-    head, _, tail = _split_readme(readme)
+def doc_with(doc: str, text: str) -> str:
+    """The page with `text` between its sage_plan markers."""
+    head, _, tail = _split_doc(doc)
     return head + OPEN + text + CLOSE + tail
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--markdown", type=Path, default=None, help="write the table and its assumptions here")
-    parser.add_argument("--readme", action="store_true",
-                        help="rewrite the table between README.md's <!-- sage_plan --> markers")
+    parser.add_argument("--docs", action="store_true",
+                        help="rewrite the table between docs/usage.md's <!-- sage_plan --> markers")
     args = parser.parse_args(argv)
     text = markdown(plan()) + "\n\n" + assumptions() + "\n"
     print(text, end="")
     if args.markdown:
         atomic_write_bytes(args.markdown, text.encode())
-    if args.readme:
-        atomic_write_bytes(README, readme_with(README.read_text(), text).encode())
+    if args.docs:
+        atomic_write_bytes(USAGE, doc_with(USAGE.read_text(), text).encode())
     return 0
 
 

@@ -15,7 +15,7 @@ What it does, on whatever devices this process sees (e.g. 8 fake CPU devices):
    dtypes and logical axis names; not one parameter is allocated, so a T5-large plan runs on a
    laptop), and prints every parameter with its shape, dtype, `PartitionSpec` and bytes per device;
 3. reports the bytes per device of the whole run (every model, Adam moments, gradients,
-   activations) with `clarifyjax.training.memory_plan.plan` (the same numbers as the README's table);
+   activations) with `clarifyjax.training.memory_plan.plan` (the same numbers as docs/usage.md's table);
 4. lowers and compiles one training step (the PPO update for ``kind: ppo``, the SFT step for
    ``kind: sft``) on abstract inputs carrying their shardings, without running it, and prints
    XLA's memory analysis of the compiled step. The step is the run's own: `clarifyjax.training.programs`

@@ -19,18 +19,14 @@ NAME = "scaling_ci_check"
 
 
 @pytest.mark.slow  # four compiles of the tiny PPO update in two child processes
-def test_scaling_benchmark_reports_step_time_and_communication_share():
-    out = REPO_ROOT / "benchmarks" / "results" / f"{NAME}.json"
-    try:
-        proc = subprocess.run(
-            [sys.executable, "benchmarks/scaling.py", "--devices", "1", "2", "--batch", "4",
-             "--repeats", "1", "--name", NAME],
-            env=fake_device_env(1), cwd=str(REPO_ROOT), capture_output=True, text=True,
-            timeout=600)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-        results = json.loads(out.read_text())
-    finally:
-        out.unlink(missing_ok=True)
+def test_scaling_benchmark_reports_step_time_and_communication_share(tmp_path):
+    out = tmp_path / f"{NAME}.json"
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks/scaling.py"), "--devices", "1", "2", "--batch", "4",
+         "--repeats", "1", "--name", NAME, "--out", str(out)],
+        env=fake_device_env(1), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    results = json.loads(out.read_text())
     one, two = results["runs"]
     assert (one["devices"], two["devices"]) == (1, 2)
     assert one["rows_per_device"] == 4 and two["rows_per_device"] == 2

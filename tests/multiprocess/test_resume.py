@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from clarifyjax.files.child_result import RESULT_FILE_ENV
-from helpers.env import REPO_ROOT
 from helpers.children import child_result, clean_env
 from helpers.resume_runs import committed_steps
 
@@ -75,8 +74,8 @@ def _start(tmp_path, out, spm, cache, sleep=0.4):
                     JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                     **{RESULT_FILE_ENV: str(result)})
     log = open(tmp_path / f"{Path(out).name}.log", "a")
-    return subprocess.Popen([sys.executable, str(script), str(out), str(spm)], cwd=REPO_ROOT,
-                            env=env, stdout=log, stderr=subprocess.STDOUT), log, result
+    return subprocess.Popen([sys.executable, str(script), str(out), str(spm)], env=env, stdout=log,
+                            stderr=subprocess.STDOUT), log, result
 
 
 def _wait_for(proc, run: Path, step: int, timeout: float = 400.0) -> list[int]:

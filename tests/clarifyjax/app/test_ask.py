@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from clarifyjax.cli import main
-from helpers.env import REPO_ROOT, shared_data
+from helpers.env import shared_data
 from helpers.children import clean_env, killed_on_second_call
 from helpers.clarify_models import QUESTION_OPTIONS
 
@@ -55,7 +55,7 @@ def test_ask_writes_a_row_per_situation_and_a_killed_run_resumes_to_the_same_fil
 
     out = tmp_path / "killed.jsonl"
     proc = subprocess.run([sys.executable, "-c", KILLED_CHILD, *ask_argv(models_yaml, out)],
-                          cwd=REPO_ROOT, env=clean_env(JAX_PLATFORMS="cpu"), capture_output=True,
+                          env=clean_env(JAX_PLATFORMS="cpu"), capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     partial = tmp_path / ".killed.jsonl.partial"

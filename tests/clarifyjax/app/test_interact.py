@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from clarifyjax.app.clarifier import MAX_TURNS, Session, SessionError, run_steps
-from helpers.env import REPO_ROOT
 from helpers.children import clean_env
 from helpers.clarify_models import QUESTION_OPTIONS, FakeClarifier
 
@@ -43,7 +42,7 @@ def test_three_turns_through_a_pipe_judged_as_the_judge_judges_directly(models_y
              *(a.encode() for a in ANSWERS), b"worse " * 20000, b"/quit", b"", b"never read"]
     proc = subprocess.run([sys.executable, "-m", "clarifyjax", "interact", models_yaml,
                            "--transcript", str(transcript), *QUESTION_OPTIONS],
-                          input=b"\n".join(lines) + b"\n", cwd=REPO_ROOT,
+                          input=b"\n".join(lines) + b"\n",
                           env=clean_env(JAX_PLATFORMS="cpu"), capture_output=True, timeout=300)
     stdout, stderr = proc.stdout.decode("utf-8"), proc.stderr.decode("utf-8", "replace")
     assert proc.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]

@@ -214,7 +214,7 @@ def _kill_during_questions_then_rerun(tmp_path, config_text, out):
     """Killed (-9) during question generation, then run again: the same tables. Returns the
     config's path."""
     path2, out2 = _config(tmp_path, config_text, "killed")
-    child = subprocess.run([sys.executable, "-c", KILLED_CHILD, str(path2)], cwd=REPO_ROOT,
+    child = subprocess.run([sys.executable, "-c", KILLED_CHILD, str(path2)],
                            env=clean_env(JAX_PLATFORMS="cpu"), capture_output=True, text=True,
                            timeout=600)
     assert child.returncode == -signal.SIGKILL, child.stderr[-3000:]

@@ -18,7 +18,7 @@ import pytest
 from clarifyjax.core.buckets import equal_chunks
 from clarifyjax.cli import SUBCOMMANDS, main
 from clarifyjax.reward.pipeline import PipelineConfig, RewardPipeline
-from helpers.env import REPO_ROOT, shared_data
+from helpers.env import shared_data
 from helpers.score_cli import N, args_for, write_lines
 from helpers.tiny_models import tiny_nli_folder, tiny_t5_folder
 
@@ -171,8 +171,8 @@ def test_equal_chunks():
 def test_subcommands_and_python_dash_m():
     assert "score-questions" in SUBCOMMANDS
     proc = subprocess.run([sys.executable, "-m", "clarifyjax", "score-questions", "--help"],
-                          capture_output=True, text=True, cwd=str(REPO_ROOT), timeout=120)
+                          capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "--situations" in proc.stdout
     proc = subprocess.run([sys.executable, "-m", "clarifyjax"], capture_output=True, text=True,
-                          cwd=str(REPO_ROOT), timeout=120)
+                          timeout=120)
     assert proc.returncode == 2 and "SUBCOMMAND" in proc.stderr

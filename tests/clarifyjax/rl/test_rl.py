@@ -20,7 +20,7 @@ from clarifyjax.training import loops
 from clarifyjax.models.state import copy_params, split_model
 from clarifyjax.rl.value import ValueModel
 from clarifyjax.models.t5 import T5, T5Config, shift_right
-from helpers.env import shared_data
+from helpers.env import REPO_ROOT, shared_data
 from helpers.ppo_runs import lower_half_share, ppo_config
 
 
@@ -238,7 +238,7 @@ out = {{"wi_spec": list(wi.sharding.spec), "value_spec": list(vwi.sharding.spec)
         "reward": [h["train/reward_raw"] for h in r["history"]],
         "finite": bool(all(np.all(np.isfinite(np.asarray(x)))
                            for x in jax.tree.leaves(r["state"].policy_params)))}}
-sft_cfg = load_config("configs/sft_question_tiny.yaml", [
+sft_cfg = load_config({str(REPO_ROOT / "configs/sft_question_tiny.yaml")!r}, [
     "run.output_dir={tmp_path}/sft", "model.tokenizer=" + spm, "model.tiny.vocab_size=608",
     "model.tiny.d_model=32", "model.tiny.d_ff=64", "model.max_input_length=32",
     "model.max_target_length=16", "data.train_path={shared_data('delta-clarify/train.tsv')}",

@@ -19,11 +19,11 @@ import pytest
 from clarifyjax import cli
 from clarifyjax.config import ConfigError
 from clarifyjax.training import dryrun
-from helpers.env import shared_data
+from helpers.env import REPO_ROOT, shared_data
 from helpers.tiny_models import tiny_nli_folder, tiny_spm_folder, tiny_t5_folder
 
-SFT = "configs/sft_question_tiny.yaml"
-PPO = "configs/ppo_tiny.yaml"
+SFT = str(REPO_ROOT / "configs/sft_question_tiny.yaml")  # run.output_dir: runs/ in the test's folder
+PPO = str(REPO_ROOT / "configs/ppo_tiny.yaml")
 NONE = ["dryrun.compile=none"]
 
 

@@ -222,7 +222,7 @@ def _sft_overrides(tmp_path, spm, overrides=()) -> list[str]:
 def _sft_config(tmp_path, spm, overrides=()):
     from clarifyjax.config import load_config
 
-    return load_config("configs/sft_question_tiny.yaml", _sft_overrides(tmp_path, spm, overrides))
+    return load_config(REPO_ROOT / "configs/sft_question_tiny.yaml", _sft_overrides(tmp_path, spm, overrides))
 
 
 @pytest.mark.slow
@@ -293,8 +293,8 @@ def test_cli_train_rejects_unknown_keys(capsys):
     from clarifyjax.cli import main
 
     proc = subprocess.run([sys.executable, "-m", "clarifyjax", "train",
-                           "configs/sft_question_tiny.yaml", "run.steps=2", "optimizer.bogus=1"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+                           REPO_ROOT / "configs/sft_question_tiny.yaml", "run.steps=2", "optimizer.bogus=1"],
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "clarifyjax train: error:" in proc.stderr
     assert "unknown key 'optimizer.bogus'; valid keys under 'optimizer': name, lr" in proc.stderr
@@ -304,7 +304,7 @@ def test_cli_train_rejects_unknown_keys(capsys):
         status = main(["train", *args])
         return status, capsys.readouterr().err
 
-    status, err = cli("configs/sft_question_tiny.yaml", "optimizer.bogus=1", "--dry-run")
+    status, err = cli(str(REPO_ROOT / "configs/sft_question_tiny.yaml"), "optimizer.bogus=1", "--dry-run")
     assert status == 2 and "unknown key 'optimizer.bogus'" in err
     status, err = cli("configs/no_such.yaml")
     assert status == 2 and "config file not found: configs/no_such.yaml" in err
@@ -323,11 +323,11 @@ def test_cli_train_runs_exports_and_resumes(tmp_path_factory, tmp_path):
     from helpers.tiny_models import tiny_spm_folder
 
     spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
-    args = ["configs/sft_question_tiny.yaml", *_sft_overrides(tmp_path, spm, [
+    args = [str(REPO_ROOT / "configs/sft_question_tiny.yaml"), *_sft_overrides(tmp_path, spm, [
         "data.train_rows=64", "data.dev_rows=16", "run.steps=2", "run.eval_every=0",
         "run.log_every=1"])]
     proc = subprocess.run([sys.executable, "-m", "clarifyjax", "train", *args, "--no-progress"],
-                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert (tmp_path / "run" / "final" / "model.safetensors").exists()
     assert (tmp_path / "run" / "config.yaml").exists()
@@ -339,7 +339,7 @@ def test_cli_train_runs_exports_and_resumes(tmp_path_factory, tmp_path):
     # the same command with more steps resumes from the checkpoint of step 2
     more = [a if not a.startswith("run.steps=") else "run.steps=3" for a in args]
     proc = subprocess.run([sys.executable, "-m", "clarifyjax", "train", *more, "--no-progress",
-                           "--no-tensorboard"], cwd=REPO_ROOT, capture_output=True, text=True,
+                           "--no-tensorboard"], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]

@@ -10,7 +10,12 @@ writes thousands of entries (about 150 MB, far below the limit, so nothing is ev
 at a few thousand entries each scan cost 0.7 s on this machine, inside the lock that every other
 process of the run waits on. The lock stays; only the scan goes. Nothing here imports jax: the
 patch is applied when jax itself imports that module.
+
+It also installs the checkout guard's audit hook (`helpers.checkout_guard`): any open, listing,
+folder creation, removal or rename of a path under the checkout's runs/ is appended to the file
+that ``$CLARIFYJAX_TEST_CHECKOUT_LOG`` names, with the test that ran, and fails the run.
 """
+import os
 import sys
 
 TARGET = "jax._src.lru_cache"
@@ -48,7 +53,35 @@ class _PatchLruCache:
         return spec
 
 
+RUNS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))), "runs")
+AUDITED = {"open": 1, "os.listdir": 1, "os.scandir": 1, "os.mkdir": 1, "os.remove": 1, "os.rmdir": 1,
+           "os.rename": 2}  # event -> how many of its first arguments are paths
+
+
+def _audit_checkout(event, args):
+    n = AUDITED.get(event)
+    if n is None:
+        return
+    for path in args[:n]:
+        if not isinstance(path, (str, bytes, os.PathLike)):
+            continue  # a file descriptor
+        path = os.path.abspath(os.fsdecode(path))
+        if path == RUNS or path.startswith(RUNS + os.sep):
+            log = os.environ.get("CLARIFYJAX_TEST_CHECKOUT_LOG")
+            if log:
+                if event == "open":  # arguments (path, mode, flags)
+                    writes = (args[2] or 0) & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
+                    event = "write" if writes else "read"
+                test = os.environ.get("PYTEST_CURRENT_TEST", "outside a test")
+                with open(log, "a", encoding="utf-8") as f:
+                    f.write(f"{event}\t{path}\t{test}\n")
+
+
 def install() -> None:
+    if not getattr(sys, "clarifyjax_checkout_audit", False):
+        sys.clarifyjax_checkout_audit = True  # once per process (this file may load twice)
+        sys.addaudithook(_audit_checkout)
     if TARGET not in sys.modules and not any(getattr(f, "patches_lru_cache", False)
                                              for f in sys.meta_path):
         sys.meta_path.insert(0, _PatchLruCache())

@@ -364,7 +364,7 @@ def test_bad_configs_are_one_line_errors_before_any_work(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_the_readme_shows_the_corpus_plan_as_launch_sage_plan_computes_it():
+def test_the_usage_page_shows_the_corpus_plan_as_launch_sage_plan_computes_it():
     import importlib.util
 
     root = REPO_ROOT
@@ -376,8 +376,8 @@ def test_the_readme_shows_the_corpus_plan_as_launch_sage_plan_computes_it():
         assert all(v > 0 for v in h["hours"].values())
         assert sum(h["hours"].values()) == pytest.approx(h["total_hours"])
     assert result["1 x H100"]["total_hours"] < result["CPU host"]["total_hours"]
-    readme = (root / "README.md").read_text()
-    shown = plan.readme_block(readme)
-    assert plan.readme_with(readme, shown) == readme  # what --readme writes puts it back in place
+    doc = (root / "docs" / "usage.md").read_text()
+    shown = plan.doc_block(doc)
+    assert plan.doc_with(doc, shown) == doc  # what --docs writes puts it back in place
     assert shown.strip() == (plan.markdown(result) + "\n\n" + plan.assumptions()).strip(), (
-        "README.md's corpus plan is stale (benchmarks/results changed): run python launch/sage_plan.py --readme")
+        "docs/usage.md's corpus plan is stale (benchmarks/results changed): run python launch/sage_plan.py --docs")

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from clarifyjax.config.loader import build_root
-from helpers.env import REPO_ROOT, require, shared_data
+from helpers.env import require, shared_data
 from helpers import pipeline_child
 from helpers.children import clean_env
 from helpers.fake_llm import FakeGenerator, fake_screen
@@ -142,7 +142,7 @@ def _write_config(raw, folder: Path) -> Path:
 def _child(raw, tmp_path, kill_after) -> int:
     path = _write_config(raw, tmp_path)
     proc = subprocess.run([sys.executable, "-m", "helpers.pipeline_child", str(path), str(kill_after)],
-                          env=clean_env(), cwd=str(REPO_ROOT / "tests"), capture_output=True, text=True, timeout=120)
+                          env=clean_env(), capture_output=True, text=True, timeout=120)
     return proc.returncode, proc.stderr
 
 
