@@ -1,39 +1,10 @@
 """The decoding entry points: `generate` (jitted sampling with a KV cache) and `score`
 (teacher-forced log-probs of given targets), for a `T5` or a decoder-only `CausalLM`.
 
-Each checks its arguments and hands them to exactly one function of the model's family:
-
-    generate: T5 -> t5_loop.generate_t5        CausalLM -> causal_loop.generate_causal
-    score:    T5 -> scoring.score_t5           CausalLM -> scoring.score_causal
-
-The loops, the per-step choice they share (`step`), the logit filters and the draw (`sampling`)
-live in those modules.
-
-Shapes: b = batch, s = source length, n = max_new_tokens, t = target length.
-
-Argument checks, at the API boundary: each bad argument is a `TypeError` (wrong kind) or
-`ValueError` (wrong shape or value) whose one line names the argument, and for a value its row
-and column.
-
-What is checked, and when:
-
-* Always, eagerly or while traced under `jax.jit` (types, shapes and dtypes are known then):
-  the model is a `T5` or a `CausalLM`; token ids are an integer array and masks a bool, integer
-  or float array, both [batch, length] of one shape with length >= 1; `rng` is a PRNG key
-  (`jax.random.key(seed)`, or the raw uint32 `jax.random.PRNGKey(seed)`); the counts
-  (`max_new_tokens`, `min_new_tokens`, `top_k`) are Python or NumPy integers, `greedy` a bool,
-  `top_p` a real number; `prefix_ids` and `stop_token_ids` are integers within the vocabulary.
-* On concrete arrays only (NumPy arrays, lists, JAX arrays that are not traced; a traced array
-  has no values to read, so under `jit` these pass unchecked): every mask value is 0 or 1; every
-  row has at least one token; a prompt row's tokens are one run (padded on the left, the right or
-  both, never with a gap, as the loops left-align each row's tokens), a target row's are padded
-  on the right; every id, padding included, is in [0, vocab_size) (a lookup past the embedding
-  table is clamped or NaN, and a NaN at a padded position still spreads through its row); for a
-  `CausalLM`, the longest prompt (with the prefix) plus `max_new_tokens` fits in
-  `max_position_embeddings`.
-
-An empty batch (0 rows) passes; `generate` and `score` return empty arrays for it.
-"""
+Each checks its arguments (a bad one is a one-line TypeError or ValueError naming it) and hands
+them to one function of the model's family: `t5_loop.generate_t5` / `causal_loop.generate_causal`,
+`scoring.score_t5` / `scoring.score_causal`. Shapes: b = batch, s = source length,
+n = max_new_tokens, t = target length."""
 from __future__ import annotations
 
 import functools
@@ -158,6 +129,18 @@ def score(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Array,
 # --------------------------------------------------------------------------- argument checks
 
 
+# Argument checks: each bad argument is a TypeError (wrong kind) or ValueError (wrong shape or
+# value) whose one line names the argument, and for a value its row and column.
+# - Always, eagerly or under `jax.jit` (types, shapes and dtypes are known then): the model's
+#   family; ids an integer array and masks bool / integer / float, both [batch, length >= 1]; `rng`
+#   a PRNG key (new-style or raw uint32); the counts Python or NumPy integers, `greedy` a bool,
+#   `top_p` real; `prefix_ids` and `stop_token_ids` within the vocabulary.
+# - On concrete arrays only (a traced array has no values to read): masks are 0 / 1; every row has
+#   a token; a prompt row's tokens are one run (padded left, right or both, never with a gap, as
+#   the loops left-align rows), a target row's padded on the right; every id, padding included, is
+#   in [0, vocab_size) (a lookup past the table is clamped or NaN, and a NaN spreads through its
+#   row); a CausalLM's longest prompt plus prefix plus `max_new_tokens` fits its positions.
+# An empty batch (0 rows) passes, and gives empty arrays.
 def _check_model(model, where: str) -> int:
     """The vocabulary size of a `T5` or `CausalLM`; anything else is a TypeError."""
     if not isinstance(model, (T5, CausalLM)):
