@@ -105,7 +105,7 @@ def detect_launch(coordinator_address: str | None = None, num_processes: int | N
                   local_device_ids: int | Sequence[int] | str | None = None, *,
                   environ: Mapping[str, str] | None = None,
                   tpu_chips: bool | None = None) -> Launch:
-    """Decide how this process was started, without touching JAX (see the module docstring).
+    """Decide how this process was started, without touching JAX (in `initialize`'s order).
 
     Args:
       coordinator_address, num_processes, process_id, local_device_ids: explicit settings; any

@@ -50,7 +50,7 @@ def generate(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Arr
     batch (`CausalLM.prefill_after_prefix`) instead of once per row: the same continuations,
     much less prefill work when the rows share a long template.
 
-    Checked (the module docstring lists it): every argument's type, shape and dtype, eagerly and
+    Checked (listed above `_check_model`): every argument's type, shape and dtype, eagerly and
     under `jax.jit`; the mask and id values, the rows' padding and the context only on concrete
     arrays (a traced one has no values). An empty batch gives [0, max_new_tokens] outputs.
     """
@@ -107,8 +107,8 @@ def score(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Array,
     target_mask is 0. input_ids/attention_mask [b, s]; target_ids/target_mask [b, t].
 
     For a `CausalLM`, input_ids are the prompts (left- or right-padded, every row >= 1 token)
-    and the targets their continuations (right-padded). Checked as `generate`'s arguments (the
-    module docstring); an empty batch or zero-length targets give zeros [b, t]."""
+    and the targets their continuations (right-padded). Checked as `generate`'s arguments (listed
+    above `_check_model`); an empty batch or zero-length targets give zeros [b, t]."""
     vocab = _check_model(model, "score")
     input_ids, attention_mask, longest = _token_batch(
         input_ids, attention_mask, ("input_ids", "attention_mask"), vocab, "score")
@@ -248,7 +248,7 @@ _device_summary = jax.jit(functools.partial(_summary, jnp), static_argnums=(3,))
 def _token_batch(ids, mask, names: tuple[str, str], vocab_size: int, where: str, *,
                 right_padded: bool = False, empty_rows: bool = False
                 ) -> tuple[jax.Array, jax.Array, int | None]:
-    """(ids, mask) as int32 arrays, checked as the module docstring says, and the longest row's
+    """(ids, mask) as int32 arrays, checked as listed above `_check_model`, and the longest row's
     number of tokens (None when traced). `right_padded`: the tokens of each row must come first
     (targets); `empty_rows`: rows without a token pass (targets)."""
     id_name, mask_name = names
