@@ -1,8 +1,9 @@
 """The config of `sage-jax run` (YAML + ``key=value`` overrides, read by `clarifyjax.config.loader`):
 ``preset`` (`sage_jax.run.presets`), ``questions``, ``out``, ``limit``, ``seed``, the
 ``paraphrase`` source and generator, the ``models`` under test, the ``rot`` generator and
-``score`` settings (configs/sage/run_local.yaml is a whole one). Every number has a range; an unknown key or
-a bad value is one line naming the key and the file (or the override). Nothing here imports JAX."""
+``score`` settings (configs/sage/run_local.yaml is a whole one). Every number has a range; an
+unknown key or a bad value is one line naming the key and the file (or the override). Nothing
+here imports JAX."""
 from __future__ import annotations
 
 import dataclasses
