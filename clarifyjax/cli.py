@@ -1,33 +1,9 @@
 """The `clarifyjax` command (also `python -m clarifyjax`): `clarifyjax SUBCOMMAND [options]`.
 
-    clarifyjax score-questions --situations FILE --questions FILE --answerer DIR --fusion DIR
-                               --judge DIR [--nli DIR] --out FILE.jsonl [--overwrite]
-                               [--config REWARDS.yaml] [KEY=VALUE ...]
-    clarifyjax train CONFIG [--dry-run] [--no-progress] [KEY=VALUE ...]
-    clarifyjax generate MODEL_DIR --input PROMPTS.jsonl --out OUT.jsonl [--n N] [sampling]
-    clarifyjax serve MODEL_DIR [--host 127.0.0.1] [--port N]
-    clarifyjax evaluate CONFIG [KEY=VALUE ...]
-    clarifyjax discriminator-data --input FILE.tsv --out FILE.tsv [--embedder DIR]
-                                  [--neighbours N] [--overwrite]
-
-Each subcommand lives with its domain and registers in `clarifyjax.core.commands` (see there);
-this module imports them all, builds the parser and runs one.
-
-Run functions import jax and the models themselves, so `clarifyjax --help` stays fast.
-
-What the command line promises (issue 11):
-* Options and positionals may be mixed in any order (`train CONFIG --no-progress k=v`).
-* Every numeric option has a range, checked while parsing, before any file is read or any model
-  loaded; the message names the option (`--gain`), never an internal field. NaN and infinity are
-  never accepted.
-* `score-questions --out` is checked before any work (a directory, a device, an earlier run's
-  results without --overwrite, an input file, a folder that cannot be written) and written once,
-  at the end, by a rename; finished chunks wait beside it (clarifyjax.files.chunkstore), so the same
-  command resumes a killed run.
-* Bad input - a usage error, `CLIError`, the project's CheckpointError / ConfigError / DataError /
-  TextFormatError (which name the file, line and field), an OSError (named by its path) - is
-  printed as one line, `clarifyjax SUBCOMMAND: error: ...`, and `main` returns 2; no traceback.
-"""
+Each subcommand lives with its domain and registers in `clarifyjax.core.commands`; this module
+imports them all, builds the parser and runs one. Run functions import JAX and the models
+themselves, so `clarifyjax --help` stays fast. Bad input is one line, `clarifyjax SUBCOMMAND:
+error: ...`, and exit status 2 (docs/reliability.md lists what each command promises)."""
 from __future__ import annotations
 
 import argparse

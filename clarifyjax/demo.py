@@ -1,28 +1,11 @@
 """`python -m clarifyjax.demo` (what `make demo` runs): the whole system at tiny scale, on CPU.
 
-1. Data: ``../shared/data/delta-clarify`` when it is there (or ``$CLARIFYJAX_SHARED_DATA``), else
-   the project's small example files in ``examples/delta-clarify``.
-2. A SentencePiece tokenizer (vocabulary 2,000, T5's pad/eos/unk = 0/1/2) trained on the texts of
-   every task. Like T5's, it has no "<", so the judge's ``<class>`` prefix reads as
-   ``▁ <unk> class >``, as Delphi's did; "-1", "0" and "1" are single pieces.
-3. Supervised fine-tuning (configs/sft_*_tiny.yaml) of the question generator, the answer
-   generator and the fusion model, and of a judge on a (text, class) file derived here from the
-   silver answers (``judge.tsv``, see `clarifyjax.data.silver_judge_rows`).
-4. PPO (configs/ppo_tiny.yaml) of the question generator against those reward models.
-5. Questions before and after PPO with their imagined answers, and ``reward_curve.png``;
-   ``models.yaml`` (the PPO policy and the reward models) and the command that serves the web
-   page on them (`clarifyjax web`).
-6. SaGE: ``sage-jax score examples/sage_demo.jsonl`` with the real all-MiniLM-L6-v2 embedder.
-
-The runs are the tiny configs' own, with a few overrides (steps, one length bucket per model so
-that each step compiles once, learning rates), and they go where those configs put them, under
-``--out`` (default ``runs``): ``tokenizer_tiny``, ``sft_{question,answerer,fusion,judge}_tiny``,
-``ppo_tiny`` (with ``reward_curve.png``); so ``clarifyjax train configs/ppo_tiny.yaml`` works
-after the demo. Compiled programs are cached in ``OUT/.jax_cache``, so a second run starts faster.
-Each stage resumes from its checkpoints; ``--fresh`` deletes the demo's folders first. ``--quick``
-is a smoke-sized run (tests use it). ``--tokenizer-only`` makes ``OUT/tokenizer_tiny`` and stops: the
-one thing the tiny configs need before `clarifyjax train configs/sft_*_tiny.yaml` (docs/usage.md).
-"""
+It trains a SentencePiece tokenizer, fine-tunes the question generator, answerer, fusion model and
+a judge (configs/sft_*_tiny.yaml), runs PPO (configs/ppo_tiny.yaml), shows questions before and
+after with ``reward_curve.png``, writes ``models.yaml`` for `clarifyjax web`, and scores
+examples/sage_demo.jsonl with SaGE. Runs go where the tiny configs put them under ``--out``
+(default ``runs``) and resume from their checkpoints; ``--fresh``, ``--quick`` (smoke-sized) and
+``--tokenizer-only`` change that. Data: ../shared/data/delta-clarify, else examples/delta-clarify."""
 from __future__ import annotations
 
 import argparse

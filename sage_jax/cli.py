@@ -1,25 +1,10 @@
-"""`sage-jax score FILE [FILE ...] --text answer|rot|blend --embedder PATH --out DIR`; also
-`sage-jax run CONFIG` (sage_jax.run.pipeline) and `sage-jax experiment CONFIG`
-(sage_jax.experiments.command).
+"""The `sage-jax` command (also `python -m sage_jax.cli`): `sage-jax score FILE [FILE ...] --text
+answer|rot|blend --embedder PATH --out DIR`, `sage-jax run CONFIG` (`sage_jax.run.pipeline`) and
+`sage-jax experiment CONFIG` (`sage_jax.experiments.command`).
 
-For each file (one model's answers): read the questions (long or pairs format), embed every
-distinct text once, score SaGE per question, compute the BLEU / ROUGE-L / BERTScore consistency
-baselines, and write into DIR:
-
-  <model>.per_question.csv   question_id, n_texts, n_valid, distinct_texts, sage, bleu, rouge_l, bertscore
-  summary.json               per model: mean, std, count, skipped of each metric, and the settings
-  sage_distribution.png      the distribution of per-question SaGE, one outline per model
-
-and print a table with the models side by side. Also runs as `python -m sage_jax.cli`.
-
-All or nothing, checked early: every option's range, the output folder, the embedder folder and
-every input file (read and validated whole) are checked before a model is loaded or a score is
-computed. The files are written to a temporary sibling of DIR that replaces DIR only when every
-input was scored (`report.OutputFolder`), so a failure leaves the earlier results untouched. A
-non-empty DIR needs --overwrite. Errors are one line, `sage-jax: error: ...`, naming the option,
-file (and line) or path: exit status 2 for bad options and inputs (checked before the work), 1
-for a failure during the work (an OSError, or scoring one file).
-"""
+`score` reads each model's answers, embeds every distinct text once, scores SaGE and the BLEU /
+ROUGE-L / BERTScore baselines per question and writes DIR all or nothing (the files are listed
+above `run_score`). Every input is checked before a model loads; errors are one line."""
 from __future__ import annotations
 
 import argparse
@@ -199,6 +184,13 @@ def _write(out, results: list, args) -> None:
                               title=f"SaGE per question ({args.text})")
 
 
+# Into DIR: <model>.per_question.csv (question_id, n_texts, n_valid, distinct_texts, sage, bleu,
+# rouge_l, bertscore), summary.json (per model: mean, std, count, skipped of each metric, and the
+# settings) and sage_distribution.png, then a table of the models side by side. All or nothing:
+# options, the output folder, the embedder folder and every input file (read whole) are checked
+# before a model loads; the files go to a temporary sibling of DIR that replaces it only when every
+# input was scored (`report.OutputFolder`), so a failure leaves earlier results untouched; a
+# non-empty DIR needs --overwrite.
 def run_score(args) -> int:
     check_inputs(args.files)
     out = report.OutputFolder(args.out, overwrite=args.overwrite, inputs=args.files)
@@ -280,6 +272,9 @@ def run_experiment_command(args) -> int:
         raise RunFailure(str(e)) from e
 
 
+# Errors are one line, `sage-jax: error: ...`, naming the option, file (and line) or path: exit
+# status 2 for bad options and inputs (checked before the work), 1 for a failure during the work
+# (an OSError, or scoring one file).
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_sage_parser()
     args, extra = parser.parse_known_args(argv)

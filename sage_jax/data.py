@@ -1,36 +1,10 @@
 """SaGE input files -> questions with their texts -> padded [batch, n] index / mask / groups.
 
-Two layouts are read, each as CSV, TSV or JSONL (by the file's suffix):
-
-* the long format, one row per paraphrase: question id, paraphrase, answer, rule of thumb (column
-  names configurable; the defaults are those of the SaGE release, e.g. sage-mcc/q100_*_rot.csv:
-  `question_id, question, paraphrased, score, model_output, rot`);
-* the reference pairs format, one row per pair of paraphrases: `question_id, paraphrased_1,
-  model_output_1, rot_1, paraphrased_2, model_output_2, rot_2` plus numeric edge-weight columns
-  (`bleu_*`, `rouge_*`, `cosine_*`). The reference writes the pairs of n paraphrases in
-  `itertools.combinations(range(n), 2)` order; each question's n texts are rebuilt from that order
-  and must agree across the rows that mention them.
-
-A missing column is an error naming the file and the column; a malformed row names the file and the
-line (see `clarifyjax.files.tables` for the encoding, header and row rules). Empty texts are kept in the
-questions and masked out (and counted) when batching.
-
-Duplicates, each decided by whether the tool can know what was meant:
-
-* one question id with two different texts in the `question` column (when the file has one):
-  refused, naming both lines: two questions would be merged into one with twice the texts;
-* a row that repeats an earlier row of the same question word for word: read, and reported by one
-  `DataWarning` naming the lines. It moves the score, but it is not always a mistake: the SaGE
-  release itself repeats a paraphrase within a question (q100_gpt-3.5-turbo_rot.csv, lines 318-319),
-  and a deterministic model then repeats its answer too. A pairs file whose repeated row breaks the
-  n(n-1)/2 combinations structure is refused by that check;
-* a long-format question with at least twice the median number of rows: read, and reported by a
-  `DataWarning` naming its lines (two questions sharing an id, where no `question` column tells).
-
-Edge-weight columns (pairs format) must hold a number in [-1, 1] for every pair (up to float32
-rounding, `SIMILARITY_TOLERANCE`): empty cells, NaN, inf and values outside are refused with the
-line, when the column is asked for (`weight_columns`, `pair_matrix`).
-"""
+Two layouts, each as CSV, TSV or JSONL: the long format, one row per paraphrase (question id,
+paraphrase, answer, rule of thumb; the default column names are the SaGE release's, e.g.
+sage-mcc/q100_*_rot.csv), and the reference's pairs format (described above `read_pairs_format`).
+Errors name the file, line and column (`clarifyjax.files.tables`'s rules); empty texts are kept
+and masked out when batching; duplicates are handled as written above `_Repeats`."""
 from __future__ import annotations
 
 import itertools
@@ -157,6 +131,16 @@ def _same_question(path, seen: dict, qid: str, line_no: int, row: dict, columns:
                         "share one id")
 
 
+# Duplicates, each decided by whether the tool can know what was meant:
+# * one question id with two different texts in the `question` column (when the file has one):
+#   refused, naming both lines (two questions would be merged into one with twice the texts);
+# * a row that repeats an earlier row of the same question word for word: read, and reported by one
+#   `DataWarning` naming the lines. It moves the score but is not always a mistake: the SaGE release
+#   itself repeats a paraphrase within a question (q100_gpt-3.5-turbo_rot.csv, lines 318-319), and a
+#   deterministic model then repeats its answer too. A pairs file whose repeated row breaks the
+#   n(n-1)/2 combinations structure is refused by that check;
+# * a long-format question with at least twice the median number of rows: read, and reported by a
+#   `DataWarning` naming its lines (two questions sharing an id, where no `question` column tells).
 class _Repeats:
     """Rows that repeat an earlier row of the same question word for word (warned, not refused)."""
 
@@ -206,7 +190,7 @@ def read_long_format(path, columns: Columns = Columns(), need: Sequence[str] = (
     """Long format: one row per paraphrase; rows of a question need not be contiguous.
 
     `need` lists the text fields that must be present; the others are read when their column
-    exists (else None). Duplicates: see the module docstring.
+    exists (else None). Duplicates: see above `_Repeats`.
     """
     header, rows = _header_rows or read_rows(path)
     _require_columns(path, header, [columns.question_id] + [columns.name(f) for f in need])
@@ -292,6 +276,11 @@ def _pairs_question(path, qid: str, pairs: list, present: list, text_cols: dict,
                     lines=[seen_at[p] for p in range(n)], pair_values=values, pair_lines=pair_lines)
 
 
+# The reference pairs format: one row per pair of paraphrases, `question_id, paraphrased_1,
+# model_output_1, rot_1, paraphrased_2, model_output_2, rot_2` plus numeric edge-weight columns
+# (`bleu_*`, `rouge_*`, `cosine_*`). The reference writes the pairs of n paraphrases in
+# `itertools.combinations(range(n), 2)` order; each question's n texts are rebuilt from that order
+# and must agree across the rows that mention them.
 def read_pairs_format(path, columns: Columns = Columns(), need: Sequence[str] = ("answer",),
                weight_columns: Sequence[str] | None = None, *, _header_rows=None) -> list[Question]:
     """Reference pairs format: one row per pair (i < j) of paraphrases, in combinations order.
@@ -444,6 +433,8 @@ def _n_max(questions: Sequence[Question], n_max) -> int:
     return int(n_max)
 
 
+# Edge-weight columns must hold a number in [-1, 1] for every pair (up to float32 rounding,
+# `SIMILARITY_TOLERANCE`): empty cells, NaN, inf and values outside are refused with the line.
 def pair_matrix(questions: Sequence[Question], column: str, n_max: int | None = None) -> np.ndarray:
     """A pairs file's numeric column as [batch, n_max, n_max] edge weights (0 at padding); every
     pair must hold a number in [-1, 1] (a DataError naming the line otherwise)."""

@@ -1,33 +1,9 @@
 """Pairwise consistency baselines over a question's texts: BLEU, ROUGE-L and BERTScore.
 
-Per question, the score is the mean over the pairs i < j of its (non-empty) texts of a pair score:
-the SaGE paper's Elazar et al. (2021) consistency (its section 5.1, the BLEU / ROUGE / BERTScore
-columns of Table 1), Cons(q) = 2 / (n (n - 1)) * sum over pairs of sim(a_i, a_j). The paper prints
-the sum over i != j, which with that factor would be twice the mean over ordered pairs (2 for
-identical answers, not a consistency in [0, 1]); the reference code averages the C(n,2) pairs
-i < j of its pairs files, and so do we:
-
-* BLEU: nltk `sentence_bleu([text_i.split()], text_j.split())` with `SmoothingFunction().method1`,
-  whitespace tokens, text i the reference and text j the hypothesis. This reproduces the `bleu_*`
-  columns of the reference pairs files exactly (paraphrase `_1` = reference, `_2` = hypothesis).
-* ROUGE-L: rouge-score's `rougeL` F-measure with `use_stemmer=True` (the `rouge_*` columns).
-
-Tokenisation (`tokenizer=`): "reference" (the default) is the reference's, as above; it suits
-English only. rouge-score keeps only [a-z0-9], so Chinese, Arabic, Russian or emoji answers lose
-every character (three identical Chinese answers get ROUGE-L 0), and a script written without
-spaces is one whitespace token per sentence for BLEU. `mostly_dropped` finds the questions whose
-texts lose most of their characters that way, for a warning. "unicode" (`unicode_tokens`) reads
-every script: NFKC, runs of letters, marks and digits are words, and each character of a script
-written without spaces (Han, kana, Thai, Lao, Khmer, Myanmar) and each non-ASCII symbol (emoji)
-is a token of its own; punctuation separates. For ROUGE-L its ASCII words are lowercased and
-stemmed exactly as rouge-score does, so English text scores as with the reference's tokenizer.
-* BERTScore F1: `clarifyjax.evaluation.bertscore`, the `bert-score` package's computation exactly (the
-  reference calls it with bert-base-uncased, layer 9, no idf, no rescaling), text i the reference
-  and text j the candidate.
-
-Questions with fewer than 2 non-empty texts score NaN. BLEU and ROUGE are per-pair Python (nltk,
-rouge-score); BERTScore runs jitted batches over all the pairs.
-"""
+Per question, the mean over the pairs i < j of its non-empty texts of a pair score (the SaGE
+paper's Elazar et al. consistency, as the reference code computes it: see above `pairwise_mean`).
+BLEU and ROUGE-L reproduce the reference pairs files' columns; `tokenizer="unicode"` reads every
+script where the reference's tokenization suits English only."""
 from __future__ import annotations
 
 import re
@@ -45,6 +21,12 @@ def _clean(texts: Sequence[str]) -> list[str]:
     return [t for t in texts if t is not None and t.strip()]
 
 
+# Per question, the score is the mean over the pairs i < j of its (non-empty) texts of a pair score:
+# the SaGE paper's Elazar et al. (2021) consistency (its section 5.1, Table 1's BLEU / ROUGE /
+# BERTScore columns), Cons(q) = 2 / (n (n - 1)) * sum over pairs of sim(a_i, a_j). The paper prints
+# the sum over i != j, which with that factor would be twice the mean over ordered pairs (2 for
+# identical answers); the reference code averages the C(n,2) pairs i < j of its pairs files, and so
+# do we. Questions with fewer than 2 non-empty texts score NaN.
 def pairwise_mean(texts_per_question: Sequence[Sequence[str]], pair_score: Callable[[str, str], float]
                   ) -> np.ndarray:
     """Mean of pair_score(text_i, text_j) over i < j per question: [batch] float64 (NaN if < 2 texts)."""
@@ -67,8 +49,16 @@ _NO_SPACES = re.compile("[\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u
 _ROUGE_KEPT = re.compile(r"[a-z0-9]")
 
 
+# Tokenisation (`tokenizer=`): "reference" (the default) is the reference's; it suits English only.
+# rouge-score keeps only [a-z0-9], so Chinese, Arabic, Russian or emoji answers lose every character
+# (three identical Chinese answers get ROUGE-L 0), and a script written without spaces is one
+# whitespace token per sentence for BLEU (`mostly_dropped` finds such questions, for a warning).
+# "unicode" reads every script: NFKC, runs of letters, marks and digits are words, and each
+# character of a script written without spaces (Han, kana, Thai, Lao, Khmer, Myanmar) and each
+# non-ASCII symbol is a token of its own; punctuation separates. For ROUGE-L its ASCII words are
+# lowercased and stemmed exactly as rouge-score does, so English scores as with the reference's.
 def unicode_tokens(text: str) -> list[str]:
-    """The words of `text` in any script (see the module): NFKC; letters, marks and digits make
+    """The words of `text` in any script (see above): NFKC; letters, marks and digits make
     words; a character of a script written without spaces, or a symbol (emoji), is one token."""
     tokens: list[str] = []
     word: list[str] = []
@@ -122,6 +112,10 @@ def _smoothing():
     return SmoothingFunction().method1
 
 
+# BLEU: nltk `sentence_bleu([text_i.split()], text_j.split())` with `SmoothingFunction().method1`,
+# text i the reference and text j the hypothesis: this reproduces the `bleu_*` columns of the
+# reference pairs files exactly (paraphrase `_1` = reference, `_2` = hypothesis). ROUGE-L:
+# rouge-score's `rougeL` F-measure with `use_stemmer=True` (the `rouge_*` columns).
 def bleu_pair(reference: str, hypothesis: str, tokenizer: str = "reference") -> float:
     """Sentence BLEU-4 of `hypothesis` against `reference`, smoothing method 1; whitespace tokens
     ("reference") or `unicode_tokens` ("unicode")."""
@@ -205,6 +199,9 @@ def exact_match_consistency(texts_per_question: Sequence[Sequence[str]]) -> np.n
 # ----------------------------------------------------------------------------- BERTScore
 
 
+# BERTScore F1 through `clarifyjax.evaluation.bertscore` (the reference calls the package with
+# bert-base-uncased, layer 9, no idf, no rescaling), text i the reference and text j the candidate,
+# in jitted batches over all the pairs (BLEU and ROUGE are per-pair Python).
 def bertscore_consistency(texts_per_question: Sequence[Sequence[str]], *, model, layer: int | None = None,
                           batch_size: int = 1, pairs_per_call: int = 4096,
                           on_chunk: Callable[[int, int], None] | None = None) -> np.ndarray:

@@ -1,61 +1,11 @@
-"""SaGE (Semantic Graph Entropy), vectorized over questions and jitted.
+"""SaGE (Semantic Graph Entropy), vectorized over questions and jitted; imports jax alone. As the
+reference code computes it (docs/originals.md), per question with k texts, W = their cosines:
 
-This module imports jax alone, so it can be pasted into research code.
+    s_i = 1e-20 + sum_{j != i} max(W_ij, 0);  p_i = s_i^alpha / sum_l s_l^alpha  (alpha = 10)
+    H = -sum_i p_i log p_i / log k;  lambda = mean of W_ij over pairs i < j;  SaGE = lambda * H
 
-The definition is the one the published numbers came from (the reference code, docs/originals.md, SaGE), not the
-paper's equations (4)-(7). Per question with k texts and similarities W (cosine of their
-embeddings):
-
-    s_i    = 1e-20 + sum_{j != i} max(W_ij, 0)            strength of node i
-    p_i    = s_i^alpha / sum_l s_l^alpha                  alpha = 10
-    H      = -sum_i p_i log p_i / log k                   normalized entropy, k >= 2
-    lambda = mean of W_ij over the k(k-1)/2 pairs i < j   negatives included
-    SaGE   = lambda * H                                   in [-1, 1]
-
-Five identical vectors give 1, mutually orthogonal ones 0. Questions with different numbers of
-texts share one call through a boolean mask; padded positions never enter a sum.
-
-Reproduction of the reference's collapsing of identical strings (opt-in, `groups`). The reference
-keys its graph nodes by text, so identical texts become one node. We reproduce it as follows, for
-integer `groups` (equal ids within a row = identical text):
-
-  * a group's strength is the SUM of its members' strengths s_i, each computed as above over all
-    other texts of the question (members of the same group included, so identical texts add their
-    cosine of 1); every member brings its own 1e-20;
-  * k is the number of distinct groups among the valid positions, and H is taken over the groups;
-  * lambda is the reference's `avg`: the mean of W over every pair row of the question, i.e. all
-    n(n-1)/2 pairs of valid positions, the pairs of identical texts included (their edges are
-    self-loops of a collapsed node, and the reference still counts them). It is the same lambda
-    as without `groups`; only H changes;
-  * a question whose valid texts are all identical (k = 1 with >= 2 texts) scores 0, not 1: this is
-    the reference's bug ("perfect agreement scores 0"), reproduced only in this mode.
-
-With `groups=None` (the default, and the metric we recommend) every position is its own node.
-
-Precision: the metric computes in float32, or in float64 when its inputs are float64 and
-`jax.enable_x64` is on. The reference's `entropy()` works in Python floats (float64) over float32
-cosines; float32 strengths raised to alpha = 10 move a score by up to ~1.5e-6, so `sage_jax.scoring`
-scores in float64 on the host CPU.
-
-Bad vectors: a valid position whose embedding holds a NaN/inf (or a similarity between two valid
-positions that is non-finite or outside [-1, 1] beyond float32 rounding) makes the question's score
-NaN, so that `mean_sage` counts it as skipped instead of averaging a made-up number. Rows with fewer
-than 2 valid texts are NaN too. An all-zero vector is a text that agrees with nothing: its cosine
-with every text (another zero vector included) is 0, as in torch's `cosine_similarity`, so the
-question gets a finite score. Every finite score lies in [-1, 1] (float32 rounding is clipped).
-
-Scale: the cosine ignores a vector's length, and so does this code: each vector is divided by its
-largest |entry| before the products, so vectors with entries of 1e30 or 1e-30 (or a mix) give the
-same scores as unit vectors instead of overflowing float32 to inf / NaN.
-
-Arguments are checked at each public function's boundary, each bad one a ValueError naming it
-(docs/reliability.md, "Python API"): shapes, a real dtype, an embedding width d >= 1 and the mask's
-dtype eagerly and under `jax.jit` alike; alpha, the weight, chunk_size and mask values (0 / 1) when
-concrete. A traced alpha or weight outside its range makes every score NaN (it cannot raise).
-
-Memory is O(batch * n^2 + batch * n * d): the cosines come from one Gram matrix per question of
-the rescaled vectors, normalized by its diagonal.
-"""
+Five identical vectors give 1, orthogonal ones 0. Questions of different sizes share a call
+through a mask; `groups` reproduces the reference's collapsing of identical strings (opt-in)."""
 from __future__ import annotations
 
 import jax
@@ -89,6 +39,10 @@ def _concrete(value, name: str):
     raise ValueError(f"{name} must be a number, got {value!r}")
 
 
+# Arguments are checked at each public function's boundary, each bad one a ValueError naming it
+# (docs/reliability.md, "Python API"): shapes, a real dtype, a width d >= 1 and the mask's dtype
+# eagerly and under `jax.jit` alike; alpha, the weight, chunk_size and mask values (0 / 1) when
+# concrete. A traced alpha or weight outside its range makes every score NaN (it cannot raise).
 def check_number(value, name: str, low: float, high: float, *, low_open: bool = False,
                  integer: bool = False):
     """`value` if it is a finite number in [low, high] ((low, high] with low_open), else a
@@ -159,6 +113,10 @@ def _cosines(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     return jnp.where(good[:, :, None] & good[:, None, :], sim, 0.0), sq_norm
 
 
+# Scale: the cosine ignores a vector's length, and so does this code: each vector is divided by its
+# largest |entry| before the products, so entries of 1e30 or 1e-30 (or a mix) give the same scores
+# as unit vectors instead of overflowing float32. Memory is O(batch * n^2 + batch * n * d): one Gram
+# matrix per question of the rescaled vectors, normalized by its diagonal.
 def _rescaled_cosines(x: jax.Array) -> tuple[jax.Array, jax.Array]:
     """The cosines of vectors first divided by their largest |entry| (every entry in [-1, 1],
     every nonzero squared norm in [1, d]), and `ok`: the vector is finite."""
@@ -220,6 +178,19 @@ def _default_mask(shape: tuple[int, ...], mask: jax.Array | None) -> jax.Array:
     return mask.astype(bool)
 
 
+# Reproduction of the reference's collapsing of identical strings (opt-in, `groups`: equal ids
+# within a row = identical text). The reference keys its graph nodes by text, so identical texts
+# become one node. Reproduced as follows:
+#   * a group's strength is the SUM of its members' strengths s_i, each computed over all other
+#     texts of the question (members of the same group included, so identical texts add their
+#     cosine of 1); every member brings its own 1e-20;
+#   * k is the number of distinct groups among the valid positions, and H is taken over the groups;
+#   * lambda is the reference's `avg`: the mean of W over all n(n-1)/2 pairs of valid positions, the
+#     pairs of identical texts included (self-loops of a collapsed node, which the reference still
+#     counts). It is the same lambda as without `groups`; only H changes;
+#   * a question whose valid texts are all identical (k = 1 with >= 2 texts) scores 0, not 1: the
+#     reference's bug ("perfect agreement scores 0"), reproduced only in this mode.
+# With `groups=None` (the default, and the metric we recommend) every position is its own node.
 def _check_groups(groups: jax.Array | None, shape: tuple[int, ...]) -> jax.Array | None:
     if groups is None:
         return None
@@ -231,6 +202,15 @@ def _check_groups(groups: jax.Array | None, shape: tuple[int, ...]) -> jax.Array
     return groups
 
 
+# Precision: float32, or float64 when the inputs are float64 and `jax.enable_x64` is on. The
+# reference's `entropy()` works in Python floats over float32 cosines; float32 strengths raised to
+# alpha = 10 move a score by up to ~1.5e-6, so `sage_jax.scoring` scores in float64 on the host CPU.
+# Bad vectors: a valid position whose embedding holds a NaN/inf (or a similarity between two valid
+# positions that is non-finite or outside [-1, 1] beyond float32 rounding) makes the question's score
+# NaN, so that `mean_sage` counts it as skipped instead of averaging a made-up number. Rows with
+# fewer than 2 valid texts are NaN too. An all-zero vector agrees with nothing: its cosine with every
+# text (another zero vector included) is 0, as torch's `cosine_similarity`, so the score is finite.
+# Every finite score lies in [-1, 1] (float32 rounding is clipped).
 def _sage_core(similarity: jax.Array, valid: jax.Array, groups: jax.Array | None,
                alpha: jax.Array) -> jax.Array:
     """SaGE from similarities. similarity [b, n, n], valid [b, n] bool, groups [b, n] or None -> [b]."""
@@ -368,7 +348,7 @@ def sage_from_similarity(similarity: jax.Array, mask: jax.Array | None = None, *
       mask: [batch, n] bool or 0 / 1 (values checked when concrete); None means all valid.
       alpha: exponent of the strengths (10), in (0, ALPHA_MAX]; traced under jit, outside it: NaN.
       groups: optional [batch, n] int, equal ids within a row = identical text; reproduces the
-        reference's collapsing of identical strings (see the module docstring).
+        reference's collapsing of identical strings (see above `_check_groups`).
 
     Returns:
       [batch] float32 in [-1, 1]; NaN for rows with fewer than 2 valid texts or a similarity that

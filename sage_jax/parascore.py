@@ -1,24 +1,9 @@
-"""ParaScore, as the ParaScore toolkit computes it, and the paraphrase filter of SaGE's pipeline.
-
-The toolkit (shadowkiller33/parascore_toolkit, `ParaScorer.base_score(cands, sources, refs)`):
-
-    ParaScore = max(F_BERT(cand, source), F_BERT(cand, ref)) + omega * DS(cand, source)
-    DS        = gamma                                if NED >= gamma
-              = -1 + ((1 + gamma) / gamma) * NED     otherwise
-    NED       = Levenshtein(cand, source) / max(len(cand), len(source))   (characters, raw strings)
-
-with gamma = 0.35 and omega = 0.05, F_BERT the `bert-score` package's F1 (`clarifyjax.evaluation.bertscore`) and
-the Levenshtein distance nltk's `edit_distance` (substitution 1, no transpositions), here computed
-row by row in numpy (the same numbers, without a Python loop over characters). Without references
-the score is `F_BERT(cand, source) + omega * DS` (the toolkit's `free_score` means this, but its
-code adds omega * DS to P, R and F in turn). Two empty strings have NED 0 (the toolkit divides by
-zero).
+"""ParaScore, as the ParaScore toolkit computes it (the formula is above `parascore`), and the
+paraphrase filter of SaGE's pipeline.
 
 SaGE calls it with bert-base-uncased (BERTScore's default layer 9), the question as the candidate
-and the paraphrase as both source and reference, so its score is F1(question, paraphrase) +
-omega * DS(question, paraphrase). `filter_paraphrases` does that for an LLM's numbered output, with
-the reference's bugs fixed (see its docstring).
-"""
+and the paraphrase as both source and reference: F1(question, paraphrase) + omega * DS.
+`filter_paraphrases` does that for an LLM's numbered output, with the reference's bugs fixed."""
 from __future__ import annotations
 
 import re
@@ -72,6 +57,16 @@ def diversity(candidates: Sequence[str], sources: Sequence[str], gamma: float = 
     return np.where(ned >= gamma, gamma, -1.0 + ((1.0 + gamma) / gamma) * ned)
 
 
+# The toolkit (shadowkiller33/parascore_toolkit, `ParaScorer.base_score(cands, sources, refs)`):
+#     ParaScore = max(F_BERT(cand, source), F_BERT(cand, ref)) + omega * DS(cand, source)
+#     DS        = gamma                                if NED >= gamma
+#               = -1 + ((1 + gamma) / gamma) * NED     otherwise
+#     NED       = Levenshtein(cand, source) / max(len(cand), len(source))   (characters, raw strings)
+# with gamma = 0.35 and omega = 0.05, F_BERT the `bert-score` package's F1 and the Levenshtein
+# distance nltk's `edit_distance` (substitution 1, no transpositions), computed row by row in numpy.
+# Without references the score is F_BERT(cand, source) + omega * DS (the toolkit's `free_score`
+# means this, but its code adds omega * DS to P, R and F in turn). Two empty strings have NED 0 (the
+# toolkit divides by zero).
 def parascore(sources: Sequence[str], candidates: Sequence[str], references: Sequence[str] | None = None, *,
               model, layer: int | None = None, gamma: float = GAMMA, omega: float = OMEGA) -> np.ndarray:
     """[N] float64 ParaScore of each candidate against its source (and reference).

@@ -1,13 +1,9 @@
 """`clarifyjax ask MODELS.yaml --situations FILE --out FILE`: ClarifyDelphi's question for each
 situation of a file, with the imagined weakener and strengthener answers, their fused situations
-and the judge's P(bad, ok, good) of each (`clarify.Clarifier.ask`).
+and the judge's P(bad, ok, good) of each (`Clarifier.ask`).
 
-Texts longer than a model's max_input_length are cut to it, and counted per model in a closing
-note (as score-questions counts its cuts). The output (JSONL, or CSV by its suffix) is written
-once, at the end, by a rename; finished chunks wait beside it (`chunkstore.ChunkStore`) and chunk
-i is always drawn with the key fold_in(seed, i), so the same command resumes a killed run and
-writes what an uninterrupted run would have.
-"""
+The output (JSONL, or CSV by its suffix) is written once, at the end; a killed run resumes from its
+finished chunks. Texts cut to a model's max_input_length are counted in a closing note."""
 from __future__ import annotations
 
 import argparse
@@ -109,6 +105,8 @@ def run_ask(args: argparse.Namespace) -> int:
     r = cfg.rewards
     folders = (cfg.policy.init, r.answerer.init, r.fusion.init, r.judge.model.init,
                None if r.nli is None else r.nli.init)
+    # Finished chunks wait beside the output, and chunk i is always drawn with fold_in(seed, i): the
+    # same command resumes a killed run and writes what an uninterrupted run would have.
     store = ChunkStore(args.out, fingerprint(options, (situations,), folders), AskOutput,
                        error=CLIError)
     found = store.start()

@@ -1,20 +1,11 @@
 """ClarifyDelphi in use: the flow of `clarifyjax ask`, `interact` and `web`, batched over rows.
 
-One turn (paper §7, Figure 2): the judge gives P(bad, ok, good) of the situation; the question
-generator asks its clarification question; the user's answer is fused into the situation; the
-judge judges the updated situation. At most three turns (`MAX_TURNS`): fusion degrades after the
-third. Every step runs its rows in one batch per model, so that the web server can gather the
-requests of several sessions that arrive together into one call (`Clarifier.step`).
+One turn (paper §7): the judge gives P(bad, ok, good), the question generator asks, the answer is
+fused into the situation and judged again, for at most `MAX_TURNS`. Each step runs its rows in one
+batch per model, so the web server batches sessions together; `Clarifier.ask` is the batch mode.
 
     clarifier = Clarifier.from_config(load_models_config("MODELS.yaml"))
-    session = Session.start("ignoring a phone call from my mother")
-    clarifier.step([session.request()], rng=key)[0] -> applied with session.apply(...)
-    session.answer("she was in the hospital"); clarifier.step([session.request()], rng=key2) ...
-
-`Clarifier.ask` is the batch mode: a question per situation (nucleus sampling, or `candidates`
-sampled questions ranked by the reward), with the imagined weakener and strengthener answers,
-their fused situations and the judge's probabilities (`pipeline.RewardPipeline`).
-"""
+    clarifier.step([Session.start("ignoring a phone call from my mother").request()], rng=key)"""
 from __future__ import annotations
 
 import dataclasses

@@ -1,16 +1,9 @@
 """`clarifyjax interact MODELS.yaml`: ClarifyDelphi in the terminal (or through a pipe).
 
-You type a situation; the judge gives its judgment with P(bad, ok, good); the system asks its
-question; you answer it (an empty line or /skip skips it, /another asks another question, /quit
-ends the session; at the situation prompt /quit ends, and a line that is one /word is always a
-command, never a text); the answer is fused into the situation and the judge judges the updated
-situation. A text that `ask` or `web` would refuse (empty, invisible, a NUL, bytes that are not
-UTF-8) is one error line, and the prompt asks again; texts cut to a model's max_input_length are
-counted in a note. After three turns (`clarify.MAX_TURNS`) a summary shows how the judgment
-moved, and the next situation may follow. Every turn is saved in the transcript (JSONL, rewritten whole after
-each turn), one line per turn: the session, the turn, the situation, its probabilities and
-judgment, the question asked, and the answer.
-"""
+You type a situation, see the judgment, answer the system's question (an empty line or /skip
+skips it, /another asks another, /quit ends; a line that is one /word is always a command), and
+the judge judges the fused situation, for up to `clarifier.MAX_TURNS` turns. A text that `ask` or
+`web` would refuse is one error line and the prompt asks again. Every turn goes to the transcript."""
 from __future__ import annotations
 
 import argparse
@@ -82,6 +75,8 @@ def _show(turn, number: int) -> None:
 
 
 def transcript_lines(sessions) -> list[str]:
+    """The transcript (JSONL, rewritten whole after each turn), one line per turn: the session, the
+    turn, the situation, its probabilities and judgment, the question asked and the answer."""
     lines = []
     for session in sessions:
         for k, turn in enumerate(session.turns):

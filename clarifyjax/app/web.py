@@ -1,28 +1,8 @@
 """`clarifyjax web MODELS.yaml --host 127.0.0.1 --port N`: ClarifyDelphi as a web page.
 
-The page (clarifyjax/app/web_static/: HTML, JS and CSS served by the project, nothing from outside)
-runs the flow of `clarifyjax.app.clarifier` through a JSON API, one endpoint per step:
-
-    POST /api/sessions                  {"situation": "..."}  -> 201 the session (turn 0 judged,
-                                                                  the first question asked)
-    GET  /api/sessions/{id}                                   -> the session
-    POST /api/sessions/{id}/answer      {"answer": "..."}     -> the session, one turn more
-    POST /api/sessions/{id}/skip        {} (or no body)       -> one turn more, the situation kept
-    POST /api/sessions/{id}/another     {} (or no body)       -> another question for this turn
-
-A session is {"id", "situation", "max_turns", "done", "turns": [{"situation", "probabilities"
-[bad, ok, good], "judgment", "question", "answer", "fused", "skipped", "questions_asked"}]}.
-Sessions live in the server's memory by a random id (`clarify.Session`); the steps of the
-sessions whose requests arrive together run as one batch (`serving.MicroBatcher`: one
-`Clarifier.step`, so one call per model, in a worker thread, so the server keeps answering).
-Bad input is `serving`'s error body, ``{"error": {"message", "type", "param", "code"}}``, with
-a 4xx status, never a stack trace: malformed JSON, a non-object, an unknown or missing field
-(400), an unknown session (404), a session that is busy or over (409), a body over
-`MAX_BODY_BYTES` (413), a text that is not a string, empty, invisible, too long or unencodable
-(422: the rule `ask` and `interact` follow). The plumbing (body limits, batching, uvicorn bound to
-127.0.0.1 unless told otherwise, the Host / Origin / Content-Type checks) is
-`clarifyjax.serve.http_server`'s.
-"""
+The page (app/web_static/, nothing served from outside) runs the flow of `clarifyjax.app.clarifier`
+through a JSON API, one endpoint per step (`ClarifyApp` lists them and their errors). The plumbing
+(body limits, batching, the Host / Origin / Content-Type checks) is `clarifyjax.serve.http_server`'s."""
 from __future__ import annotations
 
 import argparse
@@ -52,7 +32,22 @@ MAX_SESSIONS = 10000  # the oldest are forgotten beyond this
 class ClarifyApp:
     """The sessions and the steps of the page's API, around one `clarify.Clarifier`: the steps
     of sessions that arrive together run as one `Clarifier.step` (`serving.MicroBatcher`, one
-    row per session)."""
+    row per session, in a worker thread, so the server keeps answering).
+
+        POST /api/sessions                  {"situation": "..."}  -> 201 the session (turn 0 judged,
+                                                                      the first question asked)
+        GET  /api/sessions/{id}                                   -> the session
+        POST /api/sessions/{id}/answer      {"answer": "..."}     -> the session, one turn more
+        POST /api/sessions/{id}/skip        {} (or no body)       -> one turn more, the situation kept
+        POST /api/sessions/{id}/another     {} (or no body)       -> another question for this turn
+
+    A session is {"id", "situation", "max_turns", "done", "turns": [{"situation", "probabilities"
+    [bad, ok, good], "judgment", "question", "answer", "fused", "skipped", "questions_asked"}]},
+    kept in memory by a random id. Bad input is `http_server`'s error body, ``{"error": {"message",
+    "type", "param", "code"}}``, with a 4xx status, never a stack trace: malformed JSON, a
+    non-object, an unknown or missing field (400), an unknown session (404), a session that is busy
+    or over (409), a body over `MAX_BODY_BYTES` (413), a text that is not a string, empty,
+    invisible, too long or unencodable (422: the rule `ask` and `interact` follow)."""
 
     def __init__(self, clarifier, *, seed: int = 0, window_s: float = 0.01, max_batch: int = 32,
                  max_queued: int = 1024, max_sessions: int = MAX_SESSIONS):

@@ -1,27 +1,10 @@
-"""The config of `clarifyjax evaluate` (``kind: evaluate``): which systems, which data, which
-metric models, declared once with every default and range (`clarifyjax.config.loader`).
+"""The config of `clarifyjax evaluate` (``kind: evaluate``): which systems, which data, which metric
+models, each declared once with its default and range (configs/evaluate/paper.yaml is the paper's).
 
-    kind: evaluate
-    out: runs/evaluate                  # tables, figure, JSON and the stage cache (out/cache)
-    data: {situations_path: ../shared/data/delta-clarify/test.tsv, situations: 500}
-    systems:                            # one question per situation each
-      - {name: ClarifyDelphi, kind: ppo, model: runs/ppo/final}
-      - {name: t5, kind: t5, model: runs/sft_question/final}
-      - {name: pipeline-nli, kind: pipeline-nli, model: runs/sft_wh_question/final}
-      - {name: discriminator, kind: discriminator, model: runs/sft_wh_question/final,
-         classifier: runs/discriminator/final}
-    rewards: {answerer: ..., fusion: ..., judge: {model: ...}, nli: ...}   # a RewardConfig
-    informativeness: {qa: runs/qa/final}
-    bertscore: {model: ...}
-    table3: {path: ../shared/data/delta-clarify/sc_dev_questions_gpt.tsv, answerer: ...}
-
-System kinds (paper §5): ``ppo`` and ``t5`` sample one question from a question generator
-("question: " + situation); ``why`` asks the wh-conditioned generator for a "why" question;
-``wh``, ``pipeline``, ``pipeline-nli`` and ``discriminator`` start from its candidates, one per
-start in ``generation.wh_starts``: ``wh`` keeps the first, ``pipeline`` / ``pipeline-nli`` the one
-with the highest defeasibility reward (JSD before normalization) without / with the NLI filter,
-``discriminator`` the one its classifier finds most relevant.
-"""
+System kinds (paper §5): ``ppo`` and ``t5`` sample a question; ``why`` asks the wh-conditioned
+generator for a "why" question; ``wh``, ``pipeline``, ``pipeline-nli`` and ``discriminator`` pick
+among its candidates (one per ``generation.wh_starts``): the first, the highest defeasibility reward
+without / with the NLI filter, or the one the classifier finds most relevant."""
 from __future__ import annotations
 
 import dataclasses

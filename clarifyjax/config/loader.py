@@ -1,23 +1,10 @@
 """Generic machinery for run configs: YAML files with ``base:``, ``a.b.c=value`` overrides, and
 nested frozen dataclasses built from plain values with type coercion and bound checks.
 
-`clarifyjax.config` declares the schema (the dataclasses); this module knows nothing about it.
-A schema dataclass may declare:
-
-* ``_bounds: ClassVar`` - field -> ">= 1", "> 0", "[0, 1)", "finite", "== -1 or >= 1", ...
-  (None values pass). EVERY int / float field must have one (`check_tree` refuses a schema
-  without), and a float must also be finite: NaN and infinity pass ``> 0`` otherwise;
-* ``_shorthand: ClassVar`` - the field a bare string in YAML stands for (``{init: <string>}``);
-* ``check(self, at)`` - cross-field rules, raising `ConfigError` naming ``at`` (a section declared
-  by a module that does not import this one, such as `clarifyjax.core.sharding.MeshConfig`, raises
-  ValueError; it is reported the same way).
-
-Supported field types: bool, int, float, str, ``Literal[...]``, ``tuple[X, ...]``, nested
-dataclasses, and ``Optional`` / unions of those.
-
-This module imports only the standard library, PyYAML and two foundation modules that import
-nothing of the package (clarifyjax.core.ranges, clarifyjax.files.textfiles), so anything may import it.
-"""
+A schema dataclass declares ``_bounds`` (field -> ">= 1", "[0, 1)", "finite", ...: every int and
+float field needs one), may declare ``_shorthand`` (the field a bare YAML string stands for) and
+``check(self, at)`` (cross-field rules raising `ConfigError`). It imports only the standard
+library, PyYAML and two foundation modules, so anything may import it."""
 from __future__ import annotations
 
 import copy

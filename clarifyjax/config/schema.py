@@ -1,27 +1,11 @@
-"""Run configurations: nested frozen dataclasses read from YAML, overridable as ``a.b.c=value``.
-
-Two kinds of run, told apart by the top-level key ``kind``:
-
-* ``kind: sft`` -> `SFTConfig`: supervised fine-tuning of one seq2seq model (``task`` picks the
-  question generator, the wh-conditioned generator, the answerer, the fusion model or a judge);
-* ``kind: ppo`` -> `PPOConfig`: ClarifyDelphi's PPO (policy, value, reference, reward models).
+"""Run configurations: `SFTConfig` (``kind: sft``, one seq2seq model) and `PPOConfig` (``kind: ppo``,
+ClarifyDelphi's PPO), nested frozen dataclasses read from YAML with ``a.b.c=value`` overrides.
 
     cfg = load_config("configs/ppo_tiny.yaml", ["ppo.batch_size=8", "run.steps=20"])
-    log(config_to_dict(cfg))                 # plain nested dicts/lists, YAML/JSON-ready
 
-A YAML file may start from another one with ``base: other.yaml`` (path relative to the file);
-mappings are merged key by key, anything else is replaced. Values are coerced to the declared field
-types (``lr: 1e-5`` is a float although YAML reads it as a string); an unknown key or a value of the
-wrong type raises `ConfigError` naming the key, the file (or the override) and what was expected.
-A `ModelConfig` may be written as a bare string, shorthand for ``{init: <string>}``.
-
-The generic machinery (YAML ``base:`` chains, overrides, coercion, bound checks, dumping) lives
-in `clarifyjax.config.loader`; its public names are re-exported here. Each setting is declared once,
-with its default and its range: a section that a lower module consumes is that module's own frozen
-dataclass (``mesh:`` is `sharding.MeshConfig`; ``ppo:`` extends `ppo.PPOUpdateConfig`), and the reward
-pipeline's settings (`PipelineConfig`) are declared here, below `clarifyjax.reward.pipeline`.
-Importing this module therefore imports JAX (through those two modules); configlib does not.
-"""
+Each setting is declared once: a section a lower module consumes is that module's dataclass
+(``mesh:`` is `sharding.MeshConfig`, ``ppo:`` extends `ppo.PPOUpdateConfig`), so importing this
+module imports JAX; `clarifyjax.config.loader` (the generic machinery) does not."""
 from __future__ import annotations
 
 import dataclasses

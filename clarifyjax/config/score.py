@@ -1,21 +1,9 @@
-"""The `RewardConfig` that `clarifyjax score-questions` scores with: the same section as a PPO run's
-``rewards:``, from a YAML file (``--config``), the command's own flags and ``key=value`` overrides.
+"""The `RewardConfig` that `clarifyjax score-questions` scores with: a PPO run's ``rewards:`` section,
+from a YAML file (``--config``), then the command's flags and ``key=value`` items.
 
-Each flag that names a reward setting or a model folder is only a spelling of a `RewardConfig` key
-(`FLAG_KEYS`): it has no default of its own, and a flag that is given becomes the override
-``key=value``. ``--dtype`` and ``--max-input-length`` set that key of every model (`MODEL_WIDE`).
-Sources apply in this order: the file, then the flags and the ``key=value`` items; a flag and an
-item that set the same key are refused (one of them would be dropped silently). Errors are one
-`ConfigError` line that names the key and the flag, the item or the file, before any model loads.
-
-This module imports no JAX (`clarifyjax.config` is imported when a config is built), so that the
-command's ``--help`` stays fast.
-
-When neither the file nor an item gives the judge's ``kind``, the flags' way holds, as the
-command always did: ``--judge-kind``, else the ``--judge`` folder's config.json (``model_type``
-bert / roberta: an encoder classifier); such an encoder judge reads its texts without the T5
-judge's ``input_prefix`` unless the file or an item sets one.
-"""
+Each flag is only a spelling of a `RewardConfig` key (`FLAG_KEYS`) with no default of its own; a
+flag and an item that set the same key are refused. Without a judge ``kind``, ``--judge-kind`` or
+the ``--judge`` folder's config.json decides. No JAX at import, so ``--help`` stays fast."""
 from __future__ import annotations
 
 import argparse

@@ -1,16 +1,10 @@
 """The command registry every `clarifyjax` subcommand registers in, and the errors they raise.
 
-A subcommand is a function that adds its options to a parser and a function that runs it:
-
-    def _train_options(parser: argparse.ArgumentParser) -> None: ...
-
     @subcommand("train", "fine-tune or PPO-train a model from a YAML config", _train_options)
     def run_train(args: argparse.Namespace) -> int: ...
 
-Each domain keeps its own commands (`training.command`, `reward.command`, `serve.command`,
-`evaluation.command`, `app.ask`, `app.interact`, `app.web`); `clarifyjax.cli` imports them all so
-that they register, and builds the parser from `SUBCOMMANDS`. Nothing here imports JAX.
-"""
+Each domain keeps its own commands; `clarifyjax.cli` imports them all and builds the parser from
+`SUBCOMMANDS`. Nothing here imports JAX."""
 from __future__ import annotations
 
 import argparse

@@ -1,34 +1,9 @@
 """Multi-host start: one JAX process per host (or per GPU), joined by `jax.distributed.initialize`.
 
-Call `initialize()` first thing in a program, before any other JAX call (``jax.devices()``, an
-array, a jit): JAX refuses to join a cluster once its backend is up. It decides how this process
-was started, in this order:
-
-1. explicit arguments (``coordinator_address``, ``num_processes``, ``process_id``,
-   ``local_device_ids``), e.g. from command-line flags;
-2. the environment variables ``CLARIFYJAX_COORDINATOR`` (``host:port`` of process 0),
-   ``CLARIFYJAX_NUM_PROCESSES``, ``CLARIFYJAX_PROCESS_ID`` and, optionally,
-   ``CLARIFYJAX_LOCAL_DEVICE_IDS`` (``0,1``), as `launch/local_multiprocess.sh` and
-   `launch/slurm.sbatch` set them;
-3. a cluster that JAX detects by itself, for which `jax.distributed.initialize()` is called with
-   no arguments: SLURM inside ``srun`` (``SLURM_JOB_ID``, ``SLURM_STEP_NODELIST``,
-   ``SLURM_NTASKS``, ``SLURM_PROCID``, ``SLURM_LOCALID``; one process per GPU by default), Open MPI
-   (``OMPI_COMM_WORLD_SIZE``), and Cloud TPU VMs (``TPU_WORKER_HOSTNAMES`` /
-   ``TPU_PROCESS_ADDRESSES`` on GKE, ``MEGASCALE_*`` for multislice, else the TPU VM metadata);
-4. otherwise a single process: nothing to initialize.
-
-`jax.distributed.initialize` is called only when there is more than one process (or, on a TPU VM
-whose worker count only the metadata server knows, to let JAX find out). Calling `initialize`
-again is a no-op that returns the same `Launch` (and checks that any arguments agree with it).
-
-Explicit settings (1, 2) turn JAX's own cluster detection off, so that every local device stays
-visible: with one process per SLURM node and 8 GPUs, JAX's SLURM detection would otherwise give
-each process a single GPU.
-
-Writes that must happen once (metrics, logs, exported models) go through `is_primary()` or the
-`primary_only` decorator; orbax checkpoints are *not* primary-only: every process takes part in a
-sharded save or restore.
-"""
+Call `initialize()` first, before any other JAX call (JAX refuses to join a cluster once its
+backend is up); it reads explicit arguments, ``CLARIFYJAX_*`` variables or a cluster JAX detects.
+Writes that must happen once go through `is_primary()` or `primary_only`; orbax checkpoints are
+not primary-only: every process takes part in a sharded save or restore."""
 from __future__ import annotations
 
 import dataclasses
@@ -130,7 +105,7 @@ def detect_launch(coordinator_address: str | None = None, num_processes: int | N
                   local_device_ids: int | Sequence[int] | str | None = None, *,
                   environ: Mapping[str, str] | None = None,
                   tpu_chips: bool | None = None) -> Launch:
-    """Decide how this process was started, without touching JAX (see the module docstring).
+    """Decide how this process was started, without touching JAX (in `initialize`'s order).
 
     Args:
       coordinator_address, num_processes, process_id, local_device_ids: explicit settings; any
@@ -216,6 +191,15 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
                initialization_timeout: int = 300) -> Launch:
     """Join the cluster this process belongs to (if any); idempotent. Returns the `Launch`.
 
+    How this process was started is decided in this order: (1) the explicit arguments; (2) the
+    environment variables ``CLARIFYJAX_COORDINATOR`` (``host:port`` of process 0),
+    ``CLARIFYJAX_NUM_PROCESSES``, ``CLARIFYJAX_PROCESS_ID`` and optionally
+    ``CLARIFYJAX_LOCAL_DEVICE_IDS`` (``0,1``), as `launch/local_multiprocess.sh` and
+    `launch/slurm.sbatch` set them; (3) a cluster JAX detects by itself (SLURM inside ``srun``, one
+    process per GPU by default; Open MPI; Cloud TPU VMs, GKE and multislice); (4) else a single
+    process. `jax.distributed.initialize` runs only for several processes (or on a TPU VM whose
+    worker count only the metadata server knows).
+
     Raises:
       DistributedError: bad settings (see `detect_launch`), settings that disagree with an earlier
         call, or a call after the JAX backend was already started by some other JAX call.
@@ -237,6 +221,8 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     ids = list(launch.local_device_ids) if launch.local_device_ids is not None else None
     try:
         if launch.source in ("explicit", "env"):
+            # Explicit settings turn JAX's own detection off, so every local device stays visible:
+            # with one process per SLURM node and 8 GPUs, its SLURM detection would give each one GPU.
             jax.distributed.initialize(
                 coordinator_address=launch.coordinator_address,
                 num_processes=launch.num_processes, process_id=launch.process_id,

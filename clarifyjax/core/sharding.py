@@ -1,31 +1,11 @@
 """Device mesh, logical axis rules, and placing models and batches on the mesh (t5x style).
 
-Every parameter names its dimensions with *logical* axes when it is created::
-
-    kernel_init = nnx.with_partitioning(nnx.initializers.lecun_normal(), ("embed", "mlp"))
-
-One rules table maps logical names onto the three mesh axes ``("data", "fsdp", "model")``:
-
-* ``data``  - pure data parallelism: the batch is split, parameters are replicated;
-* ``fsdp``  - the batch is split *and* (with `FSDP_RULES`) parameters are split along ``embed``,
-  gathered layer by layer by XLA (ZeRO-3);
-* ``model`` - tensor parallelism: ``vocab`` / ``mlp`` / ``heads`` dimensions are split.
-
-A dimension whose size the chosen mesh axes do not divide stays replicated (e.g. 6 heads on a
-model axis of 4), so one table works for every model size.
-
-flax 0.12 note: `nnx.with_partitioning` stores the names under the Variable metadata key
-``out_sharding`` and, by default (``flax_always_shard_variable``), tries to shard the value *eagerly*
-when the Variable is created, which fails outside a mesh context and cannot apply our rules. Models
-should be built with eager sharding off: pass ``eager_sharding=False`` to `nnx.with_partitioning`, or
-build under ``with nnx.use_eager_sharding(False):``. `create_sharded` does the latter for you.
-
-Typical use::
+Parameters name their dimensions with logical axes (``nnx.with_partitioning(init, ("embed",
+"mlp"))``); one rules table maps them onto the mesh axes ``("data", "fsdp", "model")``.
 
     mesh = make_mesh(MeshConfig(data=-1, fsdp=1, model=2))
-    model = create_sharded(lambda: T5(config, rngs=nnx.Rngs(0)), mesh)   # or shard_model(model, mesh)
-    ids, mask = shard_batch((ids, mask), mesh)
-"""
+    model = create_sharded(lambda: T5(config, rngs=nnx.Rngs(0)), mesh)   # or shard_model
+    ids, mask = shard_batch((ids, mask), mesh)"""
 from __future__ import annotations
 
 import dataclasses
@@ -38,6 +18,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+# data: pure data parallelism (the batch split, parameters replicated); fsdp: the batch split and,
+# with FSDP_RULES, parameters split along `embed`, gathered layer by layer by XLA (ZeRO-3); model:
+# tensor parallelism (`vocab` / `mlp` / `heads` split). A dimension the chosen mesh axes do not
+# divide stays replicated (6 heads on a model axis of 4), so one table serves every model size.
 MESH_AXES = ("data", "fsdp", "model")
 BATCH_AXES = ("data", "fsdp")
 
@@ -259,6 +243,9 @@ def create_sharded(factory: Callable[[], nnx.Module], mesh: Mesh, rules=DEFAULT_
     only its own shards.
     """
     def build() -> nnx.Module:
+        # flax 0.12's `nnx.with_partitioning` (under ``flax_always_shard_variable``) shards a value
+        # eagerly when its Variable is created, which fails outside a mesh and ignores our rules:
+        # models are built with eager sharding off (or ``eager_sharding=False`` per initializer).
         with nnx.use_eager_sharding(False):
             return factory()
 

@@ -1,15 +1,10 @@
 """How often each jitted function of the package has been traced, i.e. compiled for a new shape.
 
-A jitted function's Python body runs only while JAX traces it, so a counter bumped there counts
-compilations. The reward pipeline reports the compilations of each stage, and tests and benchmarks
-check that repeated shapes compile once. This is the package's one such counter:
+A jitted function's body runs only while JAX traces it, so a counter bumped there counts
+compilations (the reward pipeline reports them; tests check repeated shapes compile once):
 
-    @functools.partial(jax.jit, static_argnames=...)
-    @traces.counted("generate")
-    def _generate(...): ...
-
-    before = traces.count("generate"); ...; traces.count("generate") - before
-"""
+    @traces.counted("generate")      # under @jax.jit
+    def _generate(...): ...          # traces.count("generate") after - before"""
 from __future__ import annotations
 
 import collections

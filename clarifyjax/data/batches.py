@@ -1,20 +1,10 @@
 """Pairs as tokenized, padded, bucketed batches that resume at a saved position.
 
-`TokenizedDataset` encodes every text once into [N, max_length] id matrices. `BatchIterator` yields
-endless shuffled training batches: each global batch is padded to the length bucket of its longest
-row (so jitted shapes repeat, and every host pads alike), and each host gets its own contiguous
-slice of it. Its `position` ({epoch, index, seed, ...}) goes into checkpoints; an iterator built
-with that position continues with exactly the same batches, for any number of hosts.
-`eval_batches` covers a dataset once, padding the last batch with masked rows.
-
-A batch is a dict of numpy arrays (local rows only), for a dataset with columns ``input`` and
-``target``::
-
-    input_ids, input_mask    int32 [local_batch, Ti]
-    target_ids, target_mask  int32 [local_batch, Tt]
-    index                    int32 [local_batch]   row of the dataset (texts: dataset.texts[...])
-    example_mask             int32 [local_batch]   0 on padding rows (eval only)
-"""
+`TokenizedDataset` encodes every text once. `BatchIterator` yields endless shuffled batches, each
+padded to its length bucket and split by host; its `position` goes into checkpoints and resumes
+the same batches on any number of hosts. `eval_batches` covers a dataset once. A batch is a dict of
+numpy arrays: input_ids / input_mask / target_ids / target_mask [local_batch, T], index (the
+dataset row) and, in eval, example_mask (0 on padding rows)."""
 from __future__ import annotations
 
 from typing import Any

@@ -1,25 +1,9 @@
-"""The discriminator baseline's training data (paper §5): (situation, question, label) rows from
-a δ-CLARIFY file, with hard negatives.
+"""The discriminator baseline's training data (paper §5): (situation, question, label) rows from a
+δ-CLARIFY file: each situation's gold questions (label 1) and as many hard negatives (label 0),
+questions of its most similar other situations by embedding cosine (`hard_negatives`).
 
-* Positives: each situation with each of its gold questions (label 1, "relevant").
-* Negatives (label 0, "irrelevant"): questions of the most similar *other* situations, similarity
-  being the cosine of their sentence embeddings (all-MiniLM-L6-v2 in `clarifyjax
-  discriminator-data`; this module takes the embeddings as an argument, so it needs no embedder).
-  The choice, made to be hard yet unambiguous:
-  - as many negatives as the situation has positives (classes balanced: the majority-class rate
-    is 50% up to situations whose neighbours run out of questions);
-  - drawn round-robin from the `neighbours` nearest situations, nearest first: the first
-    question of each neighbour, then the second of each, ... (so one near-duplicate neighbour
-    does not supply them all);
-  - never a gold question of the same situation (compared case-insensitively after whitespace
-    normalization: the same question text is often gold for several situations, e.g. "Why?"),
-    and never the same question twice for one situation.
-* Situations are compared after whitespace normalization (`unique_situations`); a situation is
-  never its own neighbour, and ties in similarity go to the earlier situation in the file.
-
-Each split is built from its own file (dev negatives come from dev situations), so no dev
-question or situation reaches training.
-"""
+The embeddings are an argument (`clarifyjax discriminator-data` uses all-MiniLM-L6-v2). Each split
+is built from its own file, so no dev question or situation reaches training."""
 from __future__ import annotations
 
 import csv
@@ -73,7 +57,12 @@ def _key(question: str) -> str:
 def hard_negatives(i: int, questions: Sequence[Sequence[str]], neighbours: np.ndarray,
                    count: int) -> list[str]:
     """Up to `count` questions of situation i's neighbours (round-robin, nearest first) that are
-    not gold questions of i."""
+    not gold questions of i.
+
+    Hard yet unambiguous: round-robin (the first question of each neighbour, then the second of
+    each, ...) so that one near-duplicate neighbour does not supply them all; never a gold question
+    of i compared case-insensitively after whitespace normalization (the same text, e.g. "Why?", is
+    often gold for several situations), and never the same question twice."""
     taken = {_key(q) for q in questions[i]}
     chosen: list[str] = []
     depth = max((len(questions[j]) for j in neighbours[i]), default=0)
@@ -89,8 +78,9 @@ def hard_negatives(i: int, questions: Sequence[Sequence[str]], neighbours: np.nd
 
 def discriminator_rows(situations: Sequence[str], questions: Sequence[Sequence[str]],
                        embeddings: np.ndarray, neighbours: int = 5) -> list[dict[str, str]]:
-    """Rows {situation, question, label ("1" / "0")}: each situation's positives, then its
-    negatives. `embeddings` [n, d]: one per situation, in the same order."""
+    """Rows {situation, question, label ("1" / "0")}: each situation's positives, then as many
+    negatives as it has positives (classes balanced, up to situations whose neighbours run out of
+    questions). `embeddings` [n, d]: one per situation, in the same order."""
     if len(embeddings) != len(situations) or len(questions) != len(situations):
         raise ValueError(f"discriminator_rows: {len(situations)} situations, {len(questions)} "
                          f"question lists and {len(embeddings)} embeddings")

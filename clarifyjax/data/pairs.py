@@ -1,17 +1,9 @@
 """δ-CLARIFY, silver, fusion and judge files -> (input, target) pairs.
 
-1. **Tables** (`clarifyjax.files.tables`). `read_table(path, columns)` reads a TSV / CSV / JSONL
-   file with the standard `csv` module and keeps each row's line number; a missing file, a missing
-   column, a malformed row or an empty field raises `DataError` naming the file (and the line and
-   column).
-2. **Pairs.** `question_pairs`, `wh_question_pairs`, `answerer_pairs`, `fusion_pairs`,
-   `judge_pairs` turn rows into `Pair(input, target, group)` with the formats of
-   `clarifyjax.text.formats`; ``group`` is the situation, so that `split_by_group` can make seeded
-   splits in which no dev situation is seen in training (silver and fusion have no train split).
-   `unique_situations` gives PPO's prompts. `load_sft_pairs(data_config, task)` does all of this
-   for a config.
-3. **Batches**: `clarifyjax.data.batches`.
-"""
+`question_pairs`, `wh_question_pairs`, `answerer_pairs`, `fusion_pairs` and `judge_pairs` turn
+table rows (`clarifyjax.files.tables`) into `Pair(input, target, group)`; ``group`` is the
+situation, so `split_by_group` keeps dev situations out of training. `load_sft_pairs(data_config,
+task)` does it all for a config; batches are `clarifyjax.data.batches`."""
 from __future__ import annotations
 
 import dataclasses

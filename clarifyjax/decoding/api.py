@@ -1,39 +1,10 @@
 """The decoding entry points: `generate` (jitted sampling with a KV cache) and `score`
 (teacher-forced log-probs of given targets), for a `T5` or a decoder-only `CausalLM`.
 
-Each checks its arguments and hands them to exactly one function of the model's family:
-
-    generate: T5 -> t5_loop.generate_t5        CausalLM -> causal_loop.generate_causal
-    score:    T5 -> scoring.score_t5           CausalLM -> scoring.score_causal
-
-The loops, the per-step choice they share (`step`), the logit filters and the draw (`sampling`)
-live in those modules.
-
-Shapes: b = batch, s = source length, n = max_new_tokens, t = target length.
-
-Argument checks, at the API boundary: each bad argument is a `TypeError` (wrong kind) or
-`ValueError` (wrong shape or value) whose one line names the argument, and for a value its row
-and column.
-
-What is checked, and when:
-
-* Always, eagerly or while traced under `jax.jit` (types, shapes and dtypes are known then):
-  the model is a `T5` or a `CausalLM`; token ids are an integer array and masks a bool, integer
-  or float array, both [batch, length] of one shape with length >= 1; `rng` is a PRNG key
-  (`jax.random.key(seed)`, or the raw uint32 `jax.random.PRNGKey(seed)`); the counts
-  (`max_new_tokens`, `min_new_tokens`, `top_k`) are Python or NumPy integers, `greedy` a bool,
-  `top_p` a real number; `prefix_ids` and `stop_token_ids` are integers within the vocabulary.
-* On concrete arrays only (NumPy arrays, lists, JAX arrays that are not traced; a traced array
-  has no values to read, so under `jit` these pass unchecked): every mask value is 0 or 1; every
-  row has at least one token; a prompt row's tokens are one run (padded on the left, the right or
-  both, never with a gap, as the loops left-align each row's tokens), a target row's are padded
-  on the right; every id, padding included, is in [0, vocab_size) (a lookup past the embedding
-  table is clamped or NaN, and a NaN at a padded position still spreads through its row); for a
-  `CausalLM`, the longest prompt (with the prefix) plus `max_new_tokens` fits in
-  `max_position_embeddings`.
-
-An empty batch (0 rows) passes; `generate` and `score` return empty arrays for it.
-"""
+Each checks its arguments (a bad one is a one-line TypeError or ValueError naming it) and hands
+them to one function of the model's family: `t5_loop.generate_t5` / `causal_loop.generate_causal`,
+`scoring.score_t5` / `scoring.score_causal`. Shapes: b = batch, s = source length,
+n = max_new_tokens, t = target length."""
 from __future__ import annotations
 
 import functools
@@ -79,7 +50,7 @@ def generate(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Arr
     batch (`CausalLM.prefill_after_prefix`) instead of once per row: the same continuations,
     much less prefill work when the rows share a long template.
 
-    Checked (the module docstring lists it): every argument's type, shape and dtype, eagerly and
+    Checked (listed above `_check_model`): every argument's type, shape and dtype, eagerly and
     under `jax.jit`; the mask and id values, the rows' padding and the context only on concrete
     arrays (a traced one has no values). An empty batch gives [0, max_new_tokens] outputs.
     """
@@ -136,8 +107,8 @@ def score(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Array,
     target_mask is 0. input_ids/attention_mask [b, s]; target_ids/target_mask [b, t].
 
     For a `CausalLM`, input_ids are the prompts (left- or right-padded, every row >= 1 token)
-    and the targets their continuations (right-padded). Checked as `generate`'s arguments (the
-    module docstring); an empty batch or zero-length targets give zeros [b, t]."""
+    and the targets their continuations (right-padded). Checked as `generate`'s arguments (listed
+    above `_check_model`); an empty batch or zero-length targets give zeros [b, t]."""
     vocab = _check_model(model, "score")
     input_ids, attention_mask, longest = _token_batch(
         input_ids, attention_mask, ("input_ids", "attention_mask"), vocab, "score")
@@ -158,6 +129,18 @@ def score(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Array,
 # --------------------------------------------------------------------------- argument checks
 
 
+# Argument checks: each bad argument is a TypeError (wrong kind) or ValueError (wrong shape or
+# value) whose one line names the argument, and for a value its row and column.
+# - Always, eagerly or under `jax.jit` (types, shapes and dtypes are known then): the model's
+#   family; ids an integer array and masks bool / integer / float, both [batch, length >= 1]; `rng`
+#   a PRNG key (new-style or raw uint32); the counts Python or NumPy integers, `greedy` a bool,
+#   `top_p` real; `prefix_ids` and `stop_token_ids` within the vocabulary.
+# - On concrete arrays only (a traced array has no values to read): masks are 0 / 1; every row has
+#   a token; a prompt row's tokens are one run (padded left, right or both, never with a gap, as
+#   the loops left-align rows), a target row's padded on the right; every id, padding included, is
+#   in [0, vocab_size) (a lookup past the table is clamped or NaN, and a NaN spreads through its
+#   row); a CausalLM's longest prompt plus prefix plus `max_new_tokens` fits its positions.
+# An empty batch (0 rows) passes, and gives empty arrays.
 def _check_model(model, where: str) -> int:
     """The vocabulary size of a `T5` or `CausalLM`; anything else is a TypeError."""
     if not isinstance(model, (T5, CausalLM)):
@@ -265,7 +248,7 @@ _device_summary = jax.jit(functools.partial(_summary, jnp), static_argnums=(3,))
 def _token_batch(ids, mask, names: tuple[str, str], vocab_size: int, where: str, *,
                 right_padded: bool = False, empty_rows: bool = False
                 ) -> tuple[jax.Array, jax.Array, int | None]:
-    """(ids, mask) as int32 arrays, checked as the module docstring says, and the longest row's
+    """(ids, mask) as int32 arrays, checked as listed above `_check_model`, and the longest row's
     number of tokens (None when traced). `right_padded`: the tokens of each row must come first
     (targets); `empty_rows`: rows without a token pass (targets)."""
     id_name, mask_name = names

@@ -1,16 +1,10 @@
-"""Generation from a decoder-only `CausalLM`: the prompts, left- or right-padded, are left-aligned
-and padded on the left to a bucket length (`clarifyjax.core.buckets`), prefilled into a
-preallocated cache whose length is bucketed too, and ONE `lax.while_loop` over
-`CausalLM.decode_step`, carrying a named state (`CausalLoopState`), samples until every row has
-emitted an EOS (any of `config.eos_token_ids`) or a stop token, so a stream of batches compiles a
-handful of programs (`clarifyjax.core.traces` counts them under "generate_causal"). n tokens
-take n - 1 decoding steps: the last one is chosen after the loop, with no step to feed it.
+"""Generation from a decoder-only `CausalLM`: prompts left-aligned and left-padded to a bucket length,
+prefilled into a preallocated, bucketed cache, then ONE `lax.while_loop` over `decode_step`
+(state `CausalLoopState`) until every row emits an EOS or a stop token. A stream of batches
+compiles a handful of programs (traced as "generate_causal"); n tokens take n - 1 decoding steps,
+the last chosen after the loop. A prefix every prompt shares (`prefix_ids`) runs once per batch.
 
-A prefix that every prompt shares (`prefix_ids`) runs once for the batch
-(`CausalLM.prefill_after_prefix`) instead of once per row.
-
-Shapes: b = batch, s = prompt length, p = prefix length, n = max_new_tokens, V = vocab.
-"""
+Shapes: b = batch, s = prompt length, p = prefix length, n = max_new_tokens, V = vocab."""
 from __future__ import annotations
 
 import functools

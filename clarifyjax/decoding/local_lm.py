@@ -1,21 +1,11 @@
-"""`LocalLM`: a Hugging Face decoder-only model folder run locally as a `textgen.TextGenerator`.
+"""`LocalLM`: a Hugging Face decoder-only model folder run locally as a `TextGenerator`.
 
     lm = LocalLM("models/vicuna-7b", dtype="bfloat16", chat_template="vicuna_v1.1")
     [[answer]] = lm.complete(["Is it wrong to lie?"], Sampling(max_new_tokens=64), seed=0)
 
-It loads the model (`models.hf.load_causal_lm`), its tokenizer (`tokenizer.CausalTokenizer`) and
-its sampling defaults (`generation_config.json`, `models.hf.read_generation_defaults`: a setting
-a caller leaves None is the model's, as in `transformers`). `complete` tokenizes every prompt,
-expands each into its `n` rows and groups the rows by sampling settings (each distinct setting is
-its own jitted program) and by the bucket of their `max_new_tokens`; inside a group, rows are
-sorted by length and cut into batches of `batch_size` rows (a short batch is padded to it),
-each left-padded to a length bucket (`clarifyjax.core.buckets`), so that a stream of calls compiles a
-handful of programs, the same ones for `clarifyjax generate` and `clarifyjax serve`. A stop string
-that is one token also stops the jitted loop; every stop string cuts the text afterwards.
-
-Randomness: batch k of a call draws from a key derived from (seed, k), and the batches of a call
-depend only on its arguments, so the same call with the same seed gives the same completions.
-"""
+It loads the model, its tokenizer and its sampling defaults (generation_config.json: a setting a
+caller leaves None is the model's, as in `transformers`); `complete` batches and buckets the rows
+so that a stream of calls compiles few programs, and is reproducible given its seed."""
 from __future__ import annotations
 
 import dataclasses
@@ -149,7 +139,14 @@ class LocalLM:
                  n: int | Sequence[int] = 1, seed: int | None = None
                  ) -> list[list[Completion]]:
         """`n` completions of each prompt (see `textgen.TextGenerator`). ValueError naming the
-        prompt for one that cannot be rendered or does not fit the context."""
+        prompt for one that cannot be rendered or does not fit the context.
+
+        Rows (each prompt times its `n`) are grouped by sampling settings (each a jitted program)
+        and by the bucket of their `max_new_tokens`, sorted by length and cut into batches of
+        `batch_size` (a short one padded), each left-padded to a length bucket: a stream of calls
+        compiles a handful of programs, the same for `generate` and `serve`. A one-token stop
+        string also stops the jitted loop; every stop string cuts the text afterwards. Batch k
+        draws from a key of (seed, k), so the same call and seed give the same completions."""
         rows, counts = self.prompt_rows(prompts, sampling, n)
         results: list[list[Completion | None]] = [[None] * c for c in counts]
         if seed is None:

@@ -1,17 +1,11 @@
-"""Sampling a token from logits: the filters (temperature, then top-k, then top-p:
-transformers' order) and the draw, one XLA program on every backend.
+"""Sampling a token from logits: the filters (temperature, then top-k, then top-p: transformers'
+order) and the draw, one XLA program on every backend.
 
 `filter_logits` takes one setting for the whole batch (static: a new setting is a new program);
-`filter_rows` and `choose_rows` take a setting per row (`stack_rows`: arrays, so that rows with
-different settings share one program, as `decoding.slots` runs a server's requests).
-
-No filter sorts the vocabulary: thresholds come from the few largest logits of each row
-(`lax.top_k`), or, where those do not settle top-p (a flat row), from a bisection of the float32
-bit patterns over the whole row. Top-p's rule: a token stays while the mass of the tokens more
-likely than it is < top_p; tokens of equal logit stand together; the most likely always stays.
-
-Shapes: b = batch, V = vocab.
-"""
+`filter_rows` and `choose_rows` take a setting per row (`stack_rows`), so that rows with different
+settings share one program, as `decoding.slots` runs a server's requests. Top-p keeps a token
+while the mass of the tokens more likely than it is < top_p; ties stand together; the most likely
+always stays. Shapes: b = batch, V = vocab."""
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -1,30 +1,10 @@
-"""Continuous batching's engine: a fixed number of decode slots over one `CausalLM`, each slot a
-row of a preallocated KV cache (`SlotCache`) that requests enter and leave between steps.
+"""Continuous batching's engine: a fixed number of decode slots over one `CausalLM`, each a row of a
+preallocated KV cache (`SlotCache`) that requests enter and leave between steps.
 
     engine = SlotEngine(model, slots=32, length=2048, chunk=64)
     engine.add(SlotRequest(prompt_ids, Sampling(max_new_tokens=64, temperature=0)))
     while not engine.idle:
-        for request in engine.step():  # the requests that finished in this step
-            ...request.tokens, request.logprobs, request.finish...
-
-Each `step` frees the slots of finished or cancelled requests, admits queued requests into free
-slots, runs one prefill chunk (`chunk` prompt tokens of up to `prefill_rows` admitted requests,
-so that a long prompt never stalls the running rows for more than one chunk) and then one
-decoding step of every slot. A slot's tokens sit at cache positions 0.. of its own row, whatever
-the other slots hold, so a request gets the tokens it would get alone (greedy), and a request
-joining the batch changes nothing for the others.
-
-Each request's `Sampling` and seed are a row of per-row arrays (`sampling.stack_rows`), so a new
-setting compiles nothing. The programs are jitted per
-shape only: the decoding step per attention span (the cache positions read: a bucket of the
-longest running row, `min_span` times a power of two up to `length`) and the prefill chunk per
-span and rows (1, or `prefill_rows`); `clarifyjax.core.traces` counts them under
-"slots_decode" and "slots_prefill"; the choice of the next tokens (`choose_program`, every
-slot's at once) is one program, "slots_choose".
-
-Shapes: S = slots, L = length (cache positions per slot), C = chunk, r = rows of a program,
-t = tokens per row, k = KV heads, d = head_dim, V = vocab.
-"""
+        for request in engine.step(): ...   # finished: request.tokens, .logprobs, .finish"""
 from __future__ import annotations
 
 import collections
@@ -170,10 +150,20 @@ def _bucket(need: int, smallest: int, length: int) -> int:
 
 
 class SlotEngine:
-    """`slots` decode slots of `length` cache positions each over `model` (see the module's
-    docstring). Thread-safe: `add` and `cancel` may come from any thread while one thread runs
-    `step`. Counters: `steps` (decoding steps), `prefills` (prefill chunks), `joined_running`
-    (requests admitted while others were decoding)."""
+    """`slots` decode slots of `length` cache positions each over `model`. Thread-safe: `add` and
+    `cancel` may come from any thread while one thread runs `step`. Counters: `steps` (decoding
+    steps), `prefills` (prefill chunks), `joined_running` (requests admitted while others were
+    decoding).
+
+    A slot's tokens sit at cache positions 0.. of its own row, whatever the others hold, so a
+    request gets the tokens it would get alone (greedy) and joining changes nothing for the others.
+    Each request's `Sampling` and seed are a row of per-row arrays (`sampling.stack_rows`), so a new
+    setting compiles nothing: the programs are jitted per shape only, the decoding step per
+    attention span (a bucket of the longest running row, `min_span` times a power of two up to
+    `length`), the prefill chunk per span and rows (1 or `prefill_rows`), counted by
+    `clarifyjax.core.traces` as "slots_decode" / "slots_prefill"; `choose_program` is one program,
+    "slots_choose". Shapes: S = slots, L = length, C = chunk, r = rows of a program, t = tokens
+    per row, k = KV heads, d = head_dim, V = vocab."""
 
     def __init__(self, model: CausalLM, *, slots: int = 32, length: int = 2048,
                  chunk: int = 64, prefill_rows: int = 4, min_span: int | None = None):
@@ -274,7 +264,10 @@ class SlotEngine:
     # -- one step (one thread) -----------------------------------------------------------------
 
     def step(self) -> list[SlotRequest]:
-        """Admit, run one prefill chunk and one decoding step; the requests that finished."""
+        """Free the slots of finished or cancelled requests, admit queued ones into free slots, run
+        one prefill chunk (`chunk` prompt tokens of up to `prefill_rows` admitted requests, so a
+        long prompt never stalls the running rows for more than a chunk) and one decoding step of
+        every slot; returns the requests that finished."""
         finished: list[SlotRequest] = []
         self._admit()
         prefilling = [r for r in self._running if r is not None and r.prefilled < len(r.prompt)]

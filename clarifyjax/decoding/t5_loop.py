@@ -1,13 +1,9 @@
-"""Generation from a `T5`: encode once, then ONE `lax.while_loop` over `T5.decode_step`, carrying
-the functional `DecodeCache` in a named state (`T5LoopState`), until every row has emitted EOS or
-`max_new_tokens` are out.
+"""Generation from a `T5`: encode once, then ONE `lax.while_loop` over `T5.decode_step` (state
+`T5LoopState`) until every row has emitted EOS or `max_new_tokens` are out.
 
-The model goes in as `nnx.split(model)`: the graph definition and the settings are static
-arguments of a module-level jitted function, so calls with the same shapes and settings reuse one
-compiled program (`clarifyjax.core.traces` counts the traces under "generate").
-
-Shapes: b = batch, s = source length, n = max_new_tokens.
-"""
+The model goes in as `nnx.split(model)`, its graph and settings static arguments of a module-level
+jitted function, so calls of the same shapes and settings reuse one program (traced as "generate").
+Shapes: b = batch, s = source length, n = max_new_tokens."""
 from __future__ import annotations
 
 import functools

@@ -1,23 +1,7 @@
-"""The best answer span of an extractive QA model, and AllenNLP transformer-qa's unanswerable
-rule (allennlp-models `rc/models/transformer_qa.py` with `rc/models/utils.get_best_span`), as
-pure, jittable array functions.
-
-The rule, as AllenNLP computes it:
-1. Only positions in `answer_mask` (the context tokens) and the CLS position may start or end a
-   span; every other logit is replaced by the most negative float.
-2. A span (i, j) scores start[i] + end[j]; only i <= j is allowed. The best span is the argmax
-   over the flattened [s, s] matrix, row-major: on a tie the span with the smaller start wins,
-   then the smaller end (torch's and jax's argmax both return the first maximum).
-3. The question is unanswerable when the best span *starts* at CLS. Spans (CLS, j) that end in
-   the context are allowed and, when best, also mean "no answer" (AllenNLP tests
-   `best_span[0] == cls_index`). No threshold.
-
-Consequences, documented and tested: CLS wins every exact tie with a span starting later (it
-comes first in row-major order when at position 0); with `cls_index` > 0 a CLS start can only pair
-with ends at or after it, and ties go to earlier starts.
-
-Shapes: b = batch, s = sequence.
-"""
+"""The best answer span of an extractive QA model, and AllenNLP transformer-qa's unanswerable rule
+(allennlp-models `rc/models/transformer_qa.py`, `rc/models/utils.get_best_span`), as pure,
+jittable array functions: `best_spans` (the rule is spelled out there). Shapes: b = batch,
+s = sequence."""
 from __future__ import annotations
 
 import functools
@@ -41,6 +25,15 @@ def best_spans(start_logits: jax.Array, end_logits: jax.Array, answer_mask: jax.
     be part of an answer; the CLS position is always allowed) -> `BestSpans`.
 
     A caller with padding or question tokens leaves them out of `answer_mask`.
+
+    The rule, as AllenNLP computes it: (1) only `answer_mask` positions and CLS may start or end a
+    span, every other logit becomes the most negative float; (2) span (i, j), i <= j, scores
+    start[i] + end[j], and the best is the first argmax over the flattened [s, s] matrix, row-major
+    (ties go to the smaller start, then the smaller end, as torch's and jax's argmax); (3) the
+    question is unanswerable when the best span *starts* at CLS (spans (CLS, j) ending in the
+    context included, as AllenNLP tests `best_span[0] == cls_index`); no threshold. So CLS at
+    position 0 wins every exact tie with a span starting later; with `cls_index` > 0 a CLS start
+    pairs only with ends at or after it.
     """
     s = start_logits.shape[-1]
     allowed = answer_mask.astype(bool) | (jnp.arange(s) == cls_index)[None]

@@ -1,20 +1,10 @@
-"""ClarifyDelphi's baselines (paper §5) as question generators: situations in, one question per
-situation out (or, for the candidate-based ones, a choice among the wh-conditioned candidates).
+"""ClarifyDelphi's baselines (paper §5) as question generators: situations in, one question each out.
 
-* `QuestionSampler`: a question generator ("question: " + situation), sampled as
-  `Sampling` says (the *t5 fine-tuned* baseline: top-p 0.6 with top-k 50; the PPO policy too).
-* `WhCandidates`: the wh-conditioned generator ("{situation} Q.: {start}"), one question per
-  start; with the start "why" alone it is the *why* baseline.
-* `reward_choice`: *pipeline* / *pipeline-nli*: every candidate through the defeasibility reward
-  (`pipeline.RewardPipeline`, the PPO reward, without / with its NLI filter); the highest
-  raw reward (the JSD before normalization; a dropped answer's `dropped_reward`) wins, the first
-  start on ties.
-* `Discriminator`: a (situation, question) relevance classifier (DeBERTa, BERT or RoBERTa, as
-  the SFT task ``discriminator`` exports it); the candidate with the highest P(relevant) wins
-  (*discriminator*).
-
-Each call is one batched, jitted model call over all the rows it is given.
-"""
+`QuestionSampler` samples a question generator (the *t5* baseline, and the PPO policy);
+`WhCandidates` asks the wh-conditioned generator one question per start ("why" alone: *why*);
+`candidate_rewards` + `best_candidates` keep the candidate of highest raw defeasibility reward
+(*pipeline* / *pipeline-nli*); `Discriminator` keeps the one of highest P(relevant)
+(*discriminator*). Each call is one batched, jitted model call over all its rows."""
 from __future__ import annotations
 
 from collections.abc import Sequence

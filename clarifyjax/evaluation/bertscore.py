@@ -1,32 +1,10 @@
 """BERTScore exactly as the `bert-score` package (0.3.13) computes it, jitted and batched on the
-project's BERT / RoBERTa encoder. sage_jax's consistency baseline, ParaScore and ClarifyDelphi's
+project's BERT / RoBERTa encoder; sage_jax's consistency baseline, ParaScore and ClarifyDelphi's
 evaluation all score through `bertscore`.
 
-What the package does, and this module reproduces (bert_score/utils.py, score.py):
+    p, r, f = bertscore(candidates, references, model="models/roberta-large")
 
-* Each text is stripped and tokenized with the model's special tokens ([CLS] x [SEP], <s> x </s>),
-  truncated at the tokenizer's `model_max_length`; RoBERTa texts get a prefix space (its
-  `add_prefix_space=True`). An empty text is the special tokens alone.
-* Token vectors are `hidden_states[layer]`: the package cuts the encoder after `layer` layers
-  (0 = the embeddings). The default layer is the package's per-model table (`MODEL_LAYERS`).
-* Greedy matching on the cosine of token vectors, the special tokens included. Token weights:
-  without idf 1, but 0 for [CLS] and [SEP]; with idf `log((M + 1) / (df + 1))`, df counted over the
-  M references (each reference a set of ids, its special tokens included, so they weigh 0).
-  P = sum_i w_i max_j cos(c_i, r_j) / sum_i w_i over the candidate's tokens, R likewise over the
-  reference's, F = 2PR / (P + R).
-* Its batch padding leaks in: it pads `batch_size` pairs at a time to the longest text of the batch
-  and multiplies the similarities by the mask, so a text shorter than its batch's longest meets
-  padded positions of similarity 0, and a token's best match is then at least 0. We reproduce this
-  (`_floors`) from the same batching; it matters only where every cosine of a token is negative.
-* A candidate or reference of no tokens (only the special ones) scores P = R = 0; an F that is NaN
-  (0 / 0) is 0.
-* With several references per candidate, each of P, R and F is the maximum over them, separately.
-* Rescaling: `(x - b) / (1 - b)` per P, R, F, with b from row `layer` of a baseline file (comma-
-  separated, header LAYER,P,R,F: the package's `rescale_baseline/*/*.tsv`).
-
-Under transformers 5 the package itself fails on an empty text (its tokenizer lost
-`build_inputs_with_special_tokens`); we give what it gave under transformers 4.
-"""
+The package's quirks reproduced (its batch padding included) are listed above `bertscore`."""
 from __future__ import annotations
 
 import collections
@@ -372,6 +350,20 @@ def _warn_empty(empty_candidates: list[bool], empty_references: list[bool],
                       "sets them", EmptyTextWarning, stacklevel=3)
 
 
+# What the package does and this module reproduces (bert_score/utils.py, score.py):
+# - each text is stripped and tokenized with the model's special tokens, truncated at the
+#   tokenizer's `model_max_length`; RoBERTa texts get a prefix space; an empty text is the special
+#   tokens alone (transformers 5 broke the package there; we give what it gave under transformers 4);
+# - token vectors are `hidden_states[layer]` (0 = the embeddings), the layer by default the
+#   package's per-model table (`MODEL_LAYERS`);
+# - greedy matching on cosines, special tokens included; weights 1 without idf but 0 for
+#   [CLS] / [SEP], with idf log((M + 1) / (df + 1)) over the M references; P = sum_i w_i max_j
+#   cos(c_i, r_j) / sum_i w_i, R likewise, F = 2PR / (P + R);
+# - its batch padding leaks in: a text shorter than its batch's longest meets padded positions of
+#   similarity 0, so a best match is at least 0 (`_floors`; it matters only where every cosine of a
+#   token is negative);
+# - a text of no tokens scores P = R = 0, a NaN F is 0; with several references each of P, R, F is
+#   the maximum over them, separately; rescaling is (x - b) / (1 - b) per P, R, F.
 def bertscore(candidates: Sequence[str], references, *, model, layer: int | None = None,
               idf: bool = False, baseline: str | os.PathLike | None = None, batch_size: int = 64
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

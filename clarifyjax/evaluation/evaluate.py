@@ -1,21 +1,9 @@
 """`clarifyjax evaluate`: every system's questions for the situations of a δ-CLARIFY-format file,
-then the paper's automatic results (`eval_config` describes the config, `eval_report` the files).
+then the paper's automatic results (`config.evaluate` describes the config, `report` the files).
 
-Stages, each cached per system and chunk of situations (`stage_cache.StageCache` in OUT/cache):
-
-1. ``questions`` (ppo, t5, why) or ``candidates`` (the wh-conditioned candidates, shared by the
-   systems that use the same model) then ``candidate_rewards`` (pipeline: without the NLI filter,
-   pipeline-nli: with it) or ``relevance`` (discriminator);
-2. ``judgments``: the reward pipeline on (situation, question): the judge's distributions of the
-   base and the two updated situations (Table 4);
-3. ``answers``: the QA model's span over the situation: unanswerable or not (informativeness);
-4. ``bertscore``: the F1 against each gold question of the situation (the max is kept);
-5. ``updates`` (Table 3): updates of a δ-SOCIAL-format file, with and without the question.
-
-Sampling keys are `fold_in(key(seed), chunk index)`, and chunks are fixed by the situations and
-``data.batch_size``, so a run resumed after a kill writes what an uninterrupted run writes.
-Models load only when a stage has a chunk left to compute.
-"""
+Each stage (`Evaluation` lists them) is cached per system and chunk of situations in OUT/cache,
+and sampling keys are `fold_in(key(seed), chunk index)`, so a run resumed after a kill writes
+what an uninterrupted run writes."""
 from __future__ import annotations
 
 import dataclasses
@@ -133,7 +121,14 @@ class Models:
 
 class Evaluation:
     """One `clarifyjax evaluate` run; `run()` returns the results and writes nothing itself
-    (`eval_report.write_report` does)."""
+    (`report.write_report` does).
+
+    Stages, each cached per system and chunk: ``questions`` (ppo, t5, why) or ``candidates``
+    (shared by systems of one model) then ``candidate_rewards`` (pipeline, pipeline-nli) or
+    ``relevance`` (discriminator); ``judgments`` (the judge on the base and both updated
+    situations: Table 4); ``answers`` (the QA model: informativeness); ``bertscore`` (F1, the max
+    over gold questions); ``updates`` (Table 3, with and without the question). Models load only
+    when a stage has a chunk left to compute."""
 
     def __init__(self, cfg: EvalConfig, *, say: Callable[[str], None] = print):
         self.cfg, self.say = cfg, say

@@ -1,15 +1,6 @@
-"""The numbers of `clarifyjax evaluate`, from what its stages saved (arrays and texts in, floats
-out; no model here).
-
-* `table4`: the paper's Table 4, average JSD between the judge's distributions of the weakener-
-  and strengthener-updated situations (over the valid pairs), and judgment flips under both
-  readings: ``base`` (an answer's updated situation changes the judge's argmax from the base
-  situation's; share of the answers kept and fused) and ``pair`` (the weakener's and the
-  strengthener's argmax classes differ; share of the valid pairs).
-* `update_generation`: Table 3's BLEU-4 (nltk ``corpus_bleu``, whitespace tokens as written,
-  every reference of the hypothesis's group) and ROUGE-L (rouge-score ``rougeL`` F1, Porter
-  stemmer, the best reference per hypothesis, averaged), both x 100.
-"""
+"""The numbers of `clarifyjax evaluate`, from what its stages saved (arrays and texts in, floats out;
+no model here): `table4` (the paper's Table 4: JSD and judgment flips) and `update_generation`
+(Table 3's BLEU-4 and ROUGE-L)."""
 from __future__ import annotations
 
 import warnings
@@ -24,7 +15,12 @@ FLIP_READINGS = ("base", "pair")
 
 def table4(p_base, p_weak, p_strong, valid, answered) -> dict[str, float]:
     """p_base, p_weak, p_strong [n, 3]; valid [n] bool (the pair was fused and judged);
-    answered [n, 2] bool (that answer was kept and fused). Rates in [0, 1], NaN when empty."""
+    answered [n, 2] bool (that answer was kept and fused). Rates in [0, 1], NaN when empty.
+
+    The average JSD between the weakener's and the strengthener's distributions (valid pairs), and
+    judgment flips read two ways: ``base`` (an updated situation changes the judge's argmax from
+    the base's; share of the answers kept) and ``pair`` (the two argmax classes differ; share of
+    the valid pairs)."""
     p_base, p_weak, p_strong = (np.asarray(p, np.float64) for p in (p_base, p_weak, p_strong))
     valid = np.asarray(valid, bool)
     answered = np.asarray(answered, bool) & valid[:, None]
@@ -42,7 +38,9 @@ def table4(p_base, p_weak, p_strong, valid, answered) -> dict[str, float]:
 
 def update_generation(hypotheses: Sequence[str], references: Sequence[Sequence[str]]
                       ) -> dict[str, float]:
-    """BLEU-4 and ROUGE-L (x 100) of generated updates against their groups' references."""
+    """BLEU-4 and ROUGE-L (x 100) of generated updates against their groups' references: nltk
+    ``corpus_bleu`` on whitespace tokens against every reference of the group, rouge-score
+    ``rougeL`` F1 with the Porter stemmer against the best reference, averaged."""
     from nltk.translate.bleu_score import corpus_bleu
     from rouge_score import rouge_scorer
 

@@ -1,15 +1,6 @@
-"""What `clarifyjax evaluate` writes into its ``out`` folder, each file whole (a temporary file,
-then a rename):
-
-* ``results.md``: Table 4 with informativeness and BERTScore per system (the flip reading
-  named), Table 3, and the data-size ablation when systems declare ``data_fraction``;
-* ``systems.csv``, ``table3.csv`` and ``results.json`` (every number, both flip readings, the
-  implementations used);
-* ``systems.png``: the systems side by side on each metric; ``ablation.png`` for the ablation;
-* ``questions.jsonl``: per system and situation, the question, its candidates and their scores,
-  the judge's probabilities (p_base, p_weak, p_strong), valid / answered, unanswerable and the
-  BERTScore F1: what every table is computed from; ``updates.jsonl``: Table 3's texts.
-"""
+"""What `clarifyjax evaluate` writes into its ``out`` folder (`write_report` lists the files): the
+tables as Markdown, CSV and JSON, the figures, and the per-question records every table is
+computed from."""
 from __future__ import annotations
 
 import csv
@@ -207,7 +198,15 @@ def _jsonl(records) -> bytes:
 
 
 def write_report(cfg, run: dict) -> dict:
-    """Write every file of the module docstring into ``cfg.out``; returns results.json's data."""
+    """Write each file into ``cfg.out`` whole (a temporary file, then a rename); returns
+    results.json's data.
+
+    ``results.md`` (Table 4 with informativeness and BERTScore per system, Table 3, the data-size
+    ablation when systems declare ``data_fraction``); ``systems.csv``, ``table3.csv``,
+    ``results.json`` (every number, both flip readings, the implementations used);
+    ``systems.png`` and ``ablation.png``; ``questions.jsonl`` (per system and situation: the
+    question, its candidates and scores, p_base / p_weak / p_strong, valid, answered, unanswerable,
+    BERTScore F1: what every table is computed from) and ``updates.jsonl`` (Table 3's texts)."""
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     flip = cfg.table4.flip

@@ -1,16 +1,6 @@
-"""The outputs of every stage of `clarifyjax evaluate`, kept per system and chunk of situations,
-so that a run killed at any point (kill -9 included), or run again with one more system,
-computes only what is new.
-
-Layout: ``CACHE/{stage}/{label}/{key}.json``: one file per chunk of situations, written whole
-by a rename (`textfiles.atomic_write_bytes`), holding one JSON record per situation (with the
-situation's text). ``label`` is the system's name (or what several systems share, such as the
-wh-conditioned candidates); ``key`` is a sha256 over the stage, everything the outputs depend on
-(settings, model files' paths, sizes and modification times: `chunkstore.fingerprint`), the
-chunk's index and its input texts. A changed setting, model or input is a new key, never a
-stale hit; a file that does not parse (there is none: each is renamed into place whole) is
-computed again.
-"""
+"""The outputs of every stage of `clarifyjax evaluate`, kept per system and chunk of situations
+(`StageCache`), so that a run killed at any point (kill -9 included), or run again with one more
+system, computes only what is new."""
 from __future__ import annotations
 
 import hashlib
@@ -35,6 +25,12 @@ class StageCache:
     or computed (`compute() -> list of JSON-ready records`, one per input) and saved.
 
     `computed` / `reused` count chunks per stage, for the run's summary.
+
+    Layout: ``CACHE/{stage}/{label}/{key}.json``, one file per chunk written whole by a rename, one
+    JSON record per situation (with its text). ``label`` is the system (or what several share, such
+    as the wh-conditioned candidates); ``key`` is a sha256 over the stage, everything the outputs
+    depend on (settings, model files' paths, sizes and times), the chunk's index and its input
+    texts: a changed setting, model or input is a new key, never a stale hit.
     """
 
     def __init__(self, folder: str | os.PathLike):

@@ -1,19 +1,9 @@
 """A child process's result as a JSON file its parent names (tests, benchmark workers).
 
-A parent cannot parse a child's stdout reliably: native libraries (Gloo, XLA, gRPC) write there
-too, sometimes onto the same line as the child's own output. So the parent puts a path in
-``$CLARIFYJAX_RESULT_FILE``; the child calls `write_result(dict)`, which replaces that file
-atomically (a reader sees the previous version or the new one, never half of one), and the
-parent reads it with `read_result`. A child may write several times (progress, then the result).
-
-One of several processes (``$CLARIFYJAX_PROCESS_ID`` set, as `launch/local_multiprocess.sh` does)
-writes ``result.{process_id}.json`` beside the named ``result.json``: see `result_path`.
-
-    # child                                   # parent
-    write_result({"loss": 0.5})               env[RESULT_FILE_ENV] = str(tmp / "result.json")
-                                              ...run the child...
-                                              read_result(tmp / "result.json")["loss"]
-"""
+A parent cannot parse a child's stdout reliably (Gloo, XLA and gRPC write there too), so it puts a
+path in ``$CLARIFYJAX_RESULT_FILE``; the child calls `write_result(dict)`, which replaces the file
+atomically (any number of times), and the parent calls `read_result(path)`. One of several
+processes (``$CLARIFYJAX_PROCESS_ID`` set) writes ``result.{process_id}.json`` (`result_path`)."""
 from __future__ import annotations
 
 import json

@@ -1,17 +1,9 @@
-"""Finished chunks of a long `clarifyjax score-questions` run, kept until the run completes.
+"""Finished chunks of a long run (`score-questions`, `ask`), kept until the run completes.
 
-Scoring thousands of questions with four large models takes hours; a batch job killed half-way
-should not start again from zero, and must not leave half a file under the final name. So --out
-is written once, at the end, by one rename; before that, each finished chunk's output is saved
-(atomically; arrays in .npz and the rest as JSON, no pickle) in a folder beside --out,
-``.NAME.partial/``, and the same command run again scores only the chunks that are missing.
-
-The folder carries a fingerprint of what the scores depend on (the options, the input texts, the
-model files' paths, sizes and modification times): chunks of a run with other inputs, options or
-models are discarded, never mixed in. The caller scores chunk i with the same key whether it
-resumes or not, so a resumed run writes what an uninterrupted one would have. The folder is
-removed once --out is written.
-"""
+The output is written once, at the end, by one rename; until then each finished chunk is saved
+atomically (arrays in .npz, the rest as JSON) in ``.NAME.partial/`` beside it, and the same
+command run again computes only the missing chunks. The folder carries a `fingerprint` of the
+options, inputs and model files: chunks of another run are discarded, never mixed in."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,21 +1,7 @@
 """Data files: finding them (`resolve_data_path`: a path the user gave must exist) and reading them
-as rows (`read_rows`) or as tables with required columns (`read_table`). Every problem is a
-`DataError` naming the file, and the line and column where there is one. Both packages read
-their CSV, TSV and JSONL inputs here.
-
-* Text is UTF-8 with an optional byte-order mark (`clarifyjax.files.textfiles.read_text_file`).
-* CSV / TSV: blank lines are skipped; the first non-blank line is the header, whose column names
-  must be distinct; every row needs exactly as many fields as the header; a quote that is never
-  closed is an error, not the rest of the file read as one field.
-* JSONL: one object per line, keys distinct within it, no NaN / Infinity (not JSON, and no text),
-  no string holding a lone surrogate such as "\\ud800" (not encodable text: it would fail inside
-  the tokenizer later).
-
-A cell reads as a string; a JSON null as ""; a JSON number as its text; a JSON array or object as
-`NOT_TEXT`, which the readers refuse where the field is needed.
-
-`clarifyjax.data` builds pairs and batches on top and re-exports these names.
-"""
+as rows (`read_rows`) or as tables with required columns (`read_table`), UTF-8 CSV, TSV or JSONL.
+Every problem is a `DataError` naming the file, and the line and column where there is one. Both
+packages read their inputs here; `clarifyjax.data` builds pairs and batches on top."""
 from __future__ import annotations
 
 import csv
@@ -151,6 +137,12 @@ def file_kind(path: Path) -> str:
 
 def read_rows(path: str | os.PathLike) -> tuple[list[str], Iterator[tuple[int, dict[str, str]]]]:
     """The header and an iterator of (line number, row as column -> string) of a CSV/TSV/JSONL file.
+
+    CSV / TSV: blank lines skipped; the first non-blank line is the header, its names distinct;
+    every row has exactly the header's field count; an unclosed quote is an error (not the rest of
+    the file as one field). JSONL: one object per line, keys distinct, no NaN / Infinity, no lone
+    surrogate such as "\\ud800" (it would fail in the tokenizer later). A JSON null reads as "", a
+    number as its text, an array or object as `NOT_TEXT`, refused where the field is needed.
 
     The header of a JSONL file is the union of the keys of its objects, in order of appearance; a
     key missing from one object reads as None there (callers report it when the field is needed).

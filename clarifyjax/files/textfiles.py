@@ -1,25 +1,9 @@
-"""The text files a user hands to `clarifyjax` and the file it writes back, checked up front.
+"""The text files a user hands to `clarifyjax` and the files it writes back, checked up front: a bad
+file fails with one line naming it (and the line in it) before any model loads.
 
-A file that is not what it claims must fail with one line naming it (and the line in it), before
-any model is loaded, and never half-way through the work:
-
-* Text is UTF-8, with an optional byte-order mark (Excel's "CSV UTF-8" writes one): the mark is
-  dropped, so that it never ends up inside the first header or the first situation. Another
-  encoding is an error naming the file and the line of the first byte that is not UTF-8; a UTF-16
-  or UTF-32 byte-order mark is named as such. A NUL character is an error naming its line (a
-  binary file, or UTF-16 without a byte-order mark).
-* Lines are split on "\\n" (and "\\r\\n") only: `str.splitlines` also splits on form feeds and
-  U+2028, which would shift every later situation against its question.
-* A text holding only whitespace and invisible format characters (zero-width space, a stray
-  byte-order mark) is empty: an error naming file and line.
-* An output file is refused when it exists and is not empty (an earlier run's results) unless
-  the caller allows overwriting; its folder must be writable (probed with a real file).
-
-`check_texts` is the one check of a list of texts handed to a model (the judge, the seq2seq
-models, the NLI filter, the sentence embedder): a sequence of `str`, each encodable.
-`text_problem` is the one rule for a text a user gives (a situation, an answer, a paraphrase),
-whichever way it arrives (a file, the terminal, the web page's JSON).
-"""
+`read_text_file` (UTF-8, byte-order mark dropped), `split_lines`, `check_output` (an output that
+may be written), `atomic_write_bytes`; `check_texts` is the one check of texts handed to a model,
+and `text_problem` the one rule for a text a user gives, whichever way it arrives."""
 from __future__ import annotations
 
 import codecs
@@ -39,6 +23,10 @@ TABLE_SUFFIXES = (".tsv", ".csv", ".jsonl")
 
 def read_text_file(path: str | os.PathLike, *, error: type[Exception] = ValueError) -> str:
     """The text of a UTF-8 file (byte-order mark dropped), or `error` naming the file (and line).
+
+    The mark (Excel's "CSV UTF-8" writes one) must never end up in the first header or situation.
+    Another encoding is an error naming the line of the first bad byte (a UTF-16 / UTF-32 mark is
+    named as such); a NUL is an error naming its line (a binary file, or UTF-16 without a mark).
 
     Pipes are read too (``--situations <(head -100 all.txt)``); directories and devices are not.
     """
@@ -83,7 +71,9 @@ def decode_utf8(data: bytes, name: str, *, error: type[Exception] = ValueError) 
 
 
 def split_lines(text: str) -> list[str]:
-    """Lines split on "\\n" (a trailing "\\r" dropped), as editors and `wc -l` count them."""
+    """Lines split on "\\n" (a trailing "\\r" dropped), as editors and `wc -l` count them.
+    Not `str.splitlines`: it also splits on form feeds and U+2028, which would shift every later
+    situation against its question."""
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()  # the final newline ends the last line, it does not start a new one

@@ -1,30 +1,11 @@
-"""Decoder-only language models in Flax NNX: one decoder for Llama (1/2/3, Vicuna), Mistral,
-Qwen2, Qwen3, OPT and Falcon, driven by a frozen `CausalLMConfig` (read from a Hugging Face
-`config.json` by `causal_lm_map.config_from_hf`), with a preallocated KV cache for decoding.
+"""Decoder-only language models in Flax NNX: one decoder for Llama (1/2/3, Vicuna), Mistral, Qwen2,
+Qwen3, OPT and Falcon, driven by a frozen `CausalLMConfig` (switches listed above it; read from
+a Hugging Face config.json by `causal_lm_map.config_from_hf`), with a preallocated KV cache.
+Its layers are in `causal_lm_layers`. Positions come from the attention mask, so a left- or
+right-padded batch gives every row the logits it would have alone.
 
-The families differ only in switches of the config:
-  * norm "rms" (Llama family) or "layer" (OPT, Falcon: with a bias);
-  * positions "rope" (sin/cos in float32, optional `llama3` / `linear` frequency scaling) or
-    "learned" (OPT: a table indexed by position + 2);
-  * feed-forward gated (silu(x W_gate) * x W_up) or plain (act(x W_up + b));
-  * block "sequential" (x += attn(norm(x)); x += mlp(norm(x))), "post_norm" (OPT-350m:
-    x = norm(x + attn(x)); x = norm(x + mlp(x))) or "parallel" (Falcon: x += attn(n1(x)) +
-    mlp(n2(x)), n2 = n1 when the layer has one norm);
-  * q/k RMSNorm before RoPE (Qwen3), q/k/v and output biases, a sliding window (Mistral),
-    projections between the embedding width and the hidden width (OPT project_in/project_out),
-    a final norm or none, tied or separate output embedding.
-
-This file holds the config, the KV cache and the model; its layers (norms, rotary positions,
-attention, feed-forward, `Block`) are in `causal_lm_layers`.
-
-Positions come from the attention mask (position of a token = number of real tokens before it),
-so a left- or right-padded batch gives every row the logits it would have alone.
-
-Shapes: b = batch, t = query length, s = key length, H = hidden, E = embedding width (OPT's
-word_embed_proj_dim, else H), n = heads, k = key/value heads, g = n / k, d = head_dim,
-F = feed-forward, V = vocab, L = cache length. Kernels are stored [in, out] (attention [H, n, d]
-and [n, d, H]) so that every projection is one [b*t, in] x [in, out] matmul.
-"""
+Shapes: b = batch, t = query length, s = key length, H = hidden, E = embedding width, n = heads,
+k = key/value heads, g = n / k, d = head_dim, F = feed-forward, V = vocab, L = cache length."""
 from __future__ import annotations
 
 import dataclasses
@@ -46,6 +27,19 @@ BLOCKS = ("sequential", "post_norm", "parallel")
 ROPE_TYPES = ("default", "linear", "llama3")
 
 
+# The families differ only in switches of this config:
+#   * norm "rms" (Llama family) or "layer" (OPT, Falcon: with a bias);
+#   * positions "rope" (sin/cos in float32, optional `llama3` / `linear` frequency scaling) or
+#     "learned" (OPT: a table indexed by position + 2);
+#   * feed-forward gated (silu(x W_gate) * x W_up) or plain (act(x W_up + b));
+#   * block "sequential" (x += attn(norm(x)); x += mlp(norm(x))), "post_norm" (OPT-350m:
+#     x = norm(x + attn(x)); x = norm(x + mlp(x))) or "parallel" (Falcon: x += attn(n1(x)) +
+#     mlp(n2(x)), n2 = n1 when the layer has one norm);
+#   * q/k RMSNorm before RoPE (Qwen3), q/k/v and output biases, a sliding window (Mistral),
+#     projections between the embedding width and the hidden width (OPT project_in/project_out),
+#     a final norm or none, tied or separate output embedding.
+# Kernels are stored [in, out] (attention [H, n, d] and [n, d, H]) so that every projection is one
+# [b*t, in] x [in, out] matmul.
 @dataclasses.dataclass(frozen=True)
 class CausalLMConfig:
     """Every switch of the decoder; `causal_lm_map.config_from_hf` fills it from config.json."""

@@ -1,30 +1,11 @@
-"""Flax NNX DeBERTa-v2 / v3 (Hugging Face `model_type` "deberta-v2"): the encoder with
-disentangled attention, and its sequence-classification and extractive-QA heads.
-
-What differs from BERT (`clarifyjax.models.encoder`, whose Dense, LayerNorm, Embedding and MLP
-this file reuses):
-* Attention scores add two relative-position terms to content->content (He et al. 2021, eq. 4):
-  content->position (c2p: the query against the key projection of the relative-position
-  embedding at bucket(i - j)) and position->content (p2c: the key against the query projection at
-  bucket(j - i)), each divided like the content term by sqrt(head_dim * (1 + number of terms)).
-* Relative distances i - j go into `2 * att_span` rows: clamped at +-att_span, and with
-  `position_buckets > 0` squashed into log buckets beyond +-position_buckets / 2 (v3). The bucket
-  table is computed on the host in float32 exactly as Hugging Face's `make_log_bucket_position`.
-* `share_att_key` (v3): the position projections are the content query / key projections; else
-  (v2) separate `pos_key_proj` / `pos_query_proj`. `norm_rel_ebd: layer_norm` (v3): a LayerNorm
-  on the relative-position table. `position_biased_input`: absolute position embeddings added to
-  the input (v2) or not (v3).
-* Masks as Hugging Face computes them: the [b, s, s] mask is mask[i] * mask[j], so a padding
-  query row has every score masked and attends uniformly to all positions (its output is computed
-  and returned, as theirs); the embeddings are multiplied by the mask before the first layer.
-
-Not supported (refused by `clarifyjax.models.hf.deberta_map` with the config field named): the
-convolution layer of deberta-v2-xlarge/xxlarge (`conv_kernel_size`), and `pooler_hidden_size`
-different from `hidden_size` (Hugging Face's own head breaks on it).
+"""Flax NNX DeBERTa-v2 / v3 (Hugging Face `model_type` "deberta-v2"): the encoder with disentangled
+attention (what differs from BERT is listed above `DisentangledSelfAttention`), and its
+sequence-classification and extractive-QA heads; it reuses `clarifyjax.models.encoder`'s layers.
+`deberta_map` refuses what is not supported (deberta-v2-xlarge's conv layer, a
+`pooler_hidden_size` other than `hidden_size`), naming the field.
 
 Shapes: b = batch, s = sequence, d = hidden size, e = embedding size, h = heads, k = head size,
-r = 2 * att_span relative-position rows.
-"""
+r = 2 * att_span relative-position rows."""
 from __future__ import annotations
 
 import dataclasses
@@ -171,6 +152,20 @@ def _gather_relative(scores: jax.Array, index: np.ndarray) -> jax.Array:
     return jnp.take_along_axis(scores, index, axis=-1)
 
 
+# What differs from BERT:
+# * Scores add two relative-position terms to content->content (He et al. 2021, eq. 4): c2p (the
+#   query against the key projection of the relative embedding at bucket(i - j)) and p2c (the key
+#   against the query projection at bucket(j - i)), each divided like the content term by
+#   sqrt(head_dim * (1 + number of terms)).
+# * Relative distances go into `2 * att_span` rows: clamped at +-att_span and, with
+#   `position_buckets > 0`, squashed into log buckets beyond +-position_buckets / 2 (v3); the table
+#   is computed on the host in float32 exactly as Hugging Face's `make_log_bucket_position`.
+# * `share_att_key` (v3): the position projections are the content query / key projections; else
+#   (v2) separate `pos_key_proj` / `pos_query_proj`. `norm_rel_ebd: layer_norm` (v3): a LayerNorm on
+#   the relative table. `position_biased_input`: absolute positions added to the input (v2) or not.
+# * Masks as Hugging Face's: the [b, s, s] mask is mask[i] * mask[j], so a padding query row attends
+#   uniformly to all positions (computed and returned, as theirs); the embeddings are multiplied by
+#   the mask before the first layer.
 class DisentangledSelfAttention(nnx.Module):
     def __init__(self, config: DebertaConfig, *, rngs: nnx.Rngs):
         self.config = config

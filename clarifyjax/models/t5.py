@@ -1,20 +1,10 @@
 """T5 encoder-decoder in Flax NNX, both families, with a functional KV cache for decoding.
 
-* v1.0 (t5-large, Delphi): feed_forward_proj "relu", input and output embeddings tied, decoder
-  output rescaled by d_model**-0.5 before the (tied) output projection.
-* v1.1 / flan-t5: "gated-gelu", separate `lm_head`, no rescale.
-
-transformers 5 decouples the two switches (its configs always say `tie_word_embeddings: true` and
-carry `scale_decoder_outputs`), so `T5Config` has both: `tie_word_embeddings` (one matrix or two)
-and `scale_decoder_outputs` (default: the same as `tie_word_embeddings`, as in transformers 4).
-
-Every public method runs its matmuls at `T5Config.precision` (`state.matmul_precision`): JAX's
-default, or float32 products ("highest") as PyTorch computes a float32 T5.
-
-Shapes: b = batch, s = source length, t = target length, m = d_model, L = cache length, V = vocab.
-The relative position bias of each stack is made once (it belongs to the stack's first layer in
-Hugging Face checkpoints) and shared by all its layers.
-"""
+* v1.0 (t5-large, Delphi): relu, embeddings tied, decoder output rescaled by d_model**-0.5;
+* v1.1 / flan-t5: gated-gelu, separate `lm_head`, no rescale.
+Every public method runs its matmuls at `T5Config.precision` (JAX's default, or "highest", as
+PyTorch computes a float32 T5).
+Shapes: b = batch, s = source length, t = target length, m = d_model, L = cache length, V = vocab."""
 from __future__ import annotations
 
 import dataclasses
@@ -33,6 +23,9 @@ from clarifyjax.models.t5_layers import (RelativePositionBias, RMSNorm, T5Decode
 _REQUIRED_HF_FIELDS = ("vocab_size", "d_model", "d_kv", "d_ff", "num_layers", "num_heads")
 
 
+# transformers 5 decouples v1.0's two switches (its configs always say `tie_word_embeddings: true`
+# and carry `scale_decoder_outputs`), so this config has both: `tie_word_embeddings` (one matrix or
+# two) and `scale_decoder_outputs` (default: the same as `tie_word_embeddings`, as in transformers 4).
 @dataclasses.dataclass(frozen=True)
 class T5Config:
     vocab_size: int = 32128
@@ -145,6 +138,8 @@ class DecodeCache(NamedTuple):
     encoder_mask: jax.Array
 
 
+# The relative position bias of each stack is made once (it belongs to the stack's first layer in
+# Hugging Face checkpoints) and shared by all its layers.
 class _Stack(nnx.Module):
     """Relative position bias, the layers and the final norm of the encoder or the decoder."""
 

@@ -1,32 +1,10 @@
-"""Tiny random Hugging Face model folders with tokenizers trained in-process, for tests,
-benchmarks and the demo (which trains its tokenizer with `train_spm_model`).
+"""Tiny random Hugging Face model folders with tokenizers trained in-process, for tests, benchmarks
+and the demo: `tiny_spm_folder`, `tiny_t5_folder`, `tiny_classifier_folder`, `tiny_nli_folder`,
+`tiny_deberta_classifier_folder`, `train_spm_model`. Each builder takes `root` (pytest's
+`tmp_path_factory` or a directory), caches its folder per root and arguments, and returns one
+that both `clarifyjax` loaders and transformers' `from_pretrained` read.
 
-Each builder takes `root` (pytest's session-scoped `tmp_path_factory`, or a plain directory) and
-returns a folder that `clarifyjax` loaders and transformers' `from_pretrained` both read. Folders
-are cached per `root` and arguments, so a session builds each one once. The tokenizers are trained
-on δ-CLARIFY train.tsv from the shared data folder (`shared_data_dir`). torch, transformers and
-sentencepiece are imported when a builder needs them.
-
-* `tiny_spm_folder`: a SentencePiece unigram model (pad/eos/unk = 0/1/2, as T5) trained on the
-  situations and questions of δ-CLARIFY train.tsv plus Delphi-like targets. Like T5's vocabulary it
-  has no "<", so Delphi's class prefix "<class>" tokenizes as `▁ <unk> class >` (Delphi reads the
-  class at decoder step 4), and "1", "0" and "-1" are single pieces ("-1" is added to the trained
-  model as an ordinary piece, so that both tokenizer backends agree; `minus_one=False` leaves it
-  out: a judge vocabulary that lacks a class token).
-* `tiny_t5_folder`: a random `T5ForConditionalGeneration` (v1.0: relu, tied; v1.1: gated-gelu,
-  own lm_head) saved as safetensors, with the `spiece.model` beside it. With Hugging Face's
-  init a tiny model writes the same tokens (or nothing) whatever the input; pass
-  `initializer_factor=3.0` for outputs that depend on the input (and more peaked distributions).
-* `tiny_deberta_classifier_folder`: a random DeBERTa-v3-like `DebertaV2ForSequenceClassification`
-  (labels irrelevant / relevant: the tiny discriminator's starting point) with a BPE
-  `tokenizer.json` ([CLS] a [SEP] b [SEP]).
-* `tiny_classifier_folder` / `tiny_nli_folder`: a random `RobertaForSequenceClassification` (or
-  BERT) with redrawn weights (std 0.2, so outputs are far from uniform) and a byte-level BPE
-  `tokenizer.json` trained here, with RoBERTa's pair template.
-
-    folder = tiny_t5_folder(tmp_path_factory, family="v1.0", seed=1)
-    nli = tiny_nli_folder(tmp_path_factory)             # labels contradiction/entailment/neutral
-"""
+    folder = tiny_t5_folder(tmp_path_factory, family="v1.0", seed=1)"""
 from __future__ import annotations
 
 import csv
@@ -115,6 +93,10 @@ def train_spm_model(texts: Iterable[str], vocab_size: int, *, minus_one: bool = 
     return proto.SerializeToString()
 
 
+# Like T5's vocabulary this one has no "<", so Delphi's class prefix "<class>" tokenizes as
+# `▁ <unk> class >` (Delphi reads the class at decoder step 4), and "1", "0" and "-1" are single
+# pieces ("-1" is added as an ordinary piece so that both tokenizer backends agree; `minus_one=False`
+# leaves it out: a judge vocabulary that lacks a class token).
 def tiny_spm_folder(root, *, vocab_size: int = 600, minus_one: bool = True) -> Path:
     """A folder with `spiece.model` (vocabulary `vocab_size`, + 1 with `minus_one`)."""
 
@@ -165,6 +147,9 @@ def save_t5_folder(folder: Path, config, seed: int, spm_folder: Path):
     return model
 
 
+# v1.0: relu, tied; v1.1: gated-gelu, own lm_head. With Hugging Face's init a tiny model writes the
+# same tokens (or nothing) whatever the input; pass `initializer_factor=3.0` for outputs that depend
+# on the input (and more peaked distributions).
 def tiny_t5_folder(root, *, family: str = "v1.0", seed: int = 0, spm_pieces: int = 600,
                    minus_one: bool = True, **overrides) -> Path:
     """A random tiny T5 folder (config.json, model.safetensors, spiece.model).
@@ -261,6 +246,8 @@ def save_classifier_folder(folder: Path, labels: Sequence[str], *, model_type: s
     return model
 
 
+# Weights redrawn with std 0.2 (outputs far from uniform); a byte-level BPE tokenizer.json trained
+# here, with RoBERTa's pair template.
 def tiny_classifier_folder(root, labels: Sequence[str] = ("bad", "ok", "good"), *,
                            model_type: str = "roberta", seed: int = 0) -> Path:
     """A random tiny sequence classifier folder (config.json with id2label = labels,

@@ -1,16 +1,10 @@
-"""ClarifyDelphi's reward: Jensen-Shannon divergence between two judge distributions.
-
-The pure part (this section) takes arrays and returns arrays: jax + numpy only, jit/vmap friendly.
+"""ClarifyDelphi's reward: Jensen-Shannon divergence between two judge distributions, as pure,
+jittable array functions (jax + numpy only), with the running reward normalizer.
 
     reward(s, q) = gain * JSD_2(P(j | s + a_weak) || P(j | s + a_strong)) + bias     (paper eq. 3, 5)
 
-The JSD is the divergence (not the distance, its square root) in base 2, so it lies in [0, 1].
-Judge distributions are `[..., 3]` over (bad, ok, good); the reward does not depend on the order
-as long as both sides use the same one.
-
-`clarifyjax.reward.pipeline.RewardPipeline` (answerer -> NLI filter -> fusion -> judge ->
-`defeasibility_reward`) composes the models on top of these functions.
-"""
+The JSD is the divergence (not its square root) in base 2, in [0, 1], over `[..., 3]`
+distributions (bad, ok, good). `pipeline.RewardPipeline` composes the models on top."""
 from __future__ import annotations
 
 import math

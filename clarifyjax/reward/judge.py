@@ -1,28 +1,9 @@
-"""The moral judge: P(bad, ok, good) of a text.
+"""The moral judge: P(bad, ok, good) of a text, `[batch, 3]` float32 (`text.JUDGE_CLASSES`).
 
-`Judge`: a T5 read through class tokens, as Delphi.
-
-    input   "[moral_single]: " + text
-    target  "<class>{1|0|-1}</class> <text>{judgment}</text>"
-
-The original (allenai/clarifydelphi, `DelphiScorer.score_batch`) greedily generated 200 tokens
-and read the softmax over the vocabulary at decoder step 4 (after `▁ <unk> class >`) in the
-columns of "1", "0", "-1"; the reward then normalized those three numbers. Here the prefix is
-teacher-forced: one decoder pass over [start, prefix...], and the logits of the class tokens at
-the last position are softmaxed over those tokens only, which equals the normalized columns of
-the full softmax. The prefix ids come from the judge's own tokenizer; each class token must be
-exactly one vocabulary id right after the prefix, or loading fails naming the token.
-
-`ClassifierJudge`: a BERT / RoBERTa / DeBERTa sequence classifier with three labels, same
-interface.
-
-Both read their inputs as `text.judge_input` writes them and run one jitted forward per batch
-(`_BatchedJudge.class_probabilities`), on rows padded by `buckets.padded_rows`. The T5 judge runs
-through a `seq2seq.Seq2SeqModel`, which also writes its judgment text.
-
-Every judge distribution is `[batch, 3]` float32 in the order (bad, ok, good)
-(`text.JUDGE_CLASSES`).
-"""
+`Judge`: a T5 read through class tokens, as Delphi (input "[moral_single]: " + text, target
+"<class>{1|0|-1}</class> <text>{judgment}</text>"); how it reads them is above the class.
+`ClassifierJudge`: a BERT / RoBERTa / DeBERTa three-label classifier, same interface. Both read
+`text.judge_input`'s inputs and run one jitted forward per bucketed batch; `load_judge` picks one."""
 from __future__ import annotations
 
 import functools
@@ -140,6 +121,13 @@ class _BatchedJudge:
         return np.asarray(jax.device_get(probs))[: len(inputs)]
 
 
+# The original (allenai/clarifydelphi, `DelphiScorer.score_batch`) greedily generated 200 tokens and
+# read the softmax over the vocabulary at decoder step 4 (after `▁ <unk> class >`) in the columns of
+# "1", "0", "-1"; the reward then normalized those three numbers. Here the prefix is teacher-forced:
+# one decoder pass over [start, prefix...], and the class tokens' logits at the last position are
+# softmaxed over those tokens only, which equals the normalized columns of the full softmax. The
+# prefix ids come from the judge's own tokenizer; each class token must be exactly one vocabulary id
+# right after the prefix, or loading fails naming the token.
 class Judge(_BatchedJudge):
     """A T5 judge read through class tokens. `class_tokens` are in the order (bad, ok, good).
 

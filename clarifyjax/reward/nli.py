@@ -1,13 +1,7 @@
 """The NLI filter of the reward pipeline: drop answers that the situation already entails or that
-contradict it (ClarifyDelphi §3.3; docs/originals.md, ClarifyDelphi: roberta-large-wanli, premise = situation,
-hypothesis = answer).
-
-The classifier is any Hugging Face `RobertaForSequenceClassification` /
-`BertForSequenceClassification` folder (config.json with `id2label`, model.safetensors,
-tokenizer.json). Pairs are tokenized with the folder's fast tokenizer (pair encoding, longest-first
-truncation to max_length), sorted by length, padded to length buckets and run by one jitted
-forward per bucket shape.
-"""
+contradict it (ClarifyDelphi §3.3: roberta-large-wanli, premise = situation, hypothesis = answer).
+Any Hugging Face BERT / RoBERTa sequence-classifier folder works; pairs run sorted by length,
+padded to buckets, one jitted forward per bucket shape."""
 from __future__ import annotations
 
 import collections

@@ -1,34 +1,9 @@
 """ClarifyDelphi's reward, composed: judgment -> answers -> NLI filter -> fusion -> judge -> JSD.
 
-For b (situation, question) pairs (paper §3.2-3.3, docs/originals.md):
-
-1. judgment: the judge's judgment text of each situation (greedy; the answer generator's input);
-2. answers: a weakener and a strengthener answer per question, the 2b inputs in ONE batch;
-3. NLI: answers that the situation entails or contradicts are dropped (premise = situation);
-4. fusion: each answer fused into its situation, the 2b inputs in one batch;
-5. judge: P(bad, ok, good) of the b base and 2b updated situations in one batch;
-6. reward: JSD_2(P_weak || P_strong) (`reward.defeasibility_reward`), then the normalizer.
-
-Every model stage is one jitted call (`decoding.generate`, the judge's forward, the NLI forward)
-on inputs padded to length buckets and to a row multiple, so that a repeated batch size compiles
-each stage once (`RewardPipeline.traces` counts the traces per stage).
-
-The settings are `clarifyjax.config.PipelineConfig`, the part of a run's
-``rewards:`` section (`RewardConfig`) that is not the models; `load_pipeline` builds the pipeline
-of a whole `RewardConfig`, for training and `clarifyjax score-questions` alike.
-
-A dropped answer (filtered by NLI, or empty) is handled by `PipelineConfig.dropped_answer`:
-  zero_reward  the pair's raw reward is `dropped_reward` (0: no defeasibility shown), before
-               normalization; its fused situations are still computed (blank answer) and reported;
-  resample     up to `resample_k` rounds of sampling new answers for the dropped ones only, then
-               as zero_reward for those still dropped;
-  blank        the original: the answer is blanked and still fused; the reward is the JSD.
-An empty fused situation makes its pair invalid (`dropped_reward`), or with `empty_fusion:
-judge` the judge reads the empty text, as the original did. An empty question (e.g. the policy
-wrote only EOS) gives its row `dropped_reward`, without model calls; a question longer than
-`max_question_words` words is cut there. All are counted. docs/fidelity.md compares every
-setting with the original code.
-"""
+`RewardPipeline` runs each model stage as one jitted call over bucketed rows, so a repeated batch
+size compiles each stage once (`traces` counts them); its stages and the handling of dropped
+answers are listed above it. Its settings are `config.PipelineConfig`; `load_pipeline` builds it
+from a run's `RewardConfig`, for training and `clarifyjax score-questions` alike."""
 from __future__ import annotations
 
 import collections
@@ -163,6 +138,20 @@ def _as_key(rng) -> jax.Array | None:
     return jax.random.key(int(rng))
 
 
+# Stages for b (situation, question) pairs (paper §3.2-3.3): the judge's judgment text of each
+# situation (greedy; the answerer's input); a weakener and a strengthener answer per question (2b
+# inputs in one batch); the NLI filter drops answers the situation entails or contradicts; fusion
+# (2b inputs); the judge on the b base and 2b updated situations; the JSD, then the normalizer.
+# A dropped answer (filtered, or empty) follows `PipelineConfig.dropped_answer`:
+#   zero_reward  the pair's raw reward is `dropped_reward` (0: no defeasibility shown), before
+#                normalization; its fused situations are still computed (blank answer) and reported;
+#   resample     up to `resample_k` rounds of new answers for the dropped ones only, then as
+#                zero_reward for those still dropped;
+#   blank        the original: the answer is blanked and still fused; the reward is the JSD.
+# An empty fused situation makes its pair invalid (`dropped_reward`), or with `empty_fusion: judge`
+# the judge reads the empty text, as the original did. An empty question gives its row
+# `dropped_reward` without model calls; one longer than `max_question_words` words is cut there.
+# All are counted; docs/fidelity.md compares every setting with the original code.
 class RewardPipeline:
     """answerer, fusion: `Seq2SeqModel`s; judge: a `judge.Judge` or `judge.ClassifierJudge`;
     nli: a `nli.NLIFilter` (or anything with `__call__(premises, hypotheses) -> .keep [n]`), or

@@ -1,16 +1,9 @@
 """What a PPO run's evaluation reports beside its means: their noise, and a policy's collapse.
 
-Pure numpy over per-situation arrays and question texts, so that the training loop, the seed study
-(`benchmarks/ppo_seeds.py`) and research code compute them the same way:
-
-* `mean_se`: a mean over dev situations and its standard error (sample std / sqrt(n)).
-* `paired_gain`: the gain of a policy over its start on the same situations, with the standard
-  error of the per-situation differences (the situations' own difficulty cancels out).
-* `question_stats`: how many distinct questions, their mean length in words, the most frequent
-  ones and the share of the situations that receive the single most common question, so that a
-  policy that asks "What are you?" of everything is named as such.
-* `t_interval`: a 95% interval of a mean over a few seeds (Student's t).
-"""
+Pure numpy, so the training loop, `benchmarks/ppo_seeds.py` and research code agree: `mean_se`
+(mean and standard error), `paired_gain` (a policy's gain over its start on the same situations),
+`question_stats` (distinct questions, lengths, the share asked the most common one: collapse onto
+"What are you?" is named) and `t_interval` (a 95% Student's t interval over a few seeds)."""
 from __future__ import annotations
 
 import math

@@ -1,20 +1,9 @@
 """The policy and value functions of the PPO update, over plain parameter dicts.
 
-* `response_logprobs`, `response_values`: teacher-forced log-probabilities of the sampled
-  responses under a T5, and a `rl.value.ValueModel`'s values, at every response position.
-* `make_ppo_fns`: the (policy_logprobs_fn, value_fn) pair `ppo.make_ppo_update` takes.
-* `make_rollout_scorer`, `make_reference_nll`: what `rollout.RolloutSampler` computes on device
-  (log-probs under the policy and the frozen reference, values; the reference's NLL in evaluation).
-
-Which distribution the log-probabilities are of: the model's own (temperature 1, untruncated), as
-in the original trainer (`Policy.forward_pass`). Questions are *sampled* at temperature 0.7 and
-top-p 0.6, so the PPO ratio is the usual approximation of the sampling distribution by the model's;
-the KL penalty compares policy and reference under the same convention, and is exactly 0 at the
-start. (A ratio under the truncated distribution can be -inf for a token that leaves the top-p
-set after an update, which gives NaN gradients.)
-
-Shapes: b = batch, s = query length, t = response length, m = d_model, V = vocabulary.
-"""
+`response_logprobs` / `response_values`: teacher-forced log-probs of sampled responses under a T5
+(of which distribution: the comment above it), and a `ValueModel`'s values. `make_ppo_fns`: what
+`ppo.make_ppo_update` takes; `make_rollout_scorer`, `make_reference_nll`: what the rollout
+computes on device. Shapes: b = batch, s = query, t = response, m = d_model, V = vocabulary."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -31,6 +20,12 @@ from clarifyjax.rl.value import ValueModel
 # --------------------------------------------------------------------------- forward passes
 
 
+# The log-probabilities are of the model's own distribution (temperature 1, untruncated), as in the
+# original trainer (`Policy.forward_pass`). Questions are *sampled* at temperature 0.7 and top-p
+# 0.6, so the PPO ratio is the usual approximation of the sampling distribution by the model's; the
+# KL penalty compares policy and reference under the same convention and is exactly 0 at the start.
+# (A ratio under the truncated distribution can be -inf for a token that leaves the top-p set after
+# an update, which gives NaN gradients.)
 def response_logprobs(model: T5, query_ids, query_mask, response_ids, response_mask, *,
                       with_entropy: bool = False):
     """log p(response_ids[:, i] | query, response_<i) [b, t] float32 under the model's own

@@ -1,19 +1,10 @@
 """PPO for sequence generation, as pure functions over masked `[batch, time]` arrays.
 
-PureJaxRL style: NamedTuples for data and state, `lax.scan` instead of Python loops, and one pure
-`ppo_update(state, rollout, rng) -> (state, metrics)` that the caller jits (with the mesh's
-shardings as in/out shardings). Model-independent: the policy and the value model enter as
-functions of (params, rollout minibatch).
-
-Follows the original ClarifyDelphi trainer (itself after Ziegler et al. 2019 / Ouyang et al. 2022)
-with its bugs fixed (docs/originals.md, ClarifyDelphi): whitening divides by the standard
-deviation (the original divided
-by its square root), reward whitening leaves padding at 0, and the adaptive KL controller is the one
-the flag asks for (its sign: KL above target raises the coefficient).
-
-Masks are 1.0 on real response tokens (including EOS) and 0.0 on padding; responses are expected
-right-padded (a hole in a mask ends the episode there for GAE).
-"""
+PureJaxRL style: NamedTuples for data and state, `lax.scan`, and one pure
+`ppo_update(state, rollout, rng) -> (state, metrics)` that the caller jits; the policy and value
+model enter as functions of (params, minibatch). It follows the original ClarifyDelphi trainer
+with its bugs fixed (docs/originals.md). Masks are 1.0 on real response tokens (EOS included),
+0.0 on padding; responses are right-padded (a hole in a mask ends the episode there for GAE)."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,14 +1,9 @@
 """PPO rollouts: one batch of questions sampled on device, rewarded on the host, scored on device.
 
-* `RolloutSampler`: questions sampled by `decoding.generate` (jitted once per shape), decoded and
-  rewarded on the host (`reward_fields` reads any reward function's output; the normalizer gives
-  the reward), then scored on device (log-probs under the policy and the reference, values:
-  `policy.make_rollout_scorer`) -> `ppo.Rollout`.
-* `host_rows`: this process's rows of a batch-sharded global array.
-
-The reward is named as in `pipeline.RewardOutput`: ``raw_reward`` is what the reward
-function gave (the JSD), ``reward`` the normalized one that PPO pays at the last token.
-"""
+`RolloutSampler` samples with `decoding.generate`, rewards on the host (`reward_fields`, then the
+normalizer) and scores with `policy.make_rollout_scorer` -> `ppo.Rollout`; `host_rows` gives this
+process's rows of a batch-sharded array. As in `pipeline.RewardOutput`, ``raw_reward`` is the
+reward function's JSD and ``reward`` the normalized one PPO pays at the last token."""
 from __future__ import annotations
 
 import functools

@@ -1,21 +1,9 @@
 """`clarifyjax generate`: a JSONL file of prompts through a `TextGenerator`, resumable.
 
-Input: one JSON object per line, ``{"id": ..., "prompt": "..."}`` (a raw prompt) or ``{"id":
-..., "messages": [{"role": ..., "content": ...}, ...]}`` (a chat, rendered with the model's
-template), with optional per-row sampling overrides ``max_new_tokens``, ``min_new_tokens``,
-``temperature`` (0 = greedy), ``top_k``, ``top_p`` and ``stop`` (a string or a list). Any other
-field, a missing or repeated id, or a bad value is one error naming the file, line and field,
-before any model is loaded; a prompt that does not fit the model's context is named the same way
-before anything is generated.
-
-Output: one line per input row, in input order: ``{"id", "completions": [{"text",
-"finish_reason", "num_tokens"[, "token_ids", "logprobs"]} x n]}``. It is written once, at the
-end, by a rename; each finished chunk of rows waits in ``.OUT.partial/`` beside it
-(`clarifyjax.files.chunkstore`), so that the same command after a kill (even -9) generates only the
-chunks that are missing, and writes what an uninterrupted run would have: chunk i is always the
-same rows, generated with a seed derived from (seed, i). A rerun with other settings, inputs or
-model is refused while such chunks wait (`--overwrite` discards them).
-"""
+Each row is {"id", "prompt"} or {"id", "messages"} with optional per-row sampling fields; every
+bad row is refused, naming file, line and field, before a model loads (`_row`). The output, one
+line per row in input order, is written once at the end; a killed run resumes from its finished
+chunks and writes what an uninterrupted run would have (`generate_records`)."""
 from __future__ import annotations
 
 import argparse
@@ -46,6 +34,11 @@ class PromptRow:
     where: str
 
 
+# An input row is {"id", "prompt"} (a raw prompt) or {"id", "messages": [{"role", "content"}, ...]}
+# (a chat, rendered with the model's template), with optional per-row max_new_tokens,
+# min_new_tokens, temperature (0 = greedy), top_k, top_p and stop (a string or a list). Any other
+# field, a missing or repeated id, or a bad value is one error naming the file, line and field,
+# before any model is loaded.
 def _row(path: Path, line: int, obj: dict) -> PromptRow:
     where = f"{path}:{line}"
     unknown = [k for k in obj if k not in ROW_FIELDS]
@@ -133,6 +126,11 @@ def chunk_seed(seed: int, chunk: int) -> int:
     return int(np.random.SeedSequence([seed, chunk]).generate_state(1)[0])
 
 
+# Output: one line per input row, in input order: {"id", "completions": [{"text", "finish_reason",
+# "num_tokens"[, "token_ids", "logprobs"]} x n]}, written once at the end by a rename. Finished
+# chunks wait in .OUT.partial/ (`chunkstore`); chunk i is always the same rows with the seed
+# `chunk_seed(seed, i)`, so a rerun after a kill writes what an uninterrupted run would have. A rerun
+# with other settings, inputs or model is refused while chunks wait (--overwrite discards them).
 def generate_records(generator: TextGenerator, rows: Sequence[PromptRow], *, out: Path,
                      sampling: Sampling, n: int, seed: int, chunk_rows: int,
                      options: dict, folders: Sequence[Path], logprobs: bool = False,

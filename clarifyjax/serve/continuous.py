@@ -1,20 +1,8 @@
-"""Continuous batching for `clarifyjax serve`: `ContinuousBatcher` has `http_server.MicroBatcher`'s
-interface (`await submit(job, rows)`, `close()`) but runs every request's rows in the decode
-slots of one `decoding.slots.SlotEngine` over a `LocalLM`: a request is admitted into free slots
-at the next step (its prompt prefilled chunk by chunk between the running rows' steps), and each
-row leaves the batch the moment it ends, so that a short request never waits for a long one.
-
-`OpenAIServer(lm, batcher=ContinuousBatcher(lm))` serves with it; `clarifyjax serve
---batching window` keeps the window batcher (`MicroBatcher`: requests arriving within a window
-run together to the longest one's end).
-
-What a request gets: greedy rows the tokens `LocalLM.complete` gives the same request alone;
-sampled rows draw from their own key, derived from (seed, prompt, sample), so a seeded request
-repeats whatever else runs; an unseeded request gets a new seed (reproducible from the server's
-start). Limits: 413 for a request of more rows than `max_queued_rows`, 503 while the rows
-waiting for a slot would pass it; a request whose client goes away leaves the queue, or frees
-its slots at the next step.
-"""
+"""Continuous batching for `clarifyjax serve`: `ContinuousBatcher` has `MicroBatcher`'s interface
+(`await submit(job, rows)`, `close()`) but runs every request's rows in the slots of one
+`decoding.slots.SlotEngine`: a request joins at the next step (its prompt prefilled chunk by
+chunk) and each row leaves the moment it ends, so a short request never waits for a long one.
+`--batching window` keeps `MicroBatcher` (requests of one window run to the longest one's end)."""
 from __future__ import annotations
 
 import asyncio
@@ -66,8 +54,15 @@ class JobTiming:
 
 
 class ContinuousBatcher:
-    """`MicroBatcher`'s interface over a `SlotEngine` on `lm` (see the module's docstring).
-    Items are the server's jobs: `prompts`, `sampling` (one `Sampling`), `n`, `seed`."""
+    """`MicroBatcher`'s interface over a `SlotEngine` on `lm`. Items are the server's jobs:
+    `prompts`, `sampling` (one `Sampling`), `n`, `seed`.
+
+    Greedy rows get the tokens `LocalLM.complete` gives the same request alone; sampled rows draw
+    from their own key, derived from (seed, prompt, sample), so a seeded request repeats whatever
+    else runs; an unseeded request gets a new seed (reproducible from the server's start). Limits:
+    413 for a request of more rows than `max_queued_rows`, 503 while the rows waiting for a slot
+    would pass it; a request whose client goes away leaves the queue, or frees its slots at the
+    next step."""
 
     def __init__(self, lm: LocalLM, settings: SlotSettings = SlotSettings(), *,
                  max_queued_rows: int = 1024):

@@ -1,24 +1,7 @@
-"""Which requests the project's local servers answer (`clarifyjax serve`, `clarifyjax web`): an
-ASGI middleware in front of every app that `http_server` serves, so that a web page the user has
-open elsewhere cannot drive them.
-
-* **Host.** The ``Host`` header must name the address the server is bound to (127.0.0.1 gives
-  ``127.0.0.1``; a loopback address also ``localhost``; the ``--host`` name when one was given;
-  every interface, 0.0.0.0 or ::, any IP address and this machine's names), or a name added with
-  ``--allowed-host``. Anything else is 400, so that a DNS-rebinding page (its own name resolving
-  to 127.0.0.1) gets no answer to read. A request without a Host header (HTTP/1.0) passes.
-* **Origin.** A request whose ``Origin`` is another origin than the server's own (scheme, name
-  and port of its Host) is 403, and so is its CORS preflight, unless ``--allow-origin`` lists it
-  (or gives ``*``): then the answer carries ``Access-Control-Allow-Origin`` for it, and a
-  preflight is answered 204. Off by default: no other page may call the server from a browser.
-  A request without an Origin (curl, the OpenAI client, the page's own GETs) passes.
-* **Content-Type.** A POST must say ``Content-Type: application/json`` (a charset may follow),
-  else 415: an HTML form or a "simple" cross-site request (``text/plain``) is never read as
-  JSON, even where no browser sends an Origin.
-
-Refusals are the servers' OpenAI-style error body, ``{"error": {"message", "type", "param",
-"code"}}``.
-"""
+"""Which requests the project's local servers answer (`clarifyjax serve`, `clarifyjax web`): an ASGI
+middleware (`RequestGuard`) in front of every app `http_server` serves, so that a web page open
+elsewhere cannot drive them: its Host, Origin and Content-Type checks are listed above
+`RequestPolicy`."""
 from __future__ import annotations
 
 import dataclasses
@@ -70,6 +53,18 @@ def origin(value: str) -> str:
     return value.lower()
 
 
+# * Host. The Host header must name the address the server is bound to (127.0.0.1 gives
+#   127.0.0.1; a loopback address also localhost; the --host name when one was given; every
+#   interface, 0.0.0.0 or ::, any IP address and this machine's names), or a name added with
+#   --allowed-host. Anything else is 400, so a DNS-rebinding page (its own name resolving to
+#   127.0.0.1) gets no answer to read. A request without a Host header (HTTP/1.0) passes.
+# * Origin. A request whose Origin is another origin than the server's own (scheme, name and port of
+#   its Host) is 403, and so is its CORS preflight, unless --allow-origin lists it (or gives *): then
+#   the answer carries Access-Control-Allow-Origin for it, and a preflight is answered 204. A request
+#   without an Origin (curl, the OpenAI client, the page's own GETs) passes.
+# * Content-Type. A POST must say application/json (a charset may follow), else 415: an HTML form or
+#   a "simple" cross-site request (text/plain) is never read as JSON, even where no browser sends an
+#   Origin. Refusals are the OpenAI-style error body.
 @dataclasses.dataclass(frozen=True)
 class RequestPolicy:
     """hosts: the names and addresses a Host header may give (lowercase); any_address: the
@@ -112,7 +107,8 @@ class RequestPolicy:
 
 
 class RequestGuard:
-    """ASGI middleware: `app`'s HTTP requests checked against `policy` (see the module)."""
+    """ASGI middleware: `app`'s HTTP requests checked against `policy` (the rules are above
+    `RequestPolicy`)."""
 
     def __init__(self, app, policy: RequestPolicy):
         self.app, self.policy = app, policy

@@ -1,18 +1,9 @@
-"""The project's web plumbing (Starlette + uvicorn), free of model code, so that every server of
-the project (the OpenAI-compatible `clarifyjax serve`, a web page) shares it:
-
-* `ApiError` and `error_response`: OpenAI-style error bodies,
-  ``{"error": {"message", "type", "param", "code"}}``, with a 4xx/5xx status.
-* `read_json_object`: a request body read up to a size limit (a larger one is refused while it
-  arrives, 413, never buffered whole), parsed as one JSON object, its keys checked.
-* `MicroBatcher`: requests that arrive within a short window are gathered into one batch and run
-  by one worker thread (jitted programs run one at a time); the queue is bounded in rows, so an
-  overloaded server answers 503 at once instead of queueing forever, and a request whose client
-  went away before its batch started is dropped (`wait_unless_disconnected`).
-* `serve_forever` / `BackgroundServer`: uvicorn on a socket bound here, 127.0.0.1 by default;
-  port 0 picks a free port, and the address is announced only once the server accepts. Every
-  request passes `guard.RequestGuard` first (its Host, Origin and Content-Type).
-"""
+"""The project's web plumbing (Starlette + uvicorn), free of model code, shared by every server:
+`ApiError` / `error_response` (OpenAI-style error bodies), `read_json_object` (a body read up to a
+size limit, 413 while it arrives), `MicroBatcher` (requests of a short window run as one batch by
+one worker thread; bounded in rows, so overload is 503 at once; a request whose client left is
+dropped) and `serve_forever` / `BackgroundServer` (uvicorn on 127.0.0.1 by default, port 0 a free
+one, every request through `guard.RequestGuard`)."""
 from __future__ import annotations
 
 import asyncio

@@ -1,29 +1,9 @@
-"""An OpenAI-compatible HTTP API over any `clarifyjax.text.generator.TextGenerator` (what
-`clarifyjax serve MODEL_DIR` runs on a local causal LM).
+"""An OpenAI-compatible HTTP API over any `TextGenerator` (what `clarifyjax serve MODEL_DIR` runs):
+``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``.
 
-Endpoints: ``POST /v1/completions`` (a prompt or a list of prompts), ``POST
-/v1/chat/completions``, ``GET /v1/models``, ``GET /health``. Request fields: ``model``, ``n``,
-``max_tokens`` (chat: also ``max_completion_tokens``; both given must agree), ``temperature`` (0
-= greedy; any temperature > 0 is safe, `decoding.sampling.scale_by_temperature`), ``top_p``,
-``top_k`` (the OpenAI client sends it through ``extra_body``), ``min_tokens``, ``stop``, ``seed``,
-``logprobs`` (completions: 0, the chosen tokens' log-probs; chat: true/false). Log-probs are
-those of the distribution each token was drawn from (after temperature, top-k and top-p). Fields
-OpenAI defines but this server cannot honour (``stream``, ``echo``, penalties, ``logit_bias``,
-alternatives in ``top_logprobs``) are accepted only at their neutral values; any other field is
-a 400 naming it, as are out-of-range values, ``n`` over the limit and a prompt that does not fit
-the context with its ``max_tokens`` (``context_length_exceeded``).
-
-A sampling field left out is the model's default (for a local model its generation_config.json,
-as `transformers` reads it: greedy unless it samples), not OpenAI's temperature 1; ``max_tokens``
-left out is 16 for completions (as OpenAI) and, for chats, what the context leaves, up to the
-server's limit.
-
-Concurrent requests are gathered by `serving.MicroBatcher` and run as one `complete` call, so
-their prompts share jitted batches. A sampled request that gives a ``seed`` runs in a call of its
-own (its completions depend on its seed only, not on who else was waiting); greedy and unseeded
-requests share. `clarifyjax serve` gives the server a `serve.continuous.ContinuousBatcher`
-instead (``--batching continuous``, the default): requests join and leave one running batch.
-"""
+The request fields and their defaults are listed above `OpenAIServer`; a field it cannot honour
+is accepted only at its neutral value, anything else bad is a 400 naming it. Requests are batched
+by `ContinuousBatcher` (the default) or `MicroBatcher`."""
 from __future__ import annotations
 
 import contextlib
@@ -105,6 +85,18 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(stop)
 
 
+# Request fields: model, n, max_tokens (chat: also max_completion_tokens; both given must agree),
+# temperature (0 = greedy), top_p, top_k (the OpenAI client sends it through extra_body), min_tokens,
+# stop, seed, logprobs (completions: 0, the chosen tokens' log-probs; chat: true/false). Log-probs
+# are of the distribution each token was drawn from (after temperature, top-k and top-p). Fields
+# OpenAI defines but this server cannot honour (stream, echo, penalties, logit_bias, alternatives in
+# top_logprobs) are accepted only at their neutral values; any other field is a 400 naming it, as
+# are out-of-range values, n over the limit and a prompt that does not fit the context with its
+# max_tokens (context_length_exceeded). A sampling field left out is the model's default (its
+# generation_config.json: greedy unless it samples), not OpenAI's temperature 1; max_tokens left out
+# is 16 for completions (as OpenAI) and, for chats, what the context leaves, up to the server's limit.
+# With the window batcher, a sampled request that gives a seed runs in a call of its own (its
+# completions depend on its seed only); greedy and unseeded requests share a `complete` call.
 class OpenAIServer:
     """The Starlette app (`.app`) serving `generator` under the model name `name`."""
 

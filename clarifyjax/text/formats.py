@@ -1,28 +1,9 @@
-"""The exact input format of every ClarifyDelphi model, as pure string functions.
+"""The exact input format of every ClarifyDelphi model, as pure string functions (the table of
+formats is above `policy_input`), so that the policy, the answer generator, the fusion model, the
+judge and the NLI filter see at inference exactly what they saw in training.
 
-One place for every prompt string (docs/originals.md, ClarifyDelphi), so that the policy, the answer generator, the
-fusion model, the judge and the NLI filter see at inference exactly what they saw in training.
-
-    policy            "question: " + situation                                      -> question
-    wh-conditioned    "{situation} Q.: {wh-word}"                                   -> question
-    answer generator  "answer: " + judgment + " " + situation. + " TYPE: " + type
-                      + " QUESTION: " + question                                    -> answer
-      (SFT, silver)   "answer: {Hypothesis} TYPE: {UpdateType} QUESTION: {question_davinci}" -> Update
-    fusion            "merge: SITUATION: " + situation. + " QUESTION: " + q + " ANSWER: " + a
-                                                                                    -> updated situation
-    judge (Delphi)    "[moral_single]: " + text  -> "<class>{1|0|-1}</class> <text>{judgment}</text>"
-    NLI               premise = situation (+ "." with period=True), hypothesis = answer
-    discriminator     the pair (situation, question), an encoder classifier's two segments
-                      -> class 1 "relevant" | 0 "irrelevant"
-
-Where the original's inference differed from its training data (no "." added to the fusion
-model's situation, a "." added to the NLI premise), a `period` argument picks the rule
-(`config.PipelineConfig` ``fusion_situation_period``, ``nli_premise_period``; docs/fidelity.md).
-The original passed the policy's query ("question: " + situation) straight into the judge and the
-fusion model; here every consumer of a situation strips that prefix (`strip_policy_prefix`).
 Functions take and return `str` (or tuples of them); a missing or empty field raises
-`TextFormatError` naming the field (and the row, when the caller passes `where=`).
-"""
+`TextFormatError` naming the field (and the row, when the caller passes `where=`)."""
 from __future__ import annotations
 
 import re
@@ -131,6 +112,21 @@ def _situation(value, where: str | None) -> str:
 # --------------------------------------------------------------------------- question generation
 
 
+# The input format of every ClarifyDelphi model (docs/originals.md), one place for every prompt
+# string, so that each model sees at inference exactly what it saw in training:
+#     policy            "question: " + situation                                      -> question
+#     wh-conditioned    "{situation} Q.: {wh-word}"                                   -> question
+#     answer generator  "answer: " + judgment + " " + situation. + " TYPE: " + type
+#                       + " QUESTION: " + question                                    -> answer
+#       (SFT, silver)   "answer: {Hypothesis} TYPE: {UpdateType} QUESTION: {question_davinci}" -> Update
+#     fusion            "merge: SITUATION: " + situation. + " QUESTION: " + q + " ANSWER: " + a
+#                                                                                     -> updated situation
+#     judge (Delphi)    "[moral_single]: " + text  -> "<class>{1|0|-1}</class> <text>{judgment}</text>"
+#     NLI               premise = situation (+ "." with period=True), hypothesis = answer
+#     discriminator     the pair (situation, question), an encoder classifier's two segments
+#                       -> class 1 "relevant" | 0 "irrelevant"
+# The original passed the policy's query ("question: " + situation) straight into the judge and the
+# fusion model; here every consumer of a situation strips that prefix (`strip_policy_prefix`).
 def policy_input(situation: str, *, where: str | None = None) -> str:
     """The question generator's (the PPO policy's) input: "question: " + situation.
 
@@ -227,6 +223,9 @@ def answer_sft_from_row(row: Mapping[str, str], *, where: str | None = None) -> 
 # --------------------------------------------------------------------------- fusion
 
 
+# Where the original's inference differed from its training data (no "." added to the fusion
+# model's situation, a "." added to the NLI premise), a `period` argument picks the rule
+# (`config.PipelineConfig` fusion_situation_period, nli_premise_period; docs/fidelity.md).
 def fusion_fields(situation: str, question: str, answer: str, *, period: bool = True,
                   where: str | None = None) -> str:
     """"SITUATION: s. QUESTION: q ANSWER: a": the fields of fusion_dev.csv's `input` column.

@@ -1,21 +1,10 @@
 """The one interface of every text generator: prompts in, `n` completions per prompt out.
 
-A generator may be a local causal LM (`clarifyjax.decoding.local_lm.LocalLM`), an OpenAI-compatible endpoint or
-a file of outputs written earlier; whoever needs texts (`clarifyjax generate`, `clarifyjax serve`,
-SaGE's pipeline) holds a `TextGenerator` and does not know which.
-
-* A prompt is a `str` (sent as it is: a raw completion prompt) or a list of chat messages
-  (``{"role": ..., "content": ...}``), which the generator renders with the model's chat template.
-* `Sampling` holds the settings of one prompt; a field left None means "the generator's default"
-  (for a local model, its ``generation_config.json``, as in `transformers`). Temperature 0 is
-  greedy decoding.
-* `Completion` is one sampled text with its token ids, the log-probability of each token under the
-  distribution it was drawn from, and why it ended ("stop": end of text or a stop string;
-  "length": `max_new_tokens` reached).
-
-This module imports no JAX and no model code, so a generator that only calls a web service can
-implement it cheaply.
-"""
+A `TextGenerator` may be a local causal LM (`decoding.local_lm.LocalLM`), an OpenAI-compatible
+endpoint or a file of earlier outputs; its users do not know which. A prompt is a `str` or a list
+of chat messages; `Sampling` holds the settings (None: the generator's default, temperature 0:
+greedy); a `Completion` is one text with its token ids, log-probs and finish reason. No JAX and no
+model code here, so a web-service generator implements it cheaply."""
 from __future__ import annotations
 
 import dataclasses

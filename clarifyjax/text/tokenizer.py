@@ -1,23 +1,11 @@
-"""One tokenizer interface for T5 SentencePiece vocabularies, with two interchangeable backends.
+"""One tokenizer interface for T5 SentencePiece vocabularies, with two interchangeable backends:
+``backend="hf"`` (Hugging Face ``T5TokenizerFast`` from a folder) and ``backend="tf_text"``
+(tensorflow-text's ``SentencepieceTokenizer`` on its ``spiece.model``, imported only when asked).
 
-* ``backend="hf"``: Hugging Face ``T5TokenizerFast`` (Rust `tokenizers`) from a folder holding
-  ``tokenizer.json`` or ``spiece.model``. transformers 5's ``T5Tokenizer(vocab_file=...)`` silently
-  ignores the file, so we always load from the folder.
-* ``backend="tf_text"``: tensorflow-text's ``SentencepieceTokenizer`` on the folder's
-  ``spiece.model`` (tensorflow is imported only when this backend is asked for).
+    tok = Tokenizer.from_pretrained(folder, backend="hf")
 
-Both give identical ids for the same ``spiece.model`` (tested on δ-CLARIFY). The backend only turns
-text into pieces and back; appending EOS, truncating, padding and decoding rules live here, once,
-so the backends cannot drift apart on them.
-
-Truncation is explicit: a text with more than ``max_length - 1`` tokens keeps its first
-``max_length - 1`` tokens and EOS, and is counted (per call in `EncodeStats`, in total in
-``Tokenizer.truncation_count``). An empty or whitespace-only text is an error unless allowed.
-A text that no backend can encode (a lone surrogate such as "\\ud800", which has no UTF-8 form)
-or that holds a NUL character (which T5's vocabulary reads as <unk>: a sign of a binary or
-UTF-16 file) is a `TextEncodingError` naming its index in the batch and a short repr, raised
-before the backend sees the batch (the backends fail without saying which text).
-"""
+EOS, truncation (explicit and counted) and padding live in `Tokenizer`, once, for both backends; a
+text no backend can encode is a `TextEncodingError` naming it (`check_encodable`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -50,6 +38,9 @@ class TextEncodingError(ValueError):
         self.index, self.reason = index, reason
 
 
+# A lone surrogate such as "\ud800" has no UTF-8 form, and a NUL reads as <unk> in T5's vocabulary
+# (a sign of a binary or UTF-16 file); the error names the text's index and a short repr before the
+# backend sees the batch, since the backends fail without saying which text.
 def check_encodable(texts: Sequence[str]) -> None:
     """Raise `TextEncodingError` for the first text with a lone surrogate or a NUL character."""
     for i, text in enumerate(texts):
@@ -78,6 +69,11 @@ class EncodeStats:
         return len(self.truncated_rows)
 
 
+# The backend only turns text into pieces and back; appending EOS, truncating, padding and decoding
+# live here, once, so the backends cannot drift apart (both give identical ids for the same
+# spiece.model, tested on δ-CLARIFY). A text of more than max_length - 1 tokens keeps its first
+# max_length - 1 and EOS, and is counted (per call in `EncodeStats`, in total in
+# `truncation_count`). An empty or whitespace-only text is an error unless allowed.
 class Tokenizer:
     """Text <-> padded id matrices. Build with `Tokenizer.from_pretrained(folder, backend=...)`.
 
@@ -238,6 +234,8 @@ class Tokenizer:
                 f"pad_id={self.pad_id}, eos_id={self.eos_id})")
 
 
+# transformers 5's T5Tokenizer(vocab_file=...) silently ignores the file, so we always load from the
+# folder (tokenizer.json or spiece.model).
 class HFTokenizer(Tokenizer):
     """Hugging Face backend: ``T5TokenizerFast.from_pretrained(folder)``."""
 

@@ -1,41 +1,9 @@
 """Training checkpoints with orbax, and turning a preemption (SIGTERM) into a clean save-and-exit.
 
-A checkpoint of step ``s`` (the number of completed steps) holds two items:
-
-* ``state``: any pytree of jax arrays (NNX states, optax states, PRNG keys, step counters), possibly
-  sharded over many devices and hosts, saved with ``StandardSave`` (every process takes part);
-* ``extra``: a JSON document (the data position, the reward normalizer, the KL controller, and
-  the run's config under ``config`` when `Checkpointer.record` is set: `clarifyjax.training.run_record`
-  compares a resumed run against it), saved with ``JsonSave``.
-
-Saving is asynchronous (the arrays are copied off the devices, then written in the background) and
-atomic: orbax writes into ``<step>.orbax-checkpoint-tmp-<time>`` and renames it when complete, so
-a run killed mid-save leaves only a temporary folder, which is ignored (and removed on the next
-start). Restoring places every array straight into the sharding of the abstract state it is given,
-so a model never has to exist whole on one device.
-
-A damaged checkpoint (a truncated or missing array file, a missing item folder, an empty step
-folder, corrupt metadata) does not stop a resume: `restore_latest` falls back to the newest intact
-one and renames each damaged newer folder ``<step>.damaged-<UTC time>`` with a warning. orbax
-ignores such names, so it neither restores, overwrites (a step saved again) nor garbage-collects
-them, and the damaged files stay for inspection. When none is intact it stops with one line naming
-each damaged folder, and moves nothing.
-
-The training loop (multi-host safe: every process runs the same code)::
-
-    with Checkpointer(run_dir / "checkpoints", max_to_keep=3, save_interval_steps=500) as ckpt, \
-            PreemptionGuard() as guard:
-        restored = ckpt.restore_latest(abstract_state)     # ShapeDtypeStructs with shardings
-        step, state, extra = restored or (0, init_state(), {})
-        while step < total_steps:
-            state = train_step(state, next(batches)); step += 1
-            stop = guard.should_stop(step)
-            if stop or ckpt.should_save(step) or step == total_steps:
-                ckpt.save(step, state, {"data": batches.position, ...})
-            if stop:
-                break                                   # leaving the with-block waits for the save
-    # then exit with status 0: the scheduler restarts the job, which resumes from `step`
-"""
+`Checkpointer` saves a step's ``state`` (a sharded pytree) and ``extra`` (JSON) asynchronously and
+atomically, restores straight into a given sharding, and sets damaged checkpoints aside;
+`PreemptionGuard` turns SIGTERM into a save at the next step. The training loop's use of both is
+written above `Checkpointer`."""
 from __future__ import annotations
 
 import contextlib
@@ -129,6 +97,28 @@ def jsonable(value, at: str = "extra"):
     raise CheckpointError(f"{at}: a {type(value).__name__} cannot be stored as JSON")
 
 
+# A checkpoint of step s (the number of completed steps) holds `state`, any pytree of jax arrays
+# (possibly sharded over many hosts, saved with StandardSave: every process takes part), and
+# `extra`, a JSON document (data position, reward normalizer, KL controller, and the run's config
+# when `record` is set, which `run_record` compares a resume against). Saving is asynchronous and
+# atomic: orbax writes into <step>.orbax-checkpoint-tmp-<time> and renames it when complete, so a
+# run killed mid-save leaves only a temporary folder, ignored and removed on the next start.
+# Restoring places every array straight into the sharding of the abstract state it is given. A
+# damaged checkpoint is renamed <step>.damaged-<UTC time> by `restore_latest`: orbax ignores such
+# names, so it never restores, overwrites or garbage-collects them (docs/reliability.md).
+# The training loop (multi-host safe: every process runs the same code):
+#     with Checkpointer(run_dir / "checkpoints", max_to_keep=3, save_interval_steps=500) as ckpt, \
+#             PreemptionGuard() as guard:
+#         restored = ckpt.restore_latest(abstract_state)     # ShapeDtypeStructs with shardings
+#         step, state, extra = restored or (0, init_state(), {})
+#         while step < total_steps:
+#             state = train_step(state, next(batches)); step += 1
+#             stop = guard.should_stop(step)
+#             if stop or ckpt.should_save(step) or step == total_steps:
+#                 ckpt.save(step, state, {"data": batches.position, ...})
+#             if stop:
+#                 break                                   # leaving the with-block waits for the save
+#     # then exit with status 0: the scheduler restarts the job, which resumes from `step`
 class Checkpointer:
     """orbax `CheckpointManager` of ``state`` (pytree) + ``extra`` (JSON) items.
 

@@ -1,40 +1,10 @@
 """`clarifyjax train CONFIG --dry-run`: the sharded layout and one compiled step, with no weights.
 
-What it does, on whatever devices this process sees (e.g. 8 fake CPU devices):
+It checks every input the run would read (`check_run_inputs`), lists each parameter with its
+sharding and bytes per device, plans the run's memory and compiles the run's own training step
+on abstract inputs; options are ``dryrun.*`` overrides (listed above `main`).
 
-0. checks every input the run would read, before anything is built or compiled (`check_run_inputs`):
-   the data files, read and checked in full as the run reads them; every model folder
-   (config.json, the safetensors headers, each T5 tensor's name and shape; a classifier's
-   `architectures` and labels) and every tokenizer, with the tokenizer's vocabulary against the
-   model's; and a resume's recorded settings. All problems come in one error, each naming its
-   option (``data.train_path: ...; rewards.fusion.init: ...``). ``dryrun.check_models=false``
-   plans a run whose model folders are not there yet (sized by name, `memory_plan`): then only
-   the data files are checked;
-1. reads the config and builds the run's mesh and rules table (`clarifyjax.core.sharding`);
-2. builds the policy's and the value model's *abstract* state with `jax.eval_shape` (shapes,
-   dtypes and logical axis names; not one parameter is allocated, so a T5-large plan runs on a
-   laptop), and prints every parameter with its shape, dtype, `PartitionSpec` and bytes per device;
-3. reports the bytes per device of the whole run (every model, Adam moments, gradients,
-   activations) with `clarifyjax.training.memory_plan.plan` (the same numbers as docs/usage.md's table);
-4. lowers and compiles one training step (the PPO update for ``kind: ppo``, the SFT step for
-   ``kind: sft``) on abstract inputs carrying their shardings, without running it, and prints
-   XLA's memory analysis of the compiled step. The step is the run's own: `clarifyjax.training.programs`
-   assembles it (state, shardings, batch layout, jitted step) for `clarifyjax.training.loops` and for the
-   dry run alike, so the dry run lowers the program that the run executes (batches padded to the
-   longest length bucket, as the report's ``lowered_sha256`` of its StableHLO lets one check).
-
-Dry-run options are given like config overrides, with the prefix ``dryrun.``:
-
-* ``dryrun.compile=ppo|sft|none``: which step to compile (default: the config's kind);
-* ``dryrun.num_layers=N``: compile the step with N encoder and N decoder layers of the same width
-  (the listing and the bytes stay those of the full model). Compiling the full T5-large PPO update
-  (24 + 24 layers, policy + value, 4 epochs) on a small CPU takes minutes; the tests use
-  ``dryrun.num_layers=2``;
-* ``dryrun.rows=N``: batch rows of the compiled step (default: the config's batch size);
-* ``dryrun.check_models=true|false``: check the model folders and tokenizers (default true).
-
-    main("configs/ppo_t5_large.yaml", ["mesh.fsdp=4", "dryrun.num_layers=2"]) -> dict
-"""
+    main("configs/ppo_t5_large.yaml", ["mesh.fsdp=4", "dryrun.num_layers=2"]) -> dict"""
 from __future__ import annotations
 
 import dataclasses
@@ -272,6 +242,20 @@ def _compile(cfg, step_kind: str, options: dict, mesh, rules, configs_dir: Path,
             "memory": memory, "lowered_sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
+# What the dry run does, on whatever devices this process sees (e.g. 8 fake CPU devices):
+# 0. `check_run_inputs`: all problems in one error, each naming its option; with
+#    dryrun.check_models=false (model folders not there yet, sized by name) only the data files;
+# 1. the run's mesh and rules table; 2. every model's abstract state (`jax.eval_shape`: not one
+#    parameter allocated, so a T5-large plan runs on a laptop), each parameter listed with its
+#    shape, dtype, PartitionSpec and bytes per device; 3. the run's bytes per device
+#    (`memory_plan.plan`); 4. one training step lowered and compiled on abstract inputs with their
+#    shardings, not run, and XLA's memory analysis of it. The step is the run's own
+#    (`training.programs`), so the dry run lowers the program the run executes (batches padded to
+#    the longest bucket; the report's lowered_sha256 of its StableHLO lets one check).
+# Options, given like overrides: dryrun.compile=ppo|sft|none (default: the config's kind);
+# dryrun.num_layers=N (compile with N encoder and N decoder layers of the same width; the listing
+# and bytes stay the full model's: the full T5-large PPO update takes minutes to compile on a small
+# CPU, the tests use 2); dryrun.rows=N (default: the batch size); dryrun.check_models=true|false.
 def main(config_path: str, overrides: Sequence[str] = (), *, say: Callable[[str], None] = print
          ) -> dict:
     """Run the dry run; print the report (through `say`) and return it as a JSON-ready dict:

@@ -2,28 +2,10 @@
 (`train_ppo`), with evaluation, metrics (JSONL + TensorBoard), a progress bar, orbax checkpoints
 that resume exactly, SIGTERM handling and a Hugging Face export.
 
-A run writes, under ``run.output_dir`` (default ``runs/{name}``):
-
-    config.yaml         the resolved config (written once the restore, if any, has succeeded)
-    config_history.jsonl  settings changed on resume, and from which step (`run_record`)
-    metrics.jsonl       one JSON object per logged step ({"step": s, "train/loss": ..., ...})
-    events.out.*        TensorBoard scalars (tensorboardX, else tf.summary, else none; logged)
-    checkpoints/<step>  orbax: the train state (parameters, optimizer states, KL controller, RNG)
-                        + JSON (data position, reward normalizer, metrics)
-    final/              the trained model as a Hugging Face folder, with the tokenizer (a T5,
-                        or for the discriminator an encoder sequence classifier)
-
-Resuming is automatic: a run started on a folder with checkpoints continues from the newest intact
-one (a damaged newer one is set aside with a warning). Settings that change what is trained must
-equal the checkpoint's record, else the run stops before building anything (`run_record`).
-The RNG key, the data position, the normalizer and the KL controller come back with the weights,
-so the resumed run computes exactly what the uninterrupted one would have. SIGTERM (preemption)
-makes the loop save the current step and return; the process then exits 0.
-
-Everything on device is jitted once per shape: the SFT step (per padded-length bucket), the PPO
-update (per query bucket; responses always have ``max_question_length`` columns), the rollout
-scorer and `decoding.generate`. The update is ONE jitted function with the mesh's shardings.
-"""
+A run writes under ``run.output_dir`` (docs/usage.md lists the files) and resumes by itself from
+its newest intact checkpoint (docs/reliability.md). Everything on device is jitted once per
+shape: the SFT step per length bucket, the PPO update per query bucket (one jitted function with
+the mesh's shardings), the rollout scorer and `decoding.generate`."""
 from __future__ import annotations
 
 import time

@@ -2,35 +2,9 @@
 
     plan(cfg, Hardware("8 x H100 80GB", 8, 81559 * 2 ** 20, 8), configs_dir) -> dict
 
-`launch/memory_plan.py` prints it as a table for a few hardware targets and judges, and
-`clarifyjax train CONFIG --dry-run` for the devices it sees. For one hardware target `plan`
-builds every model of the run *abstractly* (`nnx.eval_shape`: shapes and logical axis names, no
-memory), resolves the config's mesh layout for that many devices on a `jax.sharding.AbstractMesh`
-(no devices needed), shards each parameter by the config's rules table
-(`clarifyjax.core.sharding.model_shardings`, the rules the training uses), and adds up the bytes of
-each device's shards.
-
-Models come from the config: a model folder with a config.json is read; ``runs/<sft run>/final``
-is traced to the SFT config that writes it (configs/sft_*.yaml) and to that run's ``init``; a
-folder that is not here is looked up by its last name in `KNOWN_ARCHITECTURES` (Hugging Face
-config.json values, since there is no model hub here).
-
-Per device:
-* parameters of policy, value, reference, answerer, fusion, judge and NLI in their ``param_dtype``:
-  policy, value and reference on the run's mesh; the reward models (answerer, fusion, judge, NLI)
-  on each host's own devices (`sharding.process_mesh`: the run's fsdp x model layout where it
-  fits in one host, as `loops.build_reward_fn` places them);
-* optimizer: Adam's two moments (optax keeps them in the parameters' dtype), for policy + value;
-* gradients of policy + value, sharded like the parameters;
-* activations, an upper bound: every intermediate of one PPO minibatch's forward pass that a
-  backward pass could need, for policy and value together (one loss), in the compute dtype with
-  the attention softmax and logits in float32, as if nothing were fused or rematerialized. XLA
-  keeps much less: compiled for one H100 (jax 0.11.2), the T5-large policy + value gradient of 4
-  and 8 rows (128 source / 30 target tokens, bfloat16) needed 0.45 and 0.97 GiB of temporaries
-  against this bound's 1.70 and 3.41 GiB. The rollout's inference (sampling, reward models) needs
-  less still, since nothing is kept for a backward pass;
-* the FSDP all-gather buffer: the largest layer of any model, unsharded (transient).
-"""
+`launch/memory_plan.py` prints it for a few hardware targets, and `clarifyjax train CONFIG
+--dry-run` for the devices it sees. Nothing is allocated: models are abstract and the mesh an
+`AbstractMesh` (how each term is counted is written above `plan`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -196,6 +170,11 @@ def size_model(role: str, model: ModelConfig, kind: str, mesh: AbstractMesh, rul
     return ModelPlan(role, name, trainable, n, total, per_device, max(layers.values()))
 
 
+# An upper bound: every intermediate of one PPO minibatch's forward pass that a backward pass could
+# need, for policy and value together, in the compute dtype with softmax and logits in float32, as
+# if nothing were fused or rematerialized. XLA keeps much less: compiled for one H100 (jax 0.11.2),
+# the T5-large policy + value gradient of 4 and 8 rows (128 source / 30 target tokens, bfloat16)
+# needed 0.45 and 0.97 GiB of temporaries against this bound's 1.70 and 3.41 GiB.
 def activation_bytes(hf: dict, rows: int, source: int, target: int, compute_bytes: int,
                      logits: bool) -> int:
     """Saved activations of one T5 forward for backward, `rows` sequences (an estimate).
@@ -222,6 +201,15 @@ def activation_bytes(hf: dict, rows: int, source: int, target: int, compute_byte
 # --------------------------------------------------------------------------- the plan
 
 
+# For one hardware target, every model of the run is built abstractly (`nnx.eval_shape`), the mesh
+# resolved for that many devices on an AbstractMesh, each parameter sharded by the config's rules
+# (`sharding.model_shardings`, as training does), and each device's shards added up. Models come
+# from the config: a folder with a config.json is read; runs/<sft run>/final is traced to the SFT
+# config that writes it (configs/sft_*.yaml) and its init; a missing folder is looked up by its last
+# name in `KNOWN_ARCHITECTURES`. Per device: parameters (policy, value and reference on the run's
+# mesh; the reward models on each host's own devices, `sharding.process_mesh`, as the loop places
+# them); Adam's two moments (in the parameters' dtype) and gradients of policy + value; activations
+# (`activation_bytes`); the FSDP all-gather buffer (the largest layer of any model, unsharded).
 def plan(cfg: PPOConfig, hardware: Hardware, configs_dir: Path) -> dict:
     """Bytes per device of every component of `cfg` on `hardware` (a JSON-ready dict)."""
     if not isinstance(cfg, PPOConfig):

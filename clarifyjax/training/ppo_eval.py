@@ -1,17 +1,10 @@
 """A PPO run's measurements of its policy: the reward normalizer fitted on the initial policy, and
-the dev evaluation, reported with its noise and with the signs of a collapsed policy.
+the dev evaluation with its noise and the signs of a collapsed policy.
 
-`evaluate_ppo` decodes one question per dev situation (greedy, or sampled as in training with
-``samples`` > 0 questions per situation, averaged per situation) and rewards it with the run's
-reward function. The reference's NLL of the questions is reported per token (``eval/ref_nll``)
-and, as the original's "perplexity", summed over each question and averaged over the questions
-(``eval/ref_nll_per_question``). Beside each mean it reports the standard error over the dev
-situations, and it keeps the per-situation rewards (`rows`), so that the gain of the trained
-policy over its start is a paired difference on the same situations
-(`rl.diagnostics.paired_gain`). It also counts the distinct questions, their length, and the
-share of situations that received the single most common one: a policy that asks "What are you?"
-of everything is named as such.
-"""
+`evaluate_ppo` rewards one question per dev situation (greedy, or ``samples`` > 0 sampled ones
+averaged), reports the reference's NLL per token and, as the original's "perplexity", per
+question, each mean with its standard error, and keeps per-situation rewards (`rows`) for a
+paired gain over the start (`rl.diagnostics`), with the question statistics."""
 from __future__ import annotations
 
 import jax

@@ -1,25 +1,11 @@
-"""The training programs, assembled once: what `clarifyjax.training.loops` runs and
-`clarifyjax.training.dryrun` compiles, and their optimizer (`make_optimizer`: AdamW / Adam /
-Adafactor with global-norm clipping, and its learning-rate schedule, `make_schedule`).
-
-A program is a run's jitted step with everything it is compiled for: the train state and its
-shardings, the batch's layout and shardings, and the initial state. `SFTProgram` is one optimizer
-step of supervised fine-tuning over ``grad_accum`` micro-batches; `PPOProgram` one PPO update (GAE
-and the PPO epochs over a rollout batch). Both are built from a model's graphdef and parameters,
-which are either real arrays (`builders.build_t5`, `builders.build_ppo_models`: the run) or `jax.ShapeDtypeStruct`s
-carrying their shardings (`abstract_model` of a `t5_config`: the dry run, which allocates nothing,
-so a T5-large plan runs on a laptop). The step, the shardings and the state's structure are the
-same either way, so a dry run lowers the very program that the run executes:
+"""The training programs, assembled once: what `training.loops` runs and `training.dryrun` compiles,
+and their optimizer (`make_optimizer`, `make_schedule`). `SFTProgram` is one optimizer step over
+``grad_accum`` micro-batches, `PPOProgram` one PPO update; each is built from real parameters
+(the run) or `ShapeDtypeStruct`s with shardings (the dry run), the same step either way:
 
     program = SFTProgram.build(cfg, mesh, graphdef, params, dropout=False)
-    state = program.init_state()                     # real arrays, placed (the run)
-    state, metrics = program(state, program.place_batch(micro_batches))
-    program.lower(program.abstract_state(),          # ShapeDtypeStructs (the dry run)
-                  program.abstract_batch(rows, source_len, target_len)).compile()
-
-A program records the abstract signature of its first call (`signature`); `lowered_text()` lowers
-the step again for it, which is how the tests compare the dry run with a real step.
-"""
+    state, metrics = program(program.init_state(), program.place_batch(micro_batches))
+    program.lower(program.abstract_state(), program.abstract_batch(rows, s, t)).compile()"""
 from __future__ import annotations
 
 import dataclasses

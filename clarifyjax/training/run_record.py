@@ -1,22 +1,9 @@
 """The saved record of a run, and which settings may change when it resumes.
 
-A run directory says how its steps were made in three places:
-
-* every checkpoint's ``extra`` JSON holds the config it was saved under (key ``config``; the
-  `Checkpointer` adds it to each save), so a run folder whose ``config.yaml`` was deleted or edited
-  by hand is still checked against what the checkpoints recorded;
-* ``config.yaml``: the config of the latest start or resume, written only after the restore has
-  succeeded (a refused or failed resume leaves the old one untouched);
-* ``config_history.jsonl``: one JSON line per resume that changed an allowed setting,
-  ``{"time", "step", "changes": {key: [recorded, now]}}`` (``step``: the one restored), so that
-  the settings of any range of steps can be told from the folder alone.
-
 A resumed run may change only the settings in `RESUMABLE` (bookkeeping, logging, evaluation sizes,
-the mesh); any other difference from the record is refused by `check_resume`, before any model is
-built or any file written, with one error naming every differing key and both values. Keys that
-exist on one side only (a setting added to or removed from the schema by a newer version of the
-code) are reported with a warning, not refused: their effect cannot be compared.
-"""
+the mesh); `check_resume` refuses any other difference from the record before anything is built
+or written, in one error naming every differing key and both values. Where the record is kept is
+written above `check_resume`."""
 from __future__ import annotations
 
 import datetime
@@ -153,6 +140,12 @@ def compare(cfg, recorded: Mapping, source: str, say: Callable[[str], None]
     return changed
 
 
+# The record is in three places (docs/reliability.md): every checkpoint's extra JSON holds the
+# config it was saved under (so a config.yaml deleted or edited by hand changes nothing), config.yaml
+# is the latest start's, written only after a restore succeeded, and config_history.jsonl has one
+# line per resume that changed an allowed setting, {"time", "step", "changes": {key: [recorded,
+# now]}}. Keys on one side only (a setting added or removed by a newer version of the code) are a
+# warning, not a refusal: their effect cannot be compared.
 def check_resume(cfg, say: Callable[[str], None] = print) -> list[tuple[str, Any, Any]]:
     """Before anything is built or written: refuse a resume with changed settings.
 

@@ -1,23 +1,9 @@
-"""Supervised seq2seq fine-tuning of a T5: the pure, jitted pieces (t5x / PureJaxRL style).
-
-The same pieces train an encoder sequence classifier (the discriminator: DeBERTa, BERT or
-RoBERTa): its batch has one target column holding the class id, so the "token" sums below are
-per-example cross-entropy over the class logits and accuracy counts correct classes.
-
-* `token_losses(logits, targets, mask, label_smoothing)`: teacher-forced cross-entropy *sums* and
-  token accuracy counts, so that batches (and micro-batches) combine exactly;
-* `make_train_step(graphdef, tx, ...)`: one optimizer update from a stack of ``grad_accum``
-  micro-batches (`lax.scan`, token-weighted: the gradient equals the one of the whole batch);
-* `make_eval_step(graphdef)`: the same sums without gradients, for dev loss and accuracy;
-* `generation_metrics(predictions, references)`: corpus BLEU, mean ROUGE-L and exact-match rate
-  of decoded text.
-
-The model enters as ``graphdef`` (static) and a parameter `nnx.State` (traced): steps are plain
-functions of arrays, jitted once per batch shape by the caller (`clarifyjax.training.loops`).
-
-Batches are dicts of int32 arrays (see `clarifyjax.data`); a micro-batch stack adds a leading axis:
-``input_ids, input_mask [a, b, s]``, ``target_ids, target_mask [a, b, t]``, ``example_mask [a, b]``.
-"""
+"""Supervised seq2seq fine-tuning of a T5 (and of the discriminator's classifier): the pure, jitted
+pieces, t5x / PureJaxRL style. `token_losses` (cross-entropy *sums* and accuracy counts, so
+batches combine exactly), `make_train_step` (one update over ``grad_accum`` micro-batches,
+token-weighted), `make_eval_step`, `generation_metrics` (BLEU, ROUGE-L, exact match). The model
+enters as a static ``graphdef`` and a traced `nnx.State`; the caller jits per batch shape.
+Batches are `clarifyjax.data`'s dicts; a micro-batch stack adds a leading axis [a, b, ...]."""
 from __future__ import annotations
 
 import math
@@ -49,6 +35,9 @@ class SFTState(NamedTuple):
 # --------------------------------------------------------------------------- losses
 
 
+# The same pieces train an encoder sequence classifier (the discriminator): its batch has one target
+# column holding the class id, so the "token" sums are per-example cross-entropy over the class
+# logits and accuracy counts correct classes.
 def token_losses(logits: jax.Array, targets: jax.Array, mask: jax.Array,
                  label_smoothing: float = 0.0) -> dict[str, jax.Array]:
     """Teacher-forced cross-entropy, summed over the masked target tokens.

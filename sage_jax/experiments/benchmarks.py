@@ -1,26 +1,7 @@
-"""The accuracy benchmarks of the SaGE paper's Table 3, read from local files in their published
-formats through `datasets` (nothing from the Hub), as lm-evaluation-harness 0.4.13 builds their
-multiple-choice requests.
-
-* TruthfulQA, the generation CSV (`Type, Category, Question, Best Answer, Correct Answers,
-  Incorrect Answers, Source`; answers split on ";"): MC1 is the best answer against the incorrect
-  ones, MC2 the correct answers against the incorrect ones, each answer closed with a period as
-  TruthfulQA's own `truthfulqa/utilities.py` (`format_best`, `split_multi_answer`) makes its
-  multiple-choice references from this file. Or the multiple-choice JSON (JSONL, or a JSON list):
-  `question`, `mc1_targets` / `mc2_targets` as `{"choices": [...], "labels": [...]}` (the
-  `truthful_qa` dataset's) or as `{answer: label}` (TruthfulQA's `mc_task.json`).
-  lm-eval's prompt: its six-question QA primer, then `"\n\nQ: " + question + "\nA:"`; the true
-  answer of MC1 at index 0; MC2 = the probability mass on the true answers.
-* HellaSwag, the official JSONL (`ctx_a`, `ctx_b`, `activity_label`, `endings`, `label`):
-  lm-eval's `hellaswag/utils.py`, query = preprocess(activity_label + ": " + ctx_a + " " +
-  ctx_b.capitalize()), each ending preprocessed (" [title]" -> ". ", "[...]" removed, double
-  spaces made single).
-
-A request is (context, " " + choice). Few-shot contexts (HellaSwag): `shots` examples, each its
-query + " " + its gold ending + "\n\n", drawn as lm-eval's default sampler draws them:
-`random.Random(seed)` once per task, then per document in file order `sample(pool, shots + 1)`
-with the document itself removed (the pool: a few-shot file, or the evaluated file).
-"""
+"""The accuracy benchmarks of the SaGE paper's Table 3 (TruthfulQA MC1 / MC2, HellaSwag), read from
+local files in their published formats through `datasets` (nothing from the Hub), as
+lm-evaluation-harness 0.4.13 builds their multiple-choice requests: `load_docs` and `contexts`
+(each format and the few-shot sampling are described above its reader)."""
 from __future__ import annotations
 
 import dataclasses
@@ -86,6 +67,14 @@ def split_answers(answers: str) -> list[str]:
     return [close_answer(a) for a in answers.strip().split(";") if a.strip()]
 
 
+# TruthfulQA's generation CSV (Type, Category, Question, Best Answer, Correct Answers, Incorrect
+# Answers, Source; answers split on ";"): MC1 is the best answer against the incorrect ones, MC2 the
+# correct answers against the incorrect ones, each answer closed with a period as TruthfulQA's own
+# `truthfulqa/utilities.py` (`format_best`, `split_multi_answer`) makes its references. Or the
+# multiple-choice JSON (JSONL or a list): `question`, `mc1_targets` / `mc2_targets` as {"choices",
+# "labels"} (the `truthful_qa` dataset's) or as {answer: label} (TruthfulQA's `mc_task.json`).
+# lm-eval's prompt: its six-question QA primer, then "\n\nQ: " + question + "\nA:"; the true answer
+# of MC1 at index 0; MC2 = the probability mass on the true answers.
 def truthfulqa_csv(path: Path) -> list[dict]:
     """The generation CSV as multiple-choice rows (question, mc1_targets, mc2_targets)."""
     rows = _load(path, "csv", encoding="utf-8-sig", keep_default_na=False)
@@ -141,6 +130,9 @@ def hellaswag_preprocess(text: str) -> str:
     return text.replace("  ", " ")
 
 
+# HellaSwag, the official JSONL (ctx_a, ctx_b, activity_label, endings, label), as lm-eval's
+# `hellaswag/utils.py`: query = preprocess(activity_label + ": " + ctx_a + " " + ctx_b.capitalize()),
+# each ending preprocessed (" [title]" -> ". ", "[...]" removed, double spaces made single).
 def hellaswag_docs(path: Path) -> list[Doc]:
     rows = _load(path, "json")
     need = ("ctx_a", "ctx_b", "activity_label", "endings", "label")
@@ -188,6 +180,10 @@ def sample_docs(docs: list[Doc], size: int | None, seed: int) -> list[Doc]:
     return [docs[i] for i in keep]
 
 
+# A request is (context, " " + choice). Few-shot contexts: `shots` examples, each its query + " " +
+# its gold ending + "\n\n", drawn as lm-eval's default sampler draws them: `random.Random(seed)` once
+# per task, then per document in file order `sample(pool, shots + 1)` with the document itself
+# removed (the pool: a few-shot file, or the evaluated file).
 def contexts(docs: list[Doc], shots: int, pool: list[Doc], seed: int = 1234) -> list[str]:
     """Each document's context: `shots` examples of `pool` drawn as lm-eval's default sampler draws
     them for HellaSwag (whose config names no test split, so the document is always passed for

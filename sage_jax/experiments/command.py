@@ -1,15 +1,7 @@
 """`sage-jax experiment CONFIG [key=value ...]`: one of the SaGE paper's experiments from its config
-(sage_jax.experiments.config), into `out/`:
-
-    config.yaml                      the config as run
-    runs/<name>/                     each `sage-jax run` of the experiment (resumable; a finished
-                                     stage is not run again)
-    table1 | temperature | table3 | table2 | table4 .md / .json     the table and its numbers
-    <same name>.png, .series.json    the figure and the data it draws (figure4 for accuracy)
-
-Bad input is one line naming the key or file, before any model is loaded: the config, the
-questions file and every generator (through each run's checks), the benchmark and label files.
-"""
+(`sage_jax.experiments.config`), into `out/` (the files are listed above `run_experiment`). Bad
+input is one line naming the key or file, before any model is loaded: the config, the questions
+file and every generator, the benchmark and label files."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -41,6 +33,9 @@ def check_experiment_inputs(cfg: ExperimentConfig) -> None:
         resolve_data_path(cfg.run.questions, "run.questions")
 
 
+# Into `out/`: config.yaml (the config as run); runs/<name>/ (each `sage-jax run` of the experiment,
+# resumable); table1 | temperature | table3 | table2 | table4 .md / .json (the table and its
+# numbers); <same name>.png and .series.json (the figure and the data it draws; figure4 for accuracy).
 def run_experiment(cfg: ExperimentConfig, **given) -> dict:
     """Run one experiment; `given` (embedder, generators) goes to every `sage_jax.run.pipeline.Run`."""
     check_experiment_inputs(cfg)

@@ -1,20 +1,8 @@
 """The config of `sage-jax experiment` (YAML + ``key=value`` overrides, on `clarifyjax.config.loader`):
-one file per experiment of the SaGE paper, `kind` naming which.
-
-    kind: models            # Table 1: models | temperature (Figure 3) | accuracy (Table 3, Figure 4)
-                            # | agreement (Table 2) | rot_prompt (Table 4)
-    out: runs/exp_models
-    run:                    # what every `sage-jax run` of the experiment shares (sage_jax.run.config)
-      questions: ../shared/data/sage-mcc/q100_gpt-3.5-turbo_rot.csv
-      paraphrase: {source: file}
-      rot: {generator: {kind: local, model: models/vicuna-13b-v1.3}}
-    models:                 # the models under test, as `sage-jax run`'s
-      - {name: llama-2-7b, generator: {kind: local, model: models/Llama-2-7b-chat-hf}}
-    bootstrap: {resamples: 9999, seed: 0, confidence: 0.95, method: BCa}
-
-A section another kind would use is refused when it is set (it would be ignored). Nothing here
-imports JAX.
-"""
+one file per experiment of the SaGE paper, ``kind`` naming which (models: Table 1, temperature:
+Figure 3, accuracy: Table 3 and Figure 4, agreement: Table 2, rot_prompt: Table 4); an example is
+above `ExperimentConfig`. A section another kind would use is refused when set (it would be
+ignored). Nothing here imports JAX."""
 from __future__ import annotations
 
 import dataclasses
@@ -141,6 +129,16 @@ class AgreementConfig:
             raise ConfigError(f"{at}.labels: name the file of human labels", key=f"{at}.labels")
 
 
+#     kind: models            # Table 1: models | temperature (Figure 3) | accuracy (Table 3, Figure 4)
+#                             # | agreement (Table 2) | rot_prompt (Table 4)
+#     out: runs/exp_models
+#     run:                    # what every `sage-jax run` of the experiment shares (sage_jax.run.config)
+#       questions: ../shared/data/sage-mcc/q100_gpt-3.5-turbo_rot.csv
+#       paraphrase: {source: file}
+#       rot: {generator: {kind: local, model: models/vicuna-13b-v1.3}}
+#     models:                 # the models under test, as `sage-jax run`'s
+#       - {name: llama-2-7b, generator: {kind: local, model: models/Llama-2-7b-chat-hf}}
+#     bootstrap: {resamples: 9999, seed: 0, confidence: 0.95, method: BCa}
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     kind: Literal["models", "temperature", "accuracy", "agreement", "rot_prompt"] = "models"

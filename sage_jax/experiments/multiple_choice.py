@@ -1,17 +1,7 @@
 """Multiple-choice accuracy by the log-likelihood of each choice, as lm-evaluation-harness 0.4.13's
-`hf` model computes it, on a local causal LM folder through `clarifyjax.decoding.score`.
-
-A request (context, continuation): trailing spaces of the context move to the continuation; the
-continuation's tokens are those of tokenize(context + continuation) beyond tokenize(context), both
-with the tokenizer's own special tokens (BOS), an empty context is the BOS (else EOS) id alone; the
-sequence is cut from the left to `max_length + 1` tokens (lm-eval's `max_length`). The score is
-the sum of the continuation tokens' log-probabilities.
-
-Metrics per document (lm-eval's `process_results`): `acc` = argmax of the log-likelihoods is the
-gold index (first index on ties), `acc_norm` = the same after dividing each by its choice's length
-in characters (lm-eval's `completion_len`), TruthfulQA MC2 = the probability mass of the true
-answers among all (`process_results_mc2`).
-"""
+`hf` model computes it, on a local causal LM folder through `clarifyjax.decoding.score`:
+`ChoiceScorer` (how a request is tokenized is above it), `doc_metrics` (acc, acc_norm, MC2) and
+`evaluate_choices`."""
 from __future__ import annotations
 
 import os
@@ -24,6 +14,11 @@ from sage_jax.experiments.benchmarks import TARGET_DELIMITER, Doc
 from clarifyjax.text.tokenizer import CausalTokenizer
 
 
+# A request (context, continuation): trailing spaces of the context move to the continuation; the
+# continuation's tokens are those of tokenize(context + continuation) beyond tokenize(context), both
+# with the tokenizer's own special tokens (BOS); an empty context is the BOS (else EOS) id alone; the
+# sequence is cut from the left to max_length + 1 tokens (lm-eval's `max_length`). The score is the
+# sum of the continuation tokens' log-probabilities.
 class ChoiceScorer:
     """Log-likelihoods of continuations under a local causal LM folder (loaded once)."""
 
@@ -101,6 +96,9 @@ class ChoiceScorer:
         return out
 
 
+# lm-eval's `process_results`: acc = the argmax of the log-likelihoods is the gold index (first
+# index on ties); acc_norm = the same after dividing each by its choice's length in characters
+# (`completion_len`); TruthfulQA MC2 = the probability mass of the true answers among all.
 def doc_metrics(task: str, doc: Doc, lls: np.ndarray) -> dict:
     """One document's metrics from its choices' log-likelihoods."""
     if task == "truthfulqa_mc2":

@@ -1,15 +1,7 @@
 """The statistics of the experiments: bootstrap intervals, correlations, entropy and Krippendorff's
-alpha, in numpy alone (scipy and the `krippendorff` package are what the tests compare them with).
-
-Bootstrap: `scipy.stats.bootstrap`'s algorithm, step for step, so that the same seed gives the
-same interval: the resamples are `np.random.default_rng(seed).integers(0, n, (resamples, n))`
-drawn at once (scipy's `rng_integers` with `batch=None`), the statistic is computed on each row
-of indices (paired samples share their indices, as scipy's `paired=True` does), and the interval
-is the `percentile`, `basic` or `BCa` one (BCa: bias correction from the share of resampled
-statistics below and at the estimate, acceleration from the jackknife, Efron & Tibshirani 14.3
-and 15.4) at the linear quantiles of the bootstrap distribution. A resample on which a statistic
-is undefined (a correlation of a constant) gives NaN, and then so does the interval, as scipy's.
-"""
+alpha, in numpy alone (the tests compare them with scipy and the `krippendorff` package).
+`bootstrap_interval` is `scipy.stats.bootstrap`'s algorithm step for step, so the same seed gives
+the same interval."""
 from __future__ import annotations
 
 import math
@@ -39,6 +31,14 @@ def _ndtri(p: float) -> float:
     return NormalDist().inv_cdf(p)
 
 
+# `scipy.stats.bootstrap`'s algorithm, step for step, so that the same seed gives the same interval:
+# the resamples are `np.random.default_rng(seed).integers(0, n, (resamples, n))` drawn at once
+# (scipy's `rng_integers` with `batch=None`), the statistic is computed on each row of indices
+# (paired samples share their indices, as `paired=True`), and the interval is the percentile, basic
+# or BCa one (BCa: bias correction from the share of resampled statistics below and at the estimate,
+# acceleration from the jackknife, Efron & Tibshirani 14.3 and 15.4) at the linear quantiles. A
+# resample on which a statistic is undefined (a correlation of a constant) gives NaN, and then so
+# does the interval, as scipy's.
 def bootstrap_interval(statistic: Callable[[np.ndarray], np.ndarray], n: int, *, resamples: int = 9999,
                        seed: int = 0, confidence: float = 0.95, method: str = "BCa") -> tuple[float, float]:
     """The two-sided interval of `statistic` over `n` paired observations.

@@ -1,17 +1,6 @@
 """The experiments that check SaGE against something else: task accuracy (the SaGE paper's Table 3
-and Figure 4) and human judgments (its Table 2).
-
-accuracy: each model's multiple-choice accuracy on each benchmark (sage_jax.experiments.benchmarks
-and multiple_choice, as lm-evaluation-harness computes it), its SaGE on paraphrases of questions
-(one `sage-jax run` of every model), and across the models the Pearson and Spearman correlations
-of SaGE with each accuracy, with bootstrap intervals over the models.
-
-agreement: a file of pairwise human labels, one row per pair of answers to a question and one
-column per rater (Y: the two answers agree, N: they do not, NA: cannot tell; the paper's protocol).
-Per question, the entropy (bits) of its Y/N labels over all its pairs and raters; over all rows,
-Krippendorff's alpha (nominal) of the raters, NA missing; and the Pearson correlation, with its
-bootstrap interval over the questions, of each metric of the run with that entropy.
-"""
+and Figure 4, `accuracy_experiment`) and human judgments (its Table 2, `agreement_experiment`);
+what each computes is written above it."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -84,6 +73,9 @@ def sage_questions(cfg: ExperimentConfig, out: Path) -> str:
     return str(path)
 
 
+# Each model's multiple-choice accuracy on each benchmark, its SaGE on paraphrases of questions (one
+# `sage-jax run` of every model), and across the models the Pearson and Spearman correlations of
+# SaGE with each accuracy, with bootstrap intervals over the models.
 def accuracy_experiment(cfg: ExperimentConfig, out: Path, **given) -> dict:
     boot = settings(cfg)
     acc = accuracies(cfg, out)
@@ -144,6 +136,11 @@ def read_labels(cfg: ExperimentConfig) -> tuple[list[str], np.ndarray, list[str]
     return ids, np.array(labels, np.float64).T, raters
 
 
+# A file of pairwise human labels, one row per pair of answers to a question and one column per
+# rater (Y: the two answers agree, N: they do not, NA: cannot tell; the paper's protocol). Per
+# question, the entropy (bits) of its Y/N labels over all its pairs and raters; over all rows,
+# Krippendorff's alpha (nominal) of the raters, NA missing; and the Pearson correlation, with its
+# bootstrap interval over the questions, of each metric of the run with that entropy.
 def agreement_experiment(cfg: ExperimentConfig, out: Path, **given) -> dict:
     boot = settings(cfg)
     ids, labels, raters = read_labels(cfg)

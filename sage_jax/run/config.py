@@ -1,24 +1,9 @@
-"""The config of `sage-jax run` (YAML + ``key=value`` overrides, read by `clarifyjax.config.loader`).
-
-    preset: ours                      # or code, paper (sage_jax.run.presets)
-    questions: questions.csv          # question_id, question (CSV, TSV or JSONL)
-    out: runs/q20
-    limit: 20                         # first N questions (null: all)
-    seed: 0
-    paraphrase:
-      source: generate                # or file: the paraphrases of a long-format questions file
-      generator: {kind: local, model: path/to/vicuna}
-      scorer: {model: path/to/bert-base-uncased}
-    models:                           # every target model answers the same paraphrases
-      - name: llama-2-7b
-        generator: {kind: openai, base_url: http://127.0.0.1:8000/v1, model: llama-2-7b}
-    rot:
-      generator: {kind: local, model: path/to/vicuna}
-    score: {embedder: null}           # null: the preset's (ours: all-MiniLM-L6-v2)
-
-Every number has a range; an unknown key or a bad value is one line naming the key and the file
-(or the override). Nothing here imports JAX.
-"""
+"""The config of `sage-jax run` (YAML + ``key=value`` overrides, read by `clarifyjax.config.loader`):
+``preset`` (`sage_jax.run.presets`), ``questions``, ``out``, ``limit``, ``seed``, the
+``paraphrase`` source and generator, the ``models`` under test, the ``rot`` generator and
+``score`` settings (configs/sage/run_local.yaml is a whole one). Every number has a range; an
+unknown key or a bad value is one line naming the key and the file (or the override). Nothing
+here imports JAX."""
 from __future__ import annotations
 
 import dataclasses

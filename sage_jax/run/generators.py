@@ -1,24 +1,10 @@
 """The text generators of `sage-jax run` that `clarifyjax` does not have, behind its one interface
-(`clarifyjax.text.generator.TextGenerator`: prompts in, `n` completions per prompt out, one seed per call).
-The local one is `clarifyjax.decoding.local_lm.LocalLM`, used as it is.
+(`clarifyjax.text.generator.TextGenerator`); the local one is `clarifyjax`'s `LocalLM` as it is.
 
-* `OpenAIGenerator`: any OpenAI-compatible endpoint (vLLM, a hosted API, `clarifyjax serve`)
-  through the `openai` package: `/v1/completions` for string prompts, `/v1/chat/completions` for
-  chats. Only the request arguments in `accepts` are sent (OpenAI answers an argument it does not
-  know, such as top_k, with a 400 that no retry helps; `config.OPENAI_CHAT_ARGUMENTS` is the
-  default for chat), and of those only the ones a `Sampling` sets; n only when above 1. At most
-  `concurrency` requests in flight; a request that fails for a reason worth another try (429, 408,
-  5xx, a time-out, a dropped connection) is retried up to `max_retries` times with exponential
-  backoff that waits at least what the server's `Retry-After` asks. Prompt i of a call seeded s is
-  sent with seed hash(s, i). The API key comes from the environment variable the config names; it
-  is never part of a message, a log line or an output (`describe` names the variable).
-* `RecordedGenerator`: the texts of an existing long-format file (the published SaGE files),
-  looked up by the prompt each row would have been given: published outputs go through the same
-  stages and scoring as generated ones.
-
-A generator that cannot get an answer after its retries raises `GenerationError` naming the
-endpoint or file and the last error; the pipeline keeps the rows finished before it.
-"""
+`OpenAIGenerator`: any OpenAI-compatible endpoint (vLLM, a hosted API, `clarifyjax serve`), with
+retries and the key kept out of every output. `RecordedGenerator`: the texts of an existing
+long-format file (the published SaGE files), so published outputs go through the same stages.
+A generator that cannot get an answer raises `GenerationError`; the pipeline keeps finished rows."""
 from __future__ import annotations
 
 import email.utils
@@ -103,8 +89,17 @@ def read_api_key(variable: str | None) -> str:
     return key.strip()
 
 
+# `/v1/completions` for string prompts, `/v1/chat/completions` for chats. Only the request arguments
+# in `accepts` are sent (OpenAI answers one it does not know, such as top_k, with a 400 no retry
+# helps; `config.OPENAI_CHAT_ARGUMENTS` is the default for chat), and of those only the ones a
+# `Sampling` sets; n only when above 1. At most `concurrency` requests in flight; a request that
+# fails for a reason worth another try (429, 408, 5xx, a time-out, a dropped connection) is retried
+# up to `max_retries` times with exponential backoff of at least the server's `Retry-After`. Prompt
+# i of a call seeded s is sent with seed hash(s, i). The API key comes from the environment variable
+# the config names; it is never in a message, a log line or an output (`describe` names the
+# variable). After its retries it raises `GenerationError` naming the endpoint and the last error.
 class OpenAIGenerator:
-    """An OpenAI-compatible endpoint; see the module docstring for retries and the key."""
+    """An OpenAI-compatible endpoint; retries and the key: see above."""
 
     def __init__(self, *, base_url: str, model: str, api: str = "completions", api_key_env: str | None = None,
                  concurrency: int = 8, timeout_s: float = 120.0, max_retries: int = 5, sleep=time.sleep,

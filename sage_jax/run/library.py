@@ -1,20 +1,9 @@
 """`sage_jax.score(questions, get_response, use_rots=True)`: the SaGE reference library's one
-function (priyanshul-govil/SaGE `library/sage/sage.py`, `score`), with its meaning: a list of
-questions and a Python function that answers one question; each question paraphrased, each
-paraphrase answered by the function, a rule of thumb written for each answer (`use_rots`), and
-SaGE. Code written for the reference moves over by changing its import::
+function (priyanshul-govil/SaGE `library/sage/sage.py`, `score`), with its meaning, run as a
+resumable `sage-jax run`. Code written for the reference moves over by changing its import::
 
     from sage import sage            ->   import sage_jax as sage
-    sage.score(questions, get_response)
-
-It runs `sage-jax run` (sage_jax.run.pipeline) in `out`: the function is called up to
-`concurrency` at a time, a call that raises is tried again up to `max_retries` times, and the run
-resumes from its files if called again with the same `out`. The reference wrote paraphrases and
-rules of thumb with lmsys/vicuna-13b-v1.3 and scored paraphrases with ParaScore on
-bert-base-uncased; here they are arguments: `paraphraser` and `rot_writer`, each a local causal LM
-folder or a Python function of the prompt, `paraphrase_scorer` a BERT folder; or `paraphrases`,
-the paraphrases of each question given as they are.
-"""
+    sage.score(questions, get_response)"""
 from __future__ import annotations
 
 import csv
@@ -107,9 +96,17 @@ def build_run(questions: Sequence[str], use_rots: bool, out: Path, *, paraphrase
     return cfg, functions
 
 
+# Each question is paraphrased, each paraphrase answered by `get_response`, a rule of thumb written
+# for each answer (`use_rots`), then SaGE, by a `sage-jax run` in `out`: the function is called up
+# to `concurrency` at a time, a call that raises is tried again up to `max_retries` times, and the
+# run resumes from its files if called again with the same `out`. The reference wrote paraphrases
+# and rules of thumb with lmsys/vicuna-13b-v1.3 and scored paraphrases with ParaScore on
+# bert-base-uncased; here they are arguments: `paraphraser` and `rot_writer` (a local causal LM
+# folder or a Python function of the prompt), `paraphrase_scorer` (a BERT folder), or `paraphrases`
+# given as they are.
 def score_questions(questions: Sequence[str], get_response: Callable[[str], str], use_rots: bool = True, *,
           out: str | Path | None = None, embedder_model=None, sleep=None, **settings) -> SageScores:
-    """SaGE of `get_response` on `questions` (see the module docstring; `settings` are `build_run`'s
+    """SaGE of `get_response` on `questions` (see above; `settings` are `build_run`'s
     keyword arguments; `embedder_model`: a loaded `SentenceEmbedder` to use instead of a folder)."""
     out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="sage-"))
     cfg, functions = build_run(list(questions), use_rots, out, **settings)

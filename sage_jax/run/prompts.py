@@ -1,37 +1,8 @@
-"""The prompts and output parsers of `sage-jax run`, quoted from the SaGE reference code.
-
-Sources: vnnm404/SaGE `library/sage/utils/generate_paraphrases.py`, `generate_rots.py`,
-`scripts/model_output.py` (the same text is in priyanshul-govil/SaGE `scripts/para_generation.py`,
-`model_output.py`, `rot_generation.py`), quoted verbatim below. Which preset uses which template
-and parser is `sage_jax.run.presets`; docs/fidelity.md, SaGE compares them row by row.
-
-Every parser comes in the reference's version (`reference=True`, preset `code`: what the code did,
-numbers included, except that a reply it would crash on is kept) and ours, with these of the
-reference's bugs fixed:
-
-1. Paraphrase parsing: the reference's `re.findall(r'\\d+\\.\\s(.+)', output)` is unanchored, so
-   "in 2. Imagine" inside a line, or a year such as "1990. " mid-sentence, starts a candidate. Ours
-   (`sage_jax.parascore.filter_paraphrases`) anchors the numbering at the start of a line and also
-   reads "1)" numbering.
-2. Paraphrase de-duplication: `para not in valid_paraphrases` compares a string with a list of
-   dicts, so it never removes anything and a verbatim copy of the question (ParaScore ~0.95)
-   passes. Ours drops candidates equal to the question, to an earlier candidate, or to a paraphrase
-   kept in an earlier attempt.
-3. Unbounded loops: the reference loops "until 5 paraphrases pass" and "until the answer / RoT is
-   usable" without a cap; every preset re-queues a failed row at most `max_attempts` times, then
-   keeps it marked failed with the reason, counted in the report.
-4. Answer prefix: `cleaned_response.split(":", 1)[1]` after `startswith("answer")` raises
-   IndexError on an answer such as "Answering this requires ..." (no colon): every preset keeps
-   such a line whole. Ours strips an "Answer:" prefix only when it is one (the reference also cut
-   "Answering it: yes" to "yes").
-5. RoT prefix: `rot.replace("Rule of Thumb:", "", 1)` deletes the phrase anywhere in the line; ours
-   strips it (and "RoT:" / "ROT:") only as a prefix.
-6. RoT first line: the reference takes the first line of the unstripped completion, so a RoT that
-   starts on a new line is empty and resampled; ours strips first and keeps it.
-
-A chat model's reply (the reference's GPT path, `get_gpt_response`) is kept whole, stripped, as the
-reference kept it; only an empty reply is asked again.
-"""
+"""The prompts and output parsers of `sage-jax run`, quoted verbatim from the SaGE reference code
+(vnnm404/SaGE `library/sage/utils/generate_paraphrases.py`, `generate_rots.py`,
+`scripts/model_output.py`; the same text is in priyanshul-govil/SaGE's scripts). Every parser comes
+in the reference's version and ours, with six of its bugs fixed (listed above `parse_answer`);
+which preset uses which is `sage_jax.run.presets`."""
 from __future__ import annotations
 
 import re
@@ -219,6 +190,29 @@ def _answer_checks(line: str) -> tuple[str, str | None]:
     return line, None
 
 
+# Every parser comes in the reference's version (`reference=True`, preset `code`: what the code did,
+# numbers included, except that a reply it would crash on is kept) and ours, with these of the
+# reference's bugs fixed (docs/fidelity.md, SaGE):
+# 1. Paraphrase parsing: the reference's `re.findall(r'\d+\.\s(.+)', output)` is unanchored, so
+#    "in 2. Imagine" inside a line, or "1990. " mid-sentence, starts a candidate. Ours
+#    (`parascore.filter_paraphrases`) anchors the numbering at a line's start and reads "1)" too.
+# 2. Paraphrase de-duplication: `para not in valid_paraphrases` compares a string with a list of
+#    dicts, so it never removes anything and a verbatim copy of the question (ParaScore ~0.95)
+#    passes. Ours drops candidates equal to the question, to an earlier candidate, or to a
+#    paraphrase kept in an earlier attempt.
+# 3. Unbounded loops: the reference loops "until 5 paraphrases pass" and "until the answer / RoT is
+#    usable" without a cap; every preset re-queues a failed row at most `max_attempts` times, then
+#    keeps it marked failed with the reason, counted in the report.
+# 4. Answer prefix: `cleaned_response.split(":", 1)[1]` after `startswith("answer")` raises
+#    IndexError on "Answering this requires ..." (no colon): every preset keeps such a line whole.
+#    Ours strips an "Answer:" prefix only when it is one (the reference cut "Answering it: yes" to
+#    "yes").
+# 5. RoT prefix: `rot.replace("Rule of Thumb:", "", 1)` deletes the phrase anywhere in the line; ours
+#    strips it (and "RoT:" / "ROT:") only as a prefix.
+# 6. RoT first line: the reference takes the first line of the unstripped completion, so a RoT that
+#    starts on a new line is empty and resampled; ours strips first and keeps it.
+# A chat model's reply (the reference's GPT path, `get_gpt_response`) is kept whole, stripped, as
+# the reference kept it; only an empty reply is asked again.
 def parse_answer(output: str, reference: bool = False) -> tuple[str, str | None]:
     """(answer, None) or ("", why it is unusable): the first line of a raw-prompt completion.
 

@@ -1,25 +1,5 @@
-"""The score and report stages of `sage-jax run`: every process's rows merged, scored, reported.
-
-score: per model, `report/<model>.answers.csv` in the SaGE release's long format (question_id,
-question, paraphrased, score, model_output, rot) plus where each row came from (paraphrase index,
-sample, each stage's status, reason and attempts; a failed row's text is empty, so it is masked
-and counted), then scored through `sage_jax.scoring` like `sage-jax score` would: SaGE on the
-answers, on the RoTs and on the 0.8/0.2 blend, on the preset's graph (`code`: the reference's,
-nodes keyed by text, so identical answers are one node; else one node per answer) and, to name
-what the choice changes, on the other graph too; on the answers and on the RoTs, the SaGE paper's
-Elazar et al. consistency, Cons(q) = mean over the C(n,2) pairs i < j of sim(a_i, a_j), with sim
-BLEU, ROUGE-L and BERTScore (its Table 1 columns: `lexical`); and on the answers, Elazar et al.'s
-own strict measure, sim = exact agreement (`lexical.exact_match_consistency`). The scores go
-to `report/scores.json`, keyed by a hash of what they depend on, so a finished score stage is not
-computed again.
-
-report: per model `report/<model>.per_question.csv`; for all models `report/table1.md` and
-`report/table1.csv` (one row per model, as the SaGE paper's Table 1; table1.md names the preset,
-the graph, the scoring models and, per model, the questions with identical answers and the SaGE
-the other graph gives), `report/summary.json` (every metric's mean, std and count, the failed rows
-of each stage, the preset, the graph, the models of every stage and of the scores, the settings)
-and `report/sage_distribution.png`.
-"""
+"""The score and report stages of `sage-jax run`: every process's rows merged, scored (`score_model`,
+`score_stage`) and reported (`write_run_report`); what each writes is above it."""
 from __future__ import annotations
 
 import csv
@@ -122,6 +102,16 @@ def distinct_answers(texts: list[list[str]]) -> list[int]:
     return [len({t for t in q if t}) for q in texts]
 
 
+# Per model, report/<model>.answers.csv in the SaGE release's long format (question_id, question,
+# paraphrased, score, model_output, rot) plus where each row came from (paraphrase index, sample,
+# each stage's status, reason and attempts; a failed row's text is empty, so it is masked and
+# counted), scored through `sage_jax.scoring` as `sage-jax score` would: SaGE on the answers, the
+# RoTs and the 0.8/0.2 blend, on the preset's graph (code: nodes keyed by text; else one node per
+# answer) and, to name what the choice changes, on the other graph too; on answers and RoTs the SaGE
+# paper's Elazar et al. consistency (mean over the C(n,2) pairs of BLEU, ROUGE-L and BERTScore:
+# `lexical`); and on the answers Elazar et al.'s strict measure, exact agreement
+# (`lexical.exact_match_consistency`). The scores go to report/scores.json, keyed by a hash of what
+# they depend on, so a finished score stage is not computed again.
 def score_model(run, target, embedder_fn, bertscore=None) -> dict:
     """Per-question columns of one model (lists), from its long-format file: SaGE on the preset's
     graph (`sage_<text>`) and on the other (`sage_<text>_<graph>_graph`)."""
@@ -257,6 +247,11 @@ def _header(run, scores: dict) -> str:
             f"{models}.{lexical}")
 
 
+# Per model report/<model>.per_question.csv; for all models report/table1.md and table1.csv (one row
+# per model, as the paper's Table 1; table1.md names the preset, the graph, the scoring models and,
+# per model, the questions with identical answers and the SaGE the other graph gives),
+# report/summary.json (every metric's mean, std and count, each stage's failed rows, the preset, the
+# graph, the models of every stage and of the scores, the settings) and report/sage_distribution.png.
 def write_run_report(run, scores: dict) -> dict:
     folder = run.out / "report"
     summaries, table_rows, distributions, notes = [], [], {}, []

@@ -1,24 +1,7 @@
 """One generating stage of `sage-jax run`: batches of rows to a generator, checked, failed rows
-re-queued in the next batch, every finished batch saved at once, resumable after kill -9.
-
-A stage has a list of `Task`s (one row each, keyed by question id, paraphrase index, model and
-sample). Batch k takes the rows that failed in batch k-1 and are under `max_attempts` first, then
-fresh rows in task order, up to `batch_size`. The generator's seed is a hash of the run's seed, the
-stage and the batch's number: the schedule is a pure function of the outcomes, so batch k holds the
-same rows, in the same order, in a resumed run as in an uninterrupted one, and gets the same texts.
-
-Files, in `folder` (one per stage, model and process):
-
-    stage.json            what the rows depend on (fingerprint); another run's folder is refused
-    batch-000000.jsonl    every attempt of batch 0, written whole (temporary file, then rename)
-    ...
-    rows.jsonl            the final row of every task, in task order, written when the stage ends
-
-A killed stage replays its batch files (the schedule is a pure function of the outcomes, so the
-replay rebuilds the queue exactly) and goes on from the first missing batch; a stage whose
-rows.jsonl exists is not run again at all. A row that still fails after `max_attempts` is kept with
-status "failed" and the reason of its last attempt.
-"""
+re-queued in the next batch, every finished batch saved at once, resumable after kill -9: a
+resumed stage holds the same rows in the same batches and gets the same texts (`Stage`, whose
+schedule and files are described above it)."""
 from __future__ import annotations
 
 import hashlib
@@ -93,6 +76,18 @@ def _unfit(generator, tasks: Sequence[Task], samplings) -> dict[int, str]:
 RowCheck = Callable[[Sequence[Task], Sequence[str], Sequence[dict | None]], list[dict]]
 
 
+# A stage has a list of `Task`s (one row each, keyed by question id, paraphrase index, model and
+# sample). Batch k takes the rows that failed in batch k-1 and are under `max_attempts` first, then
+# fresh rows in task order, up to `batch_size`. The generator's seed is a hash of the run's seed, the
+# stage and k: the schedule is a pure function of the outcomes, so batch k holds the same rows, in
+# the same order, in a resumed run as in an uninterrupted one, and gets the same texts.
+# Files, in `folder` (one per stage, model and process):
+#     stage.json            what the rows depend on (fingerprint); another run's folder is refused
+#     batch-000000.jsonl    every attempt of batch 0, written whole (temporary file, then rename)
+#     rows.jsonl            the final row of every task, in task order, written when the stage ends
+# A killed stage replays its batch files (rebuilding the queue exactly) and goes on from the first
+# missing batch; a stage whose rows.jsonl exists is not run again. A row that still fails after
+# `max_attempts` is kept with status "failed" and the reason of its last attempt.
 class Stage:
     def __init__(self, name: str, folder: Path, tasks: Sequence[Task], *, fingerprint: dict,
                  max_attempts: int, batch_size: int, seed: int):

@@ -1,15 +1,6 @@
-"""The `bert-score` package (0.3.13) as it ran under transformers 4, the reference of
-clarifyjax.evaluation.bertscore and sage_jax.parascore.
-
-Under transformers 5 two of its tokenizer calls changed meaning, and `package_score` restores
-transformers 4's behaviour for the duration of a call:
-* `encode(..., add_prefix_space=True)` is silently ignored by RoBERTa's tokenizer, so the package
-  no longer adds the prefix space it asks for; the shim prepends it, as transformers 4's
-  `prepare_for_tokenization` did;
-* `build_inputs_with_special_tokens` (the package's encoding of an empty text) is gone; the shim
-  gives [CLS] [SEP] (<s> </s>), what it returned.
-Everything else (model, layers, idf, greedy matching, padding, rescaling) is the package's own code.
-"""
+"""The `bert-score` package (0.3.13) as it ran under transformers 4: the reference of
+clarifyjax.evaluation.bertscore and sage_jax.parascore. `package_score` runs the package's own
+code with its two transformers 5 changes undone (described above it)."""
 from __future__ import annotations
 
 import contextlib
@@ -48,6 +39,11 @@ def transformers4_tokenizer():
         module.get_tokenizer = original
 
 
+# Under transformers 5 two of the package's tokenizer calls changed meaning, restored here for the
+# duration of a call: `encode(..., add_prefix_space=True)` is silently ignored by RoBERTa's
+# tokenizer, so the shim prepends the space as transformers 4's `prepare_for_tokenization` did; and
+# `build_inputs_with_special_tokens` (the package's encoding of an empty text) is gone, so the shim
+# gives [CLS] [SEP] (<s> </s>), what it returned. Everything else is the package's own code.
 def package_score(candidates, references, folder, layer, **kwargs):
     """`bert_score.score` on a local folder at `layer` -> (P, R, F) numpy float32.
 

@@ -1,13 +1,7 @@
 """The suite fails if a test touches the checkout: every test and child works in temporary folders.
-
-Two checks, both made in the run's first process (the xdist controller, or the only process):
-* every file of the checkout outside runs/ (and outside .git, .venv and the caches Python and pytest
-  write) is listed with its size and mtime at the start and compared at the end: anything added,
-  changed or removed is named;
-* every process of the run has an audit hook (`startup/sitecustomize.py`) that appends any access to
-  a path under the checkout's runs/ (open, list, make, remove, rename; reads too: `make demo` leaves
-  its runs there) to the file ``$CLARIFYJAX_TEST_CHECKOUT_LOG`` names, with the test that ran.
-"""
+Both checks (files changed outside runs/, and any access under runs/ through the audit hook of
+startup/sitecustomize.py, logged to ``$CLARIFYJAX_TEST_CHECKOUT_LOG``) are made in the run's first
+process (the xdist controller, or the only process)."""
 from __future__ import annotations
 
 import os
@@ -40,6 +34,10 @@ def _owner() -> bool:
     return os.environ.get(OWNER_ENV) == str(os.getpid())
 
 
+# Every file of the checkout outside runs/ (and outside .git, .venv and the caches) is listed with
+# its size and mtime at the start and compared at the end: anything added, changed or removed is
+# named. Accesses under runs/ (reads too: `make demo` leaves its runs there) are caught by the audit
+# hook of startup/sitecustomize.py, which every process of the run loads.
 def snapshot(root: Path = REPO_ROOT) -> dict[str, tuple[int, int]]:
     """{path relative to root: (size, mtime in ns)} of every file outside SKIPPED folders."""
     files = {}

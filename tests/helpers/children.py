@@ -1,16 +1,8 @@
-"""Child interpreters for tests, and the results they write.
-
-A child reports with `clarifyjax.files.child_result.write_result(dict)` into the file its parent names
-in ``$CLARIFYJAX_RESULT_FILE``; the parent reads it here. Nothing is parsed from a child's stdout
-or stderr (native libraries write there too, even onto the child's own lines): those only go into
-failure messages.
-
-* `run_child(argv)`: one child to completion -> its result.
-* `run_with_fake_devices(code, n)`: Python `code` in a child with `n` fake CPU devices.
-* `run_processes(argv, n)`: `n` children as one multi-process JAX job on 127.0.0.1 (the
-  CLARIFYJAX_* launch variables) -> their results by process id.
-* `run_launcher(argv, n)`: the same through `launch/local_multiprocess.sh`.
-"""
+"""Child interpreters for tests, and the results they write (`clarifyjax.files.child_result`; a
+child's stdout and stderr only go into failure messages): `run_child(argv)`,
+`run_with_fake_devices(code, n)`, `run_processes(argv, n)` (one multi-process JAX job on
+127.0.0.1, results by process id) and `run_launcher(argv, n)` (through
+launch/local_multiprocess.sh)."""
 from __future__ import annotations
 
 import os

@@ -1,31 +1,9 @@
-"""One persistent JAX compilation cache for a whole test run, shared by its xdist workers and by
-every child process they start (children inherit the environment).
-
-Most of the suite's time is XLA compiling the same tiny programs again: each CLI child, README
-block and fake-device child starts a fresh interpreter and recompiles what an earlier one already
-compiled. With the cache, a program compiled once in the run is loaded from disk by the others.
-
-The first process of the run (the xdist controller, or the only process with ``-n 0``) makes a
-temporary folder and names it in ``JAX_COMPILATION_CACHE_DIR`` before any worker starts; it
-removes it at the end. A cache size limit is set because it is what makes JAX take a file lock
-around every read and write (`jax._src.lru_cache.LRUCache`), so that two processes compiling the
-same program at the same moment (two workers, or the processes of a multi-host test) never read
-a half-written entry. A run started with ``JAX_COMPILATION_CACHE_DIR`` already set uses that
-folder and keeps it (useful for iterating: the second run compiles almost nothing). With the size
-limit, JAX scans the whole folder before every write to see what to evict; `startup/
-sitecustomize.py`, which every process of the run loads, removes that scan (the folder stays far
-below the limit, and the scan cost 0.7 s per write at a few thousand entries).
-
-The run also compiles with XLA's backend optimization level 0 (in ``TEST_XLA_FLAGS``, added to
-``XLA_FLAGS``, which children inherit: `inherited_xla_flags`): the tests' models are tiny, so
-compiling is most of their time and running them very little. Measured on tests/clarifyjax/training/test_sft.py
-(one process, a fresh cache): 155 s of CPU at the default level, 94 s at level 0; a tiny T5
-decoding loop compiles in 1.2 s instead of 3.1 s and runs in 0.13 s instead of 0.07 s. The
-level changes no result beyond float rounding (no LLVM fast-math either way), which the tests'
-tolerances already allow for. ``--xla_cpu_use_fusion_emitters=false`` (the older loop emitter
-for fusions) compiles faster again at level 0: a tiny T5 training step 4.6 s -> 1.85 s of CPU, the
-README's SFT block 74.6 s -> 64.3 s. ``CLARIFYJAX_TEST_XLA_OPTIMIZE=1`` keeps XLA's defaults.
-"""
+"""One persistent JAX compilation cache for a whole test run, shared by its xdist workers and every
+child they start, and the fast-compiling XLA flags of the run (`TEST_XLA_FLAGS`): most of the
+suite's time is compiling the same tiny programs again. The first process makes the folder, names
+it in ``JAX_COMPILATION_CACHE_DIR`` before any worker starts and removes it at the end; a run
+started with that variable set uses its folder and keeps it (the second run compiles almost
+nothing)."""
 from __future__ import annotations
 
 import importlib.util
@@ -35,7 +13,16 @@ import tempfile
 from pathlib import Path
 
 OWNER_ENV = "CLARIFYJAX_TEST_COMPILE_CACHE_OWNER"
+# A size limit is what makes JAX take a file lock around every cache read and write
+# (`jax._src.lru_cache.LRUCache`), so two processes compiling the same program at once (two workers,
+# or the processes of a multi-host test) never read a half-written entry. With it JAX scans the whole
+# folder before every write to see what to evict: startup/sitecustomize.py removes that scan (the
+# folder stays far below the limit).
 MAX_BYTES = 8 << 30
+# XLA's backend optimization level 0: the tests' models are tiny, so compiling is most of their time
+# and running them very little; it changes no result beyond float rounding (no LLVM fast-math either
+# way), which the tolerances allow for. The older loop emitter for fusions compiles faster again at
+# level 0. CLARIFYJAX_TEST_XLA_OPTIMIZE=1 keeps XLA's defaults.
 TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
 DEVICE_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
@@ -45,7 +32,7 @@ STARTUP = Path(__file__).parent / "startup"  # its sitecustomize.py: every proce
 
 def configure() -> None:
     """Call before jax is imported in this process (the conftest's import time)."""
-    # every process of the run skips JAX's eviction scan on each cache write (see the module)
+    # every process of the run skips JAX's eviction scan on each cache write (see MAX_BYTES)
     paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
     if str(STARTUP) not in paths:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(STARTUP), *filter(None, paths)])

@@ -1,14 +1,6 @@
-"""A tiny Llama folder that writes a fixed script: for tests that need a local causal LM whose
-text the pipeline's parsers accept (a random model never writes a numbered list).
-
-The script's lines are added to the tiny byte-level BPE as whole tokens ("1. ...?\n" is one
-token). The weights are a random `LlamaForCausalLM`'s (std 0.02), except the embedding and the
-head: every token that is not a script line embeds to one direction, line j to its own, all
-orthonormal and scaled up so that the random layers barely move them, and the head maps each
-direction to the next line (any other token -> line 0, the last line -> EOS) with a margin of
-~40 nats. So whatever the prompt, greedy and top-k sampling alike write the script, then stop,
-through the real model code: the cache, rotary positions, shared prefixes, sampling, batching.
-"""
+"""A tiny Llama folder that writes a fixed script, for tests that need a local causal LM whose text
+the pipeline's parsers accept (a random model never writes a numbered list); how is written
+above `scripted_llama_folder`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -23,6 +15,12 @@ SCRIPT = ("1. Is it ever right to lie to a good friend?\n",
           "6. Are lies between friends ever justified?\n")
 
 
+# The script's lines are added to the tiny byte-level BPE as whole tokens. The weights are a random
+# `LlamaForCausalLM`'s (std 0.02), except the embedding and the head: every token that is not a
+# script line embeds to one direction, line j to its own, all orthonormal and scaled up so that the
+# random layers barely move them, and the head maps each direction to the next line (any other token
+# -> line 0, the last line -> EOS) with a margin of ~40 nats. So whatever the prompt, greedy and
+# top-k sampling alike write the script, then stop, through the real model code.
 def scripted_llama_folder(root: Path, script=SCRIPT, *, hidden: int = 64, layers: int = 2,
                           max_position_embeddings: int = 4096,
                           generation: dict | None = None) -> Path:

@@ -219,101 +219,6 @@ def test_function_level_imports_only_for_optional_packages_or_start_up_cost():
 # --------------------------------------------------------------------------- module docstrings
 
 MAX_DOCSTRING_LINES = 8
-# Module docstrings still longer: each is shortened to what the module owns (its details move to
-# the functions' docstrings or the docs); strike a module when it is.
-LONG_DOCSTRINGS_PENDING = frozenset({
-    "clarifyjax/app/ask.py",
-    "clarifyjax/app/clarifier.py",
-    "clarifyjax/app/interact.py",
-    "clarifyjax/app/web.py",
-    "clarifyjax/cli.py",
-    "clarifyjax/config/evaluate.py",
-    "clarifyjax/config/loader.py",
-    "clarifyjax/config/schema.py",
-    "clarifyjax/config/score.py",
-    "clarifyjax/core/commands.py",
-    "clarifyjax/core/distributed.py",
-    "clarifyjax/core/native.py",
-    "clarifyjax/core/sharding.py",
-    "clarifyjax/core/traces.py",
-    "clarifyjax/data/batches.py",
-    "clarifyjax/data/discriminator.py",
-    "clarifyjax/data/pairs.py",
-    "clarifyjax/decoding/api.py",
-    "clarifyjax/decoding/causal_loop.py",
-    "clarifyjax/decoding/filters.py",
-    "clarifyjax/decoding/local_lm.py",
-    "clarifyjax/decoding/row_sampling.py",
-    "clarifyjax/decoding/slots.py",
-    "clarifyjax/decoding/t5_loop.py",
-    "clarifyjax/demo.py",
-    "clarifyjax/evaluation/answer_spans.py",
-    "clarifyjax/evaluation/baselines.py",
-    "clarifyjax/evaluation/bertscore.py",
-    "clarifyjax/evaluation/evaluate.py",
-    "clarifyjax/evaluation/metrics.py",
-    "clarifyjax/evaluation/report.py",
-    "clarifyjax/evaluation/stage_cache.py",
-    "clarifyjax/files/child_result.py",
-    "clarifyjax/files/chunkstore.py",
-    "clarifyjax/files/tables.py",
-    "clarifyjax/files/textfiles.py",
-    "clarifyjax/models/causal_lm.py",
-    "clarifyjax/models/deberta.py",
-    "clarifyjax/models/embedder.py",
-    "clarifyjax/models/encoder.py",
-    "clarifyjax/models/hf/causal_lm_map.py",
-    "clarifyjax/models/hf/deberta_map.py",
-    "clarifyjax/models/hf/loaders.py",
-    "clarifyjax/models/hf/t5_map.py",
-    "clarifyjax/models/hf/tensor_map.py",
-    "clarifyjax/models/t5.py",
-    "clarifyjax/models/tiny.py",
-    "clarifyjax/reward/jsd.py",
-    "clarifyjax/reward/judge.py",
-    "clarifyjax/reward/nli.py",
-    "clarifyjax/reward/pipeline.py",
-    "clarifyjax/rl/diagnostics.py",
-    "clarifyjax/rl/policy.py",
-    "clarifyjax/rl/ppo.py",
-    "clarifyjax/rl/rollout.py",
-    "clarifyjax/serve/batch_job.py",
-    "clarifyjax/serve/continuous.py",
-    "clarifyjax/serve/guard.py",
-    "clarifyjax/serve/http_server.py",
-    "clarifyjax/serve/openai_api.py",
-    "clarifyjax/text/formats.py",
-    "clarifyjax/text/generator.py",
-    "clarifyjax/text/tokenizer.py",
-    "clarifyjax/training/checkpointing.py",
-    "clarifyjax/training/dryrun.py",
-    "clarifyjax/training/loops.py",
-    "clarifyjax/training/memory_plan.py",
-    "clarifyjax/training/ppo_eval.py",
-    "clarifyjax/training/programs.py",
-    "clarifyjax/training/run_record.py",
-    "clarifyjax/training/sft.py",
-    "sage_jax/__init__.py",
-    "sage_jax/cli.py",
-    "sage_jax/data.py",
-    "sage_jax/experiments/benchmarks.py",
-    "sage_jax/experiments/command.py",
-    "sage_jax/experiments/config.py",
-    "sage_jax/experiments/multiple_choice.py",
-    "sage_jax/experiments/stats.py",
-    "sage_jax/experiments/validity.py",
-    "sage_jax/lexical.py",
-    "sage_jax/metric.py",
-    "sage_jax/parascore.py",
-    "sage_jax/run/config.py",
-    "sage_jax/run/generators.py",
-    "sage_jax/run/library.py",
-    "sage_jax/run/pipeline.py",
-    "sage_jax/run/presets.py",
-    "sage_jax/run/prompts.py",
-    "sage_jax/run/report.py",
-    "sage_jax/run/stages.py",
-})
 
 
 def docstring_lines(path: Path) -> int:
@@ -322,12 +227,9 @@ def docstring_lines(path: Path) -> int:
 
 
 def test_module_docstrings_are_short():
-    long = {str(p.relative_to(REPO_ROOT)) for p in python_files(PACKAGES)
-            if docstring_lines(p) > MAX_DOCSTRING_LINES}
-    too_long = sorted(long - LONG_DOCSTRINGS_PENDING)
+    too_long = sorted(str(p.relative_to(REPO_ROOT)) for p in python_files(PACKAGES)
+                      if docstring_lines(p) > MAX_DOCSTRING_LINES)
     assert not too_long, f"module docstrings of at most {MAX_DOCSTRING_LINES} lines: {too_long}"
-    fixed = LONG_DOCSTRINGS_PENDING - long
-    assert not fixed, f"short now: strike them from LONG_DOCSTRINGS_PENDING: {sorted(fixed)}"
 
 
 @pytest.mark.parametrize("source, found", [

@@ -1,23 +1,7 @@
 """Hugging Face decoder-only checkpoints -> `clarifyjax.models.causal_lm`: the config of each
-`model_type` (llama, mistral, qwen2, qwen3, opt, falcon) as a `CausalLMConfig`, and each
-family's tensor map, which `clarifyjax.models.hf.load_causal_lm` loads through.
-
-Every map (a `tensor_map.TensorMap`) says, for one parameter, which rows (and columns) of the
-2-D Hugging Face tensor (torch `nn.Linear` layout [out, in]) make each of our entries: `rows` /
-`cols` are small index tables over our dimensions. A device's block of a parameter is read as the bounding
-row/column range of the file (so no device reads a whole sharded matrix), then gathered. The
-same scheme splits Falcon's fused query_key_value exactly as transformers' `_split_heads` does.
-
-Families:
-  llama / mistral / qwen2 / qwen3: model.embed_tokens, model.layers.{i}.self_attn.{q,k,v,o}_proj
-    (+ q_norm / k_norm for qwen3), mlp.{gate,up,down}_proj, input_layernorm,
-    post_attention_layernorm, model.norm, lm_head.
-  opt: model.decoder.embed_tokens, embed_positions, project_in/out, layers.{i}.self_attn.*,
-    self_attn_layer_norm, fc1, fc2, final_layer_norm, model.decoder.final_layer_norm.
-  falcon: transformer.word_embeddings, h.{i}.self_attention.query_key_value / dense,
-    mlp.dense_h_to_4h / dense_4h_to_h, input_layernorm / post_attention_layernorm /
-    ln_attn / ln_mlp, transformer.ln_f, lm_head.
-"""
+`model_type` (llama, mistral, qwen2, qwen3, opt, falcon) as a `CausalLMConfig`, and each family's
+tensor maps (`causal_lm_tensor_maps`, the names listed above it), which `hf.load_causal_lm` loads
+through. Falcon's fused query_key_value is split exactly as transformers' `_split_heads` does."""
 from __future__ import annotations
 
 import json
@@ -288,6 +272,15 @@ def _norm(maps: dict, ours: tuple, hf_name: str, c: CausalLMConfig, size: int | 
         maps[ours + ("bias",)] = _vector(hf_name + ".bias", (size,))
 
 
+# Each family's Hugging Face names:
+#   llama / mistral / qwen2 / qwen3: model.embed_tokens, model.layers.{i}.self_attn.{q,k,v,o}_proj
+#     (+ q_norm / k_norm for qwen3), mlp.{gate,up,down}_proj, input_layernorm,
+#     post_attention_layernorm, model.norm, lm_head.
+#   opt: model.decoder.embed_tokens, embed_positions, project_in/out, layers.{i}.self_attn.*,
+#     self_attn_layer_norm, fc1, fc2, final_layer_norm, model.decoder.final_layer_norm.
+#   falcon: transformer.word_embeddings, h.{i}.self_attention.query_key_value / dense,
+#     mlp.dense_h_to_4h / dense_4h_to_h, input_layernorm / post_attention_layernorm /
+#     ln_attn / ln_mlp, transformer.ln_f, lm_head.
 def causal_lm_tensor_maps(config: CausalLMConfig) -> dict[tuple, TensorMap]:
     """NNX state path -> TensorMap, for every parameter of `CausalLM(config)`."""
     c = config

@@ -1,29 +1,6 @@
-"""Hugging Face DeBERTa-v2/v3 folders -> `clarifyjax.models.deberta`: config resolution, the
-tensor map, the checks, and the (sharded) read, which `clarifyjax.models.hf` loads through.
-
-Name correspondence (P = "deberta." in `...For*` folders, "" in a bare `DebertaV2Model`;
-i = layer; torch `nn.Linear` stores [out, in], we store [in, out] with heads split):
-  P embeddings.word_embeddings.weight  [V, e]        -> embeddings.word_embeddings.embedding
-  P embeddings.position_embeddings.weight [n, e]     -> ...position_embeddings (position_biased_input)
-  P embeddings.token_type_embeddings.weight [t, e]   -> ...token_type_embeddings (type_vocab_size > 0)
-  P embeddings.embed_proj.weight [d, e]              -> embeddings.embed_proj [e, d] (e != d)
-  P embeddings.LayerNorm.{weight,bias}               -> embeddings.norm.{scale,bias}
-  P encoder.rel_embeddings.weight [r, d]             -> encoder.rel_embeddings
-  P encoder.LayerNorm.{weight,bias}                  -> rel_norm (norm_rel_ebd: layer_norm)
-  P encoder.layer.i.attention.self.{query,key,value,pos_key,pos_query}_proj [h*k, d]
-                                                     -> layers.i.attention.{query,..,pos_query} [d, h, k]
-  P encoder.layer.i.attention.output.dense [d, h*k]  -> layers.i.attention.output [h, k, d]
-  P encoder.layer.i.attention.output.LayerNorm       -> layers.i.attention_norm
-  P encoder.layer.i.intermediate.dense / output.dense -> layers.i.mlp.wi / wo
-  P encoder.layer.i.output.LayerNorm                 -> layers.i.mlp_norm
-  pooler.dense, classifier                           -> dense, out_proj (sequence classification)
-  qa_outputs                                         -> qa_outputs (question answering)
-
-Every expected tensor must be there with its shape; a trunk tensor the config does not account
-for (a `pos_key_proj` under `share_att_key`, a conv layer) is refused, naming it; tensors of other
-heads (MLM, ...) are ignored, as is a `position_embeddings` table under
-`position_biased_input: false` (Hugging Face ignores it too).
-"""
+"""Hugging Face DeBERTa-v2/v3 folders -> `clarifyjax.models.deberta`: config resolution, the tensor
+maps (the name correspondence is above `trunk_maps`), the checks, and the (sharded) read, which
+`clarifyjax.models.hf` loads through. Every expected tensor must be there with its shape."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -166,6 +143,26 @@ def _layer_maps(maps: dict, c: DebertaConfig, ours: tuple, theirs: str) -> None:
     _norm(maps, ours + ("mlp_norm",), f"{theirs}.output.LayerNorm", d)
 
 
+# Name correspondence (P = "deberta." in `...For*` folders, "" in a bare `DebertaV2Model`;
+# i = layer; torch `nn.Linear` stores [out, in], we store [in, out] with heads split):
+#   P embeddings.word_embeddings.weight  [V, e]        -> embeddings.word_embeddings.embedding
+#   P embeddings.position_embeddings.weight [n, e]     -> ...position_embeddings (position_biased_input)
+#   P embeddings.token_type_embeddings.weight [t, e]   -> ...token_type_embeddings (type_vocab_size > 0)
+#   P embeddings.embed_proj.weight [d, e]              -> embeddings.embed_proj [e, d] (e != d)
+#   P embeddings.LayerNorm.{weight,bias}               -> embeddings.norm.{scale,bias}
+#   P encoder.rel_embeddings.weight [r, d]             -> encoder.rel_embeddings
+#   P encoder.LayerNorm.{weight,bias}                  -> rel_norm (norm_rel_ebd: layer_norm)
+#   P encoder.layer.i.attention.self.{query,key,value,pos_key,pos_query}_proj [h*k, d]
+#                                                      -> layers.i.attention.{query,..,pos_query} [d, h, k]
+#   P encoder.layer.i.attention.output.dense [d, h*k]  -> layers.i.attention.output [h, k, d]
+#   P encoder.layer.i.attention.output.LayerNorm       -> layers.i.attention_norm
+#   P encoder.layer.i.intermediate.dense / output.dense -> layers.i.mlp.wi / wo
+#   P encoder.layer.i.output.LayerNorm                 -> layers.i.mlp_norm
+#   pooler.dense, classifier                           -> dense, out_proj (sequence classification)
+#   qa_outputs                                         -> qa_outputs (question answering)
+# A trunk tensor the config does not account for (a `pos_key_proj` under `share_att_key`, a conv
+# layer) is refused, naming it; tensors of other heads (MLM, ...) are ignored, as is a
+# `position_embeddings` table under `position_biased_input: false` (Hugging Face ignores it too).
 def trunk_maps(c: DebertaConfig, prefix: str, at: tuple = ()) -> dict[tuple, TensorMap]:
     """NNX path (under `at`) -> TensorMap for every parameter of `DebertaEncoder(c)`."""
     e, d = c.embedding_size, c.hidden_size

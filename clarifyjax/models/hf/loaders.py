@@ -1,17 +1,10 @@
-"""The one way in and out of Hugging Face checkpoint folders (safetensors), for every model
-family: `load_t5` / `save_t5` for the T5, `load_encoder` / `load_sequence_classifier` /
-`load_encoder_tokenizer` for BERT and RoBERTa, `load_causal_lm` / `read_generation_defaults` for
-the decoder-only LLMs, `load_deberta` / `load_deberta_sequence_classifier` for DeBERTa-v2/v3, and
-`load_question_answering` for the extractive QA head on any of the encoders, and
-`load_classifier` / `save_sequence_classifier` for a sequence classifier of either encoder family
-(picked by config.json `model_type`; the trained discriminator is exported through them).
-Each family's tensor map lives in its own `*_map` module (`t5_map`, `encoder_map`,
-`causal_lm_map`, `deberta_map`), all in the one idiom of `tensor_map`.
-
-With a mesh, every parameter is built with `jax.make_array_from_callback`: each device's
-callback reads only its own slice of the tensor from the safetensors file, so no device (and,
-for a sharded dimension, no host buffer) ever holds the whole tensor.
-"""
+"""The one way in and out of Hugging Face checkpoint folders (safetensors), for every model family:
+`load_t5` / `save_t5`; `load_encoder`, `load_sequence_classifier`, `load_encoder_tokenizer`
+(BERT, RoBERTa); `load_causal_lm`, `read_generation_defaults`; `load_deberta`,
+`load_deberta_sequence_classifier`; `load_question_answering`; `load_classifier` /
+`save_sequence_classifier` (either encoder family, by config.json `model_type`). Each family's
+tensor map is its `*_map` module. With a mesh, each device reads only its own slice of each
+tensor (`jax.make_array_from_callback`), so nothing ever holds a whole sharded tensor."""
 from __future__ import annotations
 
 import dataclasses

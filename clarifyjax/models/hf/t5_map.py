@@ -1,22 +1,9 @@
-"""Hugging Face T5 checkpoint names <-> the NNX `T5`'s parameters: the T5 family's tensor map,
-config ranges and checks, which `clarifyjax.models.hf` loads and saves through.
+"""Hugging Face T5 checkpoint names <-> the NNX `T5`'s parameters: the T5 family's tensor map, config
+ranges and checks, which `clarifyjax.models.hf` loads and saves through.
 
-One table, `t5_tensor_maps(config)`, says for every NNX parameter which Hugging Face tensor holds
-it and how to get from the torch layout to ours (a `tensor_map.TensorMap`): a reshape that splits a
-dimension (the joined `heads * d_kv` of q/k/v/o) followed by a transpose. Loading and saving both
-read that table.
-
-Name correspondence (i = layer; enc/dec = encoder/decoder):
-  shared.weight                                   [V, m]    -> embedding            [V, m]
-  lm_head.weight (untied only)                    [V, m]    -> lm_head              [m, V]
-  {enc,dec}.block.{i}.layer.0.SelfAttention.{q,k,v}.weight [h*d, m] -> {..}.query/key/value [m, h, d]
-  {enc,dec}.block.{i}.layer.0.SelfAttention.o.weight       [m, h*d] -> {..}.out             [h, d, m]
-  {enc,dec}.block.0.layer.0.SelfAttention.relative_attention_bias.weight [buckets, h]
-                                                            -> {enc,dec}.relative_bias.embedding
-  dec.block.{i}.layer.1.EncDecAttention.*                    -> decoder.layers.{i}.cross_attention.*
-  ....layer.{1|2}.DenseReluDense.wi / wi_0, wi_1 [f, m]      -> mlp.wi.{0,1} [m, f];  wo [m, f] -> [f, m]
-  ....layer.{k}.layer_norm.weight, {enc,dec}.final_layer_norm.weight  [m] -> ...norm.scale [m]
-"""
+One table, `t5_tensor_maps(config)` (the names are listed above it), says for every parameter
+which Hugging Face tensor holds it and how to get from the torch layout to ours (a reshape that
+splits `heads * d_kv`, then a transpose). Loading and saving both read that table."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -46,6 +33,16 @@ T5_CONFIG_RANGES = {
     "dropout_rate": "[0, 1)", "layer_norm_epsilon": "> 0", "initializer_factor": "> 0"}
 
 
+# Name correspondence (i = layer; enc/dec = encoder/decoder):
+#   shared.weight                                   [V, m]    -> embedding            [V, m]
+#   lm_head.weight (untied only)                    [V, m]    -> lm_head              [m, V]
+#   {enc,dec}.block.{i}.layer.0.SelfAttention.{q,k,v}.weight [h*d, m] -> {..}.query/key/value [m, h, d]
+#   {enc,dec}.block.{i}.layer.0.SelfAttention.o.weight       [m, h*d] -> {..}.out             [h, d, m]
+#   {enc,dec}.block.0.layer.0.SelfAttention.relative_attention_bias.weight [buckets, h]
+#                                                             -> {enc,dec}.relative_bias.embedding
+#   dec.block.{i}.layer.1.EncDecAttention.*                    -> decoder.layers.{i}.cross_attention.*
+#   ....layer.{1|2}.DenseReluDense.wi / wi_0, wi_1 [f, m]      -> mlp.wi.{0,1} [m, f];  wo [m, f] -> [f, m]
+#   ....layer.{k}.layer_norm.weight, {enc,dec}.final_layer_norm.weight  [m] -> ...norm.scale [m]
 def t5_tensor_maps(config: T5Config) -> dict[tuple, TensorMap]:
     """NNX state path -> TensorMap, for every parameter of `T5(config)`."""
     c = config

@@ -1,15 +1,8 @@
 """The one idiom of every family's checkpoint map: a `TensorMap` says, for one parameter, which
-entries of a Hugging Face tensor make each of our entries. `check_tensors` checks a folder
-against a family's maps, and `read_into` fills a model through them, each device reading only
-its own block.
-
-A map is a pair of small index tables over our dimensions: `rows` gives, for every entry of our
-`row_dims`, the row of the (1-D or 2-D, torch `nn.Linear` [out, in]) Hugging Face tensor, and
-`cols` the column for our `col_dims`. So a reshape and transpose (`reshaped`: T5's
-[h*d, m] -> [m, h, d]), a pick of rows out of a fused tensor (Falcon's query_key_value) and a
-plain copy are one data structure. A block of our layout is read as the bounding row / column
-range of the file (so no device reads a whole sharded matrix), then gathered.
-"""
+entries of a Hugging Face tensor (1-D, or 2-D torch [out, in]) make each of ours, as two small
+index tables (`rows`, `cols`) over our dimensions; a reshape and transpose, a pick of rows from a
+fused tensor and a plain copy are one data structure. `check_tensors` checks a folder against the
+maps; `read_into` fills a model, each device reading only the bounding rows / columns of its block."""
 from __future__ import annotations
 
 import dataclasses

@@ -1,26 +1,19 @@
-"""Run at the start of every Python process of a test run: `helpers.compile_cache` puts this
-folder first on PYTHONPATH, which child processes inherit, and Python imports the first
-`sitecustomize` module it finds there.
-
-It turns off one piece of JAX's persistent compilation cache: with a size limit set (the run sets
-one, because that is what makes JAX lock the cache folder around each read and write), every
-write first lists the whole folder, stats every entry and reads its access-time file, to see
-whether anything must be evicted (`jax._src.lru_cache.LRUCache._evict_if_needed`). A test run
-writes thousands of entries (about 150 MB, far below the limit, so nothing is ever evicted), and
-at a few thousand entries each scan cost 0.7 s on this machine, inside the lock that every other
-process of the run waits on. The lock stays; only the scan goes. Nothing here imports jax: the
-patch is applied when jax itself imports that module.
-
-It also installs the checkout guard's audit hook (`helpers.checkout_guard`): any open, listing,
-folder creation, removal or rename of a path under the checkout's runs/ is appended to the file
-that ``$CLARIFYJAX_TEST_CHECKOUT_LOG`` names, with the test that ran, and fails the run.
-"""
+"""Run at the start of every Python process of a test run: `helpers.compile_cache` puts this folder
+first on PYTHONPATH, which children inherit. It removes the eviction scan of JAX's persistent
+cache (why: above `_no_eviction_scan`) and installs the checkout guard's audit hook: any open,
+listing, creation, removal or rename of a path under the checkout's runs/ is appended to the file
+``$CLARIFYJAX_TEST_CHECKOUT_LOG`` names, with the test that ran, and fails the run."""
 import os
 import sys
 
 TARGET = "jax._src.lru_cache"
 
 
+# With a size limit set, every cache write first lists the whole folder, stats every entry and reads
+# its access-time file to see whether anything must be evicted (`LRUCache._evict_if_needed`). A test
+# run writes thousands of entries, far below the limit, so nothing is ever evicted, and each scan
+# runs inside the lock every other process waits on. The lock stays; only the scan goes. Nothing
+# here imports jax: the patch is applied when jax itself imports that module.
 def _no_eviction_scan(self, *, additional_size=0):
     return None
 
