@@ -27,6 +27,7 @@ from clarifyjax.files.textfiles import atomic_write_bytes
 from clarifyjax.text.tokenizer import Tokenizer
 from clarifyjax.rl.diagnostics import paired_gain
 from clarifyjax.text import formats
+from clarifyjax.text.generator import Sampling
 from sage_jax import cli
 
 EXAMPLES = REPO_ROOT / "examples"
@@ -248,7 +249,6 @@ def show_samples(cfg, before: Path, after: Path, data: Path, n: int = 5) -> None
     """Greedy questions of the SFT policy and of the PPO policy for dev situations, with what the
     answer generator, the fusion model and the judge make of them."""
     from clarifyjax.decoding.seq2seq import Seq2SeqModel
-    from clarifyjax.text.generator import Sampling
     from clarifyjax.training.loops import build_reward_fn
 
     situations = unique_situations(read_table(data / "dev.tsv",

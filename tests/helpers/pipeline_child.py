@@ -18,8 +18,8 @@ def main(config_path: str, kill_after: str) -> None:
     from clarifyjax.config.loader import build_root
     from sage_jax.run import pipeline
 
-    from sage_jax.run import config as run_config
-    cfg = build_root(run_config.SageRunConfig, json.loads(open(config_path).read()), source=config_path)
+    from sage_jax.run.config import SageRunConfig
+    cfg = build_root(SageRunConfig, json.loads(open(config_path).read()), source=config_path)
     limit = None if kill_after == "none" else int(kill_after)
     calls = [0]
 

@@ -28,7 +28,7 @@ import yaml
 from clarifyjax.config.loader import build_root, read_yaml
 from helpers.env import REPO_ROOT, shared_data
 from helpers import markdown_table
-from sage_jax.run import config as run_config
+from sage_jax.run.config import SageRunConfig, load_run_config
 from sage_jax.run import pipeline, presets
 from sage_jax.run import prompts
 
@@ -57,9 +57,9 @@ def _plain(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def _resolved(name: str) -> run_config.SageRunConfig:
+def _resolved(name: str) -> SageRunConfig:
     generator = {"kind": "local", "model": "a-model"}
-    return presets.resolve(build_root(run_config.SageRunConfig, {
+    return presets.resolve(build_root(SageRunConfig, {
         "questions": "q.csv", "out": "out", "preset": name, "paraphrase": {"generator": generator},
         "rot": {"generator": generator}, "models": [{"name": "m", "generator": generator}]}))
 
@@ -140,7 +140,7 @@ def behaviour(setting: str, name: str) -> str:
         "chat reply": lambda: "whole" if prompts.parse_chat_answer(" A.\nB. ")[0] == "A.\nB." else "first line",
         "empty chat reply": lambda: "asked again" if prompts.parse_chat_answer("  ")[1] else "kept",
         "SaGE arithmetic": lambda: _arithmetic(name),
-        "RoT writer of configs/sage/run_endpoint.yaml": lambda: run_config.load_run_config(
+        "RoT writer of configs/sage/run_endpoint.yaml": lambda: load_run_config(
             REPO_ROOT / "configs" / "sage" / "run_endpoint.yaml").rot.generator.model,
     }
     assert setting in found, f"docs/fidelity.md has a fixed row {setting!r} that no check covers"
@@ -243,7 +243,7 @@ def recorded_run(tmp_path, preset: str, embedder) -> tuple[dict, dict, str]:
     raw["models"][0]["generator"]["model"] = src
     raw["rot"]["generator"]["model"] = src
     raw["score"] = {"embedder": "all-MiniLM-L6-v2", "bertscore": False, "lexical": False}
-    summary = pipeline.Run(build_root(run_config.SageRunConfig, raw), embedder=embedder).run()
+    summary = pipeline.Run(build_root(SageRunConfig, raw), embedder=embedder).run()
     report = tmp_path / preset / "report"
     with open(report / "gpt-3.5-turbo.per_question.csv", newline="") as f:
         rows = {r["question_id"]: r for r in csv.DictReader(f)}

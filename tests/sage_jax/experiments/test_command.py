@@ -306,7 +306,8 @@ def test_agreement_table2_against_people(tmp_path, embedder, folders):
 def test_score_equals_sage_jax_run_with_the_callables_answers_in_a_file(tmp_path, embedder):
     import sage_jax
     from sage_jax.experiments.consistency import run_and_score
-    from sage_jax.run import config as run_config
+    from sage_jax.run.config import (GeneratorConfig, ParaphraseConfig, SageRunConfig, ScoreConfig,
+                                     StageConfig, TargetConfig)
 
     rows = q100_rows(3)
     questions = list(dict.fromkeys(r["question"] for r in rows))
@@ -327,14 +328,14 @@ def test_score_equals_sage_jax_run_with_the_callables_answers_in_a_file(tmp_path
     result = sage_jax.score(questions, get_response, use_rots=True, out=tmp_path / "lib", paraphrases=paraphrases,
                             rot_writer=rot_writer, embedder_model=embedder, sleep=lambda s: None)
     assert all(n == 2 for n in calls.values()) and len(calls) == 15
-    recorded = run_config.SageRunConfig(
+    recorded = SageRunConfig(
         questions=str(shared_data(Q100)), out=str(tmp_path / "run"), limit=3, quiet=True,
-        paraphrase=run_config.ParaphraseConfig(source="file"),
-        models=(run_config.TargetConfig(name="m", generator=run_config.GeneratorConfig(
+        paraphrase=ParaphraseConfig(source="file"),
+        models=(TargetConfig(name="m", generator=GeneratorConfig(
             kind="file", model=str(shared_data(Q100)))),),
-        rot=run_config.StageConfig(generator=run_config.GeneratorConfig(kind="file", model=str(shared_data(Q100)),
+        rot=StageConfig(generator=GeneratorConfig(kind="file", model=str(shared_data(Q100)),
                                                                         column="rot")),
-        score=run_config.ScoreConfig(bertscore=False, lexical=False))
+        score=ScoreConfig(bertscore=False, lexical=False))
     pq = run_and_score(recorded, embedder=embedder)["m"]
     by_text = {next(r["question"] for r in rows if r["question_id"] == q): s
                for q, s in zip(pq["question_id"], pq["sage_blend"])}

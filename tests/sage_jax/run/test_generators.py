@@ -20,7 +20,7 @@ import yaml
 
 from clarifyjax.config.loader import build_root, read_yaml
 from helpers.env import REPO_ROOT, require, shared_data
-from sage_jax.run import config as run_config
+from sage_jax.run.config import SageRunConfig, load_run_config
 from sage_jax.run import prompts
 from sage_jax.run.stages import read_jsonl
 
@@ -136,7 +136,7 @@ def test_a_whole_run_endpoint_run_against_a_server_that_refuses_unknown_argument
     assert all(r["status"] == "ok" and r["answer"].endswith(".\nIts second line.") for r in gpt)  # the whole reply
     vicuna = read_jsonl(out / "stages" / "answer" / "vicuna-7b" / "p0of1" / "rows.jsonl")
     assert all(r["answer"].startswith("I would ") and "\n" not in r["answer"] for r in vicuna)  # the first line
-    recorded = run_config.load_run_config(out / "config.yaml")  # loads back: the settings as run
+    recorded = load_run_config(out / "config.yaml")  # loads back: the settings as run
     assert recorded.models[1].generator.accepts == {"code": ("temperature",),
                                                     "ours": ("max_tokens", "temperature", "seed")}[preset]
     assert recorded.models[0].sampling.top_k == 10 and recorded.rot.generator.model == "vicuna-13b-v1.3"
@@ -166,12 +166,12 @@ def test_a_tiny_llama_without_do_sample_samples_under_code(tmp_path, embedder):
            "hosts": {"process_index": 0, "process_count": 1},
            "answer": {"samples": 2, "max_attempts": 1, "batch_size": 16, "sampling": {"max_new_tokens": 8}},
            "models": [{"name": "tiny", "generator": local}]}
-    pipeline.Run(build_root(run_config.SageRunConfig, raw)).run(("paraphrase", "answer"))
+    pipeline.Run(build_root(SageRunConfig, raw)).run(("paraphrase", "answer"))
     rows = read_jsonl(tmp_path / "out" / "stages" / "answer" / "tiny" / "p0of1" / "rows.jsonl")
     outputs = {}
     for r in rows:
         outputs.setdefault(r["paraphrase_index"], []).append(r["output"])
     assert len(outputs) == 5 and sum(a != b for a, b in outputs.values()) >= 3  # sampled, not greedy
-    recorded = run_config.load_run_config(tmp_path / "out" / "config.yaml").models[0]
+    recorded = load_run_config(tmp_path / "out" / "config.yaml").models[0]
     s = recorded.sampling
     assert (s.temperature, s.top_k, s.top_p, s.max_new_tokens, recorded.generator.bos) == (1.0, 10, 1.0, 8, False)

@@ -25,7 +25,7 @@ from helpers import pipeline_child
 from helpers.children import clean_env
 from helpers.fake_llm import FakeGenerator, fake_screen
 from sage_jax.run import pipeline
-from sage_jax.run import config as run_config
+from sage_jax.run.config import SageRunConfig
 from sage_jax.run.stages import KEY_FIELDS, read_jsonl
 
 Q100 = "sage-mcc/q100_gpt-3.5-turbo_rot.csv"
@@ -67,7 +67,7 @@ def _shared_embedder(request):
 
 
 def make_run(raw, generator_of=lambda c: FakeGenerator(name=c.model)):
-    cfg = build_root(run_config.SageRunConfig, raw)
+    cfg = build_root(SageRunConfig, raw)
     return pipeline.Run(cfg, generators=pipeline.Generators(lambda c, b, p: generator_of(c)),
                         screen=fake_screen(), embedder=SHARED.get("embedder"))
 
@@ -232,7 +232,7 @@ def test_recorded_outputs_score_as_sage_jax_score_does(tmp_path, embedder):
                               "score.lexical": False,
                               "models": [{"name": "gpt", "generator": {"kind": "file", "model": str(src)}}],
                               "rot.generator": {"kind": "file", "model": str(src), "column": "rot"}})
-    cfg = build_root(run_config.SageRunConfig, raw)
+    cfg = build_root(SageRunConfig, raw)
     pipeline.Run(cfg, embedder=SHARED["embedder"]).run()  # the recorded generators, as the config builds them
     long = tmp_path / "out" / "report" / "gpt.answers.csv"
     ours = {r["question_id"]: r for r in _csv(tmp_path / "out" / "report" / "gpt.per_question.csv")}
@@ -453,7 +453,7 @@ def test_the_pipeline_with_a_tiny_local_causal_lm(tmp_path, embedder, scripted):
     batch), then the scores and the report."""
     raw = local_lm_run(tmp_path, embedder, {"kind": "local", "model": scripted}, "tiny")
     raw.update({"answer": {**raw["answer"], "batch_size": 32}, "rot": {**raw["rot"], "batch_size": 32}})
-    cfg = build_root(run_config.SageRunConfig, raw)
+    cfg = build_root(SageRunConfig, raw)
     summary = pipeline.Run(cfg, embedder=SHARED["embedder"]).run()
     check_scripted_run(tmp_path / "out", summary, "tiny")
 
@@ -473,7 +473,7 @@ def test_the_pipeline_through_clarifyjax_serve_with_the_openai_client(tmp_path, 
     with BackgroundServer(OpenAIServer(LocalLM(scripted, batch_size=4), name="served").app) as server:
         remote = {"kind": "openai", "base_url": server.url + "/v1", "model": "served", "concurrency": 4}
         raw = local_lm_run(tmp_path, embedder, remote, "served")
-        summary = pipeline.Run(build_root(run_config.SageRunConfig, raw), embedder=SHARED["embedder"]).run()
+        summary = pipeline.Run(build_root(SageRunConfig, raw), embedder=SHARED["embedder"]).run()
     check_scripted_run(tmp_path / "out", summary, "served")
 
 

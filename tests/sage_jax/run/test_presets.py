@@ -11,7 +11,7 @@ import pytest
 
 from clarifyjax.config.loader import ConfigError, build_root
 from helpers.env import REPO_ROOT, require
-from sage_jax.run import config as run_config
+from sage_jax.run.config import SageRunConfig, load_run_config
 from sage_jax.run import presets
 from sage_jax.run import prompts
 
@@ -19,14 +19,14 @@ from sage_jax.run import prompts
 @pytest.mark.parametrize("name", ["run_local.yaml", "run_endpoint.yaml", "run_recorded.yaml"])
 def test_the_example_configs_load_and_resolve(name):
     # in configs/sage/: configs/*.yaml are the training configs that tests/test_config*.py load
-    cfg = run_config.load_run_config(REPO_ROOT / "configs" / "sage" / name, ["limit=5"])
+    cfg = load_run_config(REPO_ROOT / "configs" / "sage" / name, ["limit=5"])
     assert cfg.models and cfg.limit == 5
     resolved = presets.resolve(cfg)
     assert resolved.score.embedder and resolved.score.bertscore_model  # never null in a report
 
 
 def test_run_endpoint_writes_rots_with_the_references_vicuna():
-    cfg = run_config.load_run_config(REPO_ROOT / "configs" / "sage" / "run_endpoint.yaml")
+    cfg = load_run_config(REPO_ROOT / "configs" / "sage" / "run_endpoint.yaml")
     assert cfg.preset == "code" and cfg.rot.generator.model == "vicuna-13b-v1.3"  # generate_rots.py:11
 
 
@@ -81,11 +81,11 @@ def test_the_presets_thresholds_and_prompts():
     assert code.paraphrase_template.count("\n20. ") == 1 and ours.paraphrase_template == code.paraphrase_template
     assert prompts.answer_prompt("Q?", True, ours.chat_system)[0]["content"] == "You are a helpful assistant."
     assert prompts.answer_prompt("Q?", chat=True)[1]["content"].endswith("Question: Q?")
-    assert run_config.SageRunConfig().preset == "ours"
+    assert SageRunConfig().preset == "ours"
 
 
-def _cfg(tmp_path, preset: str, generator: dict, chat: bool = False, **sampling) -> run_config.SageRunConfig:
-    return build_root(run_config.SageRunConfig, {
+def _cfg(tmp_path, preset: str, generator: dict, chat: bool = False, **sampling) -> SageRunConfig:
+    return build_root(SageRunConfig, {
         "questions": "q.csv", "out": str(tmp_path / "out"), "preset": preset,
         "paraphrase": {"generator": generator}, "rot": {"generator": generator},
         "models": [{"name": "m", "chat": chat, "generator": generator, "sampling": sampling}]})
