@@ -21,7 +21,7 @@ so the resumed run computes exactly what the uninterrupted one would have. SIGTE
 makes the loop save the current step and return; the process then exits 0.
 
 Everything on device is jitted once per shape: the SFT step (per padded-length bucket), the PPO
-update (per query bucket; responses always have ``max_question_length`` columns), the rollout
+update (per query bucket; responses always have ``ppo.sampling.max_new_tokens`` columns), the rollout
 scorer and `decoding.generate`. The update is ONE jitted function with the mesh's shardings.
 """
 from __future__ import annotations
@@ -294,9 +294,7 @@ def _sampler(cfg, tokenizer, m: builders.PPOModels, reward_fn, mesh) -> RolloutS
     h = cfg.ppo
     return RolloutSampler(tokenizer, m.graphdef, m.value_graphdef,
                           reward_fn if reward_fn is not None else build_reward_fn(cfg), mesh,
-                          max_new_tokens=h.max_question_length, temperature=h.temperature,
-                          top_k=h.top_k, top_p=h.top_p,
-                          clean_up_spaces=h.clean_up_tokenization_spaces,
+                          sampling=h.sampling, clean_up_spaces=h.clean_up_tokenization_spaces,
                           decode_situations=h.reward_situations == "decoded")
 
 
