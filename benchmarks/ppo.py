@@ -188,9 +188,10 @@ def build(args, root: Path):
                  "policy.dtype=float32", "policy.param_dtype=float32",
                  f"policy.max_input_length={args.query_len}", f"ppo.batch_size={args.batch}",
                  "rewards.nli=null", "normalizer.fit=false", "normalizer.fit_batches=8"]
-    overrides += [f"ppo.{k}={getattr(args, k)}" for k in ("epochs", "minibatches",
-                                                         "max_question_length")
+    overrides += [f"ppo.{k}={getattr(args, k)}" for k in ("epochs", "minibatches")
                   if getattr(args, k) is not None]
+    if args.max_question_length is not None:
+        overrides.append(f"ppo.sampling.max_new_tokens={args.max_question_length}")
     for model in ("answerer", "fusion", "judge.model") if args.reward == "pipeline" else ():
         overrides += [f"rewards.{model}.{k}={v}" for k, v in (
             ("init", folders[model.split(".")[0]]), ("tokenizer", "null"), ("dtype", "float32"))]
@@ -223,8 +224,7 @@ def build(args, root: Path):
 
     reward_fn = loops.build_reward_fn(cfg) if args.reward == "pipeline" else stand_in_reward
     sampler = RolloutSampler(FoldedVocabulary(tokenizer), graphdef, value_graphdef, reward_fn,
-                             mesh, max_new_tokens=h.max_question_length,
-                             temperature=h.temperature, top_k=h.top_k, top_p=h.top_p)
+                             mesh, sampling=h.sampling)
     return SimpleNamespace(
         cfg=cfg, mesh=mesh, tokenizer=tokenizer, p_config=p_config, torch_policy=torch_policy,
         state0=program.init_state()["ppo"], ref_params=copy_params(params),
@@ -333,11 +333,12 @@ def settings_section(args, bench, build_s: float) -> dict:
                              "family": "v1.0 (relu, tied)", "dtype": "float32",
                              "weights": "random"},
         "batch": args.batch, "query_len": args.query_len,
-        "max_question_length": h.max_question_length,
+        "max_question_length": h.sampling.max_new_tokens,
         "ppo": dataclasses.asdict(bench.ppo_config), "kl_coef": h.kl_coef,
         "adaptive_kl": h.adaptive_kl,
         "optimizer": {"name": cfg.optimizer.name, "lr": cfg.optimizer.lr},
-        "sampling": {"temperature": h.temperature, "top_p": h.top_p, "top_k": h.top_k},
+        "sampling": {"temperature": h.sampling.temperature, "top_p": h.sampling.top_p,
+                     "top_k": h.sampling.top_k},
         "config": str(args.config), "reward": args.reward,
         "reward_models": (f"answerer, fusion, judge: random, the policy's sizes; no NLI; "
                           f"answers {r_cfg.answer_max_length} tokens, fusions "

@@ -177,7 +177,7 @@ def ppo_config(out: Path, data: Path, plan: dict, extra: Sequence[str] = ()):
         f"data.dev_path={data / 'dev.tsv'}", f"data.dev_situations={plan['dev_situations']}",
         f"data.eval_batch_size={plan['dev_situations']}", "data.length_buckets=[48]",
         f"ppo.batch_size={plan['ppo_batch']}", "ppo.minibatches=2", "ppo.samples_per_situation=4",
-        f"ppo.eval_samples={plan['eval_samples']}", "ppo.max_question_length=16", "optimizer.lr=2e-4",
+        f"ppo.eval_samples={plan['eval_samples']}", "ppo.sampling.max_new_tokens=16", "optimizer.lr=2e-4",
         *extra])
 
 
@@ -254,7 +254,7 @@ def show_samples(cfg, before: Path, after: Path, data: Path, n: int = 5) -> None
     situations = unique_situations(read_table(data / "dev.tsv",
                                               ("situation",)))[:n]
     reward = build_reward_fn(cfg)
-    sampling = Sampling(max_new_tokens=cfg.ppo.max_question_length)
+    sampling = Sampling(max_new_tokens=cfg.ppo.sampling.max_new_tokens)
     for label, folder in (("SFT policy", before), ("PPO policy", after)):
         questions = Seq2SeqModel.from_pretrained(folder).generate(
             [formats.policy_input(s) for s in situations], sampling).texts
@@ -289,7 +289,7 @@ def evaluation_config(ppo_cfg, out: Path, data: Path, plan: dict):
         "out": str(out / "evaluate_tiny"),
         "data": {"situations_path": str(data / "dev.tsv"),
                  "situations": plan["evaluate_situations"], "batch_size": 16},
-        "generation": {"max_question_length": 16, "wh_starts": ["what", "how", "why", "is"]},
+        "generation": {"sampling": {"max_new_tokens": 16}, "wh_starts": ["what", "how", "why", "is"]},
         "systems": [
             {"name": "ClarifyDelphi (PPO)", "kind": "ppo",
              "model": str(out / "ppo_tiny" / "final")},

@@ -26,13 +26,11 @@ from clarifyjax.text.generator import Sampling
 
 MAX_TURNS = 3  # paper §7: fusion degrades after the third turn
 CLASSES = formats.JUDGE_CLASSES  # ("bad", "ok", "good"): the order of every probability triple
-_PPO = PPOHyperparams()
 
 
 # How questions are drawn: nucleus sampling as in PPO's rollouts (top-p 0.6, T 0.7);
 # min_new_tokens keeps a question from being empty (the user must have something to answer)
-QUESTION_SAMPLING = Sampling(max_new_tokens=_PPO.max_question_length, min_new_tokens=2,
-                             temperature=_PPO.temperature, top_p=_PPO.top_p)
+QUESTION_SAMPLING = dataclasses.replace(PPOHyperparams().sampling, min_new_tokens=2)
 
 
 class StepRequest(NamedTuple):

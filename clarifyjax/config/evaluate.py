@@ -14,9 +14,11 @@ from typing import ClassVar, Literal
 from collections.abc import Sequence
 
 from clarifyjax.config import SHARED_DELTA_CLARIFY, RewardConfig
+from clarifyjax.config.schema import MOVED_TO_SAMPLING, refuse_unused_sampling
 from clarifyjax.config.loader import ConfigError, build_root, check_tree, read_yaml, refuse_changed
 from clarifyjax.files.tables import DataError, resolve_data_path
 from clarifyjax.files.textfiles import check_output_folder
+from clarifyjax.text.generator import Sampling
 
 SYSTEM_KINDS = ("ppo", "t5", "wh", "pipeline", "pipeline-nli", "why", "discriminator")
 CANDIDATE_KINDS = ("wh", "pipeline", "pipeline-nli", "discriminator")
@@ -70,32 +72,42 @@ class EvalDataConfig:
     _bounds: ClassVar = {"situations": ">= 1", "batch_size": ">= 1"}
 
 
+# The paper: nucleus sampling, top-p 0.6; the original's sampling left `transformers`' default
+# top-k of 50 in force, hence the default here (0 turns it off)
+GENERATION_SAMPLING = Sampling(max_new_tokens=32, temperature=1.0, top_k=50, top_p=0.6)
+
+
 @dataclasses.dataclass(frozen=True)
 class GenerationConfig:
-    """How every system samples its questions (the paper: nucleus sampling, top-p 0.6; the
-    original's sampling left `transformers`' default top-k of 50 in force, hence the default
-    here; 0 turns it off). ``greedy: true`` decodes greedily instead. ``wh_starts``: the
-    wh-conditioned candidates' question starts. ``seed``: the key of every sampling stage."""
+    """How every system samples its questions: ``sampling`` (a section given in part keeps the
+    other defaults). ``greedy: true`` decodes greedily instead, up to ``sampling.max_new_tokens``.
+    ``wh_starts``: the wh-conditioned candidates' question starts. ``seed``: the key of every
+    sampling stage."""
 
-    max_question_length: int = 32
-    temperature: float = 1.0
-    top_p: float = 0.6
-    top_k: int = 50
+    sampling: Sampling = GENERATION_SAMPLING
     greedy: bool = False
     wh_starts: tuple[str, ...] = WH_STARTS
     seed: int = 0
 
-    _bounds: ClassVar = {"max_question_length": ">= 2", "temperature": "> 0",
-                         "top_p": "(0, 1]", "top_k": ">= 0", "seed": "[0, 2147483647]"}
+    _bounds: ClassVar = {"seed": "[0, 2147483647]"}
+    _moved: ClassVar = MOVED_TO_SAMPLING
+
+    def __post_init__(self):
+        object.__setattr__(self, "sampling", self.sampling.with_defaults(GENERATION_SAMPLING))
 
     def check(self, at: str) -> None:
         starts = [s.strip() for s in self.wh_starts]
         if not starts or any(not s or " " in s for s in starts) or len(set(starts)) != len(starts):
             raise ConfigError(f"{at}.wh_starts: need distinct one-word starts, got "
                               f"{list(self.wh_starts)}", key=f"{at}.wh_starts")
+        refuse_unused_sampling(self.sampling, f"{at}.sampling", "the question samplers")
         if self.greedy:
-            refuse_changed(self, at, dict.fromkeys(("temperature", "top_p", "top_k"),
-                                                   f"{at}.greedy is true"))
+            for name in ("temperature", "top_p", "top_k"):
+                value, default = getattr(self.sampling, name), getattr(GENERATION_SAMPLING, name)
+                if value != default:
+                    raise ConfigError(f"{at}.sampling.{name} = {value!r} is not used: {at}.greedy "
+                                      f"is true; remove it or set it to its default {default}",
+                                      key=f"{at}.sampling.{name}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -60,8 +60,14 @@ def build_root(cls, raw: Mapping[str, Any], overrides: Sequence[str] = (), *,
     # caller's); a key repeated on a command line is refused earlier, by `parse_overrides`.
     for item in overrides:
         _apply_override(raw, cls, item, source)
-    cfg = _build(cls, raw, "", source)
-    check_tree(cfg, "", _source_of(overrides, source))
+    where = _source_of(overrides, source)
+    try:
+        cfg = _build(cls, raw, "", source)
+    except ConfigError as e:  # a section that checks itself (`Sampling`): name the override
+        if e.key is None or where(e.key) == source or not str(e).startswith(source):
+            raise
+        raise ConfigError(where(e.key) + str(e)[len(source):], key=e.key) from None
+    check_tree(cfg, "", where)
     return cfg
 
 
@@ -195,6 +201,12 @@ def _join(prefix: str, key: str) -> str:
 
 
 def _unknown_key(cls, key: str, at: str, source: str) -> ConfigError:
+    """A key `cls` does not have; one its ``_moved: ClassVar`` (old key -> new key under the same
+    section) names is reported as moved."""
+    moved = getattr(cls, "_moved", {}).get(key)
+    if moved is not None:
+        return ConfigError(f"{source}: {_join(at, key)}: moved to {_join(at, moved)}",
+                           key=_join(at, key))
     level = f"under '{at}'" if at else "at the top level"
     return ConfigError(f"{source}: unknown key '{_join(at, key)}'; valid keys {level}: "
                        f"{', '.join(_field_names(cls))}")
@@ -217,6 +229,10 @@ def _build(cls, data, at: str, source: str):
     try:
         return cls(**kwargs)
     except ValueError as e:  # a section that checks itself on construction (`Sampling`)
+        field = getattr(e, "field", None)  # the field it names, if it does
+        if field in names:
+            key = _join(at, field)
+            raise ConfigError(f"{source}: {key}: {getattr(e, 'reason', e)}", key=key) from None
         raise ConfigError(f"{source}: '{at or '<top>'}': {e}", key=at or None) from None
 
 

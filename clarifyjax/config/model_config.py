@@ -105,7 +105,7 @@ _LENGTHS = ("tokenizer", "max_input_length", "max_target_length")
 # Per PPO role, the `ModelConfig` keys that `loops.train_ppo` / `loops.build_reward_fn` never read,
 # with the reason (and the key that does the job, if any). They are refused at load time.
 PPO_UNUSED_MODEL_KEYS: dict[str, dict[str, str]] = {
-    "policy": {"max_target_length": "questions are ppo.max_question_length tokens long",
+    "policy": {"max_target_length": "questions are ppo.sampling.max_new_tokens tokens long",
                "dropout_rate": _NO_DROPOUT},
     "reference": {**dict.fromkeys(_LENGTHS, "the reference scores the policy's own tokens"),
                   "dropout_rate": _NO_DROPOUT},

@@ -23,6 +23,7 @@ from clarifyjax.config.loader import (ConfigError, build_root, check_increasing,
 from clarifyjax.config.rewards import (NLI_THRESHOLD, JudgeConfig, NormalizerConfig,  # noqa: F401
                                        PipelineConfig, RewardConfig, refuse_unused_model_keys)
 from clarifyjax.core.sharding import MeshConfig as MeshLayout  # the ``mesh:`` section
+from clarifyjax.text.generator import Sampling
 
 __all__ = [
     "ConfigError", "config_to_dict", "dump_config", "parse_overrides", "save_config",
@@ -183,15 +184,34 @@ class PPODataConfig:
             refuse_changed(self, at, {"dev_situations": f"{at}.dev_path is null"})
 
 
+# The rollouts' sampling (the paper: nucleus sampling, top-p 0.6, temperature 0.7); questions of
+# at most 30 new tokens
+PPO_SAMPLING = Sampling(max_new_tokens=30, temperature=0.7, top_k=0, top_p=0.6)
+# the keys a `Sampling` section replaced, for the one-line error an old config gets
+MOVED_TO_SAMPLING = {"temperature": "sampling.temperature", "top_k": "sampling.top_k",
+                     "top_p": "sampling.top_p", "max_question_length": "sampling.max_new_tokens"}
+
+
+def refuse_unused_sampling(s: Sampling, at: str, reader: str) -> None:
+    """Stop strings and max_total_tokens are `sage-jax run`'s: refused where `reader` (a seq2seq
+    sampler) would ignore them."""
+    for name, value in (("stop", s.stop), ("max_total_tokens", s.max_total_tokens)):
+        if value not in ((), None):
+            raise ConfigError(f"{at}.{name} = {value!r} is not used: {reader} have no {name}; "
+                              "remove it", key=f"{at}.{name}")
+
+
 @dataclasses.dataclass(frozen=True)
 class PPOHyperparams(ppo.PPOUpdateConfig):
     """PPO as in ClarifyDelphi (docs/originals.md, ClarifyDelphi): the update's own settings (epochs, minibatches, clip,
     value_clip, vf_coef, gamma, lam, whiten_*: declared with their defaults and ranges by
     `ppo.PPOUpdateConfig`, which this section is, so the update takes it as it is), plus the loop's.
     ``batch_size`` situations per step (global); ``epochs`` passes over the batch, each split into
-    ``minibatches``. The learning rate is the run's ``optimizer.lr``. ``top_k`` 0 = off; ``top_p``
-    1.0 = off. ``value_clip: null``: an unclipped value loss. There is no entropy bonus (the
-    original had none). ``kl_target`` / ``kl_horizon`` need ``adaptive_kl``."""
+    ``minibatches``. The learning rate is the run's ``optimizer.lr``. ``sampling``: how the
+    rollouts sample the questions (a section given in part keeps the other defaults;
+    ``min_new_tokens`` null: `rollout.MIN_QUESTION_TOKENS`). ``value_clip: null``: an unclipped
+    value loss. There is no entropy bonus (the original had none). ``kl_target`` / ``kl_horizon``
+    need ``adaptive_kl``."""
 
     batch_size: int = 64
     # the KL penalty's coefficient (`ppo.FixedKL`, or `ppo.AdaptiveKL` from it)
@@ -200,10 +220,7 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
     kl_target: float = 6.0
     kl_horizon: int = 10000
     # sampling the questions (the rollout sampler)
-    temperature: float = 0.7
-    top_p: float = 0.6
-    top_k: int = 0
-    max_question_length: int = 30
+    sampling: Sampling = PPO_SAMPLING
     # questions sampled per situation in a rollout batch (`batch_size` counts questions); with
     # more than one, each question's reward is paid relative to the mean of its situation's others
     # (a leave-one-out baseline), so that the situation's own difficulty cancels out
@@ -224,10 +241,21 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
 
     _bounds: ClassVar = {
         **ppo.PPOUpdateConfig._bounds, "batch_size": ">= 1", "kl_coef": ">= 0", "kl_target": "> 0",
-        "kl_horizon": ">= 1", "temperature": "> 0", "top_p": "(0, 1]", "top_k": ">= 0",
-        "max_question_length": ">= 2", "samples_per_situation": ">= 1", "eval_samples": ">= 0"}
+        "kl_horizon": ">= 1", "samples_per_situation": ">= 1", "eval_samples": ">= 0"}
+    _moved: ClassVar = MOVED_TO_SAMPLING
+
+    def __post_init__(self):
+        object.__setattr__(self, "sampling", self.sampling.with_defaults(PPO_SAMPLING))
 
     def check(self, at: str) -> None:
+        s = self.sampling
+        if s.temperature == 0:
+            raise ConfigError(f"{at}.sampling.temperature = 0 (greedy): the rollouts must sample; "
+                              "give a temperature > 0", key=f"{at}.sampling.temperature")
+        if s.max_new_tokens < 2:
+            raise ConfigError(f"{at}.sampling.max_new_tokens = {s.max_new_tokens}: must be >= 2",
+                              key=f"{at}.sampling.max_new_tokens")
+        refuse_unused_sampling(s, f"{at}.sampling", "the rollouts")
         if self.batch_size % self.minibatches:
             raise ConfigError(f"{at}.minibatches = {self.minibatches} does not divide "
                               f"{at}.batch_size = {self.batch_size}", key=f"{at}.minibatches")

@@ -150,9 +150,9 @@ class Evaluation:
     def sampling(self) -> Sampling:
         g = self.cfg.generation
         if g.greedy:
-            return Sampling(max_new_tokens=g.max_question_length)
-        return Sampling(max_new_tokens=g.max_question_length, temperature=g.temperature,
-                        top_k=g.top_k, top_p=g.top_p)
+            return Sampling(max_new_tokens=g.sampling.max_new_tokens,
+                            min_new_tokens=g.sampling.min_new_tokens)
+        return g.sampling
 
     def per_chunk(self, stage: str, label: str, depends: str, inputs: Sequence,
                   compute: Callable[[int, list], list]) -> list:

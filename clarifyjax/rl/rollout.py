@@ -22,6 +22,7 @@ from clarifyjax.core import sharding
 from clarifyjax.models.state import merge_model
 from clarifyjax.rl.policy import make_reference_nll, make_rollout_scorer
 from clarifyjax.text import formats
+from clarifyjax.text.generator import Sampling
 
 MIN_QUESTION_TOKENS = 2  # the original sampled with min_length=3, counting the start token
 
@@ -99,13 +100,13 @@ class RolloutSampler:
     """
 
     def __init__(self, tokenizer, policy_graphdef, value_graphdef, reward_fn, mesh, *,
-                 max_new_tokens: int, temperature: float = 0.7, top_k: int = 0,
-                 top_p: float = 0.6, min_new_tokens: int = MIN_QUESTION_TOKENS,
-                 clean_up_spaces: bool = False, decode_situations: bool = False):
+                 sampling: Sampling, clean_up_spaces: bool = False,
+                 decode_situations: bool = False):
         self.tokenizer, self.reward_fn, self.mesh = tokenizer, reward_fn, mesh
         self.clean_up_spaces, self.decode_situations = bool(clean_up_spaces), bool(decode_situations)
-        self.sampling = dict(max_new_tokens=int(max_new_tokens), min_new_tokens=int(min_new_tokens),
-                             temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+        s = sampling.with_defaults(Sampling(min_new_tokens=MIN_QUESTION_TOKENS))
+        self.sampling = dict(max_new_tokens=int(s.max_new_tokens), min_new_tokens=int(s.min_new_tokens),
+                             temperature=float(s.temperature), top_k=int(s.top_k), top_p=float(s.top_p))
         self._rng = _takes_rng(reward_fn)
         self.graphdef = policy_graphdef
         self.scorer = jax.jit(make_rollout_scorer(policy_graphdef, value_graphdef))

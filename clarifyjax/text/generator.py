@@ -19,6 +19,14 @@ ROLES = ("system", "user", "assistant")
 MAX_STOP_STRINGS = 4  # as OpenAI's API
 
 
+class SamplingError(ValueError):
+    """An invalid `Sampling` setting: its `field` and what is wrong with it (`reason`)."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"sampling: {field}: {reason}")
+        self.field, self.reason = field, reason
+
+
 @dataclasses.dataclass(frozen=True)
 class Sampling:
     """How one prompt is sampled; None = the generator's default. The one type of generation
@@ -50,7 +58,7 @@ class Sampling:
         object.__setattr__(self, "stop", tuple(self.stop))
         problem = self.problem()
         if problem is not None:
-            raise ValueError(f"sampling: {problem[0]}: {problem[1]}")
+            raise SamplingError(*problem)
 
     def problem(self) -> tuple[str, str] | None:
         """(field, what is wrong) of the first invalid setting, or None."""

@@ -154,7 +154,7 @@ def lower_ppo_update(cfg, mesh, rules, policy_config: T5Config, value_config: T5
     graphdef, params = builders.abstract_model("t5", policy_config, mesh, rules)
     value_graphdef, value_params = builders.abstract_model("value", value_config, mesh, rules)
     program = programs.PPOProgram.build(cfg, mesh, graphdef, params, value_graphdef, value_params)
-    rollout = program.abstract_batch(rows, cfg.policy.max_input_length, cfg.ppo.max_question_length)
+    rollout = program.abstract_batch(rows, cfg.policy.max_input_length, cfg.ppo.sampling.max_new_tokens)
     return program.lower(program.abstract_state()["ppo"], rollout, program.abstract_key())
 
 

@@ -276,9 +276,7 @@ def _sampler(cfg, tokenizer, m: builders.PPOModels, reward_fn, mesh) -> RolloutS
     h = cfg.ppo
     return RolloutSampler(tokenizer, m.graphdef, m.value_graphdef,
                           reward_fn if reward_fn is not None else build_reward_fn(cfg), mesh,
-                          max_new_tokens=h.max_question_length, temperature=h.temperature,
-                          top_k=h.top_k, top_p=h.top_p,
-                          clean_up_spaces=h.clean_up_tokenization_spaces,
+                          sampling=h.sampling, clean_up_spaces=h.clean_up_tokenization_spaces,
                           decode_situations=h.reward_situations == "decoded")
 
 

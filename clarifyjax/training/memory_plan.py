@@ -241,7 +241,7 @@ def plan(cfg: PPOConfig, hardware: Hardware, configs_dir: Path) -> dict:
     minibatch = cfg.ppo.batch_size // cfg.ppo.minibatches
     rows = math.ceil(minibatch / batch_shards)
     compute_bytes = 2 if cfg.policy.dtype in ("bfloat16", "float16") else 4
-    source, target = cfg.policy.max_input_length, cfg.ppo.max_question_length
+    source, target = cfg.policy.max_input_length, cfg.ppo.sampling.max_new_tokens
     _, policy_hf = resolve_architecture(cfg.policy, "policy", configs_dir)
     _, value_hf = resolve_architecture(value_model, "value", configs_dir)
     if "tiny" in policy_hf or "tiny" in value_hf:

@@ -31,5 +31,5 @@ def ppo_config(out_dir, spm, steps=30, overrides=()):
         f"data.train_path={shared_data('delta-clarify/train.tsv')}",
         f"data.dev_path={shared_data('delta-clarify/dev.tsv')}", "data.dev_situations=16",
         "data.eval_batch_size=16", "data.length_buckets=[32]", "ppo.batch_size=16",
-        "ppo.minibatches=2", "ppo.max_question_length=10", "optimizer.lr=1e-3",
+        "ppo.minibatches=2", "ppo.sampling.max_new_tokens=10", "optimizer.lr=1e-3",
         "normalizer.fit_batches=2", *overrides])

@@ -140,7 +140,7 @@ hashes["sft"] = (dry["compiled"]["lowered_sha256"], sha(real["program"].lowered_
 # PPO: a random tiny policy, 8 rows in 2 minibatches, an adaptive KL controller
 policy = ["policy.init=null", "policy.tiny.vocab_size=608", "policy.tiny.d_model=32",
           "policy.tiny.d_ff=64", "policy.tiny.num_layers=1", "policy.max_input_length=32"]
-ppo = policy + data + ["ppo.batch_size=8", "ppo.minibatches=2", "ppo.max_question_length=10",
+ppo = policy + data + ["ppo.batch_size=8", "ppo.minibatches=2", "ppo.sampling.max_new_tokens=10",
                        "ppo.adaptive_kl=true", "data.dev_situations=8", "normalizer.fit=false",
                        "normalizer.fit_batches=8"] + run
 dry = dryrun.main(f"{CONFIGS}/ppo_tiny.yaml", ppo + ["dryrun.check_models=false", f"run.output_dir={out}/ppo"],

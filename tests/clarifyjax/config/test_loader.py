@@ -46,8 +46,9 @@ def test_paper_hyperparameters_in_t5_large_config():
     assert cfg.run.steps == 6000
     assert (p.batch_size, p.epochs, p.clip, p.value_clip, p.vf_coef) == (64, 4, 0.2, 0.2, 1.0)
     # 29 new tokens: the original's max_length=30 counted the start token (docs/fidelity.md)
-    assert (p.gamma, p.lam, p.kl_coef, p.max_question_length) == (1.0, 0.95, 0.15, 29)
-    assert (p.temperature, p.top_p, p.top_k, p.whiten_rewards) == (0.7, 0.6, 0, True)
+    assert (p.gamma, p.lam, p.kl_coef, p.sampling.max_new_tokens) == (1.0, 0.95, 0.15, 29)
+    s = p.sampling
+    assert (s.temperature, s.top_p, s.top_k, p.whiten_rewards) == (0.7, 0.6, 0, True)
     assert (cfg.optimizer.name, cfg.optimizer.lr, cfg.optimizer.schedule) == ("adam", 1e-5,
                                                                                "constant")
     assert (cfg.normalizer.gain, cfg.normalizer.bias) == (4.0725, -0.45726)
@@ -65,7 +66,7 @@ def test_base_files_merge_and_tiny_ppo_inherits_the_paper_settings():
     assert tiny.rewards.nli is None and large.rewards.nli is not None
     # a nested mapping is merged key by key: the tiny run keeps the base's other settings
     assert tiny.rewards.judge.input_prefix == large.rewards.judge.input_prefix == "[moral_single]: "
-    assert tiny.rewards.answerer.max_input_length == 64 and tiny.ppo.max_question_length == 29
+    assert tiny.rewards.answerer.max_input_length == 64 and tiny.ppo.sampling.max_new_tokens == 29
 
 
 def test_overrides_coerce_to_field_types():
@@ -158,8 +159,14 @@ def test_cross_field_checks():
         load_config(path, ["ppo.minibatches=3"])
     with pytest.raises(ConfigError, match="exactly one of 'init'"):
         load_config(path, ["policy.tiny.d_model=32"])  # init is still set
-    with pytest.raises(ConfigError, match="ppo.top_p = 1.5"):
-        load_config(path, ["ppo.top_p=1.5"])
+    with pytest.raises(ConfigError, match=r"override 'ppo.sampling.top_p=1.5'.*top_p: must be a "
+                                          r"number in \(0, 1\], got 1.5"):
+        load_config(path, ["ppo.sampling.top_p=1.5"])
+    with pytest.raises(ConfigError, match="ppo.sampling.temperature = 0 .greedy.: the rollouts "
+                                          "must sample"):
+        load_config(path, ["ppo.sampling.temperature=0"])
+    with pytest.raises(ConfigError, match="ppo.sampling.stop = .* is not used"):
+        load_config(path, ["ppo.sampling.stop=?"])
     with pytest.raises(ConfigError, match="at most one axis may be -1"):
         load_config(path, ["mesh.fsdp=-1"])
 
@@ -180,3 +187,26 @@ def test_tiny_spec_maps_onto_the_model_configs():
 
     enc = EncoderConfig(**cfg.model.tiny.encoder_kwargs())
     assert (enc.hidden_size, enc.num_layers) == (64, 2)
+
+
+def test_a_sampling_section_given_in_part_keeps_the_other_defaults(tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(f"base: {REPO_ROOT / 'configs' / 'ppo_tiny.yaml'}\nppo:\n  sampling:\n"
+                    "    top_k: 5\n")
+    s = load_config(path, ["ppo.sampling.temperature=1.5"]).ppo.sampling
+    assert (s.max_new_tokens, s.temperature, s.top_k, s.top_p) == (29, 1.5, 5, 0.6)
+    assert load_config(path, ["ppo.sampling.top_p=null"]).ppo.sampling.top_p == 0.6
+
+
+def test_an_old_key_names_its_new_place(tmp_path):
+    path = REPO_ROOT / "configs" / "ppo_tiny.yaml"
+    for old, new in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
+                     ("max_question_length", "max_new_tokens")):
+        with pytest.raises(ConfigError, match=rf"^override 'ppo.{old}=1' .*: ppo.{old}: moved to "
+                                              rf"ppo.sampling.{new}$"):
+            load_config(path, [f"ppo.{old}=1"])
+    bad = tmp_path / "old.yaml"
+    bad.write_text(f"base: {path}\nppo:\n  temperature: 0.9\n")
+    with pytest.raises(ConfigError, match=r"old.yaml: ppo.temperature: moved to "
+                                          r"ppo.sampling.temperature$"):
+        load_config(bad)

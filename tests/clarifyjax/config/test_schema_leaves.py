@@ -196,6 +196,7 @@ def stubs():
     mp.setattr(pairs, "read_table", read_table)
     mp.setattr(seq2seq.Seq2SeqModel, "from_pretrained", rec("seq2seq"))
     mp.setattr(judge, "load_judge", rec("judge"))
+    mp.setattr(pipeline, "load_judge", rec("judge"))  # imported by name there
     mp.setattr(nli.NLIFilter, "from_pretrained", rec("nli"))
     mp.setattr(pipeline, "RewardPipeline", lambda *a: a)
     mp.setattr(loops, "RolloutSampler", rec("sampler"))

@@ -105,7 +105,7 @@ def config_text(tmp_path_factory):
     return f"""kind: evaluate
 out: OUT
 data: {{situations_path: {situations}, batch_size: 10}}
-generation: {{max_question_length: 8, wh_starts: [what, why, how]}}
+generation: {{sampling: {{max_new_tokens: 8}}, wh_starts: [what, why, how]}}
 systems:
   - {{name: ClarifyDelphi, kind: ppo, model: {m['policy']}}}
   - {{name: t5, kind: t5, model: {m['question']}, data_fraction: 1.0}}
@@ -284,14 +284,18 @@ def test_config_errors_name_the_key_and_file(tmp_path):
     path = tmp_path / "e.yaml"
     path.write_text(base)
     cfg = load_eval_config(path)
-    assert cfg.generation.top_p == 0.6 and cfg.generation.top_k == 50
+    s = cfg.generation.sampling
+    assert (s.max_new_tokens, s.temperature, s.top_p, s.top_k) == (32, 1.0, 0.6, 50)
     assert len(WH_STARTS) == 14 and cfg.generation.wh_starts == WH_STARTS
     assert cfg.table4.flip == "base"
     cases = {
-        "generation.top_p=1.5": r"e\.yaml.*generation\.top_p = 1\.5: must be \(0, 1\]",
+        "generation.sampling.top_p=1.5": r"e\.yaml.*top_p: must be a number in \(0, 1\]",
+        "generation.top_p=0.9": r"generation\.top_p: moved to generation\.sampling\.top_p$",
+        "generation.sampling.stop=x": r"generation\.sampling\.stop = .* is not used",
         "data.batch_size=0": r"data\.batch_size = 0: must be >= 1",
         "table4.flip=both": r"bad value for 'table4\.flip'",
-        "generation.greedy=true generation.top_k=5": r"generation\.top_k = 5 is not used",
+        "generation.greedy=true generation.sampling.top_k=5":
+            r"generation\.sampling\.top_k = 5 is not used",
         "systems=[]": r"systems: name at least one system",
     }
     for overrides, message in cases.items():

@@ -135,7 +135,7 @@ def _ppo_overrides(out_dir, policy, steps=1):
             f"data.train_path={shared_data('delta-clarify/dev.tsv')}",
             f"data.dev_path={shared_data('delta-clarify/dev.tsv')}", "data.dev_situations=8",
             "data.length_buckets=[32]", "ppo.batch_size=4", "ppo.minibatches=1", "ppo.epochs=1",
-            "ppo.max_question_length=4", "normalizer.fit=false",
+            "ppo.sampling.max_new_tokens=4", "normalizer.fit=false",
             "normalizer.fit_batches=8"]  # ppo_tiny's 2 would be refused: nothing is fitted
 
 

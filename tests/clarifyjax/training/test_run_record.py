@@ -198,7 +198,7 @@ def _ppo_config(run_dir, policy, *overrides):
         f"policy.init={policy}", "policy.tokenizer=null", "policy.max_input_length=32",
         f"data.train_path={DEV}", f"data.dev_path={DEV}", "data.dev_situations=8",
         "data.length_buckets=[32]", "ppo.batch_size=4", "ppo.minibatches=1", "ppo.epochs=1",
-        "ppo.max_question_length=4", "normalizer.fit=false",
+        "ppo.sampling.max_new_tokens=4", "normalizer.fit=false",
         "normalizer.fit_batches=8", *overrides])  # (another count is refused when nothing is fit)
 
 
