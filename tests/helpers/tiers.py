@@ -27,7 +27,8 @@ _marks: dict[str, list[str]] = {}
 
 def mark_items(items) -> None:
     for item in items:
-        folder = Path(item.path).resolve().relative_to(TESTS).parts[0]
+        path = Path(item.path).resolve()
+        folder = path.relative_to(TESTS).parts[0] if path.is_relative_to(TESTS) else None
         if folder in FOLDER_MARKERS:
             item.add_marker(getattr(pytest.mark, FOLDER_MARKERS[folder]))
         _marks[item.nodeid] = sorted({m.name for m in item.iter_markers()} & (set(BUDGETS) - {"fast"}))
