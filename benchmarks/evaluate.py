@@ -1,25 +1,8 @@
 """The pipeline-nli baseline's cost: 14 wh-conditioned candidates per situation, each through the
 defeasibility reward with the NLI filter, ours against the original's method, same weights.
 
-Models as benchmarks/reward.py (random weights, float32, t5-small-sized T5s over a 2,000-piece
-SentencePiece vocabulary; a 6-layer RoBERTa NLI filter), plus a wh-conditioned generator of the
-same size. Inputs: the first `--situations` unique situations of δ-CLARIFY dev.tsv.
-
-Ours (`clarifyjax evaluate`'s stages): `baselines.WhCandidates` writes the 14 candidates of a
-chunk of `--chunk` situations in one jitted sampling call (top-p 0.6, top-k 50), then
-`baselines.candidate_rewards` sends all of the chunk's candidates through one `RewardPipeline`
-call (its stages batched) and `best_candidates` keeps the highest raw reward.
-
-The original's method: the original repository has no baseline code; its reward
-(benchmarks/reward.py `OriginalReward`: Code/reward.py with Delphi's `score_batch`) ranking one
-candidate at a time, as a divergence ranking over candidates would call it: the 14 candidates of
-a situation by one HF `generate` (sampling, top-p 0.6), then one reward call per candidate.
-It is run on the first `--reference-situations` situations and its time per situation
-extrapolated to all of them (stated in the results).
-
-Bound: the reward stages' matmul FLOPs of our run, priced at this machine's rates for the
-shapes that ran (`reward.stage_bound`, recorded on the first call): the original's time over it
-is the largest ratio this work allows here.
+Models as benchmarks/reward.py's plus a wh-conditioned generator of the same size, on the first
+`--situations` situations of δ-CLARIFY dev.tsv. Writes benchmarks/results/evaluate.json (--name).
 
     python benchmarks/evaluate.py              # full sizes (the original part takes minutes)
     python benchmarks/evaluate.py --quick      # tiny sizes: checks that it runs
@@ -77,7 +60,10 @@ def parse_args() -> argparse.Namespace:
 
 
 class OursPipelineNLI:
-    """The pipeline-nli baseline as `clarifyjax evaluate` runs it, chunk by chunk."""
+    """The pipeline-nli baseline as `clarifyjax evaluate` runs it, chunk by chunk:
+    `baselines.WhCandidates` writes the 14 candidates of a chunk of `--chunk` situations in one
+    jitted sampling call (top-p 0.6, top-k 50), `baselines.candidate_rewards` sends them all
+    through one `RewardPipeline` call and `best_candidates` keeps the highest raw reward."""
 
     def __init__(self, folders, args):
         self.wh = baselines.WhCandidates(
@@ -112,7 +98,11 @@ class OursPipelineNLI:
 
 
 class OriginalPipelineNLI:
-    """The original's reward, one candidate at a time (see the module docstring)."""
+    """The original's method: its repository has no baseline code, so its reward
+    (`reward.OriginalReward`) ranks one candidate at a time, as a divergence ranking over
+    candidates would call it: a situation's 14 candidates by one HF `generate` (sampling, top-p
+    0.6), then one reward call per candidate. `main` runs it on the first
+    `--reference-situations` situations and extrapolates to all of them (the results say so)."""
 
     def __init__(self, folders, args):
         import transformers
@@ -175,7 +165,9 @@ def main() -> None:
         ref_stages = dict(reference.timings)
     ref_per_situation = ref_t["best_s"] / len(few)
     ref_all = ref_per_situation * n
-    # the bound covers the reward stages of every call (candidate generation not counted)
+    # the bound covers the reward stages of every call (candidate generation not counted):
+    # their matmul FLOPs priced at this machine's rates for the shapes that ran; the original's
+    # time over it is the largest ratio this work allows here
     bound = stage_bound(calls, ours_stages, ref_all)
     ratio = ref_all / ours_t["best_s"]
     results = {

@@ -1,40 +1,8 @@
 """Defeasibility reward throughput: our `RewardPipeline` vs the original's method, same weights.
 
-Models (random weights, float32): judge, answer generator and fusion model are t5-small-sized
-T5s (v1.0: d_model 512, 6+6 layers, 8 heads, d_ff 2048, vocab 32128) over a SentencePiece
-vocabulary of 2,000 pieces trained on δ-CLARIFY (Delphi-like: "<class>" is `▁ <unk> class >`);
-the NLI filter a 6-layer RoBERTa (hidden 768) with WaNLI's labels. Inputs: the first
-`--situations` (situation, question) rows of δ-CLARIFY dev.tsv.
-
-The original's method (allenai/clarifydelphi Code/reward.py + Code/model/delphi.py), in PyTorch
-transformers on the same weights: the judgment text by HF `generate` of the judge (max 200
-tokens), weakener + strengthener answers by one HF `generate` of 2b rows, NLI one pair at a time,
-fusion by two HF `generate` calls of b rows, the judge by `generate` of `--reference-judge-tokens`
-(200) tokens per updated situation, reading the softmax at the class step (`score_batch`), then
-numpy JSD. Answers and fusion decode greedily with the same length limits on both sides, so both
-generate the same tokens (the agreement is reported). Random weights rarely write EOS, so each
-generation runs to its limit on both sides; with trained models both stop earlier.
-
-Ours: `RewardPipeline` (jitted stages, one batch per stage, teacher-forced judge), which also
-judges the b base situations (for Table 4). The judge alone: 2b texts, ours in one teacher-forced
-call vs two `score_batch` calls of b rows.
-
-The bound (`results["pipeline"]["bound"]`): random weights never write EOS, so answers and
-fusion decode every row to its limit on both sides: the same work however it is done, which
-bounds the ratio. The shapes each of our stages ran (padded rows R, bucketed source length S,
-decoder positions run; recorded during the untimed first call) give its exact matmul FLOPs,
-2 per multiply-add: the encoder's projections, FFN and attention products; cross-attention K/V
-once per source token; per decoded position the self- and cross-attention projections, the FFN,
-the attention products (over the positions so far and the source) and the lm_head (the judge:
-at its last position only). Norms, softmaxes and embeddings are not counted. Jitted float32
-matmuls timed in the same run give this CPU's rate at each stage's shapes (`[R*S, m] @ [m, f]`
-for the encoder side; `[R, m] @ [m, h*d]`, `[R, m] @ [m, f]`, `[R, f] @ [f, m]`, `[R, m] @
-[m, V]` for decoding, R*t rows for the judge's t teacher-forced positions) and the peak: the
-best of those and a 2048^3 matmul. A stage's minimum time is its FLOPs at the rates of their
-shapes, or at the peak. The original's time over the sum of the four minimums is the largest
-ratio that this work allows on this CPU at these shapes; its time over answers + fusion alone
-at the peak bounds the ratio of any implementation, even one whose judgment and judge are free.
-`bound_over_measured`: the share of that bound a stage of ours reaches.
+Random t5-small-sized judge, answerer and fusion and a 6-layer RoBERTa NLI filter, on the first
+`--situations` rows of δ-CLARIFY dev.tsv; `OriginalReward` says how the original runs and
+`stage_bound` how the bound is priced. Writes benchmarks/results/reward.json (--name).
 
     python benchmarks/reward.py                 # the full run (minutes on a CPU)
     python benchmarks/reward.py --quick         # tiny sizes, seconds: checks that it runs
@@ -146,7 +114,17 @@ def build_folders(root: Path, args) -> dict[str, Path]:
 
 
 class OriginalReward:
-    """The original's reward computation (see the module docstring) on PyTorch models."""
+    """The original's reward (allenai/clarifydelphi Code/reward.py + Code/model/delphi.py) in
+    PyTorch transformers on our weights: the judgment text by HF `generate` of the judge (max 200
+    tokens), weakener + strengthener answers by one `generate` of 2b rows, NLI one pair at a time,
+    fusion by two `generate` calls of b rows, the judge by `generate` of
+    `--reference-judge-tokens` tokens per updated situation, reading the softmax at the class step
+    (`score_batch`), then numpy JSD. Answers and fusion decode greedily with our length limits, so
+    both sides generate the same tokens (the agreement is reported); random weights rarely write
+    EOS, so each generation runs to its limit on both sides (trained models stop earlier).
+
+    The models: t5-small-sized v1.0 T5s over a 2,000-piece SentencePiece vocabulary trained on
+    δ-CLARIFY (Delphi-like: "<class>" is `▁ <unk> class >`); the NLI filter has WaNLI's labels."""
 
     def __init__(self, folders: dict[str, Path], args):
         load = transformers.T5ForConditionalGeneration.from_pretrained
@@ -313,8 +291,19 @@ def matmul_flops_per_s(shape: tuple[int, int, int], repeats: int = 5) -> float:
 
 def stage_bound(calls: list[dict], stage_s: dict[str, float], original_best_s: float, *,
                 peak_size: int = 2048) -> dict:
-    """The throughput bound of the module docstring, from `recording_shapes` calls, our
-    measured seconds per stage and the original's best pipeline seconds."""
+    """The throughput bound, from `recording_shapes` calls, our measured seconds per stage and
+    the original's best pipeline seconds.
+
+    Random weights never write EOS, so answers and fusion decode every row to its limit on both
+    sides: the same work however it is done. The shapes each of our stages ran (padded rows R,
+    bucketed source length S, decoder positions) give its matmul FLOPs, 2 per multiply-add
+    (`t5_call_flops`; norms, softmaxes and embeddings not counted). Jitted float32 matmuls timed
+    in the same run give this CPU's rate at each shape, and the peak: the best of those and a
+    `peak_size`^3 matmul. A stage's minimum time is its FLOPs at its shapes' rates, or at the
+    peak. The original's time over the sum of the four minimums is the largest ratio this work
+    allows here; over answers + fusion alone at the peak, the largest any implementation allows,
+    even one whose judgment and judge are free. `bound_over_measured`: the share of the bound a
+    stage of ours reaches."""
     rates: dict[tuple[int, int, int], float] = {}
 
     def rate(shape):
@@ -364,7 +353,8 @@ def stage_bound(calls: list[dict], stage_s: dict[str, float], original_best_s: f
 
 def build_ours(folders: dict[str, Path], args) -> RewardPipeline:
     """Our `RewardPipeline` over the saved folders (answer and fusion batches padded to a
-    multiple of 8)."""
+    multiple of 8): jitted stages, one batch per stage, a teacher-forced judge that also judges
+    the b base situations (for Table 4)."""
     config = PipelineConfig(answer_max_length=args.answer_max_length,
                             fusion_max_length=args.fusion_max_length,
                             judgment_max_length=args.judgment_max_length)
