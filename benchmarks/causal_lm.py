@@ -1,34 +1,11 @@
 """Decoder-only LM throughput: ours (Flax NNX, jitted, KV cache in one while_loop) vs PyTorch
 transformers on the same weights, with this machine's bounds measured in the same run.
 
-A random Llama-shaped model of ~125M parameters (hidden 768, 12 layers, 12 heads, 4 KV heads,
-MLP 2048, vocab 32,000, untied), float32, prompts of 64 tokens, 32 new tokens.
-PyTorch runs with the same thread count as XLA's CPU client (all cores).
-
-* prefill (batch 16): the jitted `CausalLM.prefill` (prompt -> cache + last logits), its FLOP/s
-  (XLA's cost analysis) as a fraction of the jitted float32 matmul rate;
-* decode at each batch of --batches (1, 16, 128): seconds per step = (generate 32 tokens -
-  generate 1 token) / 31, ours (top_k 0 sampling, as transformers' is timed; also greedy and
-  top-k 10) and `transformers` `generate` (sampling, top_k 0), against the step's bounds: the
-  streaming bound, (bytes of the weights a step reads -- every matrix, one row of the input
-  embedding -- + the cache's keys and values at that batch) / the read bandwidth of a jitted
-  reduction over a 1 GiB array, and the matmul bound, the step's FLOPs (2 per multiply-add,
-  XLA's count) at the jitted float32 matmul rate; the fraction is the larger bound over our step;
-* a profile of one step at each batch: the jitted `CausalLM.decode_step` alone, the sampling
-  choice alone (`step.choose_token`, top_k 0) and the bounds, so that what is neither weight nor
-  cache reads shows;
-* the sampling filters at batch 128 over the 32k vocabulary (a figure, not a target):
-  `filter_logits` with top-k 10, top-p 0.9 and both, as it runs on every backend (`lax.top_k`
-  candidates, a bisection where they fall short) and by the bisections of the whole row, each
-  the best of 20 runs, as a fraction of the shorter of our greedy and sampled steps at batch 128
-  and of one read of the logits, on the model's own logits (near-uniform: random weights) and
-  on peaked ones (the same, x 8); `--filters-only` reruns just this part into the results file
-  (the step taken from it);
-* compile times apart. The machine is shared: each figure is the best of --repeats runs, and
-  the load average is recorded.
+A random ~125M Llama (`build_models`), float32, all cores on both sides: prefill, decode steps at
+each batch against their streaming and matmul bounds (`decode_at`), the sampling filters at batch
+128 (`bench_filters`). Writes benchmarks/results/causal_lm.json.
 
     python benchmarks/causal_lm.py [--batches 1 16 128] [--prompt-len 64] [--new-tokens 32]
-    python benchmarks/causal_lm.py --filters-only
 """
 from __future__ import annotations
 
@@ -56,6 +33,7 @@ from clarifyjax.models.hf import load_causal_lm
 
 
 def read_bytes_per_s(n_bytes: int = 2 ** 30, repeats: int = 10) -> float:
+    """The read bandwidth of a jitted reduction over a 1 GiB array: the streaming bound's rate."""
     x = jnp.ones((n_bytes // 4,), jnp.float32)
     f = jax.jit(jnp.sum)
     f(x).block_until_ready()
@@ -67,6 +45,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--batches", type=int, nargs="+", default=[1, 16, 128])
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--new-tokens", type=int, default=32)
+    # the machine is shared: each figure is the best of --repeats runs (compiles timed apart),
+    # and the load average is recorded
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--filters-only", action="store_true",
                    help="rerun only the sampling filters at batch 128 and update their entry")
@@ -232,7 +212,7 @@ def decode_at(batch, model, torch_model, config, params, args, bandwidth, matmul
     cache_bytes = 2 * c.num_layers * batch * cache_len * c.num_kv_heads * c.head_dim * 4
     streaming = (weight_bytes + cache_bytes) / bandwidth
     compute = prof["flops"] / matmul
-    bound = max(streaming, compute)
+    bound = max(streaming, compute)  # FLOPs at the matmul rate; the fraction: bound / our step
     row = {"batch": batch, "cache_len": cache_len,
            "ours_ms_per_step": 1e3 * dec["ours_step"],
            "ours_greedy_ms_per_step": 1e3 * dec["greedy_step"],

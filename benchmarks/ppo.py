@@ -1,40 +1,9 @@
 """PPO step time for a t5-small-sized policy and value: rollout, reward and update, and the update
-against the same math in PyTorch on the same weights.
+against the same math in PyTorch (`_ppo_torch.py`) on the same weights: one `loops.train_ppo` step
+of configs/ppo_t5_large.yaml on random weights (`build` says what differs), its update's FLOPs
+against the jitted float32 matmul rate. Writes benchmarks/results/ppo.json (--name).
 
-Models: random, float32, T5 v1.0 (d_model 512, 6+6 layers, 8 heads, d_ff 2048, vocabulary 32128)
-for the policy, the frozen reference (a copy) and the value model
-(`rl.value.ValueModel.from_t5`, as `loops.train_ppo` builds it). Texts use a SentencePiece
-vocabulary of 2,000 pieces trained on δ-CLARIFY; the policy's ids beyond it are folded into it for
-decoding (`FoldedVocabulary`), so that every sampled token becomes text. Queries: "question: " +
-δ-CLARIFY dev situations, 64 tokens.
-Settings: configs/ppo_t5_large.yaml's where they apply (4 epochs, 1 minibatch, clips 0.2, vf coef
-1, gamma 1, lambda 0.95, fixed KL 0.15, Adam 1e-5, temperature 0.7, top-p 0.6, questions of at
-most 30 tokens, the reward pipeline's lengths), with a batch of 16 instead of 64 (2-core CPU), mesh
-1 x 1 x 1, float32 and no NLI filter.
-
-One PPO step, as in `loops.train_ppo`, split in three:
-  rollout  `RolloutSampler.questions` (jitted sampling with the KV cache, then text on the host)
-           + the jitted scoring pass (log-probs under policy and reference, values);
-  reward   `--reward pipeline`: the real `RewardPipeline` that `loops.build_reward_fn` builds
-           from the config (answerer, fusion and judge: t5-small-sized random T5s; no NLI), or
-           `--reward stand-in`: a cheap host function (for when the pipeline makes a run too long);
-  update   the jitted `ppo_update` (`ppo.make_ppo_update` over `policy.make_ppo_fns`).
-The first step compiles everything and is reported apart; after `--warmup-steps`, `--steps` steps
-are timed. Random weights rarely write EOS, so questions, answers and fusions run to their length
-limits: the worst case for sampling and reward (the reward models' texts lose the ids past the
-2,000 pieces, as the policy's would without the folding).
-
-Update FLOPs: `jax.jit(...).lower(...).compile().cost_analysis()`. XLA counts a while loop's body
-once whatever its trip count (the raw count of the full update is reported too), so the update is
-also compiled with epochs=1, minibatches=1 on one minibatch, and its count is multiplied by epochs
-x minibatches. The FLOP rate is put in proportion to this machine's jitted float32 matmul
-throughput (`t5.matmul_flops_per_s`), measured in the same run.
-
-Peer: the same update math in PyTorch on Hugging Face's T5 with the same weights (shaped rewards,
-whitening, GAE, then epochs x minibatches of policy + value forward/backward and an Adam step for
-each), on the first step's rollout; its losses and parameter changes are compared with ours.
-
-    python benchmarks/ppo.py                     # the full run (t5-small sizes; ~20-30 min)
+    python benchmarks/ppo.py                     # the full run (t5-small sizes; tens of minutes)
     python benchmarks/ppo.py --quick             # tiny sizes: checks that it runs (minutes)
     python benchmarks/ppo.py --reward stand-in   # leave the reward models out
 """
@@ -169,7 +138,16 @@ def summary(times: list[float]) -> dict:
 
 def build(args, root: Path):
     """The config, the models (ours and the torch policy with the same weights), the sampler,
-    the jitted update factory: what `loops.train_ppo` sets up, on a 1-device mesh."""
+    the jitted update factory: what `loops.train_ppo` sets up, on a 1-device mesh.
+
+    Random float32 T5 v1.0s (t5-small sizes by default) for the policy, its frozen reference (a
+    copy) and the value model (`ValueModel.from_t5`); texts use a 2,000-piece SentencePiece
+    vocabulary trained on δ-CLARIFY, the policy's ids past it folded in (`FoldedVocabulary`).
+    Queries: "question: " + dev situations. The config's settings where they apply, with a batch
+    of 16 instead of 64 (2-core CPU), mesh 1 x 1 x 1, float32 and no NLI filter. The reward is
+    the real `RewardPipeline` (`--reward pipeline`: t5-small-sized random answerer, fusion and
+    judge) or `stand_in_reward`. Random weights rarely write EOS, so questions, answers and
+    fusions run to their length limits: the worst case for sampling and reward."""
     spm = tiny_spm_folder(root, vocab_size=2000)
     hf_config = tiny_t5_config("v1.0", vocab_size=args.vocab, d_model=args.d_model,
                                d_kv=args.d_model // args.heads, d_ff=args.d_ff,
@@ -283,6 +261,8 @@ def first_step(bench, args, step_inputs, key) -> SimpleNamespace:
     t0 = time.perf_counter()
     update = bench.jit_update(ppo_config).lower(state0, rollout0, k_update0).compile()
     update_compile_s = time.perf_counter() - t0
+    # XLA counts a while loop's body once whatever its trip count: the full update's count is
+    # kept as raw, and one epoch of one minibatch is counted and multiplied out instead
     raw_update_flops = flops_of(update)
     t0 = time.perf_counter()
     one = bench.jit_update(dataclasses.replace(ppo_config, epochs=1, minibatches=1)).lower(

@@ -1,19 +1,11 @@
 """The t5-large PPO update on one accelerator (the lent H100): tokens/s and the share of the chip's
 bf16 matmul throughput measured in the same run.
 
-Policy and value: T5-large (d_model 1024, 24+24 layers, 16 heads, d_ff 4096, vocab 32128), random
-weights, float32 parameters with bfloat16 compute; Adam 1e-5; the paper's update: batch 64, 4 epochs
-over the full batch, queries of 64 tokens, questions of 30 tokens. The update is
-`ppo.make_ppo_update(*policy.make_ppo_fns(...))`, jitted once, as `loops.train_ppo` runs it.
-FLOPs: the matmul count of the update, exactly (6 x matmul parameters x tokens for forward and
-backward of policy and value, plus the attention products), times the epochs. XLA's cost analysis
-of the compiled update (epochs=1, a loop body counts once) is reported beside it: on CPU it agrees
-within 10%, on GPU it misses the matmuls that became cuBLAS custom calls (5.3e13 against 9.9e13 on
-the H100), and the lowered program has none there. `--cost-analysis` adds it (one more compile).
-The peer is a jitted 8192^3 bf16 matmul in the same process. `--profile DIR` also writes a trace
-of one update (perfetto) to DIR.
+T5-large-shaped random policy and value, float32 parameters with bfloat16 compute, the paper's
+update (batch 64, 4 epochs); the FLOPs counted by `one_epoch_matmul_flops`, the peer a jitted
+8192^3 bf16 matmul. `--profile DIR` also writes a trace. Writes benchmarks/results/ppo_gpu.json.
 
-    python benchmarks/ppo_gpu.py [--batch 64] [--layers 24] [--repeats 3]
+    python benchmarks/ppo_gpu.py [--batch 64] [--layers 24] [--repeats 3] [--cost-analysis]
 """
 from __future__ import annotations
 
@@ -148,6 +140,9 @@ def main() -> None:
         fn = ppo.make_ppo_update(*fns, tx, tx, ppo.PPOUpdateConfig(epochs=epochs, minibatches=1))
         return jax.jit(fn, donate_argnums=(0,))
 
+    # XLA's count of the compiled update (epochs=1: a loop body counts once) is only reported
+    # beside the exact matmul count: on GPU it misses the matmuls that became cuBLAS custom calls
+    # (see benchmarks/README.md), and the lowered program has none there
     one_epoch_compiled_flops = (
         flops_of(make_update(1).lower(state, rollout, jax.random.key(0)).compile())
         if args.cost_analysis else None)
