@@ -1,20 +1,11 @@
 """The demo's PPO over several seeds, from the same SFT models: does PPO raise the dev reward by
 more than its noise, on every seed?
 
-For each seed it runs `make demo`'s PPO config (`clarifyjax.demo.ppo_config`, with any KEY=VALUE
-overrides) from the same fine-tuned question generator and reward models, and records the dev
-evaluation before and after: the normalized reward with its standard error over the dev
-situations, the paired gain (the same situations before and after) with its standard error, JSD,
-judgment flip rate, KL to the reference, question length, distinct questions and the share of the
-most common question. Across seeds: the mean gain and its 95% Student's t interval. It writes
-benchmarks/results/ppo_seeds.json and ppo_seeds.png (one reward curve per seed, with the KL to
-the reference and the policy's entropy, so a run that drifts without gaining shows at a glance).
+Each seed runs `make demo`'s PPO config (plus KEY=VALUE overrides) from the SFT models in --models
+(default runs/; missing ones are trained first). Writes benchmarks/results/ppo_seeds.json and .png.
 
     python benchmarks/ppo_seeds.py                       # 5 seeds, the demo's settings
     python benchmarks/ppo_seeds.py --seeds 0 1 ppo.kl_coef=0.3 --out /tmp/kl03.json
-
-The SFT models are the demo's (`--models`, default runs/ as `make demo` leaves it); missing ones
-are trained first with the demo's own settings, on ../shared/data (else examples/).
 """
 from __future__ import annotations
 
@@ -62,6 +53,10 @@ def curves(metrics_path: Path) -> dict[str, list]:
 
 
 def one_seed(seed: int, models: Path, data: Path, plan: dict, out: Path, overrides) -> dict:
+    """One PPO run and its dev evaluation before and after: the normalized reward with its
+    standard error over the dev situations, the paired gain (the same situations before and
+    after) with its standard error, JSD, judgment flip rate, KL to the reference, question length,
+    distinct questions and the share of the most common question."""
     from clarifyjax import demo
     from clarifyjax.rl.diagnostics import paired_gain
     from clarifyjax.training import loops
@@ -93,6 +88,8 @@ def one_seed(seed: int, models: Path, data: Path, plan: dict, out: Path, overrid
 
 
 def plot(rows: list[dict], png: Path) -> Path:
+    """One reward curve per seed, with the KL to the reference and the policy's entropy, so that
+    a run that drifts without gaining shows at a glance."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,7 +119,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--models", type=Path, default=Path(__file__).resolve().parents[1] / "runs")
-    p.add_argument("--data", type=Path, default=None)
+    p.add_argument("--data", type=Path, default=None)  # default ../shared/data, else examples/
     p.add_argument("--work", type=Path, default=None, help="PPO runs' folder (default MODELS/ppo_seeds)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "ppo_seeds.json")
     p.add_argument("--merge", type=Path, nargs="+", default=None,

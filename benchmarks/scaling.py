@@ -2,28 +2,10 @@
 
     python benchmarks/scaling.py [--devices 1 2 4 8] [--batch 16] [--repeats 5] [--name scaling] [--out FILE]
 
-Each device count runs in its own subprocess (XLA_FLAGS=--xla_force_host_platform_device_count=N
-must be set before jax starts). The workload is fixed (strong scaling): one PPO update (4 epochs,
-1 minibatch: `clarifyjax.rl.ppo.make_ppo_update` over `clarifyjax.rl.policy.make_ppo_fns`) of a tiny
-random T5 policy and value model (d_model 64, 2 + 2 layers, vocab 256) on a global batch of
-`--batch` rows (query 16, response 12 tokens), data-parallel over a mesh ``data = N`` (the
-default rules: parameters replicated, the batch split).
-
-Communication share, by removing the collectives (not by profiling): the same update is also
-compiled as N *independent* replicas, `jax.vmap` over a leading replica axis that is sharded over
-the N devices, each replica with its own copy of the state and its own batch/N rows. Every device
-then does exactly the per-device work of the data-parallel step (same shapes, same FLOPs) but
-XLA inserts no collective (no gradient all-reduce, no all-reduce of the batch statistics of the
-reward/advantage whitening); the script checks this in the compiled HLO and reports the
-collective ops of both programs. Then
-
-    communication share = max(0, t_data_parallel - t_independent) / t_data_parallel.
-
-On fake CPU devices the "devices" are threads of one process sharing this machine's cores, so the
-collectives are memory copies and the step time does not fall with N as on real accelerators
-(N devices do not bring N times the compute): read the share as the overhead of the synchronizing
-collectives and of the partitioned program, not as interconnect time. Results:
-benchmarks/results/scaling.json (via `_common.write_results`).
+Each device count runs in its own subprocess (the device count must be set before jax starts);
+the comment above `worker` says how the communication share is measured. On fake CPU devices the
+collectives are memory copies between threads sharing this machine's cores: read the share as
+synchronizing overhead, not as interconnect time. Writes benchmarks/results/scaling.json.
 """
 from __future__ import annotations
 
@@ -52,6 +34,18 @@ def _collectives(hlo: str) -> dict[str, int]:
     return counts
 
 
+# `worker` measures one device count (`main` sets XLA_FLAGS=--xla_force_host_platform_device_count=N
+# for its subprocess). The workload is fixed (strong scaling): one PPO update (4 epochs, 1 minibatch:
+# `ppo.make_ppo_update` over `policy.make_ppo_fns`) of a tiny random T5 policy and value model
+# (d_model 64, 2 + 2 layers, vocab 256) on a global batch of `batch` rows (query 16, response 12
+# tokens), data-parallel over a mesh ``data = N`` (parameters replicated, the batch split).
+#
+# Communication share, by removing the collectives (not by profiling): the same update is also
+# compiled as N independent replicas, `jax.vmap` over a leading replica axis sharded over the N
+# devices, each with its own copy of the state and its own batch/N rows: the same per-device
+# work (shapes, FLOPs) but no collective (no gradient all-reduce, no all-reduce of the
+# whitening's batch statistics), which the compiled HLO confirms (both programs' collectives are
+# reported). Then share = max(0, t_data_parallel - t_independent) / t_data_parallel.
 def worker(batch: int, repeats: int) -> dict:
     import jax
     import jax.numpy as jnp

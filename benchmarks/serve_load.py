@@ -1,26 +1,9 @@
 """`clarifyjax serve` under load: continuous batching against today's window batcher, in the same
 run, on the same model and the same arrivals.
 
-Both servers (`OpenAIServer` over one `LocalLM`: `--batching continuous`, a
-`serve.continuous.ContinuousBatcher` of 32 slots, and `--batching window`, the `MicroBatcher`
-of 32 rows and a 10 ms window) run in this process behind uvicorn on 127.0.0.1, one after the
-other. Clients send Poisson arrivals at each rate over HTTP (one connection per request): a
-mixed set of SaGE answer prompts (the reference's answer prompt over the q100 file's
-paraphrases, `/v1/completions`, top-k 10 sampling, 32 new tokens) and chat turns (δ-CLARIFY
-situations as a user message, `/v1/chat/completions`, greedy, 8 to 64 new tokens), each request
-once. Each rate is bounded in count (`--requests`) and in time (arrivals within `--seconds`).
-
-Reported per server and rate: completion tokens/s and requests/s over the run, p50/p99 end-to-end
-latency (client send to response) and p50/p99 time to first token. Neither server streams, so
-the first token's time is read in the server: the continuous engine's own timestamp of the
-request's first token; for the window batcher, the moment its batch started (its prefill not
-included: a lower bound). The model: a random Llama (hidden 256, 4 layers, 8 heads, 4 KV heads,
-MLP 688) with an 8192-token BPE trained on English (`_sage_answer_stage.english_texts`), float32.
-
-The comparison is read at the rate where the window server reaches its throughput limit (the
-lowest rate whose throughput is within 5% of its best): p99 end-to-end latency of the window
-server over the continuous one's, and their throughputs. Also: the figure of latency against load
-(benchmarks/results/serve_load.png) and the programs compiled while measuring (none expected).
+Both servers (one `LocalLM` on a random Llama, uvicorn on 127.0.0.1) get Poisson arrivals of SaGE
+answer prompts and chat turns (`workload`) at each rate; `summarize` says what is reported and
+`compare` where the two are compared. Writes benchmarks/results/serve_load.json and .png.
 
     python benchmarks/serve_load.py [--rates 2 4 8 16 32] [--requests 160] [--seconds 30]
 """
@@ -64,7 +47,10 @@ def parse_args() -> argparse.Namespace:
 
 def workload(count: int, seed: int) -> list[tuple[str, dict]]:
     """(path, body) of `count` requests, half SaGE answer prompts, half chat turns, shuffled;
-    each unique (a request number in its text) so that the server's timings find it."""
+    each unique (a request number in its text) so that the server's timings find it. Answer
+    prompts: the reference's answer prompt over the q100 file's paraphrases, `/v1/completions`,
+    top-k 10, 32 new tokens; chat turns: δ-CLARIFY situations as a user message,
+    `/v1/chat/completions`, greedy, 8 to 64 new tokens."""
     rng = np.random.default_rng(seed)
     answers = _answer_prompts(count)
     situations = [s for s in tiny_corpus(4 * count) if len(s.split()) > 6][::2]
@@ -119,6 +105,11 @@ def run_rate(url: str, requests: list[tuple[str, dict]], rate: float, seconds: f
 
 
 def summarize(records: list[dict], first_token: dict, rate: float) -> dict:
+    """Completion tokens/s and requests/s over the run, p50/p99 end-to-end latency (client send
+    to response) and p50/p99 time to first token. Neither server streams, so the first token's
+    time is read in the server: the continuous engine's own timestamp of the request's first
+    token; for the window batcher, when its batch started (its prefill not included: a lower
+    bound)."""
     ok = [r for r in records if r["status"] == 200]
     span = max(r["done"] for r in records) - min(r["sent"] for r in records)
     e2e = np.array([r["done"] - r["sent"] for r in ok])
@@ -172,6 +163,8 @@ def measure(name: str, server: OpenAIServer, requests, args) -> tuple[list[dict]
 
 
 def compare(rows: list[dict]) -> dict:
+    """At the rate where the window server reaches its throughput limit (the lowest rate whose
+    throughput is within 5% of its best): the p99 end-to-end latencies and throughputs."""
     window = [r for r in rows if r["server"] == "window"]
     best = max(r["tokens_per_s"] for r in window)
     limit = min((r for r in window if r["tokens_per_s"] >= 0.95 * best),
