@@ -1,7 +1,6 @@
 """Part (d) of benchmarks/sage_pipeline.py, the sentence embedder on the vicuna pairs file's texts
 against the jitted matmul rate at the model's shapes and against plain `transformers`, with the
-encoder FLOP count and the matmul rates that part (b) uses too. See sage_pipeline.py's
-docstring."""
+encoder FLOP count and the matmul rates that part (b) uses too (`bench_embedder` says how)."""
 from __future__ import annotations
 
 import os
@@ -168,7 +167,14 @@ def median_flop_shape(config, batches, padded: int) -> tuple[int, int]:
 
 def bench_embedder(n_questions: int | None, repeats: int, reference_repeats: int, batch_size: int = 64) -> dict:
     """(d): our sentence embedder on the pairs file's own texts, its FLOP rate against the jitted
-    matmul rate at the model's shapes, and the same forward in `transformers` on the same batches."""
+    matmul rate at the model's shapes, and the same forward in `transformers` on the same batches.
+
+    The texts: the distinct answers and rules of thumb of the vicuna pairs file. The FLOP rate is
+    counted at each text's real length and at the padded batch shapes, against the jitted float32
+    matmul rate at the model's own shapes (one layer's products on the batch shape carrying the
+    median FLOP), with the square 1024^3 rate for comparison; the embed call is split into its
+    steps (tokenize, pad, dispatch, forward, copy back); the peer is plain `transformers`
+    (AutoModel + mean pooling) on the same padded batches, same threads."""
     import jax
     import torch
 

@@ -1,31 +1,10 @@
 """SaGE benchmarks (issue 3): ours against the reference code's method, measured in the same run.
 
-(a) metric: N questions x 5 texts of random d=384 vectors. Ours: the jitted batched `sage` on
-    device-resident embeddings (compile timed apart). Reference method: a Python loop over the
-    questions, a cosine per pair, the graph as dicts keyed by text (as the original's networkx
-    graph), timed on a subset and scaled. Also our time as a fraction of the memory-bandwidth
-    bound: reading the embeddings once at the rate a jitted copy (negation) of the same array
-    reaches in this run (fraction = t_copy / t_ours; a copy also writes, and its fresh output
-    buffer costs page faults, so we also report t_sum / t_ours against a pure read, a reduction).
-(b) embedding sentences (δ-CLARIFY situations and questions): our SentenceEmbedder (JAX) against
-    sentence-transformers (PyTorch) on CPU, same texts, batch 64, compile / warm-up apart.
-(c) the vicuna pairs file end to end (read, embed, SaGE with the use_rots blend, identical answers
-    collapsed as the reference does). Ours: every distinct text (answers and rules of thumb
-    together) embedded once in one length-bucketed call, then one jitted `sage_blend`; compile
-    time (the first run minus the best) reported apart. Reference method: a Python loop over the
-    pair rows, each row embedding its four texts again with one `encode` call per text, the graph
-    keyed by answer text; timed on a subset of the questions and scaled.
-
-Timing: the machine is shared and its load drifts, so each part runs in rounds that interleave
-ours and the reference (ours `--repeats` times, the reference `--reference-repeats` times), reports
-the best of each and every time, and records the load average (`os.getloadavg`) before and after.
-PyTorch may use the same CPU threads as XLA (all cores), but an oversubscribed 2-thread PyTorch
-can be many times slower than a 1-thread one on a loaded machine: the reference parts probe 2 and 1
-threads, time every setting within 3x of the faster in the rounds, and keep the reference's best
-(the choice that favours the reference), saying which.
+(a) the metric (`bench_metric`), (b) sentence embedding (`bench_embed`), (c) the vicuna pairs file
+end to end (`bench_pairs`); ours and the reference interleaved in rounds (`interleaved`), the best
+of each kept, the load average recorded. Writes benchmarks/results/sage.json (or --out).
 
 Usage: python benchmarks/sage.py [--quick] [--skip-metric] [--skip-embed] [--skip-pairs] [--out F]
-Writes benchmarks/results/sage.json (or --out) atomically and prints it.
 """
 from __future__ import annotations
 
@@ -96,6 +75,13 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def bench_metric(n_questions: int, n_reference: int, repeats: int, reference_repeats: int) -> dict:
+    """N questions x 5 texts of random d=384 vectors. Ours: the jitted batched `sage` on
+    device-resident embeddings (compile timed apart). Reference: a Python loop over the
+    questions, a cosine per pair, the graph as dicts keyed by text (as the original's networkx
+    graph), timed on a subset and scaled. Also our time as a fraction of the memory-bandwidth
+    bound: reading the embeddings once at the rate a jitted copy (negation) of the same array
+    reaches (t_copy / t_ours; a copy also writes, and its fresh output buffer costs page faults,
+    so t_sum / t_ours against a pure read, a reduction, is reported too)."""
     import jax
     import jax.numpy as jnp
 
@@ -209,6 +195,8 @@ def interleaved(ours, reference, threads: list[int], repeats: int, reference_rep
 
 
 def bench_embed(count: int, batch_size: int, repeats: int, reference_repeats: int, embedder) -> dict:
+    """δ-CLARIFY situations and questions: our SentenceEmbedder (JAX) against
+    sentence-transformers (PyTorch) on CPU, same texts, batch 64, compile / warm-up apart."""
     from sentence_transformers import SentenceTransformer
 
     from clarifyjax.models.embedder import default_embedder_path
@@ -262,6 +250,11 @@ def reference_pairs(rows_by_question: list[list[dict]], encode) -> list[float]:
 
 def bench_pairs(n_questions: int, n_reference: int, batch_size: int, repeats: int, reference_repeats: int,
                 embedder) -> dict:
+    """The vicuna pairs file end to end (read, embed, SaGE with the use_rots blend, identical
+    answers collapsed as the reference does). Ours: every distinct text (answers and rules of
+    thumb together) embedded once in one length-bucketed call, then one jitted `sage_blend`;
+    compile time (the first run minus the best) reported apart. Reference: `reference_pairs`,
+    timed on a subset of the questions and scaled."""
     from sentence_transformers import SentenceTransformer
 
     from sage_jax import data, metric

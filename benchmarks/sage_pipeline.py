@@ -1,39 +1,11 @@
 """SaGE pipeline benchmarks (issue 13), each against its reference method in the same run.
 
-(a) the answer stage of `sage-jax run` for 250 prompts (the reference's answer prompt over the
-    q100 file's paraphrases), 32 new tokens, top-k 10 sampling, on a random Llama-shaped model of
-    about 30M parameters (hidden 512, 7 layers, an 8192-token BPE: `llama_30m`): the whole stage
-    (`sage_jax.run.stages.Stage` over `clarifyjax.decoding.local_lm.LocalLM`, parsing and batch files included;
-    compiled by a first run on the same prompts) against the reference method, `transformers`
-    `pipeline("text-generation")` called once per prompt (vnnm404/SaGE scripts/model_output.py),
-    same weights, same threads. `--reference-prompts N` times the reference on the first N
-    prompts and scales its time to all of them (the JSON says so). The bound: the FLOPs of every
-    prompt and new token at the jitted matmul rate measured at the model's shapes.
-(b) BERTScore of N text pairs (δ-CLARIFY sentences) on all-MiniLM-L6-v2: `clarifyjax.evaluation.bertscore`
-    against the `bert-score` package's `BERTScorer` (the model loaded once on both sides, so that
-    only scoring is timed), same layer, same pairs; equal output is checked (max |diff| of P, R, F).
-(c) the ParaScore filter over N candidates: questions with 10 numbered candidates each (other
-    questions of the corpus, copies, near-copies), `sage_jax.parascore.filter_paraphrases` per
-    question against the reference's method: per candidate, the toolkit's `base_score([question],
-    [para], [para])` (two `bert-score` calls and nltk's edit distance), on the same model.
-(d) the sentence embedder (all-MiniLM-L6-v2) on the distinct answers and rules of thumb of the
-    vicuna pairs file: its matmul FLOP rate (counted at each text's real length, and at the padded
-    batch shapes) as a fraction of the jitted float32 matmul rate measured at the model's own shapes
-    (one layer's products on the batch shape carrying the median FLOP) in the same run, the square
-    1024^3 rate for comparison, the embed call split into its steps (tokenize, pad, dispatch,
-    forward, copy back), and the same forward in plain `transformers` (AutoModel + mean pooling) on
-    the same padded batches, same threads.
-(e) the SaGE metric on 100,000 x 5 x 384 as a fraction of the read-once bound: a jitted sum over
-    the same array, timed in the same run (fraction = t_sum / t_sage).
+(a) the answer stage of `sage-jax run` (_sage_answer_stage.py), (b) BERTScore, (c) the ParaScore
+filter, (d) the sentence embedder (_sage_embedder.py), (e) the SaGE metric against a read-once
+bound; timed as benchmarks/sage.py times. Updates benchmarks/results/sage_pipeline.json (or --out):
+the parts run replace their entries (each with its load average and UTC time), the others stay.
 
-Timing follows benchmarks/sage.py: compile / warm-up apart, ours and the reference interleaved in
-rounds, best of each, PyTorch probed at all cores and at 1 thread (the reference's best kept), and
-the load average recorded. The machine is shared: read the figures with the load average.
-
-Usage: python benchmarks/sage_pipeline.py [--quick] [--skip-answer-stage] [--skip-bertscore] [--skip-filter]
-       [--skip-embedder] [--skip-metric] [--prompts 250] [--reference-prompts 250]
-Updates benchmarks/results/sage_pipeline.json (or --out) atomically and prints it: the parts run
-replace their entries (each with its own load average and UTC time), the others are kept.
+Usage: python benchmarks/sage_pipeline.py [--quick] [--skip-answer-stage] [--skip-embedder] ...
 """
 from __future__ import annotations
 
@@ -65,6 +37,10 @@ def _package_scorer(folder: Path, layer: int):
 
 
 def bench_bertscore(n_pairs: int, repeats: int, reference_repeats: int) -> dict:
+    """(b): BERTScore of N text pairs (δ-CLARIFY sentences) on all-MiniLM-L6-v2,
+    `clarifyjax.evaluation.bertscore` against the `bert-score` package's `BERTScorer` (the model
+    loaded once on both sides, so that only scoring is timed), same layer, same pairs; equal
+    output is checked (max |diff| of P, R, F)."""
     from clarifyjax.evaluation.bertscore import bertscore, load_model
     from clarifyjax.models.embedder import default_embedder_path
 
@@ -147,6 +123,8 @@ def reference_filter(inputs, scorer, threshold: float) -> list[list[str]]:
 
 
 def bench_filter(n_candidates: int, repeats: int, reference_repeats: int, threshold: float = 0.6) -> dict:
+    """(c): the ParaScore filter over N candidates (`filter_inputs`), `filter_paraphrases` per
+    question against `reference_filter`, on the same model."""
     from clarifyjax.evaluation.bertscore import load_model
     from clarifyjax.models.embedder import default_embedder_path
     from sage_jax.parascore import filter_paraphrases
@@ -203,6 +181,8 @@ METRIC_FINDINGS = [
 
 
 def bench_metric(n_questions: int, repeats: int) -> dict:
+    """(e): the SaGE metric on N x 5 x 384 as a fraction of the read-once bound: a jitted sum over
+    the same array, timed in the same run (fraction = t_sum / t_sage)."""
     import jax
     import jax.numpy as jnp
 
