@@ -4,10 +4,8 @@
     python launch/memory_plan.py                                  # configs/ppo_t5_large.yaml
     python launch/memory_plan.py configs/ppo_t5_large.yaml mesh.fsdp=8 --markdown plan.md
 
-For each hardware target (a TPU v4-32: 16 chips of 32 GiB; 8 H100s of 80 GiB) and each judge (the
-config's, and Delphi's size, T5-11B) the script prints `clarifyjax.training.memory_plan.plan`, which builds
-every model of the run abstractly (no devices, no weights) and adds up each device's shards; its
-docstring says what is counted.
+For each hardware target (TPU v4-32, 8 H100s) and judge (the config's, T5-11B) it prints
+`clarifyjax.training.memory_plan.plan`, whose docstring says what is counted; --json FILE too.
 """
 from __future__ import annotations
 

@@ -6,14 +6,6 @@ one CPU host, one H100 and a TPU v4-32 slice.
     python launch/sage_plan.py                       # the table
     python launch/sage_plan.py --markdown plan.md    # as docs/usage.md's table
     python launch/sage_plan.py --docs                # rewrite docs/usage.md's table (after `make bench`)
-
-The CPU host's rates are the ones this project's benchmarks measured (benchmarks/results/
-causal_lm.json: the float32 matmul rate, the prefill FLOP/s the causal LM reached, the bytes/s it
-read; sage.json: the sentence embedder's tokens/s end to end); the accelerators' are their stated
-peaks times an assumed utilisation. Every assumption is a constant below, and `--markdown` prints
-them under the table. The model: a token costs 2 x parameters FLOPs; prefill runs at the
-utilisation; a decode step of a batch is bound by reading the weights once (bytes / bandwidth)
-or by its FLOPs, whichever is slower, shared by the batch's rows.
 """
 from __future__ import annotations
 
@@ -53,7 +45,10 @@ HARDWARE = {
 
 
 def measured() -> dict:
-    """The CPU rates of benchmarks/results (what `make bench` wrote last)."""
+    """The CPU rates of benchmarks/results (what `make bench` wrote last): causal_lm.json's
+    float32 matmul rate, the prefill FLOP/s the causal LM reached and the bytes/s it read;
+    sage.json's sentence embedder tokens/s end to end. The accelerators' rates are their stated
+    peaks times an assumed utilisation (`HARDWARE`); `--markdown` prints every assumption."""
     results = REPO_ROOT / "benchmarks" / "results"
     causal = json.loads((results / "causal_lm.json").read_text())
     sage = json.loads((results / "sage.json").read_text())
@@ -73,6 +68,9 @@ def _rates(name: str, cpu: dict) -> dict:
 
 
 def stage_seconds(h: dict, params_b: float, calls: float, prompt: int, new: int) -> float:
+    """A token costs 2 x parameters FLOPs; prefill runs at the utilisation; a decode step of a
+    batch is bound by reading the weights once (bytes / bandwidth) or by its FLOPs, whichever is
+    slower, shared by the batch's rows."""
     n = params_b * 1e9
     flops_rate = h["flops"] * h["utilisation"]
     prefill = calls * prompt * 2 * n / flops_rate
