@@ -20,7 +20,6 @@ from jax.sharding import AbstractMesh
 from clarifyjax.core import sharding
 from clarifyjax.config import ModelConfig, PPOConfig, TinyModelSpec, load_config
 from clarifyjax.models.safetensors_io import read_config
-from clarifyjax.files.tables import REPO_ROOT
 from clarifyjax.models.state import shape_only
 from clarifyjax.models.deberta import DebertaSequenceClassifier
 from clarifyjax.models.encoder import EncoderConfig, SequenceClassifier
@@ -88,9 +87,9 @@ def resolve_architecture(model: ModelConfig, role: str, configs_dir: Path,
     if model.tiny is not None:
         return "tiny", {"tiny": dataclasses.asdict(model.tiny)}
     init = str(model.init).rstrip("/")
-    for folder in (Path(init), REPO_ROOT / init):
-        if (folder / "config.json").exists():
-            return folder.name, read_config(folder)
+    folder = Path(init)  # relative to the working directory, as the run reads it
+    if (folder / "config.json").exists():
+        return folder.name, read_config(folder)
     sft = _sft_outputs(configs_dir).get(init)  # the final export of an SFT run
     if sft is not None and sft[0] not in seen:
         return resolve_architecture(sft[1], f"{role} <- {sft[0].name}", configs_dir,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.env import REPO_ROOT, in_ci, require
+from helpers.env import in_ci, require
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 PACKAGES = ("chromium", "chromium-driver")
@@ -24,8 +24,9 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-
 
 
 def artifacts_dir() -> Path:
-    """Where screenshots go ($CLARIFYJAX_ARTIFACTS, else tmp/artifacts in the repository)."""
-    folder = Path(os.environ.get("CLARIFYJAX_ARTIFACTS", REPO_ROOT / "tmp" / "artifacts"))
+    """Where screenshots go: $CLARIFYJAX_ARTIFACTS, else artifacts/ in the working directory (a
+    test's own temporary folder: tests never write the checkout)."""
+    folder = Path(os.environ.get("CLARIFYJAX_ARTIFACTS", Path.cwd() / "artifacts"))
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
