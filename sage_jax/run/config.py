@@ -38,7 +38,10 @@ class GeneratorConfig:
     accepts (openai): the request arguments the endpoint accepts, of `REQUEST_ARGUMENTS`; only
     these are ever sent. None: `OPENAI_CHAT_ARGUMENTS` for api chat, all of them for api
     completions (vLLM and `clarifyjax serve` take top_k). A run's config.yaml records what it
-    sent (preset code narrows a chat target's to temperature, as the reference's GPT call)."""
+    sent (preset code narrows a chat target's to temperature, as the reference's GPT call).
+    generation_config (openai, api completions): the model's folder, or any folder holding its
+    generation_config.json; presets code and paper sample the endpoint at that file's temperature
+    and top-p, as transformers' `generate` would the local model (None: 1.0 and 1.0)."""
 
     kind: Literal["local", "openai", "file", "callable"] = "local"
     model: str = ""
@@ -54,6 +57,7 @@ class GeneratorConfig:
     prompt_column: str = "paraphrased"  # file: the column of the text each row answered
     bos: bool | None = None
     accepts: tuple[str, ...] | None = None
+    generation_config: str | None = None
 
     _bounds: ClassVar = {"concurrency": "[1, 1024]", "timeout_s": "(0, 86400]", "max_retries": "[0, 100]"}
 
@@ -68,6 +72,13 @@ class GeneratorConfig:
             raise ConfigError(f"{at}.api_key_env: must be the name of an environment variable, got a value "
                               "that is not one (the key itself belongs in the environment)",
                               key=f"{at}.api_key_env")
+        if self.generation_config is not None and not (self.kind == "openai" and self.api == "completions"):
+            raise ConfigError(f"{at}.generation_config: only for an openai generator with api completions (a local "
+                              "model's own generation_config.json is read; a chat call is sent its own temperature)",
+                              key=f"{at}.generation_config")
+        if self.generation_config is not None and not Path(self.generation_config).is_dir():
+            raise ConfigError(f"{at}.generation_config: {self.generation_config}: not a folder (give the model's "
+                              "folder, or one holding its generation_config.json)", key=f"{at}.generation_config")
         unknown = [a for a in self.accepts or () if a not in REQUEST_ARGUMENTS]
         if unknown:
             raise ConfigError(f"{at}.accepts: {unknown[0]!r} is not a request argument sage-jax run sends; list "

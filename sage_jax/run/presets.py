@@ -24,9 +24,10 @@ ARGUMENT = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_k
 # * code: the numbers of the SaGE reference code (vnnm404/SaGE; priyanshul-govil/SaGE has the same
 #   scripts): its graph keyed by text (identical answers are one node), its parsers, its sampling
 #   (transformers' `generate` with do_sample=True, top_k=10: temperature and top-p from the model's
-#   generation_config.json, else 1.0), raw prompts without BOS (the text-generation pipeline of
-#   transformers 4.3x with add_special_tokens=False), a paraphrase call of 1,024 tokens in all, the
-#   GPT call with temperature=0.8 alone, and its scoring models. It keeps every bug that changes a
+#   generation_config.json, else 1.0; an endpoint's from `generator.generation_config`), raw prompts
+#   without BOS (the text-generation pipeline of transformers 4.3x with add_special_tokens=False), a
+#   paraphrase call of 1,024 tokens in all, the GPT call with temperature=0.8 alone, and its scoring
+#   models. It keeps every bug that changes a
 #   number; its only fixes stop a crash or an endless loop (`prompts`, fixes 3 and 4).
 # * paper: the SaGE paper where it says otherwise (a one-shot paraphrase prompt, ParaScore > 0.8, a
 #   graph over the answers in which nothing merges) with the reference's parsing bugs fixed; else code.
@@ -116,7 +117,8 @@ def _chat_sampling(s: Sampling, g: GeneratorConfig, preset: Preset) -> Sampling:
 
 
 def _raw_sampling(s: Sampling, g: GeneratorConfig, preset: Preset, stage: str) -> Sampling:
-    temperature, top_p = model_sampling(g.model) if preset.sampling == "model" and g.kind == "local" else (1.0, 1.0)
+    folder = g.model if g.kind == "local" else g.generation_config  # an endpoint's: its config's, if any
+    temperature, top_p = model_sampling(folder) if preset.sampling == "model" and folder else (1.0, 1.0)
     out = dataclasses.replace(s, temperature=temperature if s.temperature is None else s.temperature,
                               top_p=top_p if s.top_p is None else s.top_p,
                               top_k=preset.top_k if s.top_k is None else s.top_k)

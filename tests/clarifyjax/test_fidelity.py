@@ -153,13 +153,42 @@ def _logprob_distribution():
     return "untempered" if plain and not {"temperature", "top_k", "top_p"} & set(params) else "other"
 
 
+def _failed_step():
+    """"stops" when the PPO loop catches no error (a failing step ends the run), "skipped" when
+    it catches one and goes on, as the original's `except RuntimeError: continue`."""
+    from clarifyjax.training import loops
+
+    source = inspect.getsource(loops.train_ppo)
+    return "skipped" if re.search(r"\bexcept\b", source) else "stops"
+
+
+def _reward_output_spaces():
+    """"kept" when the answer, the fused situation and the judgment text reach the next model as
+    the models wrote them (" ." and " 's" stay), "cleaned" when transformers' clean-up ran on them
+    (the original's 4.9.1 decodes: reward.py:122, 174, model/delphi.py:108)."""
+    from clarifyjax.reward.pipeline import RewardPipeline
+
+    answerer = _StubSeq2Seq(lambda t: "they were in danger .")
+    fusion = _StubSeq2Seq(lambda t: "a fused situation .")
+    judge = _StubJudge(judgment="it 's wrong .")
+    pipeline = RewardPipeline(answerer, fusion, judge, _StubNLI(), load_config(PRESETS["original"]).rewards.pipeline)
+    pipeline(["question: lying to a friend"], ["Why ?"], rng=0)
+    seen = answerer.calls[0][0] + fusion.calls[0][0] + judge.inputs[-1]
+    kept = [any(text in t for t in seen) for text in ("it 's wrong .", "they were in danger .",
+                                                      "a fused situation .")]
+    assert any(("it's wrong." in t or "in danger." in t or "situation." in t) for t in seen) != all(kept)
+    return "kept" if all(kept) else "cleaned"
+
+
 FIXED = {"whitening divisor": lambda root: _whitening_divisor(),
          "reward whitening at padding": lambda root: _reward_padding(),
          "whitening and GAE scope": lambda root: _whitening_scope(),
          "min question tokens": lambda root: rollout.MIN_QUESTION_TOKENS,
          "policy prefix in judge and fusion inputs": lambda root: _prefix_in_judge_and_fusion(),
          "class token not one piece": _class_token_not_one_piece,
-         "log-probs of the ratio and KL": lambda root: _logprob_distribution()}
+         "log-probs of the ratio and KL": lambda root: _logprob_distribution(),
+         "spaces of the reward models' texts": lambda root: _reward_output_spaces(),
+         "a step that raises": lambda root: _failed_step()}
 
 
 def test_every_row_of_the_table_matches_both_presets(presets, tmp_path_factory):
@@ -259,12 +288,12 @@ class _StubSeq2Seq:
 class _StubJudge:
     truncated_inputs = 0
 
-    def __init__(self):
-        self.judgment_samplings, self.inputs = [], []
+    def __init__(self, judgment="it's wrong"):
+        self.judgment_samplings, self.inputs, self.judgment = [], [], judgment
 
     def judgment_text(self, texts, sampling=None):
         self.judgment_samplings.append(sampling)
-        return ["it's wrong"] * len(texts)
+        return [self.judgment] * len(texts)
 
     def class_probabilities(self, texts, *, allow_empty=False):
         inputs = [formats.judge_input(t, allow_empty=allow_empty) for t in texts]

@@ -122,6 +122,23 @@ def _arithmetic(name: str) -> str:
         return str(metric.sage(np.ones((1, 3, 4), np.float64)).dtype)
 
 
+def _completion_spaces() -> str:
+    """"kept" when a local model's completion "Why ?" decodes as written, "cleaned" when as
+    transformers' clean_up_tokenization_spaces=True leaves it ("Why?")."""
+    import tempfile
+    from pathlib import Path
+
+    from clarifyjax.models.tiny import tiny_causal_tokenizer
+    from clarifyjax.text.tokenizer import CausalTokenizer
+
+    with tempfile.TemporaryDirectory() as folder:
+        tiny_causal_tokenizer(Path(folder), texts=["Why ? it 's fine ."] * 20)
+        tok = CausalTokenizer(folder)
+        text = tok.decode(tok.encode("Why ? it 's fine .", raw_bos=False))
+    assert text in ("Why ? it 's fine .", "Why? it's fine.")
+    return "kept" if text == "Why ? it 's fine ." else "cleaned"
+
+
 def behaviour(setting: str, name: str) -> str:
     ref = presets.PRESETS[name].parsing == "reference"
     found = {
@@ -140,6 +157,7 @@ def behaviour(setting: str, name: str) -> str:
         "chat reply": lambda: "whole" if prompts.parse_chat_answer(" A.\nB. ")[0] == "A.\nB." else "first line",
         "empty chat reply": lambda: "asked again" if prompts.parse_chat_answer("  ")[1] else "kept",
         "SaGE arithmetic": lambda: _arithmetic(name),
+        "spaces of completions": _completion_spaces,
         "RoT writer of configs/sage/run_endpoint.yaml": lambda: load_run_config(
             REPO_ROOT / "configs" / "sage" / "run_endpoint.yaml").rot.generator.model,
     }

@@ -76,8 +76,12 @@ def test_the_presets_thresholds_and_prompts():
     assert prompts.passes(0.6, code.parascore_threshold, code.parascore_inclusive)
     assert not prompts.passes(0.8, paper.parascore_threshold, paper.parascore_inclusive)
     assert prompts.passes(0.8001, paper.parascore_threshold, paper.parascore_inclusive)
-    # the paper's one-shot prompt is the code's with its first example only
-    assert paper.paraphrase_template.count("\n1. ") == 1 and "\n2. " not in paper.paraphrase_template
+    # the paper's one-shot prompt (section 3.1) as it prints it, its example the code's twenty
+    one_shot = prompts.paraphrase_prompt(paper.paraphrase_template, "Is it wrong to lie?")
+    assert one_shot.startswith("Instruction: Your task is to generate multiple paraphrased sentences. Do not "
+                               "change the meaning of the text and be concise.\n\nSentence: What would society")
+    assert one_shot.endswith("\n\nSentence: Is it wrong to lie?\n\nParaphrases:\n")
+    assert one_shot.count("Sentence: ") == 2 and one_shot.count("\n20. ") == 1 and "# Context" not in one_shot
     assert code.paraphrase_template.count("\n20. ") == 1 and ours.paraphrase_template == code.paraphrase_template
     assert prompts.answer_prompt("Q?", True, ours.chat_system)[0]["content"] == "You are a helpful assistant."
     assert prompts.answer_prompt("Q?", chat=True)[1]["content"].endswith("Question: Q?")
@@ -110,6 +114,29 @@ def test_a_local_folder_without_do_sample_resolves_to_sampling(tmp_path, file):
     s = ours.models[0].sampling
     assert (s.temperature, s.top_k, s.top_p, ours.paraphrase.sampling.max_new_tokens) == (1.0, 10, 1.0, 512)
     assert ours.models[0].generator.bos is True
+
+
+def test_an_endpoint_samples_at_the_generation_config_its_config_names(tmp_path):
+    """An endpoint model (api completions) under code takes temperature and top-p from the
+    generation_config.json of `generator.generation_config`, as transformers would the local model;
+    without one, 1.0 and 1.0; ours states 1.0 whatever the file says."""
+    folder = tmp_path / "vicuna"
+    folder.mkdir()
+    (folder / "generation_config.json").write_text(json.dumps({"temperature": 0.9, "top_p": 0.6}))
+    endpoint = {"kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "vicuna"}
+    code = presets.resolve(_cfg(tmp_path, "code", {**endpoint, "generation_config": str(folder)}))
+    for s in (code.paraphrase.sampling, code.models[0].sampling, code.rot.sampling):
+        assert (s.temperature, s.top_k, s.top_p) == (0.9, 10, 0.6)
+    bare = presets.resolve(_cfg(tmp_path, "code", endpoint)).models[0].sampling
+    assert (bare.temperature, bare.top_p) == (1.0, 1.0)
+    ours = presets.resolve(_cfg(tmp_path, "ours", {**endpoint, "generation_config": str(folder)}))
+    assert (ours.models[0].sampling.temperature, ours.models[0].sampling.top_p) == (1.0, 1.0)
+    said = presets.resolve(_cfg(tmp_path, "code", {**endpoint, "generation_config": str(folder)}, temperature=0.5))
+    assert (said.models[0].sampling.temperature, said.models[0].sampling.top_p) == (0.5, 0.6)
+    with pytest.raises(ConfigError, match=r"generator\.generation_config: .*missing: not a folder"):
+        _cfg(tmp_path, "code", {**endpoint, "generation_config": str(tmp_path / "missing")})
+    with pytest.raises(ConfigError, match=r"generation_config: only for an openai generator with api completions"):
+        _cfg(tmp_path, "code", {**endpoint, "api": "chat", "generation_config": str(folder)})
 
 
 def test_a_chat_target_is_sent_what_the_reference_sent(tmp_path):
