@@ -3,15 +3,15 @@
 `metric` is the pure, jitted SaGE; `data` reads input files, `lexical` and `parascore` are the
 baselines and the paraphrase filter, `scoring` and `report` score and write one model's file, `run`
 and `experiments` are `sage-jax run` and `sage-jax experiment`, `cli` the command. The metric
-functions and `score(questions, get_response, use_rots=True)` (the reference library's function,
-`run.library`) are re-exported lazily, so `import sage_jax` stays cheap:
-`import sage_jax as sage; sage.score(...)`."""
+functions, `score(questions, get_response, use_rots=True)` (the reference library's function: a
+float) and `score_details` (per question; `run.library`) are re-exported lazily, so `import
+sage_jax` stays cheap: `import sage_jax as sage; sage.score(...)`."""
 from __future__ import annotations
 
 _METRIC = ("sage", "sage_from_similarity", "sage_blend", "sage_chunked", "blend_similarity",
            "mean_sage", "pairwise_cosine")
 
-__all__ = [*_METRIC, "SentenceEmbedder", "score"]
+__all__ = [*_METRIC, "SentenceEmbedder", "score", "score_details"]
 
 
 def __getattr__(name: str):
@@ -19,10 +19,10 @@ def __getattr__(name: str):
         from sage_jax import metric
 
         return getattr(metric, name)
-    if name == "score":
-        from sage_jax.run.library import score_questions
+    if name in ("score", "score_details"):
+        from sage_jax.run import library
 
-        return score_questions
+        return library.score_questions if name == "score" else library.score_details
     if name == "SentenceEmbedder":
         from clarifyjax.models.embedder import SentenceEmbedder
 

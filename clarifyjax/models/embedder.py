@@ -1,5 +1,5 @@
 """Sentence embeddings from a sentence-transformers folder, on the NNX encoder, read as
-sentence-transformers does: its tokenizer (truncated to `max_seq_length`), the encoder, the
+sentence-transformers does: its tokenizer (truncated to its limit, `max_seq_length`), the encoder, the
 pooling of 1_Pooling/config.json (cls / max / mean / ..., concatenated when several are set) and
 the Normalize module when modules.json lists one. `embed` sorts texts by length and pads batches
 to length buckets, so the forward compiles once per bucket; results come back in input order.
@@ -136,6 +136,37 @@ def read_sentence_transformers_folder(path: Path) -> tuple[Path, tuple[str, ...]
     return transformer, modes, normalize
 
 
+# The Transformer module's config file, under each name sentence-transformers has written it (the
+# order in which sentence-transformers 6 looks for them, `Transformer.load_config`).
+MODULE_CONFIG_FILES = ("sentence_bert_config.json", "sentence_roberta_config.json",
+                       "sentence_distilbert_config.json", "sentence_camembert_config.json",
+                       "sentence_albert_config.json", "sentence_xlm-roberta_config.json",
+                       "sentence_xlnet_config.json")
+
+
+def read_module_config(folder: Path) -> dict:
+    """The Transformer module's config: the first of `MODULE_CONFIG_FILES` that holds one, else {}."""
+    for name in MODULE_CONFIG_FILES:
+        if (folder / name).exists() and (found := _read_json(folder / name)):
+            return found
+    return {}
+
+
+def read_max_seq_length(folder: Path, module_config: dict, positions: int) -> int:
+    """The tokens a text keeps, as sentence-transformers 6 finds them (`Transformer.__init__`):
+    the module config's `processor_kwargs` (or `tokenizer_args`) `model_max_length`, else its
+    `max_seq_length` (what versions up to 5 wrote), else the tokenizer's `model_max_length`
+    (tokenizer_config.json: where version 6 saves the limit), at most the model's `positions`."""
+    kwargs = module_config.get("processor_kwargs") or module_config.get("tokenizer_args") or {}
+    if kwargs.get("model_max_length"):
+        return int(kwargs["model_max_length"])
+    if module_config.get("max_seq_length"):
+        return int(module_config["max_seq_length"])
+    tokenizer_config = folder / "tokenizer_config.json"
+    found = _read_json(tokenizer_config).get("model_max_length") if tokenizer_config.exists() else None
+    return min(int(found), positions) if found else positions
+
+
 class SentenceEmbedder:
     """all-MiniLM-L6-v2 (or any BERT / RoBERTa sentence-transformers folder) in JAX.
 
@@ -167,18 +198,16 @@ class SentenceEmbedder:
                         length_buckets: Sequence[int] = SENTENCE_BUCKETS) -> SentenceEmbedder:
         """Read a sentence-transformers folder (None: `default_embedder_path()`).
 
-        max_length: tokens per text after truncation; default the folder's `max_seq_length`
-        (sentence_bert_config.json), else the model's position limit.
+        max_length: tokens per text after truncation; default the folder's limit
+        (`read_max_seq_length`), else the model's position limit.
         length_buckets: the padded lengths a batch may have (max_length is always the last one).
         """
         root = check_folder(default_embedder_path() if path is None else path)
         folder, modes, normalize = read_sentence_transformers_folder(root)
         config = read_encoder_config(folder)
-        st_config = {}
-        if (folder / "sentence_bert_config.json").exists():
-            st_config = _read_json(folder / "sentence_bert_config.json")
+        st_config = read_module_config(folder)
         if max_length is None:
-            max_length = int(st_config.get("max_seq_length") or config.max_tokens)
+            max_length = read_max_seq_length(folder, st_config, config.max_tokens)
         if not 2 <= max_length <= config.max_tokens:
             raise ValueError(f"max_length {max_length} is outside [2, {config.max_tokens}], the "
                              f"position limit of {folder / 'config.json'}")

@@ -1,9 +1,8 @@
-"""`sage_jax.score(questions, get_response, use_rots=True)`: the SaGE reference library's one
-function (priyanshul-govil/SaGE `library/sage/sage.py`, `score`), with its meaning, run as a
-resumable `sage-jax run`. Code written for the reference moves over by changing its import::
-
-    from sage import sage            ->   import sage_jax as sage
-    sage.score(questions, get_response)"""
+"""`sage_jax.score(questions, get_response, use_rots=True)` (`score_questions` here): the SaGE
+reference library's one function (vnnm404/SaGE `library/sage/sage.py`, `score`), run as a
+resumable `sage-jax run`; like the reference it returns the mean SaGE, a float. Code written for
+the reference moves over by changing its import (`from sage import sage` -> `import sage_jax as
+sage`). `sage_jax.score_details` returns each question's SaGE and the run's folder."""
 from __future__ import annotations
 
 import csv
@@ -15,6 +14,8 @@ from collections.abc import Callable, Mapping, Sequence
 import json
 
 from clarifyjax.files.textfiles import atomic_write_bytes
+from clarifyjax.models.embedder import default_embedder_path
+from clarifyjax.models.hf.encoder_map import read_encoder_config
 from sage_jax.run import prompts, generators, pipeline
 from sage_jax.run.config import GeneratorConfig, ParaphraseConfig, SageRunConfig, ScoreConfig, ScorerConfig, \
     StageConfig, TargetConfig
@@ -24,7 +25,7 @@ MODEL = "get_response"
 
 @dataclasses.dataclass
 class SageScores:
-    """What `score` returns: per question (in the order given) its id, text and SaGE (the 0.8 / 0.2
+    """What `score_details` returns: per question (in the order given) its id, text and SaGE (the 0.8 / 0.2
     blend of answers and rules of thumb with `use_rots`, as the reference's `cosine_rot` edges;
     else the answers'), the mean over the scored questions, and the run's folder."""
 
@@ -61,13 +62,20 @@ def _questions_file(out: Path, questions: Sequence[str], paraphrases: Mapping[st
     return out / "questions.csv"
 
 
+def default_scorer() -> ScorerConfig:
+    """ParaScore's model when none is given: the offline all-MiniLM-L6-v2 at its last layer (the
+    reference's bert-base-uncased at layer 9 is not installed offline)."""
+    folder = default_embedder_path()
+    return ScorerConfig(model=str(folder), layer=read_encoder_config(folder).num_layers)
+
+
 def build_run(questions: Sequence[str], use_rots: bool, out: Path, *, paraphrases=None, paraphraser=None,
               paraphrase_scorer=None, rot_writer=None, embedder=None, preset: str = "ours", count: int = 5,
               concurrency: int = 8, max_retries: int = 5) -> tuple[SageRunConfig, dict]:
-    """The run `score` makes, and the functions its callable generators name."""
+    """The run `score_details` makes, and the functions its callable generators name."""
     if paraphrases is None and paraphraser is None:
-        raise ValueError("give paraphraser (a causal LM folder or a function) with paraphrase_scorer (a BERT "
-                         "folder), or paraphrases (each question's paraphrases)")
+        raise ValueError("give paraphraser (a causal LM folder or a function) or paraphrases (each question's "
+                         "paraphrases)")
     if use_rots and rot_writer is None:
         raise ValueError("use_rots needs rot_writer: a causal LM folder or a function of the prompt")
     functions = {}
@@ -80,7 +88,8 @@ def build_run(questions: Sequence[str], use_rots: bool, out: Path, *, paraphrase
         g, fn = _generator(paraphraser, "paraphraser")
         functions["paraphraser"] = fn
         para = ParaphraseConfig(source="generate", generator=g, count=count,
-                                scorer=ScorerConfig(model=str(paraphrase_scorer or "")))
+                                scorer=default_scorer() if paraphrase_scorer is None
+                                else ScorerConfig(model=str(paraphrase_scorer)))
     rot = StageConfig()
     if use_rots:
         g, fn = _generator(rot_writer, "rot_writer")
@@ -100,15 +109,23 @@ def build_run(questions: Sequence[str], use_rots: bool, out: Path, *, paraphrase
 # for each answer (`use_rots`), then SaGE, by a `sage-jax run` in `out`: the function is called up
 # to `concurrency` at a time, a call that raises is tried again up to `max_retries` times, and the
 # run resumes from its files if called again with the same `out`. The reference wrote paraphrases
-# and rules of thumb with lmsys/vicuna-13b-v1.3 and scored paraphrases with ParaScore on
-# bert-base-uncased; here they are arguments: `paraphraser` and `rot_writer` (a local causal LM
-# folder or a Python function of the prompt), `paraphrase_scorer` (a BERT folder), or `paraphrases`
-# given as they are.
-def score_questions(questions: Sequence[str], get_response: Callable[[str], str], use_rots: bool = True, *,
-          out: str | Path | None = None, embedder_model=None, sleep=None, **settings) -> SageScores:
-    """SaGE of `get_response` on `questions` (see above; `settings` are `build_run`'s
+# and rules of thumb with lmsys/vicuna-13b-v1.3, scored paraphrases with ParaScore on
+# bert-base-uncased and embedded with stsb-distilroberta-base-v2; here they are arguments:
+# `paraphraser` and `rot_writer` (a local causal LM folder or a Python function of the prompt;
+# default `get_response` itself, given the reference's paraphrase and RoT prompts whole),
+# `paraphrase_scorer` (a BERT folder; default all-MiniLM-L6-v2, offline, at its last layer) or
+# `paraphrases` given as they are, and `embedder` (default: the preset's). `preset` is `ours` (one
+# node per answer: five identical answers score 1.0, as the paper says, where the reference and
+# `preset="code"` give 0.0; docs/fidelity.md, SaGE).
+def score_details(questions: Sequence[str], get_response: Callable[[str], str], use_rots: bool = True, *,
+                  out: str | Path | None = None, embedder_model=None, sleep=None, **settings) -> SageScores:
+    """SaGE of `get_response` on `questions`, per question (see above; `settings` are `build_run`'s
     keyword arguments; `embedder_model`: a loaded `SentenceEmbedder` to use instead of a folder)."""
     out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="sage-"))
+    if settings.get("paraphrases") is None and settings.get("paraphraser") is None:
+        settings["paraphraser"] = get_response
+    if use_rots and settings.get("rot_writer") is None:
+        settings["rot_writer"] = get_response
     cfg, functions = build_run(list(questions), use_rots, out, **settings)
     functions[MODEL] = get_response
     extra = {} if sleep is None else {"sleep": sleep}
@@ -129,3 +146,11 @@ def score_questions(questions: Sequence[str], get_response: Callable[[str], str]
     rows = [{"question_id": str(i), "question": q, "sage": found.get(str(i))} for i, q in enumerate(questions)]
     scored = [r["sage"] for r in rows if r["sage"] is not None]
     return SageScores(rows, sum(scored) / len(scored) if scored else None, out)
+
+
+def score_questions(questions: Sequence[str], get_response: Callable[[str], str], use_rots: bool = True,
+                    **options) -> float:
+    """`sage_jax.score`, the reference's `score`: the mean SaGE over the scored questions, a float (NaN when none
+    scored, as the reference's mean of nothing); `options` are `score_details`'."""
+    mean = score_details(questions, get_response, use_rots, **options).mean
+    return float("nan") if mean is None else float(mean)

@@ -89,6 +89,23 @@ def test_truncation_at_max_seq_length_matches(ours, theirs):
 
 
 @pytest.mark.reference
+def test_a_folder_saved_by_todays_sentence_transformers_keeps_its_limit(tmp_path, minilm, st_module):
+    """sentence-transformers 6 saves the limit as the tokenizer's model_max_length, not as
+    sentence_bert_config.json's max_seq_length: a folder it saves at 40 tokens is read at 40."""
+    theirs = st_module.SentenceTransformer(str(minilm), device="cpu")
+    theirs.max_seq_length = 40
+    theirs.save(str(tmp_path / "saved"))
+    texts = [" ".join(dev_situations(5)), "short"]
+    expected = st_module.SentenceTransformer(str(tmp_path / "saved"), device="cpu").encode(texts)
+    saved = json.loads((tmp_path / "saved" / "sentence_bert_config.json").read_text())
+    assert saved.get("max_seq_length") in (None, 40)  # a version that writes it is read as well
+    ours = SentenceEmbedder.from_pretrained(tmp_path / "saved")
+    assert ours.max_length == 40
+    got = ours.embed(texts)
+    assert cosines(got, expected).min() >= COSINE_MIN
+
+
+@pytest.mark.reference
 def test_original_order_is_restored(ours, dev200):
     """Shuffled texts (two batches, sorted by length across the whole list) come back in their
     own order."""

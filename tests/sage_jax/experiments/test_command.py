@@ -1,7 +1,7 @@
 """`sage-jax experiment`: the SaGE paper's experiments end to end on tiny causal LMs made here and on
 the published files (sage_jax.experiments), each table's numbers against scipy and the
 krippendorff package on the per-question scores the runs saved, each figure's drawn data against
-its table, and `sage_jax.score` against `sage-jax run` with a file generator.
+its table, and `sage_jax.score_details` against `sage-jax run` with a file generator.
 
 The models are random (tiny Llamas, a tiny BERT as the sentence embedder): what is tested is the
 plumbing and the statistics, not what the numbers say about a model.
@@ -325,8 +325,9 @@ def test_score_equals_sage_jax_run_with_the_callables_answers_in_a_file(tmp_path
     def rot_writer(prompt: str) -> str:
         return next(rot for answer, rot in rot_of.items() if f"Answer: {answer}\n" in prompt)
 
-    result = sage_jax.score(questions, get_response, use_rots=True, out=tmp_path / "lib", paraphrases=paraphrases,
-                            rot_writer=rot_writer, embedder_model=embedder, sleep=lambda s: None)
+    result = sage_jax.score_details(questions, get_response, use_rots=True, out=tmp_path / "lib",
+                                    paraphrases=paraphrases, rot_writer=rot_writer, embedder_model=embedder,
+                                    sleep=lambda s: None)
     assert all(n == 2 for n in calls.values()) and len(calls) == 15
     recorded = SageRunConfig(
         questions=str(shared_data(Q100)), out=str(tmp_path / "run"), limit=3, quiet=True,
