@@ -396,13 +396,14 @@ def mean_sage(scores: jax.Array) -> tuple[jax.Array, jax.Array]:
     """Mean of per-question scores, ignoring NaN (the skipped questions).
 
     Args:
-      scores: [batch] float, each NaN or in [-1, 1]. Concrete scores holding an inf or a value
-        outside [-1, 1] (beyond SIMILARITY_TOLERANCE) are a ValueError: no SaGE score is either,
-        and averaging one in would report a number outside the metric's range.
+      scores: [batch] float, each NaN or in [-1, 1]. Strings, bools and complex numbers are a
+        ValueError, eagerly and under jit (True is no score of 1). Concrete scores holding an inf
+        or a value outside [-1, 1] (beyond SIMILARITY_TOLERANCE) are a ValueError: no SaGE score
+        is either, and averaging one in would report a number outside the metric's range.
     Returns:
       (mean, n_skipped): float32 scalar (NaN if every score is NaN) and int32 scalar.
     """
-    scores = jnp.asarray(scores, dtype=jnp.float32)
+    scores = _real_array(scores, "scores").astype(jnp.float32)
     if scores.ndim != 1:
         raise ValueError(f"scores must be [batch], got shape {scores.shape}")
     traced = isinstance(scores, jax.core.Tracer)  # NaN compares False below

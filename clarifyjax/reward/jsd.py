@@ -4,13 +4,15 @@ jittable array functions (jax + numpy only), with the running reward normalizer.
     reward(s, q) = gain * JSD_2(P(j | s + a_weak) || P(j | s + a_strong)) + bias     (paper eq. 3, 5)
 
 The JSD is the divergence (not its square root) in base 2, in [0, 1], over `[..., 3]`
-distributions (bad, ok, good). `pipeline.RewardPipeline` composes the models on top."""
+distributions (bad, ok, good). `pipeline.RewardPipeline` composes the models on top. Shapes and
+settings are checked under jit too, probabilities' values when concrete (docs/reliability.md)."""
 from __future__ import annotations
 
 import math
 from typing import Any, NamedTuple
 from collections.abc import Mapping
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -18,6 +20,36 @@ import numpy as np
 # gain = 1 / sigma0, bias = -mu0 / sigma0.
 ORIGINAL_GAIN = 4.0725
 ORIGINAL_BIAS = -0.45726
+
+
+# --------------------------------------------------------------------------- argument checks
+
+
+def _probabilities(x, name: str) -> jnp.ndarray:
+    """`x` as a float array, refusing (ValueError naming `name`) a non-real dtype always, and,
+    when `x` is concrete (not traced under jit), a NaN, an infinity or a negative entry."""
+    if not isinstance(x, jax.core.Tracer):
+        try:
+            host = np.asarray(x)
+        except (TypeError, ValueError):  # ragged lists
+            raise ValueError(f"{name} must be an array of probabilities, got {type(x).__name__}") from None
+        if host.dtype.kind not in "iuf":
+            raise ValueError(f"{name} must hold real numbers, got dtype {host.dtype}")
+        bad = np.argwhere(~(np.isfinite(host) & (host >= 0)))
+        if len(bad):
+            at = tuple(int(i) for i in bad[0])
+            raise ValueError(f"{name} must be finite and >= 0; {name}{list(at)} = {host[at]} "
+                             f"({len(bad)} such entr{'ies' if len(bad) > 1 else 'y'})")
+    x = jnp.asarray(x)
+    if not (jnp.issubdtype(x.dtype, jnp.floating) or jnp.issubdtype(x.dtype, jnp.integer)):
+        raise ValueError(f"{name} must hold real numbers, got dtype {x.dtype}")
+    return x.astype(jnp.promote_types(x.dtype, jnp.float32))
+
+
+def _out_of_domain(x: jnp.ndarray, axis: int) -> jnp.ndarray:
+    """True where a distribution along `axis` holds a NaN, an infinity or a negative entry (a
+    traced input cannot raise: the result there is NaN instead of a finite made-up number)."""
+    return jnp.any(~(jnp.isfinite(x) & (x >= 0)), axis=axis)
 
 
 # --------------------------------------------------------------------------- divergences
@@ -43,24 +75,33 @@ def jsd(p, q, axis: int = -1, base: float | None = 2.0, normalize: bool = True) 
       p, q: `[..., k, ...]` non-negative arrays (probabilities, or unnormalized scores when
         `normalize`, as the original's scipy-derived version and `scipy...jensenshannon` do).
       axis: the distribution axis.
-      base: logarithm base (2 gives a value in [0, 1]); None for nats.
+      base: logarithm base, a finite number > 0 other than 1 (2 gives a value in [0, 1]); None
+        for nats.
     Returns:
       `p`'s shape without `axis`: 0.5 * KL(p || m) + 0.5 * KL(q || m), m = (p + q) / 2, clipped
       at 0 against rounding. An all-zero row counts as an all-zero distribution.
+    Refused (ValueError): shapes that differ, an `axis` outside them, a bad `base`, a dtype that
+    is not real; concrete entries that are NaN, infinite or negative. Traced such entries make
+    their row's divergence NaN.
     """
-    p = jnp.asarray(p)
-    q = jnp.asarray(q)
-    dtype = jnp.promote_types(jnp.result_type(p, q), jnp.float32)
+    p, q = _probabilities(p, "p"), _probabilities(q, "q")
+    dtype = jnp.promote_types(p.dtype, q.dtype)
     p, q = p.astype(dtype), q.astype(dtype)
     if p.shape != q.shape:
         raise ValueError(f"jsd: p and q must have the same shape, got {p.shape} and {q.shape}")
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not -p.ndim <= axis < p.ndim:
+        raise ValueError(f"jsd: axis must be an integer in [-{p.ndim}, {p.ndim}), got {axis!r}")
+    if base is not None and (isinstance(base, bool) or not isinstance(base, (int, float, np.number))
+                             or not (math.isfinite(base) and base > 0 and base != 1)):
+        raise ValueError(f"jsd: base must be None or a finite number > 0 other than 1, got {base!r}")
+    bad = _out_of_domain(p, axis) | _out_of_domain(q, axis)
     if normalize:
         p, q = _normalize(p, axis), _normalize(q, axis)
     m = 0.5 * (p + q)
     div = 0.5 * jnp.sum(_xlogy_ratio(p, m) + _xlogy_ratio(q, m), axis=axis)
     if base is not None:
         div = div / math.log(base)
-    return jnp.maximum(div, 0.0)
+    return jnp.where(bad, jnp.nan, jnp.maximum(div, 0.0))
 
 
 def defeasibility_reward(p_weak, p_strong, valid, invalid_reward: float = 0.0) -> jnp.ndarray:
@@ -70,10 +111,13 @@ def defeasibility_reward(p_weak, p_strong, valid, invalid_reward: float = 0.0) -
       p_weak, p_strong: `[batch, 3]` judge distributions of the weakener- and strengthener-updated
         situations.
       valid: `[batch]` bool, False where the pair was dropped (an answer filtered by NLI, an empty
-        question); those rows get `invalid_reward`.
+        question); those rows get `invalid_reward`, a finite number (checked when concrete).
     Returns:
-      `[batch]` float32.
+      `[batch]` float32; NaN for a valid row whose traced probabilities are out of `jsd`'s domain.
     """
+    if not isinstance(invalid_reward, jax.core.Tracer) and (
+            isinstance(invalid_reward, (bool, str)) or not np.isfinite(np.asarray(invalid_reward, float))):
+        raise ValueError(f"defeasibility_reward: invalid_reward must be a finite number, got {invalid_reward!r}")
     div = jsd(p_weak, p_strong, axis=-1)
     valid = jnp.asarray(valid, dtype=bool)
     if valid.shape != div.shape:
@@ -95,11 +139,14 @@ def _masked_rate(values, valid) -> jnp.ndarray:
 def average_jsd(p_weak, p_strong, valid=None) -> jnp.ndarray:
     """Table 4's "avg. JSD": mean over valid pairs of JSD_2(p_weak, p_strong).
 
-    `p_weak`, `p_strong`: `[batch, 3]`; `valid`: `[batch]` bool (all True when None). Scalar.
+    `p_weak`, `p_strong`: `[batch, 3]`; `valid`: `[batch]` bool (all True when None). Scalar;
+    NaN when nothing is valid or a valid row is out of `jsd`'s domain (traced).
     """
     div = jsd(p_weak, p_strong, axis=-1)
     if valid is None:
         valid = jnp.ones(div.shape, bool)
+    if jnp.shape(valid) != div.shape:
+        raise ValueError(f"average_jsd: valid has shape {jnp.shape(valid)}, expected {div.shape}")
     return _masked_rate(div, valid)
 
 
@@ -108,9 +155,11 @@ def judgment_flips(p_base, p_updated) -> jnp.ndarray:
 
     `p_base`: `[batch, 3]`; `p_updated`: `[batch, 3]` or `[batch, n_answers, 3]` (e.g. the
     weakener and strengthener answers stacked). Returns `p_updated.shape[:-1]` bool.
+    Refused as in `jsd`: a dtype that is not real, and concrete NaN, infinite or negative entries
+    (the argmax of a NaN row is no judgment; `flip_rate` gives NaN for traced ones).
     """
-    p_base = jnp.asarray(p_base)
-    p_updated = jnp.asarray(p_updated)
+    p_base = _probabilities(p_base, "p_base")
+    p_updated = _probabilities(p_updated, "p_updated")
     base = jnp.argmax(p_base, axis=-1)
     extra = p_updated.ndim - p_base.ndim
     if extra < 0 or p_updated.shape[:p_base.ndim - 1] != p_base.shape[:-1] \
@@ -124,14 +173,18 @@ def judgment_flips(p_base, p_updated) -> jnp.ndarray:
 def flip_rate(p_base, p_updated, valid=None) -> jnp.ndarray:
     """Table 4's "Judgment Flips": the share of valid answers whose updated situation changes the
     judge's argmax against the base situation. Shapes as `judgment_flips`; `valid` has
-    `p_updated.shape[:-1]` (all True when None). Scalar in [0, 1]; NaN when nothing is valid."""
+    `p_updated.shape[:-1]` (all True when None). Scalar in [0, 1]; NaN when nothing is valid or a
+    valid answer's traced probabilities (or its base's) are out of `jsd`'s domain."""
     flips = judgment_flips(p_base, p_updated)
     if valid is None:
         valid = jnp.ones(flips.shape, bool)
     valid = jnp.asarray(valid, bool)
     if valid.shape != flips.shape:
         raise ValueError(f"flip_rate: valid has shape {valid.shape}, expected {flips.shape}")
-    return _masked_rate(flips.astype(jnp.float32), valid)
+    base_bad = _out_of_domain(jnp.asarray(p_base), -1)
+    bad = _out_of_domain(jnp.asarray(p_updated), -1) \
+        | base_bad.reshape(base_bad.shape + (1,) * (flips.ndim - base_bad.ndim))
+    return jnp.where(jnp.any(bad & valid), jnp.nan, _masked_rate(flips.astype(jnp.float32), valid))
 
 
 # --------------------------------------------------------------------------- normalization

@@ -52,7 +52,9 @@ def test_bad_chunk_size(chunk_size):
 
 
 @pytest.mark.parametrize("scores,needle", [([0.5, 2.0], r"scores\[1\] = 2.0"), ([np.inf, 0.2], r"scores\[0\] = inf"),
-                                           ([-np.inf, 0.1], "-inf"), ([[0.1]], r"\[batch\]")])
+                                           ([-np.inf, 0.1], "-inf"), ([[0.1]], r"\[batch\]"),
+                                           (["0.5", "0.2"], "scores must be an array of real numbers"),
+                                           ([True, False], "scores must hold real numbers .* got dtype bool")])
 def test_mean_sage_refuses_what_no_score_is(scores, needle):
     with pytest.raises(ValueError, match=needle):
         mean_sage(np.array(scores))
@@ -64,6 +66,8 @@ def test_traced_parameters_are_not_checked_under_jit():
     np.testing.assert_allclose(got, sage(emb), atol=1e-6)
     mean, skipped = jax.jit(mean_sage)(np.array([0.2, np.nan], np.float32))
     assert float(mean) == pytest.approx(0.2) and int(skipped) == 1
+    with pytest.raises(ValueError, match="scores must hold real numbers"):  # True is no score of 1
+        jax.jit(mean_sage)(np.array([True, False]))
 
 
 @pytest.mark.parametrize("call,needle", [

@@ -76,6 +76,49 @@ def test_defeasibility_reward():
         DEFEASIBILITY_REWARD(p_weak, p_strong, valid[:2])
 
 
+_GOOD = np.array([[0.2, 0.3, 0.5], [0.1, 0.1, 0.8]])
+_NAN_ROW = np.array([[np.nan, 0.5, 0.5], [0.1, 0.1, 0.8]])
+_NEGATIVE_ROW = np.array([[-0.5, 1.0, 0.5], [0.1, 0.1, 0.8]])
+
+
+@pytest.mark.parametrize("call,needle", [
+    # a negative probability gave inf, base 1 inf for every row
+    (lambda: jsd(_NEGATIVE_ROW, _GOOD), r"p must be finite and >= 0; p\[0, 0\] = -0.5 \(1 such entry\)"),
+    (lambda: jsd(_GOOD, _NAN_ROW), r"q must be finite and >= 0; q\[0, 0\] = nan"),
+    (lambda: jsd(_GOOD, np.full((2, 3), np.inf)), r"q\[0, 0\] = inf \(6 such entries\)"),
+    (lambda: jsd(_GOOD, _GOOD, base=1), "base must be None or a finite number > 0 other than 1, got 1"),
+    (lambda: jsd(_GOOD, _GOOD, base=0.0), "base must be"),
+    (lambda: jsd(_GOOD, _GOOD, base=float("nan")), "base must be"),
+    (lambda: jsd(_GOOD, _GOOD, base="2"), "base must be"),
+    (lambda: JSD(_GOOD, _GOOD, base=1), "base must be"),  # static under jit: checked while tracing
+    (lambda: jsd(_GOOD, _GOOD, axis=2), r"axis must be an integer in \[-2, 2\), got 2"),
+    (lambda: jsd(np.array([["a", "b", "c"]]), _GOOD[:1]), "p must hold real numbers, got dtype <U1"),
+    (lambda: JSD(_GOOD.astype(bool), _GOOD), "p must hold real numbers, got dtype bool"),
+    # the argmax of a NaN row is 0: NaN against NaN was "no flip"
+    (lambda: judgment_flips(_NAN_ROW, _NAN_ROW), r"p_base must be finite and >= 0; p_base\[0, 0\] = nan"),
+    (lambda: flip_rate(_GOOD, _NEGATIVE_ROW), r"p_updated\[0, 0\] = -0.5"),
+    (lambda: average_jsd(_GOOD, _GOOD, np.ones(3, bool)), "average_jsd: valid has shape"),
+    (lambda: defeasibility_reward(_GOOD, _GOOD, np.ones(2, bool), float("nan")), "invalid_reward must be a finite"),
+])
+def test_reward_math_refuses_arguments_outside_its_domain(call, needle):
+    with pytest.raises(ValueError, match=needle) as caught:
+        call()
+    assert "\n" not in str(caught.value)
+
+
+def test_traced_probabilities_outside_the_domain_give_nan():
+    """Under jit a value cannot raise: a bad row's divergence is NaN (a NaN row used to give a finite
+    JSD), and a rate over it NaN, instead of a made-up number."""
+    for bad in (_NAN_ROW, _NEGATIVE_ROW):
+        out = np.asarray(JSD(bad, _GOOD))
+        assert np.isnan(out[0]) and np.isfinite(out[1])
+        assert np.isnan(float(AVERAGE_JSD(_GOOD, bad)))
+        assert np.isnan(float(FLIP_RATE(bad, _GOOD))) and np.isnan(float(FLIP_RATE(_GOOD, bad)))
+        assert float(FLIP_RATE(_GOOD, bad, np.array([False, True]))) == 0.0  # the bad row is not valid
+        reward = np.asarray(DEFEASIBILITY_REWARD(bad, _GOOD, np.array([False, True]), invalid_reward=-1.0))
+        assert reward[0] == -1.0 and np.isfinite(reward[1])
+
+
 def test_normalizer_fit_gives_mean_0_std_1():
     rng = np.random.default_rng(2)
     raw = rng.beta(0.5, 3.0, size=500)
