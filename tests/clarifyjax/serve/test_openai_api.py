@@ -19,6 +19,7 @@ from clarifyjax.serve.openai_api import OpenAIServer, ServerLimits
 from clarifyjax.serve.http_server import BackgroundServer
 from clarifyjax.text.generator import Completion, Sampling, per_prompt
 from helpers.env import require
+from helpers.serving import http_json
 
 pytestmark = pytest.mark.reference
 
@@ -74,13 +75,7 @@ def _client(url):
 
 
 def _post(url, path, body: bytes, timeout=20):
-    request = urllib.request.Request(url + path, data=body,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return http_json(url, path, body, timeout=timeout)
 
 
 def test_the_openai_client_gets_completions_chats_and_models(served):
