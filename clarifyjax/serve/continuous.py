@@ -75,6 +75,7 @@ class ContinuousBatcher:
         self.engine = SlotEngine(lm.model, slots=settings.slots, length=length,
                                  chunk=settings.chunk, prefill_rows=settings.prefill_rows,
                                  min_span=settings.min_span)
+        self.row_length = length  # positions a prompt and its new tokens may take
         self.batches: list[int] = []  # MicroBatcher's counter: rows of each request admitted
         self.timings: collections.deque[JobTiming] = collections.deque(maxlen=100_000)
         self.cancelled_rows = 0       # rows dropped because their client went away
@@ -95,10 +96,10 @@ class ContinuousBatcher:
         for r in job.rows:
             try:
                 self.engine.add(r)
-            except ValueError as e:
+            except ValueError as e:  # a prompt or a setting a slot cannot hold
                 for added in job.rows:
                     self.engine.cancel(added)
-                raise ApiError(400, str(e), code="context_length_exceeded") from None
+                raise ApiError(400, str(e)) from None
         self.batches.append(len(job.rows))
         self._start()
         self._wakeup.set()
@@ -113,15 +114,14 @@ class ContinuousBatcher:
     def _job(self, item, loop) -> _Job:
         try:
             encoded, counts = self.lm.prompt_rows(item.prompts, item.sampling, item.n)
+            seed = item.seed
+            sampled = any(not row.sampling.greedy for row in encoded)
+            if seed is None and sampled:  # a new seed per request, reproducible from the start
+                seed, self._unseeded = 2 ** 32 + self._unseeded, self._unseeded + 1
+            job = _Job(item, [], encoded, counts, loop.create_future(), loop, time.monotonic())
+            job.rows = [self._request(row, job, seed) for row in encoded]  # stop strings' ids
         except ValueError as e:
             raise ApiError(400, str(e)) from None
-        seed = item.seed
-        sampled = any(not row.sampling.greedy for row in encoded)
-        if seed is None and sampled:  # a new seed per request, reproducible from the start
-            seed, self._unseeded = 2 ** 32 + self._unseeded, self._unseeded + 1
-        job = _Job(item, [], encoded, counts, loop.create_future(), loop, time.monotonic())
-        for row in encoded:
-            job.rows.append(self._request(row, job, seed))
         job.left = len(job.rows)
         return job
 
