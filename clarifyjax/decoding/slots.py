@@ -139,6 +139,7 @@ class SlotRequest:
     done_at: float | None = None
     slot: int | None = None
     prefilled: int = 0                                  # prompt tokens in the cache so far
+    alone: bool = False                                 # runs with no other (`recover`)
 
 
 def _bucket(need: int, smallest: int, length: int) -> int:
@@ -153,7 +154,7 @@ class SlotEngine:
     """`slots` decode slots of `length` cache positions each over `model`. Thread-safe: `add` and
     `cancel` may come from any thread while one thread runs `step`. Counters: `steps` (decoding
     steps), `prefills` (prefill chunks), `joined_running` (requests admitted while others were
-    decoding).
+    decoding), `rerun` (requests run again alone after a failed step, `recover`).
 
     A slot's tokens sit at cache positions 0.. of its own row, whatever the others hold, so a
     request gets the tokens it would get alone (greedy) and joining changes nothing for the others.
@@ -179,23 +180,29 @@ class SlotEngine:
         self._cache = self._new_cache()
         self._pad = model.config.pad_id
         self._running: list[SlotRequest | None] = [None] * slots
+        self._stepping: list[SlotRequest] = []  # the running requests of the step under way
         self._queue: collections.deque[SlotRequest] = collections.deque()
         self._lock = threading.Lock()
         self._last = np.zeros(slots + 1, np.int32)     # the token each slot feeds next
         self._pos = np.zeros(slots + 1, np.int32)      # cache positions each slot fills
         self._settings = _HostSettings(slots + 1)
-        self.steps = self.prefills = self.joined_running = 0
+        self.steps = self.prefills = self.joined_running = self.rerun = 0
 
     # -- requests (any thread) -----------------------------------------------------------------
 
     def add(self, request: SlotRequest) -> None:
-        """Queue `request`; ValueError when its prompt and max_new_tokens do not fit a slot."""
+        """Queue `request`; ValueError when its prompt and max_new_tokens do not fit a slot, or
+        its settings and seed do not fit the per-row arrays (int32 top_k, uint32 seed)."""
         if not request.prompt:
             raise ValueError("SlotEngine: an empty prompt")
         max_new = request.sampling.max_new_tokens
         if max_new is None or len(request.prompt) + max_new > self.length:
             raise ValueError(f"{len(request.prompt)} prompt tokens + max_new_tokens "
                              f"{max_new} do not fit a slot of {self.length} positions")
+        try:
+            stack_rows([request.sampling], [request.seed])
+        except (OverflowError, ValueError, TypeError) as e:
+            raise ValueError(f"SlotEngine: settings a slot cannot hold: {e}") from None
         request.queued_at = time.monotonic()
         with self._lock:
             self._queue.append(request)
@@ -236,15 +243,25 @@ class SlotEngine:
         jax.block_until_ready(self._cache)
         return ran + 1
 
-    def reset(self) -> list[SlotRequest]:
-        """Drop every queued and running request (after a step failed: its cache may be gone)
-        and start from an empty cache -> the requests dropped."""
-        with self._lock:
-            dropped = list(self._queue) + [r for r in self._running if r is not None]
-            self._queue.clear()
-            self._running = [None] * self.slots
-        self._cache = self._new_cache()
-        return dropped
+    def recover(self) -> list[SlotRequest]:
+        """After `step` raised: the requests that failed by themselves, out of the engine. A step
+        of one request names it; after a step of several, each goes back to the front of the
+        queue, from its start, to run alone, so that a request that fails again fails alone and
+        the others get what they get alone. The cache (perhaps donated to the failed program)
+        is made again at the next step. Counter: `rerun` (requests sent back)."""
+        with self._lock:  # the step's requests, those it finished too (nobody heard of them)
+            running = [r for r in dict.fromkeys(self._stepping + self._running)
+                       if r is not None and r.finish != "cancelled"]
+            self._running, self._stepping = [None] * self.slots, []
+            if len(running) > 1:
+                for r in reversed(running):
+                    r.tokens, r.logprobs, r.slot, r.prefilled = [], [], None, 0
+                    r.finish = r.first_token_at = r.done_at = None
+                    r.alone = True
+                    self._queue.appendleft(r)
+                self.rerun += len(running)
+        self._cache = None
+        return running if len(running) == 1 else []
 
     @property
     def idle(self) -> bool:
@@ -267,9 +284,12 @@ class SlotEngine:
         """Free the slots of finished or cancelled requests, admit queued ones into free slots, run
         one prefill chunk (`chunk` prompt tokens of up to `prefill_rows` admitted requests, so a
         long prompt never stalls the running rows for more than a chunk) and one decoding step of
-        every slot; returns the requests that finished."""
+        every slot; returns the requests that finished. When it raises, call `recover`."""
         finished: list[SlotRequest] = []
         self._admit()
+        self._stepping = [r for r in self._running if r is not None]
+        if self._cache is None:  # after a failed step
+            self._cache = self._new_cache()
         prefilling = [r for r in self._running if r is not None and r.prefilled < len(r.prompt)]
         if prefilling:
             self._prefill(prefilling[:self.prefill_rows], finished)
@@ -283,15 +303,21 @@ class SlotEngine:
                 if r is not None and r.finish is not None:  # cancelled
                     self._running[slot] = None
             decoding = any(r is not None and r.tokens for r in self._running)
+            alone = any(r is not None and r.alone for r in self._running)
             for slot in range(self.slots):
-                if self._running[slot] is not None or not self._queue:
+                if alone or not self._queue:
+                    break
+                if self._running[slot] is not None:
                     continue
+                if self._queue[0].alone and any(self._running):  # it waits for an empty engine
+                    break
                 r = self._queue.popleft()
                 r.slot, r.prefilled = slot, 0
                 self._running[slot] = r
                 self._settings.set(slot, r)
                 self._pos[slot] = 0
                 self.joined_running += decoding
+                alone = r.alone
 
     def _prefill(self, rows: list[SlotRequest], finished: list[SlotRequest]) -> None:
         count = 1 if len(rows) == 1 else self.prefill_rows  # two programs per span

@@ -64,6 +64,10 @@ def _serve_options(p: argparse.ArgumentParser) -> None:
             "/v1/models) for a local causal LM, batching concurrent requests", _serve_options)
 def run_serve(args: argparse.Namespace) -> int:
     lm = _local_lm(args)
+    if args.slot_length is not None and args.slot_length > lm.context_length:
+        raise CLIError(f"--slot-length {args.slot_length} is more than the model's context "
+                       f"length of {lm.context_length} positions (a slot holds a prompt and "
+                       "its new tokens)")
     lm.load()
     limits = ServerLimits(max_n=args.max_n, max_tokens=args.max_tokens,
                           max_batch_rows=args.batch_size, max_queued_rows=args.max_queued_rows,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
+import os
 import threading
 import time
 
@@ -19,6 +20,9 @@ from clarifyjax.decoding.slots import SlotEngine, SlotRequest, slot_cache_bytes
 from clarifyjax.serve.http_server import ApiError
 from clarifyjax.text.generator import Completion, cut_at_stop
 from clarifyjax.core.ranges import number_type
+
+
+MAX_SLOTS = 4096  # as --batch-size: rows of one decoding step (each step reads every slot)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,19 +66,24 @@ class ContinuousBatcher:
     else runs; an unseeded request gets a new seed (reproducible from the server's start). Limits:
     413 for a request of more rows than `max_queued_rows`, 503 while the rows waiting for a slot
     would pass it; a request whose client goes away leaves the queue, or frees its slots at the
-    next step."""
+    next step. A request that makes a step fail fails alone with a JSON 500, the others of its
+    step run again, one at a time, and get their answers (`SlotEngine.recover`)."""
 
     def __init__(self, lm: LocalLM, settings: SlotSettings = SlotSettings(), *,
                  max_queued_rows: int = 1024):
         if lm.mesh is not None:
             raise ValueError("continuous batching runs on one device; a LocalLM on a mesh "
                              "needs --batching window")
+        if settings.length is not None and settings.length > lm.context_length:
+            raise ValueError(f"a slot length of {settings.length} positions is more than the "
+                             f"model's context length of {lm.context_length}")
         self.lm, self.max_queued_rows = lm.load(), max_queued_rows
         length = settings.length or lm.context_length
-        _check_memory(lm.model.config, settings.slots, length)
+        check_memory(lm.model.config, settings.slots, length)
         self.engine = SlotEngine(lm.model, slots=settings.slots, length=length,
                                  chunk=settings.chunk, prefill_rows=settings.prefill_rows,
                                  min_span=settings.min_span)
+        self.row_length = length  # positions a prompt and its new tokens may take
         self.batches: list[int] = []  # MicroBatcher's counter: rows of each request admitted
         self.timings: collections.deque[JobTiming] = collections.deque(maxlen=100_000)
         self.cancelled_rows = 0       # rows dropped because their client went away
@@ -95,10 +104,10 @@ class ContinuousBatcher:
         for r in job.rows:
             try:
                 self.engine.add(r)
-            except ValueError as e:
+            except ValueError as e:  # a prompt or a setting a slot cannot hold
                 for added in job.rows:
                     self.engine.cancel(added)
-                raise ApiError(400, str(e), code="context_length_exceeded") from None
+                raise ApiError(400, str(e)) from None
         self.batches.append(len(job.rows))
         self._start()
         self._wakeup.set()
@@ -113,15 +122,14 @@ class ContinuousBatcher:
     def _job(self, item, loop) -> _Job:
         try:
             encoded, counts = self.lm.prompt_rows(item.prompts, item.sampling, item.n)
+            seed = item.seed
+            sampled = any(not row.sampling.greedy for row in encoded)
+            if seed is None and sampled:  # a new seed per request, reproducible from the start
+                seed, self._unseeded = 2 ** 32 + self._unseeded, self._unseeded + 1
+            job = _Job(item, [], encoded, counts, loop.create_future(), loop, time.monotonic())
+            job.rows = [self._request(row, job, seed) for row in encoded]  # stop strings' ids
         except ValueError as e:
             raise ApiError(400, str(e)) from None
-        seed = item.seed
-        sampled = any(not row.sampling.greedy for row in encoded)
-        if seed is None and sampled:  # a new seed per request, reproducible from the start
-            seed, self._unseeded = 2 ** 32 + self._unseeded, self._unseeded + 1
-        job = _Job(item, [], encoded, counts, loop.create_future(), loop, time.monotonic())
-        for row in encoded:
-            job.rows.append(self._request(row, job, seed))
         job.left = len(job.rows)
         return job
 
@@ -153,10 +161,12 @@ class ContinuousBatcher:
                 continue
             try:
                 finished = self.engine.step()
-            except Exception as e:  # every request in the engine hears why
+            except Exception as e:  # only the request that caused it fails (`engine.recover`)
                 error = ApiError(500, f"generation failed: {type(e).__name__}: {e}")
-                for job in {id(r.tag): r.tag for r in self.engine.reset()}.values():
-                    _settle(job, error)
+                for r in self.engine.recover():
+                    for other in r.tag.rows:  # the rest of its request leaves too
+                        self.engine.cancel(other)
+                    _settle(r.tag, error)
                 continue
             for r in finished:
                 job: _Job = r.tag
@@ -187,17 +197,36 @@ class ContinuousBatcher:
         self._wakeup.set()
 
 
-def _check_memory(config, slots: int, length: int) -> None:
+def check_memory(config, slots: int, length: int) -> None:
     """ValueError, before allocating, when the slots' KV cache would take more than 90% of the
-    device's memory (where the device reports it; a CPU does not)."""
+    memory free for it: the device's (its allocator's limit less what is in use) or, where the
+    device reports none (a CPU), the host's available memory."""
     stats = jax.devices()[0].memory_stats() or {}
-    limit = stats.get("bytes_limit")
+    if stats.get("bytes_limit"):
+        free, where = stats["bytes_limit"] - stats.get("bytes_in_use", 0), "the device has"
+    else:
+        free, where = _host_available(), "this machine has"
     need = slot_cache_bytes(config, slots, length)
-    if limit and need > 0.9 * (limit - stats.get("bytes_in_use", 0)):
+    if free is not None and need > 0.9 * free:
         raise ValueError(f"continuous batching: {slots} slots of {length} positions need a KV "
-                         f"cache of {need / 2 ** 30:.1f} GiB, more than the device has free "
-                         f"({(limit - stats.get('bytes_in_use', 0)) / 2 ** 30:.1f} GiB); "
-                         "lower --slots or --slot-length")
+                         f"cache of {need / 2 ** 30:.1f} GiB, more than 90% of what {where} "
+                         f"free ({free / 2 ** 30:.1f} GiB); lower --slots or --slot-length")
+
+
+def _host_available() -> int | None:
+    """Bytes of memory this machine can give without swapping (Linux's MemAvailable), else its
+    physical memory, or None where neither is known."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
 
 
 def _settle(job: _Job, result) -> None:
@@ -218,9 +247,11 @@ def add_batching_options(p) -> None:
                    help="continuous: requests join and leave the running batch at every step "
                         "(--slots rows); window: requests arriving within --window-ms run "
                         "together, to the longest one's end")
-    p.add_argument("--slots", type=number_type(int, ">= 1"), default=None,
-                   help="rows decoded together by continuous batching (default --batch-size)")
+    p.add_argument("--slots", type=number_type(int, f"[1, {MAX_SLOTS}]"), default=None,
+                   help="rows decoded together by continuous batching (default --batch-size); "
+                        "their KV cache must fit 90%% of the free memory")
     p.add_argument("--slot-length", type=number_type(int, ">= 2"), default=None,
-                   help="cache positions per slot, prompt + new tokens (default: the context)")
+                   help="cache positions per slot, prompt + new tokens (default and most: the "
+                        "model's context)")
     p.add_argument("--prefill-chunk", type=number_type(int, ">= 1"), default=64,
                    help="prompt tokens a row prefills per step, between the running rows' steps")

@@ -125,6 +125,8 @@ class MicroBatcher:
     Counters: `batches` (rows of each batch run, newest last).
     """
 
+    row_length: int | None = None  # positions a row may take: no limit of its own (the model's)
+
     def __init__(self, run_batch: Callable[[list], list], *, window_s: float = 0.01,
                  max_batch_rows: int = 64, max_queued_rows: int = 1024):
         self.run_batch, self.window_s = run_batch, window_s

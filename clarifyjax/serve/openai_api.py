@@ -9,15 +9,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+import traceback
 import uuid
 from collections.abc import Sequence
 import argparse
 
 from clarifyjax.serve.http_server import (ApiError, MicroBatcher, add_listen_options, check_keys,
                                 error_response, read_json_object, wait_unless_disconnected)
-from clarifyjax.text.generator import (MAX_STOP_STRINGS, Completion, Sampling, TextGenerator,
-                                TokenCounter, check_messages)
+from clarifyjax.text.generator import (MAX_STOP_STRINGS, Completion, Sampling, SamplingError,
+                                TextGenerator, TokenCounter, check_messages)
+from clarifyjax.text.tokenizer import TextEncodingError, check_encodable
 from clarifyjax.core.ranges import number_type
+
+INT32_MAX = 2 ** 31 - 1  # the engines hold top_k and min_tokens in int32 arrays
+API_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +79,8 @@ def _number(body: dict, key: str, low: float, high: float):
 
 
 def _stop(body: dict) -> tuple[str, ...]:
+    """The stop strings: text a tokenizer can encode (no NUL, no lone surrogate: a model's
+    output never holds them, and the tokenizer refuses them)."""
     stop = body.get("stop")
     if stop is None:
         return ()
@@ -82,6 +89,10 @@ def _stop(body: dict) -> tuple[str, ...]:
             or not all(isinstance(s, str) and s for s in stop)):
         raise ApiError(400, f"stop must be a non-empty string or a list of at most "
                             f"{MAX_STOP_STRINGS} of them", param="stop")
+    try:
+        check_encodable(stop)
+    except TextEncodingError as e:
+        raise ApiError(400, f"stop[{e.index}] {e.reason}", param="stop") from None
     return tuple(stop)
 
 
@@ -91,10 +102,12 @@ def _stop(body: dict) -> tuple[str, ...]:
 # are of the distribution each token was drawn from (after temperature, top-k and top-p). Fields
 # OpenAI defines but this server cannot honour (stream, echo, penalties, logit_bias, alternatives in
 # top_logprobs) are accepted only at their neutral values; any other field is a 400 naming it, as
-# are out-of-range values, n over the limit and a prompt that does not fit the context with its
-# max_tokens (context_length_exceeded). A sampling field left out is the model's default (its
-# generation_config.json: greedy unless it samples), not OpenAI's temperature 1; max_tokens left out
-# is 16 for completions (as OpenAI) and, for chats, what the context leaves, up to the server's limit.
+# are out-of-range values (integers within int32 and the server's limits, stop strings a tokenizer
+# encodes), n over the limit and a prompt that does not fit the room (the context, or the slot
+# length when shorter) with its max_tokens or min_tokens (context_length_exceeded), all before the
+# request joins a batch. A sampling field left out is the model's default (its generation_config:
+# greedy unless it samples), not OpenAI's temperature 1; max_tokens left out is 16 for completions
+# (as OpenAI) and, for chats, what the room leaves, up to the server's limit.
 # With the window batcher, a sampled request that gives a seed runs in a call of its own (its
 # completions depend on its seed only); greedy and unseeded requests share a `complete` call.
 class OpenAIServer:
@@ -103,8 +116,8 @@ class OpenAIServer:
     def __init__(self, generator: TextGenerator, *, name: str | None = None,
                  limits: ServerLimits = ServerLimits(), batcher=None):
         """`batcher`: what runs the requests, with `MicroBatcher`'s interface (`submit`,
-        `close`), e.g. `serve.continuous.ContinuousBatcher`; None: a `MicroBatcher` of
-        `limits`' window over `generator.complete`."""
+        `close`, `row_length`), e.g. `serve.continuous.ContinuousBatcher`; None: a
+        `MicroBatcher` of `limits`' window over `generator.complete`."""
         self.generator, self.limits = generator, limits
         if name is not None:
             model_name(name)
@@ -130,6 +143,10 @@ class OpenAIServer:
                     return JSONResponse(await handler(request))
                 except ApiError as e:
                     return error_response(e)
+                except Exception as e:  # a bug: the log has its traceback, the client JSON
+                    traceback.print_exc()
+                    return error_response(ApiError(500, f"{request.url.path}: internal error: "
+                                                        f"{type(e).__name__}: {e}"))
             return endpoint
 
         async def http_error(request, exc):
@@ -154,12 +171,13 @@ class OpenAIServer:
     async def _models(self, request) -> dict:
         card = {"id": self.name, "object": "model", "created": 0, "owned_by": "clarifyjax"}
         if self.counter is not None:
-            card["max_model_len"] = self.counter.context_length
+            card["max_model_len"] = self._room()[0]
         return {"object": "list", "data": [card]}
 
     # -- requests -----------------------------------------------------------------------------
 
     def _common(self, body: dict, default_max_tokens: int | None) -> tuple[Sampling, int, int]:
+        """The sampling fields, each checked against its type's and the engines' limits."""
         model = body.get("model")
         if model is not None and model != self.name:
             raise ApiError(404, f"model {model!r} is not served here; this server serves "
@@ -168,6 +186,8 @@ class OpenAIServer:
             if body.get(key) not in allowed:
                 raise ApiError(400, f"{key}={body[key]!r} is not supported by this server "
                                     f"(only {allowed[0]!r})", param=key)
+        if not isinstance(body.get("user", ""), str):
+            raise ApiError(400, "user must be a string", param="user")
         n = _int(body, "n", 1, self.limits.max_n, default=1)
         best_of = body.get("best_of")
         if best_of is not None and best_of != n:
@@ -178,38 +198,56 @@ class OpenAIServer:
             raise ApiError(400, f"max_tokens ({given}) and max_completion_tokens ({newer}) "
                                 "disagree; give one of them", param="max_completion_tokens")
         max_tokens = next((v for v in (given, newer) if v is not None), default_max_tokens)
-        top_k = _int(body, "top_k", -1)  # vLLM's "off" is -1, ours 0
+        min_tokens = _int(body, "min_tokens", 0, self.limits.max_tokens)
+        if max_tokens is not None and (min_tokens or 0) > max_tokens:
+            default = ", the default" if given is None and newer is None else ""
+            raise ApiError(400, f"min_tokens ({min_tokens}) is more than max_tokens "
+                                f"({max_tokens}{default})", param="min_tokens")
+        top_k = _int(body, "top_k", -1, INT32_MAX)  # vLLM's "off" is -1, ours 0
         try:
-            sampling = Sampling(max_new_tokens=max_tokens,
-                                min_new_tokens=_int(body, "min_tokens", 0),
+            sampling = Sampling(max_new_tokens=max_tokens, min_new_tokens=min_tokens,
                                 temperature=_number(body, "temperature", 0.0, 2.0),
                                 top_k=None if top_k is None else max(top_k, 0),
                                 top_p=_number(body, "top_p", 1e-9, 1.0), stop=_stop(body))
-        except ValueError as e:
-            raise ApiError(400, str(e)) from e
+        except SamplingError as e:
+            name = API_NAMES.get(e.field, e.field)
+            raise ApiError(400, f"{name}: {e.reason}", param=name) from e
         seed = _int(body, "seed", -(2 ** 63), 2 ** 64 - 1)
         return sampling, n, seed
 
+    def _room(self) -> tuple[int, str]:
+        """Most positions a prompt and its new tokens may take, and what sets it: the model's
+        context, or the batcher's rows when shorter (`--slot-length`)."""
+        context = self.counter.context_length
+        rows = self.batcher.row_length
+        if rows is not None and rows < context:
+            return rows, f"the server's slot length of {rows} positions"
+        return context, f"the model's context length of {context} tokens"
+
     def _fit(self, prompts: Sequence, sampling: Sampling, field: str) -> tuple[Sampling, list]:
-        """Prompt lengths, checked against the context with max_tokens (a chat request without
-        max_tokens gets what is left of the context, up to the limit)."""
+        """Prompt lengths, checked against the room (`_room`) with max_tokens (a chat request
+        without max_tokens gets what is left of the room, up to the limit)."""
         if self.counter is None:
             return sampling, [0] * len(prompts)
         try:
             lengths = [self.counter.count_tokens(p) for p in prompts]
         except ValueError as e:
             raise ApiError(400, str(e), param=field) from e
-        context = self.counter.context_length
+        room, what = self._room()
         if sampling.max_new_tokens is None:
-            room = context - max(lengths)
+            left = room - max(lengths)
+            if (sampling.min_new_tokens or 0) > left:
+                raise ApiError(400, f"min_tokens ({sampling.min_new_tokens}) is more than the "
+                                    f"{max(left, 0)} tokens left after the {max(lengths)} prompt "
+                                    f"tokens in {what}", param="min_tokens",
+                               code="context_length_exceeded")
             sampling = dataclasses.replace(sampling,
-                                           max_new_tokens=max(1, min(room, self.limits.max_tokens)))
+                                           max_new_tokens=max(1, min(left, self.limits.max_tokens)))
         for i, length in enumerate(lengths):
-            if length + sampling.max_new_tokens > context:
+            if length + sampling.max_new_tokens > room:
                 where = f"{field}[{i}]" if field == "prompt" and len(prompts) > 1 else field
                 raise ApiError(400, f"{where}: {length} prompt tokens + max_tokens "
-                                    f"{sampling.max_new_tokens} is more than the model's context "
-                                    f"length of {context} tokens", param=field,
+                                    f"{sampling.max_new_tokens} is more than {what}", param=field,
                                code="context_length_exceeded")
         return sampling, lengths
 

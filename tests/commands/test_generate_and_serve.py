@@ -25,12 +25,11 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
 from helpers.env import REPO_ROOT, require
+from helpers.serving import http_json
 from helpers.compile_cache import inherited_xla_flags
 from helpers.tiny_models import tiny_llama_folder
 
@@ -212,16 +211,6 @@ def test_32_concurrent_clients_each_get_their_own_answer(server, setup, referenc
     assert elapsed < 120, elapsed
 
 
-def _post(url: str, path: str, body: bytes):
-    request = urllib.request.Request(url + path, data=body,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 @pytest.mark.parametrize("body,param,code", [
     (b'{"model": "tiny", "prompt": "a",', None, None),                     # malformed JSON
     (b'{"model": "tiny", "prompt": "a", "best_friend": 1}', "best_friend", None),
@@ -231,7 +220,7 @@ def _post(url: str, path: str, body: bytes):
 ])
 def test_bad_requests_get_a_4xx_with_an_openai_error_body(server, body, param, code):
     url, _ = server
-    status, answer = _post(url, "/completions", body)
+    status, answer = http_json(url, "/completions", body)
     assert status == 400 and answer["error"]["message"]
     assert answer["error"]["param"] == param and answer["error"]["code"] == code
 

@@ -17,13 +17,9 @@ the next tokens).
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import json
 import socket
-import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -34,6 +30,7 @@ from clarifyjax.serve.continuous import ContinuousBatcher, SlotSettings
 from clarifyjax.serve.http_server import BackgroundServer
 from clarifyjax.serve.openai_api import OpenAIServer, ServerLimits
 from clarifyjax.text.generator import Sampling
+from helpers.serving import held_steps, http_json, wait_until
 from helpers.tiny_models import tiny_llama_folder
 
 pytestmark = pytest.mark.reference
@@ -58,18 +55,8 @@ def served(tmp_path_factory):
         yield lm, batcher, background.url
 
 
-def _post(url: str, body: dict, path: str = "/v1/completions"):
-    request = urllib.request.Request(url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=120) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def _answer(url: str, body: dict) -> list[tuple]:
-    status, out = _post(url, body)
+    status, out = http_json(url, "/v1/completions", body)
     assert status == 200, out
     return [(c["text"], c["finish_reason"],
              tuple(c["logprobs"]["token_logprobs"]) if c["logprobs"] else ())
@@ -168,44 +155,18 @@ def test_new_sampling_settings_compile_nothing(served):
     assert [p._cache_size() for p in programs] == sizes
 
 
-@contextlib.contextmanager
-def held_steps(batcher):
-    """The batcher's decode steps wait while the block runs (released at its end, or after 60 s):
-    requests queue, and none finishes, whatever the machine's load, until the test has checked
-    what happens while they wait."""
-    gate, step = threading.Event(), batcher.engine.step
-
-    def held():
-        gate.wait(60)
-        return step()
-
-    batcher.engine.step = held
-    try:
-        yield
-    finally:
-        gate.set()
-        del batcher.engine.step  # the engine's own method again
-
-
-def wait_until(condition, what: str, timeout: float = 60):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.005)
-
-
 def test_limits_and_a_client_that_goes_away(served):
     lm, batcher, url = served
     batcher.max_queued_rows = 12
     try:
-        status, body = _post(url, {"prompt": PROMPTS[:4], "n": 4, "max_tokens": 4})
+        status, body = http_json(url, "/v1/completions", {"prompt": PROMPTS[:4], "n": 4, "max_tokens": 4})
         assert status == 413 and body["error"]["code"] == "too_many_rows"
         with concurrent.futures.ThreadPoolExecutor(1) as pool:  # 12 rows: 8 run, 4 wait
             with held_steps(batcher):
                 big = pool.submit(_answer, url, {"prompt": PROMPTS[:3], "n": 4,
                                                  "max_tokens": 24, "temperature": 0})
                 wait_until(lambda: batcher.engine.queued >= 4, "the 12 rows never queued")
-                status, body = _post(url, {"prompt": PROMPTS[:3], "n": 3, "max_tokens": 4})
+                status, body = http_json(url, "/v1/completions", {"prompt": PROMPTS[:3], "n": 3, "max_tokens": 4})
                 assert status == 503 and body["error"]["code"] == "overloaded"
             assert len(big.result()) == 12
     finally:

@@ -6,14 +6,13 @@ of another site in a real headless Chromium. `clarifyjax serve`'s app: test_open
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 import pytest
 
 from clarifyjax.serve.http_server import BackgroundServer
 from helpers.browser import chromium_driver
 from helpers.clarify_models import FakeClarifier
+from helpers.serving import http_json
 
 
 @pytest.fixture(scope="module")
@@ -24,17 +23,6 @@ def server():
     with BackgroundServer(app) as running:
         yield running.url, app.state.clarify
 
-
-def request(url, method="GET", body=None):
-    """(status, JSON body) of one ordinary request (Host and Content-Type as a client sends)."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 def raw_request(url: str, method: str, path: str, headers: dict, body: bytes = b""):
     """(status, lowercase headers, body) of one request written by hand: any Host, Origin or
@@ -157,7 +145,7 @@ def test_a_client_that_closes_mid_body_is_one_line_in_the_log(server, capfd):
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "POST /api/sessions" in lines[0] and "21 of 5000" in lines[0]
     assert len(state.sessions) == before
-    assert request(f"{url}/api/stats")[0] == 200  # and the server goes on
+    assert http_json(url, "/api/stats")[0] == 200  # and the server goes on
 
 
 EVIL_PAGE = """<!doctype html><title>another site</title><p>nothing to see</p>"""

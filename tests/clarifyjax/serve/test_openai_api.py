@@ -19,6 +19,7 @@ from clarifyjax.serve.openai_api import OpenAIServer, ServerLimits
 from clarifyjax.serve.http_server import BackgroundServer
 from clarifyjax.text.generator import Completion, Sampling, per_prompt
 from helpers.env import require
+from helpers.serving import http_json
 
 pytestmark = pytest.mark.reference
 
@@ -74,13 +75,7 @@ def _client(url):
 
 
 def _post(url, path, body: bytes, timeout=20):
-    request = urllib.request.Request(url + path, data=body,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
+    return http_json(url, path, body, timeout=timeout)
 
 
 def test_the_openai_client_gets_completions_chats_and_models(served):
@@ -139,6 +134,12 @@ def test_the_openai_client_gets_completions_chats_and_models(served):
                              b'"max_completion_tokens": 0}', 400, "max_completion_tokens"),
     ("/v1/completions", b'{"prompt": "ab", "max_completion_tokens": 4}', 400,
      "max_completion_tokens"),  # a chat field
+    # beyond the engines' int32, text no tokenizer encodes, more than the room left (issue 37)
+    ("/v1/completions", b'{"prompt": "ab", "top_k": 2147483648}', 400, "top_k"),
+    ("/v1/completions", b'{"prompt": "ab", "stop": "a\\u0000b"}', 400, "stop"),
+    ("/v1/completions", b'{"prompt": "ab", "stop": ["\\udc80"]}', 400, "stop"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "' + b"x" * 20
+     + b'"}], "min_tokens": 25}', 400, "min_tokens"),
 ])
 def test_bad_requests_get_an_openai_style_error(served, path, body, status, param):
     generator, _, url = served
@@ -151,6 +152,19 @@ def test_bad_requests_get_an_openai_style_error(served, path, body, status, para
     if b"x" * 30 in body and code == 400:
         assert error["code"] == "context_length_exceeded"
     assert generator.calls == []  # refused before anything was queued
+
+
+def test_an_unexpected_error_is_a_json_500_and_a_traceback_in_the_log(served, capfd):
+    generator, _, url = served
+
+    def count_tokens(prompt):
+        raise RuntimeError("a bug")
+
+    generator.count_tokens = count_tokens
+    code, answer = _post(url, "/v1/completions", b'{"prompt": "ab"}')
+    assert code == 500 and answer["error"]["type"] == "server_error"
+    assert answer["error"]["message"] == "/v1/completions: internal error: RuntimeError: a bug"
+    assert "Traceback" in capfd.readouterr().err and generator.calls == []
 
 
 def test_unknown_paths_and_methods_answer_in_the_same_format(served):
