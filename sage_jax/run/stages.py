@@ -153,6 +153,13 @@ class Stage:
                             "prompt": task.prompt, "output": text, "status": status, **verdict})
         return records
 
+    def _generator(self, generator_fn, bar, describe: str):
+        """The stage's generator, an endpoint's or a function's waits said on the stage's bar."""
+        generator = generator_fn()
+        if hasattr(generator, "on_wait"):
+            generator.on_wait = waiting_line(bar, f"{self.name}{describe}")
+        return generator
+
     def run(self, generator_fn, judge: RowCheck, *, sampling, n: int = 1, quiet: bool = False,
             describe: str = "") -> list[dict]:
         """The final rows, in task order: from rows.jsonl when the stage finished before, else by
@@ -205,10 +212,7 @@ class Stage:
                 batch = schedule()
                 if not batch:
                     break
-                if generator is None:
-                    generator = generator_fn()
-                    if hasattr(generator, "on_wait"):  # an endpoint's or a function's waits
-                        generator.on_wait = waiting_line(bar, f"{self.name}{describe}")
+                generator = generator or self._generator(generator_fn, bar, describe)
                 tasks = [by_key[key] for key in batch]
                 tries = [attempts.get(key, 0) for key in batch]
                 settings = [sampling(generator, t) if callable(sampling) else sampling for t in tasks]
