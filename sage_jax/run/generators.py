@@ -119,12 +119,13 @@ def read_api_key(variable: str | None) -> str:
 # `Sampling` sets; n only when above 1. At most `concurrency` requests in flight; a request that
 # fails for a reason worth another try (429, 408, 5xx, a time-out, a dropped connection) is retried
 # up to `max_retries` times with exponential backoff of at least the server's `Retry-After`; each
-# wait is said through `on_wait` ("waiting 8 s: endpoint URL answered 429 ..."; a stage shows it on
-# its progress line). A request that gets no answer for `timeout_s` seconds (connect, send or read) is a
-# time-out; a `Retry-After` longer than `timeout_s` fails the request at once. Prompt i of a call
-# seeded s is sent with seed hash(s, i). The API key comes from the environment variable the
-# config names; it is never in a message, a log line or an output (`describe` names the variable).
-# After its retries it raises `GenerationError` naming the endpoint and the last error.
+# wait is said through `on_wait` ("waiting 8 s: endpoint URL answered 429 ..."; a stage shows it
+# on its progress line). A request that gets no answer for `timeout_s` seconds (connecting,
+# sending, reading) is a time-out; a `Retry-After` longer than `timeout_s` fails the request at
+# once. Prompt i of a call seeded s is sent with seed hash(s, i). The API key comes from the
+# environment variable the config names; it is never in a message, a log line or an output
+# (`describe` names the variable). After its retries it raises `GenerationError` naming the
+# endpoint and the last error.
 class OpenAIGenerator:
     """An OpenAI-compatible endpoint; retries and the key: see above."""
 
@@ -226,7 +227,7 @@ class OpenAIGenerator:
                     self.retries += 1
                 wait = backoff_seconds(attempt, asked)
                 self.on_wait(f"waiting {wait:.3g} s: {self._why(e)}"
-                             f"{' (Retry-After)' if asked is not None else ''}; retry {attempt + 1} of "
+                             f"{f' (Retry-After {asked:.3g} s)' if asked is not None else ''}; retry {attempt + 1} of "
                              f"{self.max_retries}")
                 self._sleep(wait)
         raise AssertionError("unreachable")

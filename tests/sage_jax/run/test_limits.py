@@ -100,7 +100,7 @@ def test_a_wait_for_an_endpoint_is_said_on_the_progress_line(tmp_path, capsys, q
         rows = stage(tmp_path).run(lambda: gen, judge, sampling=Sampling(max_new_tokens=4), quiet=quiet,
                                    describe=" (m)")
     assert [r["answer"] for r in rows] == ["fine"] and waits == [1.0] and len(seen) == 2
-    said = f"waiting 1 s: endpoint {url} answered 429 (Retry-After); retry 1 of 3"
+    said = f"waiting 1 s: endpoint {url} answered 429 (Retry-After 1 s); retry 1 of 3"
     err = capsys.readouterr().err
     if quiet:  # no bar: one line of its own
         assert f"sage-jax: stage answer (m): {said}\n" in err, err
