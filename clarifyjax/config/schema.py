@@ -145,6 +145,9 @@ class SFTDataConfig:
 
     def check(self, at: str) -> None:
         check_increasing(self.length_buckets, f"{at}.length_buckets")
+        if self.train_rows is not None and self.train_rows < self.batch_size:
+            raise ConfigError(f"{at}.train_rows: {self.train_rows} pairs are fewer than one batch "
+                              f"({at}.batch_size = {self.batch_size})", key=f"{at}.train_rows")
 
     def check_task(self, task: str, at: str) -> None:
         """Refuse the keys that `data.load_sft_pairs` does not read for this task and split."""

@@ -217,14 +217,17 @@ def read_pairs(path: str | os.PathLike, task: str, *, text_column: str = "text",
 def load_sft_pairs(data, task: str) -> tuple[list[Pair], list[Pair]]:
     """(train, dev) pairs for an `SFTDataConfig`: dev from ``dev_path`` or a seeded group split;
     ``train_fraction`` of the training situations (seeded, whole groups), ``train_rows`` after a
-    seeded shuffle of train, ``dev_rows`` the first dev pairs."""
+    seeded shuffle of train, ``dev_rows`` the first dev pairs. A file that gives no pair (a
+    header and no rows) is a DataError."""
     kw = dict(text_column=data.text_column, label_column=data.label_column,
               judge_source=data.judge_source)
-    train = read_pairs(resolve_data_path(data.train_path, "data.train_path"), task, **kw)
+    path = resolve_data_path(data.train_path, "data.train_path")
+    train = not_empty(read_pairs(path, task, **kw), path, f"{task} pairs", "data.train_path")
     if data.dev_path is None:
         train, dev = split_by_group(train, data.dev_fraction, data.split_seed)
     else:
-        dev = read_pairs(resolve_data_path(data.dev_path, "data.dev_path"), task, **kw)
+        path = resolve_data_path(data.dev_path, "data.dev_path")
+        dev = not_empty(read_pairs(path, task, **kw), path, f"{task} pairs", "data.dev_path")
     if data.train_fraction is not None:
         groups = list(dict.fromkeys(p.group for p in train))
         k = max(1, round(data.train_fraction * len(groups)))
@@ -240,12 +243,25 @@ def load_sft_pairs(data, task: str) -> tuple[list[Pair], list[Pair]]:
     return train, dev
 
 
+def not_empty(items: list, path, what: str, option: str) -> list:
+    """`items`, or a DataError naming the option and file when it gave none (a header and no
+    rows)."""
+    if not items:
+        raise DataError(f"{option}: {path}: no {what} in it (only a header, or no row the task can use)")
+    return items
+
+
 def load_ppo_situations(data) -> tuple[list[str], list[str]]:
-    """(train, dev) unique situations for a `PPODataConfig` (dev cut to ``dev_situations``)."""
-    train = unique_situations(read_table(resolve_data_path(data.train_path, "data.train_path"),
-                                         ("situation",)))
-    dev = [] if data.dev_path is None else unique_situations(read_table(
-        resolve_data_path(data.dev_path, "data.dev_path"), ("situation",)))
+    """(train, dev) unique situations for a `PPODataConfig` (dev cut to ``dev_situations``);
+    a file that holds none is a DataError."""
+    path = resolve_data_path(data.train_path, "data.train_path")
+    train = not_empty(unique_situations(read_table(path, ("situation",))), path, "situations",
+                      "data.train_path")
+    dev = []
+    if data.dev_path is not None:
+        path = resolve_data_path(data.dev_path, "data.dev_path")
+        dev = not_empty(unique_situations(read_table(path, ("situation",))), path, "situations",
+                        "data.dev_path")
     if data.dev_situations is not None:
         dev = dev[:data.dev_situations]
     return train, dev

@@ -26,7 +26,8 @@ from flax import nnx
 from clarifyjax.core import traces
 from clarifyjax.core.buckets import (FINE_BUCKETS, POWER_OF_TWO_BUCKETS, SENTENCE_BUCKETS, bucket_length, bucket_rows,
                                 length_sorted_batches, pad_sequences)
-from clarifyjax.models.hf.encoder_map import read_encoder_config
+from clarifyjax.models.encoder import BertEncoder
+from clarifyjax.models.hf.encoder_map import checked_maps, read_encoder_config
 from clarifyjax.models.hf import load_encoder, load_encoder_tokenizer
 from clarifyjax.models.safetensors_io import CheckpointError, check_folder
 from clarifyjax.files.textfiles import check_texts, read_text_file
@@ -128,6 +129,18 @@ def check_layer(path: str | os.PathLike, layer: int | None) -> int:
     `layer` is past the model's depth. For checks before long work."""
     folder = transformer_folder(path)
     return _resolve_layer(_folder_name(folder, path), read_encoder_config(folder).num_layers, layer)
+
+
+def check_model_folder(path: str | os.PathLike, layer: int | None = None) -> None:
+    """What `BertScoreModel.from_folder` checks before it reads a weight (config.json, the
+    tokenizer, every tensor's name and shape in the safetensors headers) and a `layer` given
+    against the model's depth. For checks before long work."""
+    folder = transformer_folder(path)
+    config = read_encoder_config(folder)
+    checked_maps(BertEncoder, folder, config)
+    load_encoder_tokenizer(folder, config.max_tokens, config.vocab_size)
+    if layer is not None and layer > config.num_layers:
+        raise ValueError(f"layer {layer} is past the {config.num_layers} layers of {folder}")
 
 
 class BertScoreModel:

@@ -20,8 +20,8 @@ from flax import nnx
 from clarifyjax.models.safetensors_io import CheckpointError, check_folder
 from clarifyjax.core.buckets import (SENTENCE_BUCKETS, bucket_length, bucket_rows, length_sorted_batches,
                                 pad_sequences)
-from clarifyjax.models.encoder import EncoderConfig, map_rows
-from clarifyjax.models.hf.encoder_map import read_encoder_config
+from clarifyjax.models.encoder import BertEncoder, EncoderConfig, map_rows
+from clarifyjax.models.hf.encoder_map import checked_maps, read_encoder_config
 from clarifyjax.models.hf import load_encoder, load_encoder_tokenizer
 from clarifyjax.files.textfiles import check_texts
 
@@ -167,6 +167,32 @@ def read_max_seq_length(folder: Path, module_config: dict, positions: int) -> in
     return min(int(found), positions) if found else positions
 
 
+def read_embedder_folder(path: str | os.PathLike | None, max_length: int | None = None
+                         ) -> tuple[Path, dict]:
+    """(the transformer's folder, `SentenceEmbedder`'s keyword arguments but the encoder) of a
+    sentence-transformers folder: all `from_pretrained` reads but the weights."""
+    root = check_folder(default_embedder_path() if path is None else path)
+    folder, modes, normalize = read_sentence_transformers_folder(root)
+    config = read_encoder_config(folder)
+    st_config = read_module_config(folder)
+    if max_length is None:
+        max_length = read_max_seq_length(folder, st_config, config.max_tokens)
+    if not 2 <= max_length <= config.max_tokens:
+        raise ValueError(f"max_length {max_length} is outside [2, {config.max_tokens}], the "
+                         f"position limit of {folder / 'config.json'}")
+    tokenizer = load_encoder_tokenizer(folder, max_length, config.vocab_size)
+    return folder, {"tokenizer": tokenizer, "modes": modes, "normalize": normalize,
+                    "max_length": max_length, "do_lower_case": bool(st_config.get("do_lower_case"))}
+
+
+def check_embedder_folder(path: str | os.PathLike | None) -> None:
+    """What `SentenceEmbedder.from_pretrained` checks before it reads a weight: the modules,
+    config.json, the tokenizer and every tensor's name and shape in the safetensors headers.
+    Raises CheckpointError / ValueError naming the file."""
+    folder, _ = read_embedder_folder(path)
+    checked_maps(BertEncoder, folder, read_encoder_config(folder))
+
+
 class SentenceEmbedder:
     """all-MiniLM-L6-v2 (or any BERT / RoBERTa sentence-transformers folder) in JAX.
 
@@ -202,20 +228,9 @@ class SentenceEmbedder:
         (`read_max_seq_length`), else the model's position limit.
         length_buckets: the padded lengths a batch may have (max_length is always the last one).
         """
-        root = check_folder(default_embedder_path() if path is None else path)
-        folder, modes, normalize = read_sentence_transformers_folder(root)
-        config = read_encoder_config(folder)
-        st_config = read_module_config(folder)
-        if max_length is None:
-            max_length = read_max_seq_length(folder, st_config, config.max_tokens)
-        if not 2 <= max_length <= config.max_tokens:
-            raise ValueError(f"max_length {max_length} is outside [2, {config.max_tokens}], the "
-                             f"position limit of {folder / 'config.json'}")
+        folder, settings = read_embedder_folder(path, max_length)
         encoder = load_encoder(folder, dtype=dtype, param_dtype="float32")
-        tokenizer = load_encoder_tokenizer(folder, max_length, config.vocab_size)
-        return cls(encoder, tokenizer, modes=modes, normalize=normalize, max_length=max_length,
-                   do_lower_case=bool(st_config.get("do_lower_case")),
-                   length_buckets=length_buckets)
+        return cls(encoder, length_buckets=length_buckets, **settings)
 
     # -- jitted forwards (one trace per (rows, length) bucket) ------------------------------
 

@@ -90,6 +90,20 @@ def _check_model(option: str, model_cfg, kind: str) -> list[str]:
     return problems
 
 
+def _fewer_than_a_batch(cfg, rows: int) -> list[str]:
+    """The problem of a training set smaller than one batch, which the run finds only once it
+    has built its models (`data.BatchIterator`)."""
+    if isinstance(cfg, PPOConfig):
+        need = cfg.ppo.batch_size // cfg.ppo.samples_per_situation
+        if rows < need:
+            return [f"data.train_path: {rows} training situations, fewer than one batch of {need} "
+                    "(ppo.batch_size / ppo.samples_per_situation)"]
+    elif rows < cfg.data.batch_size:
+        return [f"data.train_path: {rows} training pairs, fewer than one batch "
+                f"(data.batch_size = {cfg.data.batch_size})"]
+    return []
+
+
 def check_run_inputs(cfg, *, models: bool = True) -> dict[str, list[str]]:
     """Every input `cfg`'s run would read, read and checked as the run does, with no weight
     loaded: its data files, and with `models` its model folders and tokenizers (`_check_model`),
@@ -103,11 +117,12 @@ def check_run_inputs(cfg, *, models: bool = True) -> dict[str, list[str]]:
     done: dict[str, list[str]] = {"data": [], "models": []}
     try:
         if isinstance(cfg, PPOConfig):
-            data.load_ppo_situations(cfg.data)
+            train, _ = data.load_ppo_situations(cfg.data)
         else:
-            data.load_sft_pairs(cfg.data, cfg.task)
+            train, _ = data.load_sft_pairs(cfg.data, cfg.task)
         done["data"] = [f"data.{f}" for f in ("train_path", "dev_path")
                         if getattr(cfg.data, f, None) is not None]
+        problems += _fewer_than_a_batch(cfg, len(train))
     except (ValueError, OSError) as e:  # DataError: a ValueError naming the file and line
         text = one_line(str(e))
         named = [f"data.{f}" for f in ("train_path", "dev_path")

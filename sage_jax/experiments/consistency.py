@@ -34,14 +34,26 @@ def settings(cfg: ExperimentConfig) -> dict:
     return dataclasses.asdict(cfg.bootstrap)
 
 
-def run_and_score(run_cfg: SageRunConfig, *, embedder=None, generators=None) -> dict[str, dict]:
-    """One `sage-jax run` (every stage; a finished one is reused), then each model's per-question
-    columns (`report/scores.json`; None for a model with no answered row)."""
-    run = pipeline.Run(run_cfg, embedder=embedder, generators=generators)
-    run.check(pipeline.STAGES)
+def checked_runs(run_cfgs: list[SageRunConfig], *, embedder=None, generators=None) -> list[pipeline.Run]:
+    """An experiment's `sage-jax run`s, every one checked (`Run.check`: its questions, each
+    model's folder or recorded file and column, the scoring models) before any run answers."""
+    runs = [pipeline.Run(c, embedder=embedder, generators=generators) for c in run_cfgs]
+    for run in runs:
+        run.check(pipeline.STAGES)
+    return runs
+
+
+def scores_of(run: pipeline.Run) -> dict[str, dict]:
+    """Every stage of a run (a finished one is reused), then each model's per-question columns
+    (`report/scores.json`; None for a model with no answered row)."""
     run.run(pipeline.STAGES)
     scores = json.loads((run.out / "report" / "scores.json").read_text())
     return {name: entry["per_question"] for name, entry in scores["models"].items()}
+
+
+def run_and_score(run_cfg: SageRunConfig, **given) -> dict[str, dict]:
+    """One checked `sage-jax run` and its per-question columns (`checked_runs`, `scores_of`)."""
+    return scores_of(checked_runs([run_cfg], **given)[0])
 
 
 def _column(per_question: dict | None, key: str) -> list[float]:
@@ -124,15 +136,18 @@ def temperature_targets(cfg: ExperimentConfig) -> list[TargetConfig]:
 def temperature_experiment(cfg: ExperimentConfig, out: Path, **given) -> dict:
     """Figure 3: SaGE and ROUGE-L per temperature, with paraphrases and with the same question."""
     boot, targets = settings(cfg), temperature_targets(cfg)
-    results = {}
+    run_cfgs = []
     for setting in cfg.temperature.settings:
         if setting == "same":
             paraphrase = dataclasses.replace(cfg.run.paraphrase, source="file", paraphrase_column="paraphrased")
-            run_cfg = cfg.run.build(out / "runs" / "same", targets, questions=str(same_question_file(cfg, out)),
-                                    question_id_column="question_id", question_column="question", paraphrase=paraphrase)
+            run_cfgs.append(cfg.run.build(out / "runs" / "same", targets, questions=str(same_question_file(cfg, out)),
+                                          question_id_column="question_id", question_column="question",
+                                          paraphrase=paraphrase))
         else:
-            run_cfg = cfg.run.build(out / "runs" / "paraphrase", targets)
-        per_model = run_and_score(run_cfg, **given)
+            run_cfgs.append(cfg.run.build(out / "runs" / "paraphrase", targets))
+    results = {}
+    for setting, run in zip(cfg.temperature.settings, checked_runs(run_cfgs, **given)):
+        per_model = scores_of(run)
         results[setting] = {str(float(t)): {k: stats.mean_interval(_column(per_model[target.name], k), **boot)
                                             for k in ("sage_answer", "rouge_l")}
                             for t, target in zip(cfg.temperature.temperatures, targets)}

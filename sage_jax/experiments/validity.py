@@ -13,7 +13,8 @@ from clarifyjax.files.tables import DataError, read_rows, resolve_data_path
 from clarifyjax.files.textfiles import atomic_write_bytes
 from sage_jax.experiments import benchmarks, output, stats
 from sage_jax.experiments.config import BenchmarkConfig, ExperimentConfig
-from sage_jax.experiments.consistency import TABLE1, run_and_score, settings, used_columns
+from sage_jax.experiments.consistency import TABLE1, checked_runs, run_and_score, scores_of, settings, \
+    used_columns
 from sage_jax.experiments.multiple_choice import ChoiceScorer, evaluate_choices
 
 TASK_METRICS = {"truthfulqa_mc1": ("mc1",), "truthfulqa_mc2": ("mc2",), "hellaswag": ("acc", "acc_norm")}
@@ -78,9 +79,10 @@ def sage_questions(cfg: ExperimentConfig, out: Path) -> str:
 # SaGE with each accuracy, with bootstrap intervals over the models.
 def accuracy_experiment(cfg: ExperimentConfig, out: Path, **given) -> dict:
     boot = settings(cfg)
+    run_cfg = cfg.run.build(out / "runs" / "accuracy", cfg.models, questions=sage_questions(cfg, out))
+    [run] = checked_runs([run_cfg], **given)  # every model, the embedder: before the first benchmark
     acc = accuracies(cfg, out)
-    per_model = run_and_score(cfg.run.build(out / "runs" / "accuracy", cfg.models, questions=sage_questions(cfg, out)),
-                         **given)
+    per_model = scores_of(run)
     sage = {name: stats.mean_interval([np.nan if v is None else v for v in pq["sage_answer"]] if pq else [], **boot)
             for name, pq in per_model.items()}
     columns = [(b, m) for b in acc[cfg.models[0].name] for m in acc[cfg.models[0].name][b]]

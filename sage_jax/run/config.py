@@ -41,7 +41,9 @@ class GeneratorConfig:
     sent (preset code narrows a chat target's to temperature, as the reference's GPT call).
     generation_config (openai, api completions): the model's folder, or any folder holding its
     generation_config.json; presets code and paper sample the endpoint at that file's temperature
-    and top-p, as transformers' `generate` would the local model (None: 1.0 and 1.0)."""
+    and top-p, as transformers' `generate` would the local model (None: 1.0 and 1.0).
+    timeout_s (openai, callable): how long a request may go unanswered, or a function call run; a
+    Retry-After longer than it fails the request at once (`generators`)."""
 
     kind: Literal["local", "openai", "file", "callable"] = "local"
     model: str = ""

@@ -11,6 +11,7 @@ import email.utils
 import hashlib
 import json
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -21,11 +22,12 @@ from sage_jax.run.config import OPENAI_CHAT_ARGUMENTS, REQUEST_ARGUMENTS
 from clarifyjax.files.tables import DataError, read_rows
 
 # Backoff between retries of one request, in seconds: BACKOFF_BASE * 2**attempt, at most BACKOFF_CAP,
-# and never less than the server's Retry-After (itself capped at RETRY_AFTER_CAP: a server asking
-# for an hour would stall the run without a word).
+# and never less than the server's Retry-After. A Retry-After longer than the generator's time
+# limit (`timeout_s`) is not waited for: the request fails at once, naming the endpoint.
 BACKOFF_BASE = 1.0
 BACKOFF_CAP = 30.0
-RETRY_AFTER_CAP = 300.0
+# How long one call of a Python function may take by default (`CallableGenerator.timeout_s`).
+FUNCTION_TIMEOUT_S = 300.0
 
 
 class GenerationError(RuntimeError):
@@ -74,9 +76,31 @@ def retry_after_seconds(headers) -> float | None:
 
 def backoff_seconds(attempt: int, retry_after: float | None) -> float:
     wait = min(BACKOFF_CAP, BACKOFF_BASE * 2 ** attempt)
-    if retry_after is not None:
-        wait = max(wait, min(retry_after, RETRY_AFTER_CAP))
-    return wait
+    return wait if retry_after is None else max(wait, retry_after)
+
+
+def say_on_stderr(text: str) -> None:
+    """Where a generator says why it waits when no progress line shows it."""
+    print(f"sage-jax: {text}", file=sys.stderr, flush=True)
+
+
+def check_timeout(timeout_s, at: str = "timeout_s") -> float:
+    """A time limit in seconds: a number in (0, 86400] (a day), else ValueError naming `at`."""
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 86400:
+        raise ValueError(f"{at}: must be a number of seconds in (0, 86400], got {timeout_s!r}")
+    return float(timeout_s)
+
+
+def map_in_threads(fn: Callable, items: Sequence, workers: int) -> list:
+    """[fn(x) for x in items], up to `workers` at once. The first failure is raised as soon as
+    the calls already running end: the calls not yet started are dropped, not made."""
+    if len(items) <= 1 or workers == 1:
+        return [fn(x) for x in items]
+    pool = ThreadPoolExecutor(max_workers=min(workers, len(items)))
+    try:
+        return list(pool.map(fn, items))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def read_api_key(variable: str | None) -> str:
@@ -94,10 +118,14 @@ def read_api_key(variable: str | None) -> str:
 # helps; `config.OPENAI_CHAT_ARGUMENTS` is the default for chat), and of those only the ones a
 # `Sampling` sets; n only when above 1. At most `concurrency` requests in flight; a request that
 # fails for a reason worth another try (429, 408, 5xx, a time-out, a dropped connection) is retried
-# up to `max_retries` times with exponential backoff of at least the server's `Retry-After`. Prompt
-# i of a call seeded s is sent with seed hash(s, i). The API key comes from the environment variable
-# the config names; it is never in a message, a log line or an output (`describe` names the
-# variable). After its retries it raises `GenerationError` naming the endpoint and the last error.
+# up to `max_retries` times with exponential backoff of at least the server's `Retry-After`; each
+# wait is said through `on_wait` ("waiting 8 s: endpoint URL answered 429 ..."; a stage shows it
+# on its progress line). A request that gets no answer for `timeout_s` seconds (connecting,
+# sending, reading) is a time-out; a `Retry-After` longer than `timeout_s` fails the request at
+# once. Prompt i of a call seeded s is sent with seed hash(s, i). The API key comes from the
+# environment variable the config names; it is never in a message, a log line or an output
+# (`describe` names the variable). After its retries it raises `GenerationError` naming the
+# endpoint and the last error.
 class OpenAIGenerator:
     """An OpenAI-compatible endpoint; retries and the key: see above."""
 
@@ -116,8 +144,9 @@ class OpenAIGenerator:
         self.accepts = tuple(accepts)
         self.base_url, self.model, self.api = base_url, model, api
         self.api_key_env, self.concurrency, self.timeout_s, self.max_retries = (
-            api_key_env, concurrency, timeout_s, max_retries)
+            api_key_env, concurrency, check_timeout(timeout_s), max_retries)
         self._sleep = sleep
+        self.on_wait: Callable[[str], None] = say_on_stderr  # a stage points it at its progress line
         # The client's own retries are off: ours honour Retry-After and are counted per request.
         self._client = openai.OpenAI(base_url=base_url, api_key=read_api_key(api_key_env),
                                      timeout=timeout_s, max_retries=0)
@@ -167,32 +196,47 @@ class OpenAIGenerator:
             raise GenerationError(f"{self.base_url}: asked for {n} choices, the server returned {len(out)}")
         return out
 
+    def _why(self, error: Exception) -> str:
+        """Why a request is tried again, for the progress line."""
+        status = getattr(error, "status_code", None)
+        if status:
+            return f"endpoint {self.base_url} answered {status}"
+        if isinstance(error, self._openai.APITimeoutError):
+            return f"endpoint {self.base_url} gave no answer within timeout_s {self.timeout_s:g} s"
+        return f"endpoint {self.base_url} could not be reached ({type(error).__name__})"
+
     def _request(self, prompt: Prompt, n: int, sampling: Sampling, seed: int | None) -> list[Completion]:
+        where = f"{self.base_url} ({self.api}, model {self.model})"
         for attempt in range(self.max_retries + 1):
             try:
                 return self._once(prompt, n, sampling, seed)
             except self._openai.OpenAIError as e:
+                status = getattr(e, "status_code", None)
                 if not self._retryable(e) or attempt == self.max_retries:
-                    status = getattr(e, "status_code", None)
                     tries = f"after {attempt + 1} attempt{'s' if attempt else ''}"
                     raise GenerationError(
-                        f"{self.base_url} ({self.api}, model {self.model}): "
-                        f"{type(e).__name__}{f' {status}' if status else ''} {tries}: "
+                        f"{where}: {type(e).__name__}{f' {status}' if status else ''} {tries}: "
                         f"{str(e).splitlines()[0][:200] if str(e) else ''}") from None
+                asked = retry_after_seconds(getattr(getattr(e, "response", None), "headers", None))
+                if asked is not None and asked > self.timeout_s:
+                    raise GenerationError(
+                        f"{where}: answered {status} and asked to wait {asked:.0f} s (Retry-After), longer than "
+                        f"its time limit timeout_s {self.timeout_s:g} s; not waiting (raise timeout_s to wait "
+                        "that long, or run again later)") from None
                 with self._lock:
                     self.retries += 1
-                response = getattr(e, "response", None)
-                self._sleep(backoff_seconds(attempt, retry_after_seconds(getattr(response, "headers", None))))
+                wait = backoff_seconds(attempt, asked)
+                self.on_wait(f"waiting {wait:.3g} s: {self._why(e)}"
+                             f"{f' (Retry-After {asked:.3g} s)' if asked is not None else ''}; retry {attempt + 1} of "
+                             f"{self.max_retries}")
+                self._sleep(wait)
         raise AssertionError("unreachable")
 
     def complete(self, prompts: Sequence[Prompt], sampling: Sampling | Sequence[Sampling], n: int | Sequence[int] = 1,
                  seed: int | None = None) -> list[list[Completion]]:
         jobs = list(zip(prompts, per_prompt(n, len(prompts), "n"), per_prompt(sampling, len(prompts), "sampling"),
                         (prompt_seed(seed, i) for i in range(len(prompts)))))
-        if len(jobs) <= 1 or self.concurrency == 1:
-            return [self._request(*job) for job in jobs]
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(jobs))) as pool:
-            return list(pool.map(lambda job: self._request(*job), jobs))
+        return map_in_threads(lambda job: self._request(*job), jobs, self.concurrency)
 
 
 # ----------------------------------------------------------------------------- recorded outputs
@@ -251,14 +295,22 @@ class CallableGenerator:
     reference library's callable). `argument_of(prompt)` is the text the function is given (the
     paraphrase, for answers; the prompt itself otherwise). Up to `concurrency` calls run at once
     in threads; a call that raises is tried again up to `max_retries` times, after
-    `backoff_seconds(attempt)`; then `GenerationError` names the function and its last error.
-    One sample per prompt (the function takes no seed)."""
+    `backoff_seconds(attempt)` (said through `on_wait`); then `GenerationError` names the function
+    and its last error. Each call runs in a thread of its own: one that has not returned after
+    `timeout_s` seconds is abandoned (a Python thread cannot be stopped: it runs on unseen, and its
+    answer is dropped) and is a `GenerationError`, not retried. One sample per prompt (the
+    function takes no seed)."""
 
     def __init__(self, fn: Callable[[str], str], *, name: str, argument_of: Callable[[Prompt], str] | None = None,
-                 concurrency: int = 8, max_retries: int = 5, sleep=time.sleep):
+                 concurrency: int = 8, max_retries: int = 5, timeout_s: float = FUNCTION_TIMEOUT_S,
+                 sleep=time.sleep):
+        if not callable(fn):
+            raise TypeError(f"{name}: must be a function of one str that returns a str, got {type(fn).__name__}")
         self.fn, self._name, self.concurrency, self.max_retries = fn, name, concurrency, max_retries
+        self.timeout_s = check_timeout(timeout_s)
         self.argument_of = argument_of or (lambda prompt: prompt)
         self._sleep = sleep
+        self.on_wait: Callable[[str], None] = say_on_stderr  # a stage points it at its progress line
 
     @property
     def name(self) -> str:
@@ -267,17 +319,39 @@ class CallableGenerator:
     def describe(self) -> dict:
         return {"kind": "callable", "name": self._name}
 
+    def _call_once(self, argument: str) -> tuple[object, Exception | None]:
+        """(what the function returned, what it raised) of one call, given `timeout_s` seconds."""
+        box: dict = {}
+
+        def call() -> None:
+            try:
+                box["text"] = self.fn(argument)
+            except Exception as e:  # handed to the caller's thread
+                box["error"] = e
+
+        worker = threading.Thread(target=call, name=f"sage-jax {self._name}", daemon=True)
+        worker.start()
+        worker.join(self.timeout_s)
+        if worker.is_alive():
+            raise GenerationError(f"{self._name}: the function gave no answer within timeout_s {self.timeout_s:g} s; "
+                                  "the call was abandoned (a Python function cannot be stopped) and is not retried")
+        if "text" not in box and "error" not in box:  # it raised a BaseException (SystemExit) in its thread
+            return None, RuntimeError("the call ended without returning")
+        return box.get("text"), box.get("error")
+
     def _call(self, prompt: Prompt) -> Completion:
         argument = self.argument_of(prompt)
         for attempt in range(self.max_retries + 1):
-            try:
-                text = self.fn(argument)
-            except Exception as e:  # the caller's function: any failure is worth another try
+            text, e = self._call_once(argument)
+            if e is not None:  # the caller's function: any failure is worth another try
+                detail = f"{type(e).__name__}{': ' + str(e).splitlines()[0][:200] if str(e) else ''}"
                 if attempt == self.max_retries:
                     raise GenerationError(f"{self._name}: the function raised {type(e).__name__} after "
-                                          f"{attempt + 1} attempts: {str(e).splitlines()[0][:200] if str(e) else ''}"
-                                          ) from None
-                self._sleep(backoff_seconds(attempt, None))
+                                          f"{attempt + 1} attempts: {str(e).splitlines()[0][:200] if str(e) else ''}")
+                wait = backoff_seconds(attempt, None)
+                self.on_wait(f"waiting {wait:.3g} s: {self._name} raised {detail}; retry {attempt + 1} of "
+                             f"{self.max_retries}")
+                self._sleep(wait)
                 continue
             if not isinstance(text, str):
                 raise GenerationError(f"{self._name}: the function returned {type(text).__name__}, not a str")
@@ -287,7 +361,4 @@ class CallableGenerator:
     def complete(self, prompts, sampling, n=1, seed=None):
         if any(count != 1 for count in per_prompt(n, len(prompts), "n")):
             raise GenerationError(f"{self._name}: a function gives one answer per call; samples must be 1")
-        if len(prompts) <= 1 or self.concurrency == 1:
-            return [[self._call(p)] for p in prompts]
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, len(prompts))) as pool:
-            return [[c] for c in pool.map(self._call, prompts)]
+        return [[c] for c in map_in_threads(self._call, prompts, self.concurrency)]

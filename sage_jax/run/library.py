@@ -12,6 +12,7 @@ import tempfile
 from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 import json
+import os
 
 from clarifyjax.files.textfiles import atomic_write_bytes
 from clarifyjax.models.embedder import default_embedder_path
@@ -42,10 +43,18 @@ def question_of_answer_prompt(prompt) -> str:
     return prompt[len(head):len(prompt) - len(tail)]
 
 
-def _generator(source, name: str) -> tuple[GeneratorConfig, Callable | None]:
+def _generator(source, name: str, timeout_s: float) -> tuple[GeneratorConfig, Callable | None]:
     if callable(source):
-        return GeneratorConfig(kind="callable", model=name), source
+        return GeneratorConfig(kind="callable", model=name, timeout_s=timeout_s), source
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"{name}: must be a causal LM folder or a function of the prompt, got {type(source).__name__}")
     return GeneratorConfig(kind="local", model=str(source)), None
+
+
+def check_function(fn, name: str) -> None:
+    """A TypeError at once, not retried calls, when `fn` cannot be called."""
+    if not callable(fn):
+        raise TypeError(f"{name}: must be a function of one str that returns a str, got {type(fn).__name__}")
 
 
 def _questions_file(out: Path, questions: Sequence[str], paraphrases: Mapping[str, Sequence[str]] | None) -> Path:
@@ -71,8 +80,10 @@ def default_scorer() -> ScorerConfig:
 
 def build_run(questions: Sequence[str], use_rots: bool, out: Path, *, paraphrases=None, paraphraser=None,
               paraphrase_scorer=None, rot_writer=None, embedder=None, preset: str = "ours", count: int = 5,
-              concurrency: int = 8, max_retries: int = 5) -> tuple[SageRunConfig, dict]:
+              concurrency: int = 8, max_retries: int = 5,
+              timeout_s: float = generators.FUNCTION_TIMEOUT_S) -> tuple[SageRunConfig, dict]:
     """The run `score_details` makes, and the functions its callable generators name."""
+    timeout_s = generators.check_timeout(timeout_s)
     if paraphrases is None and paraphraser is None:
         raise ValueError("give paraphraser (a causal LM folder or a function) or paraphrases (each question's "
                          "paraphrases)")
@@ -85,18 +96,18 @@ def build_run(questions: Sequence[str], use_rots: bool, out: Path, *, paraphrase
             raise ValueError(f"paraphrases: no paraphrases for the question {missing[0]!r}")
         para = ParaphraseConfig(source="file", count=count)
     else:
-        g, fn = _generator(paraphraser, "paraphraser")
+        g, fn = _generator(paraphraser, "paraphraser", timeout_s)
         functions["paraphraser"] = fn
         para = ParaphraseConfig(source="generate", generator=g, count=count,
                                 scorer=default_scorer() if paraphrase_scorer is None
                                 else ScorerConfig(model=str(paraphrase_scorer)))
     rot = StageConfig()
     if use_rots:
-        g, fn = _generator(rot_writer, "rot_writer")
+        g, fn = _generator(rot_writer, "rot_writer", timeout_s)
         functions["rot_writer"] = fn
         rot = StageConfig(generator=g)
     target = TargetConfig(name=MODEL, generator=GeneratorConfig(kind="callable", model=MODEL, concurrency=concurrency,
-                                                                max_retries=max_retries))
+                                                                max_retries=max_retries, timeout_s=timeout_s))
     cfg = SageRunConfig(questions=str(_questions_file(out, questions, paraphrases)), out=str(out), preset=preset,
                         quiet=True, paraphrase=para, models=(target,), rot=rot,
                         score=ScoreConfig(embedder=None if embedder is None else str(embedder), bertscore=False,
@@ -107,8 +118,10 @@ def build_run(questions: Sequence[str], use_rots: bool, out: Path, *, paraphrase
 
 # Each question is paraphrased, each paraphrase answered by `get_response`, a rule of thumb written
 # for each answer (`use_rots`), then SaGE, by a `sage-jax run` in `out`: the function is called up
-# to `concurrency` at a time, a call that raises is tried again up to `max_retries` times, and the
-# run resumes from its files if called again with the same `out`. The reference wrote paraphrases
+# to `concurrency` at a time, a call that raises is tried again up to `max_retries` times (each wait
+# said on stderr), a call that gives no answer within `timeout_s` seconds (default 300) is
+# abandoned and stops the run (its thread cannot be stopped and runs on unseen), and the run
+# resumes from its files if called again with the same `out`. The reference wrote paraphrases
 # and rules of thumb with lmsys/vicuna-13b-v1.3, scored paraphrases with ParaScore on
 # bert-base-uncased and embedded with stsb-distilroberta-base-v2; here they are arguments:
 # `paraphraser` and `rot_writer` (a local causal LM folder or a Python function of the prompt;
@@ -121,6 +134,7 @@ def score_details(questions: Sequence[str], get_response: Callable[[str], str], 
                   out: str | Path | None = None, embedder_model=None, sleep=None, **settings) -> SageScores:
     """SaGE of `get_response` on `questions`, per question (see above; `settings` are `build_run`'s
     keyword arguments; `embedder_model`: a loaded `SentenceEmbedder` to use instead of a folder)."""
+    check_function(get_response, "get_response")
     out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="sage-"))
     if settings.get("paraphrases") is None and settings.get("paraphraser") is None:
         settings["paraphraser"] = get_response
@@ -135,7 +149,8 @@ def score_details(questions: Sequence[str], get_response: Callable[[str], str], 
             return pipeline.build_generator(c, batch_size, prompt_of)
         argument_of = question_of_answer_prompt if c.model == MODEL else None
         return generators.CallableGenerator(functions[c.model], name=c.model, argument_of=argument_of,
-                                            concurrency=c.concurrency, max_retries=c.max_retries, **extra)
+                                            concurrency=c.concurrency, max_retries=c.max_retries,
+                                            timeout_s=c.timeout_s, **extra)
 
     run = pipeline.Run(cfg, generators=pipeline.Generators(build), embedder=embedder_model)
     run.check(pipeline.STAGES)

@@ -21,7 +21,11 @@ from sage_jax.run.stages import Stage, StageError, Task, read_jsonl
 from clarifyjax.files.tables import DataError, read_rows, resolve_data_path
 from clarifyjax.decoding.local_lm import LocalLM
 from sage_jax.run.generators import OpenAIGenerator, RecordedGenerator, read_api_key
-from clarifyjax.evaluation.bertscore import check_layer, load_model
+from clarifyjax.evaluation.bertscore import check_layer, check_model_folder, load_model
+from clarifyjax.core.commands import one_line
+from clarifyjax.models.embedder import check_embedder_folder
+from clarifyjax.models.hf import check_causal_lm_folder
+from clarifyjax.text.tokenizer import CausalTokenizer
 from sage_jax.parascore import filter_paraphrases
 
 STAGES = ("paraphrase", "answer", "rot", "score", "report")
@@ -164,11 +168,20 @@ def build_generator(cfg: GeneratorConfig, batch_size: int, prompt_of=None):
 
 
 def check_generator(cfg: GeneratorConfig | None, at: str) -> None:
-    """Cheap checks before any work: files and folders exist, the API key's variable is set."""
+    """Checks before any work: a local folder read as `LocalLM` reads it but for its weights
+    (config.json, generation_config.json, every tensor's name and shape in the safetensors
+    headers, the tokenizer), a file exists, the API key's variable is set."""
     if cfg is None:
         return
     if cfg.kind == "local" and not Path(cfg.model).is_dir():
         raise ConfigError(f"{at}.model: {cfg.model}: no such folder")
+    if cfg.kind == "local":
+        try:
+            check_causal_lm_folder(cfg.model, dtype=cfg.dtype)
+            CausalTokenizer(cfg.model)
+        except (OSError, ValueError) as e:  # CheckpointError: a ValueError naming the file and field
+            text = one_line(str(e))
+            raise ConfigError(f"{at}.model: {text if cfg.model in text else f'{cfg.model}: {text}'}") from None
     if cfg.kind == "file":
         resolve_data_path(cfg.model, f"{at}.model")
     if cfg.kind == "openai":
@@ -226,8 +239,9 @@ class Run:
         self.share = f"p{self.index}of{self.count}"
 
     def check(self, stages: Sequence[str]) -> None:
-        """Bad input before long work: the questions file (read whole), every generator the asked
-        stages use (paths, the API key's variable), ParaScore's and the embedder's folders."""
+        """Bad input before the first answer: the questions file (read whole), every generator the
+        asked stages use (a local folder but for its weights, a recorded file read whole, the API
+        key's variable), ParaScore's folder, and the embedder's and BERTScore's but for weights."""
         check_output_folder(self.out, option="out", error=ConfigError)
         self.questions()
         cfg = self.cfg
@@ -244,10 +258,34 @@ class Run:
         for i, target in enumerate(cfg.models):
             if "answer" in stages:
                 check_generator(target.generator, f"models[{i}].generator")
+                self._check_recorded(target.generator, cfg.answer, self.answer_prompt_of(target),
+                                     f"models[{i}].generator")
         if "rot" in stages:
             check_generator(cfg.rot.generator, "rot.generator")
+            self._check_recorded(cfg.rot.generator, cfg.rot, rot_prompt_of, "rot.generator")
         if "score" in stages:
-            self.score_folders()
+            self.check_scoring_models()
+
+    def _check_recorded(self, cfg: GeneratorConfig | None, settings, prompt_of, at: str) -> None:
+        """A recorded generator's file read whole as its stage reads it (its text column, each
+        row's prompt); the generator built is the one the stage uses."""
+        if cfg is not None and cfg.kind == "file":
+            try:
+                self.generators(cfg, settings.batch_size, prompt_of)
+            except DataError as e:
+                raise DataError(f"{at}: {e}") from None
+
+    def check_scoring_models(self) -> None:
+        """The scoring models' folders (`score_folders`), each read but for its weights."""
+        folders, layer = self.score_folders(), self.cfg.score.bertscore_layer
+        checks = {"embedder": check_embedder_folder,
+                  "bertscore_model": lambda folder: check_model_folder(folder, layer)}
+        for key, check in checks.items():
+            try:
+                if folders[key] is not None:
+                    check(folders[key])
+            except (OSError, ValueError) as e:
+                raise ConfigError(f"score.{key}: {one_line(str(e))}", key=f"score.{key}") from None
 
     def score_folders(self) -> dict:
         """The scoring models' folders (`presets.model_folder`; a name not found is a ConfigError)."""
@@ -379,8 +417,12 @@ class Run:
         whole = target.chat or target.generator.kind == "callable"  # a function's reply is kept whole, as the library's
         parse = prompts.parse_chat_answer if whole else (lambda text: prompts.parse_answer(text, self.reference))
         return self._text_stage("answer", target, tasks, target.generator, settings, s, parse, "answer",
-                                AnswerPromptOf(target.chat, self.preset.chat_system, target.generator.prompt_column,
-                                               self.cfg.guide_column if target.guided else None))
+                                self.answer_prompt_of(target))
+
+    def answer_prompt_of(self, target) -> AnswerPromptOf:
+        """The answer prompt each row of a target's recorded file answered."""
+        return AnswerPromptOf(target.chat, self.preset.chat_system, target.generator.prompt_column,
+                              self.cfg.guide_column if target.guided else None)
 
     def rot(self, target) -> list[dict]:
         settings = self.cfg.rot

@@ -72,6 +72,17 @@ def _unfit(generator, tasks: Sequence[Task], samplings) -> dict[int, str]:
     return out
 
 
+def waiting_line(bar, where: str) -> Callable[[str], None]:
+    """Where a generator says why it waits ("waiting 8 s: endpoint URL answered 429 ..."): the
+    stage's progress line, or a line on stderr when no bar is shown (quiet)."""
+    def say(text: str) -> None:
+        if bar.disable:
+            print(f"sage-jax: stage {where}: {text}", file=sys.stderr, flush=True)
+        else:
+            bar.set_postfix_str(text)
+    return say
+
+
 # RowCheck: (tasks, texts, previous records or None) -> per task {"ok": bool, "reason": str | None, ...fields}
 RowCheck = Callable[[Sequence[Task], Sequence[str], Sequence[dict | None]], list[dict]]
 
@@ -142,6 +153,13 @@ class Stage:
                             "prompt": task.prompt, "output": text, "status": status, **verdict})
         return records
 
+    def _generator(self, generator_fn, bar, describe: str):
+        """The stage's generator, an endpoint's or a function's waits said on the stage's bar."""
+        generator = generator_fn()
+        if hasattr(generator, "on_wait"):
+            generator.on_wait = waiting_line(bar, f"{self.name}{describe}")
+        return generator
+
     def run(self, generator_fn, judge: RowCheck, *, sampling, n: int = 1, quiet: bool = False,
             describe: str = "") -> list[dict]:
         """The final rows, in task order: from rows.jsonl when the stage finished before, else by
@@ -194,7 +212,7 @@ class Stage:
                 batch = schedule()
                 if not batch:
                     break
-                generator = generator or generator_fn()
+                generator = generator or self._generator(generator_fn, bar, describe)
                 tasks = [by_key[key] for key in batch]
                 tries = [attempts.get(key, 0) for key in batch]
                 settings = [sampling(generator, t) if callable(sampling) else sampling for t in tasks]
@@ -213,6 +231,8 @@ class Stage:
                 records = self._records(tasks, tries, unfit, zip(texts, verdicts))
                 atomic_write_bytes(self._batch_path(k), _jsonl(records))
                 apply(batch, records)
+                if getattr(bar, "postfix", None):  # a wait it said is over
+                    bar.set_postfix_str("", refresh=False)
                 bar.update(sum(r["status"] != "retry" for r in records))
                 k += 1
         finally:

@@ -99,10 +99,10 @@ def _detect_prefix(source: TensorSource, config: EncoderConfig) -> str:
     return prefix if any(k.startswith(prefix) for k in source.keys()) else ""
 
 
-def read_params(cls, path, config: EncoderConfig, allow_pickle: bool, mesh=None, axis_rules=None):
-    """A `cls` (`BertEncoder`, `SequenceClassifier` or `QuestionAnswering`) with the folder's
-    tensors; with `mesh`, each device reads only its own slice (`tensor_map.read_into`).
-    Other heads' tensors are ignored; a missing tensor or a wrong shape is named."""
+def checked_maps(cls, path, config: EncoderConfig, allow_pickle: bool = False):
+    """(TensorSource, tensor maps) of a `cls` (`BertEncoder`, `SequenceClassifier` or
+    `QuestionAnswering`) in the folder, every tensor it reads checked in the safetensors headers
+    (a missing tensor or a wrong shape is named; other heads' tensors are ignored)."""
     source = TensorSource(path, allow_pickle=allow_pickle)
     maps = encoder_tensor_maps(config, prefix=_detect_prefix(source, config),
                                classifier=cls is SequenceClassifier,
@@ -110,6 +110,13 @@ def read_params(cls, path, config: EncoderConfig, allow_pickle: bool, mesh=None,
     maps = {p: dataclasses.replace(tm, hf_name=_resolve(source, tm.hf_name))
             for p, tm in maps.items()}
     check_tensors(source.folder, source, maps, f"the {config.model_type} config", within=())
+    return source, maps
+
+
+def read_params(cls, path, config: EncoderConfig, allow_pickle: bool, mesh=None, axis_rules=None):
+    """A `cls` with the folder's tensors (`checked_maps`); with `mesh`, each device reads only its
+    own slice (`tensor_map.read_into`)."""
+    source, maps = checked_maps(cls, path, config, allow_pickle)
     abstract = nnx.eval_shape(lambda: cls(config, nnx.Rngs(0)))
     return read_into(abstract, maps, source, config.param_dtype, mesh, axis_rules)
 

@@ -184,19 +184,27 @@ def load_causal_lm(path: str | os.PathLike, *, dtype: str = "float32",
       CheckpointError: naming the field (unknown model_type, unsupported switch such as falcon
         `alibi: true`, a bad number) or the tensor (missing, unmapped, wrong shape).
     """
+    config, source, maps = check_causal_lm_folder(path, dtype=dtype, param_dtype=param_dtype)
+    abstract = nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0)))
+    return config, read_into(abstract, maps, source, config.param_dtype, mesh, rules)
+
+
+def check_causal_lm_folder(path: str | os.PathLike, *, dtype: str = "float32",
+                           param_dtype: str | None = None):
+    """Everything `load_causal_lm` checks before it reads a weight: the folder, config.json,
+    generation_config.json and every tensor's name and shape in the safetensors headers ->
+    (CausalLMConfig, its TensorSource, its tensor maps). `sage-jax run` checks its local
+    generators with it before the first answer. Raises as `load_causal_lm`."""
     source = TensorSource(path)
     folder = source.folder
-    hf_config = read_config(folder)
-    where = folder / "config.json"
-    config = causal_lm_map.config_from_hf(hf_config, where, dtype=dtype,
-                                          param_dtype=param_dtype or dtype)
+    config = causal_lm_map.config_from_hf(read_config(folder), folder / "config.json",
+                                          dtype=dtype, param_dtype=param_dtype or dtype)
     generation = read_generation_defaults(folder, config.eos_token_ids)
     eos = tuple(dict.fromkeys(config.eos_token_ids + generation["eos_token_ids"]))
     config = dataclasses.replace(config, eos_token_ids=eos)
     maps = causal_lm_map.causal_lm_tensor_maps(config)
     causal_lm_map.check_causal_lm_tensors(folder, source, maps, config)
-    abstract = nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0)))
-    return config, read_into(abstract, maps, source, config.param_dtype, mesh, rules)
+    return config, source, maps
 
 
 # --------------------------------------------------------------------------- DeBERTa-v2/v3, QA heads

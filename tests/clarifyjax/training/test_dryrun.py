@@ -163,6 +163,34 @@ def test_ppo_inputs_are_named_by_option(inputs):
         _refused(PPO, _with(base, overrides), *options)
 
 
+def test_too_little_data_is_refused(inputs, capsys):
+    """Issue 37: a train_rows smaller than one batch, a training file of fewer rows than a batch,
+    and a file with a header and no rows: the dry run passed them, the run stopped once it had
+    built its models."""
+    tmp = inputs["tmp"]
+    gold = b"id\tsource\tsituation\tquestion\n"
+    header_only = _file(tmp, "no_rows.tsv", gold)
+    few = _file(tmp, "three_rows.tsv", gold + b"".join(b"%d\tx\tSituation %d.\tWhy?\n" % (i, i) for i in range(3)))
+    sft = inputs["sft"] + inputs["small"]
+    with pytest.raises(ConfigError, match=r"data\.train_rows: 8 pairs are fewer than one batch "
+                                          r"\(data\.batch_size = 32\)"):
+        dryrun.main(SFT, _with(sft, ["data.train_rows=8"]) + NONE, say=lambda _: None)
+    assert cli.main(["train", SFT, *_with(sft, ["data.train_rows=31"]), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "data.train_rows: 31 pairs are fewer than one batch" in err, err
+    text = _refused(SFT, _with(sft, [f"data.train_path={header_only}"]), "data.train_path")
+    assert f"data.train_path: {header_only}: no question pairs in it (only a header" in text, text
+    _refused(SFT, _with(sft, [f"data.dev_path={header_only}"]), "data.dev_path")
+    text = _refused(SFT, _with(sft, [f"data.train_path={few}"]), "data.train_path")
+    assert text.endswith("data.train_path: 3 training pairs, fewer than one batch (data.batch_size = 32)"), text
+    ppo = inputs["ppo"] + inputs["small"]
+    _refused(PPO, _with(ppo, [f"data.train_path={header_only}"]), "data.train_path")
+    _refused(PPO, _with(ppo, [f"data.dev_path={header_only}"]), "data.dev_path")
+    text = _refused(PPO, _with(ppo, [f"data.train_path={few}"]), "data.train_path")
+    assert text.endswith("data.train_path: 3 training situations, fewer than one batch of 4 "
+                         "(ppo.batch_size / ppo.samples_per_situation)"), text
+
+
 @pytest.mark.reference
 def test_check_models_false_still_reads_the_data(inputs):
     # the shipped tiny config as it is: its runs/ folders are not made here

@@ -27,7 +27,8 @@ BOOT = {"resamples": 999, "seed": 3, "confidence": 0.9, "method": "BCa"}
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """Two tiny Llamas and a tiny BERT (embedder and BERTScore)."""
+    """Two tiny Llamas, a third whose folder the fake rule-of-thumb writer stands in for (it is
+    checked before any run, never loaded), and a tiny BERT (embedder and BERTScore)."""
     from clarifyjax.models.tiny import tiny_llama_folder
     from helpers.tiny_models import tiny_classifier_folder
 
@@ -35,6 +36,7 @@ def folders(tmp_path_factory):
     words = {"vocab_size": 2000}  # ~3 characters a token: an answer prompt fits 128 positions
     return {"llama1": str(tiny_llama_folder(root, seed=1, tokenizer=words)),
             "llama2": str(tiny_llama_folder(root, seed=2, tokenizer=words)),
+            "rot_writer": str(tiny_llama_folder(root, seed=3, tokenizer=words)),
             "bert": str(tiny_classifier_folder(root, model_type="bert"))}
 
 
@@ -140,9 +142,9 @@ def drawn(out: Path, name: str) -> dict:
 @pytest.mark.reference
 @pytest.mark.slow  # the module's first scoring run: the embedder's, BERTScore's, SaGE's, two tiny LLMs' compiles
 def test_models_table1_with_intervals_and_paired_comparisons(tmp_path, folders, embedder):
-    cfg, data = experiment(tmp_path, embedder, fake_rot_writer=folders["bert"], kind="models", run={
+    cfg, data = experiment(tmp_path, embedder, fake_rot_writer=folders["rot_writer"], kind="models", run={
         "questions": str(shared_data(Q100)), "limit": 3, "quiet": True, "answer": {"max_attempts": 2},
-        "rot": {"generator": {"kind": "local", "model": folders["bert"]}},
+        "rot": {"generator": {"kind": "local", "model": folders["rot_writer"]}},
         "score": {"embedder": folders["bert"], "bertscore_model": folders["bert"]}},
         models=[local(folders["llama1"], "m1"), local(folders["llama2"], "m2"),
                 {"name": "gpt", "generator": {"kind": "file", "model": str(shared_data(Q100))}}])

@@ -384,9 +384,11 @@ def test_config_errors_name_the_key_and_the_file(tmp_path, capsys):
 def test_a_parascore_model_without_a_default_layer_is_refused_before_any_work(tmp_path, embedder, capsys):
     from sage_jax import cli
 
-    local = {"kind": "local", "model": str(tmp_path)}  # checked to be a folder, never loaded here
-    raw = config(tmp_path, **{"paraphrase.scorer": {"model": embedder}, "paraphrase.generator": local,
-                              "rot.generator": local, "models": [{"name": "m1", "generator": local}]})
+    endpoint = {"kind": "openai", "base_url": "http://127.0.0.1:9/v1", "model": "m"}  # never asked here
+    recorded = {"kind": "file", "model": str(shared_data(Q100))}
+    raw = config(tmp_path, **{"paraphrase.scorer": {"model": embedder}, "paraphrase.generator": endpoint,
+                              "rot.generator": {**recorded, "column": "rot"},
+                              "models": [{"name": "m1", "generator": recorded}]})
     (tmp_path / "run.yaml").write_text(json.dumps(raw))
     assert cli.main(["run", str(tmp_path / "run.yaml")]) == 2
     err = capsys.readouterr().err
