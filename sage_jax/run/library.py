@@ -13,7 +13,6 @@ from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 import json
 
-from clarifyjax.files.textfiles import atomic_write_bytes
 from clarifyjax.models.embedder import default_embedder_path
 from clarifyjax.models.hf.encoder_map import read_encoder_config
 from sage_jax.run import prompts, generators, pipeline
@@ -48,7 +47,8 @@ def _generator(source, name: str) -> tuple[GeneratorConfig, Callable | None]:
     return GeneratorConfig(kind="local", model=str(source)), None
 
 
-def _questions_file(out: Path, questions: Sequence[str], paraphrases: Mapping[str, Sequence[str]] | None) -> Path:
+def questions_csv(questions: Sequence[str], paraphrases: Mapping[str, Sequence[str]] | None) -> bytes:
+    """The run's questions.csv: one row per question (per paraphrase when they are given)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["question_id", "question", "paraphrased", "score"])
@@ -57,9 +57,7 @@ def _questions_file(out: Path, questions: Sequence[str], paraphrases: Mapping[st
             raise ValueError(f"questions[{i}]: must be a non-empty str")
         for p in (paraphrases[q] if paraphrases is not None else [q]):
             writer.writerow([i, q, p, ""])
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out / "questions.csv", buf.getvalue().encode())
-    return out / "questions.csv"
+    return buf.getvalue().encode()
 
 
 def default_scorer() -> ScorerConfig:
@@ -71,8 +69,9 @@ def default_scorer() -> ScorerConfig:
 
 def build_run(questions: Sequence[str], use_rots: bool, out: Path, *, paraphrases=None, paraphraser=None,
               paraphrase_scorer=None, rot_writer=None, embedder=None, preset: str = "ours", count: int = 5,
-              concurrency: int = 8, max_retries: int = 5) -> tuple[SageRunConfig, dict]:
-    """The run `score_details` makes, and the functions its callable generators name."""
+              concurrency: int = 8, max_retries: int = 5) -> tuple[SageRunConfig, dict, bytes]:
+    """The run `score_details` makes, the functions its callable generators name, and its
+    questions.csv (written by the run once its checks have passed)."""
     if paraphrases is None and paraphraser is None:
         raise ValueError("give paraphraser (a causal LM folder or a function) or paraphrases (each question's "
                          "paraphrases)")
@@ -97,12 +96,13 @@ def build_run(questions: Sequence[str], use_rots: bool, out: Path, *, paraphrase
         rot = StageConfig(generator=g)
     target = TargetConfig(name=MODEL, generator=GeneratorConfig(kind="callable", model=MODEL, concurrency=concurrency,
                                                                 max_retries=max_retries))
-    cfg = SageRunConfig(questions=str(_questions_file(out, questions, paraphrases)), out=str(out), preset=preset,
+    table = questions_csv(questions, paraphrases)
+    cfg = SageRunConfig(questions=str(out / "questions.csv"), out=str(out), preset=preset,
                         quiet=True, paraphrase=para, models=(target,), rot=rot,
                         score=ScoreConfig(embedder=None if embedder is None else str(embedder), bertscore=False,
                                           lexical=False))
     cfg.check("")
-    return cfg, functions
+    return cfg, functions, table
 
 
 # Each question is paraphrased, each paraphrase answered by `get_response`, a rule of thumb written
@@ -126,7 +126,7 @@ def score_details(questions: Sequence[str], get_response: Callable[[str], str], 
         settings["paraphraser"] = get_response
     if use_rots and settings.get("rot_writer") is None:
         settings["rot_writer"] = get_response
-    cfg, functions = build_run(list(questions), use_rots, out, **settings)
+    cfg, functions, table = build_run(list(questions), use_rots, out, **settings)
     functions[MODEL] = get_response
     extra = {} if sleep is None else {"sleep": sleep}
 
@@ -137,7 +137,7 @@ def score_details(questions: Sequence[str], get_response: Callable[[str], str], 
         return generators.CallableGenerator(functions[c.model], name=c.model, argument_of=argument_of,
                                             concurrency=c.concurrency, max_retries=c.max_retries, **extra)
 
-    run = pipeline.Run(cfg, generators=pipeline.Generators(build), embedder=embedder_model)
+    run = pipeline.Run(cfg, generators=pipeline.Generators(build), embedder=embedder_model, questions_file=table)
     run.check(pipeline.STAGES)
     run.run(pipeline.STAGES)
     pq = json.loads((out / "report" / "scores.json").read_text())["models"][MODEL]["per_question"] or {}

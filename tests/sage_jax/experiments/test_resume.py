@@ -1,12 +1,15 @@
 """`sage-jax experiment` on recorded answers (file generators; configs/sage/experiments/
 temperature_recorded.yaml's shape, with recorded rules of thumb too): killed with SIGKILL in each
-stage of its runs and run again, it writes byte for byte the files of an uninterrupted run.
+stage of its runs and run again, it writes byte for byte the files of an uninterrupted run; rerun
+into its finished folder with other settings (another seed, other questions, a missing data
+file), it is refused before anything is written, and every file stays byte-identical.
 
 The recorded files are tests/helpers/recorded_files.py's; the embedder is a tiny random BERT.
 """
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +18,7 @@ import pytest
 
 from helpers import experiment_child
 from helpers.children import clean_env
-from helpers.recorded_files import folder_hashes, write_temperature_files
+from helpers.recorded_files import folder_hashes, sage_jax_refuses, write_temperature_files
 
 # A kill right after each of these files (under the experiment's folder): one point in each stage.
 KILL_AT = {"paraphrase": "runs/same/stages/paraphrase/p0of1/rows.jsonl",
@@ -84,3 +87,20 @@ def test_kill_9_in_each_stage_then_the_same_command_writes_the_uninterrupted_fil
     monkeypatch.chdir(tmp_path)
     experiment_child.main(str(path), "none")
     assert folder_hashes(tmp_path / "exp") == expected
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("overrides, refused", [
+    (["run.seed=1"], "seed differ"),
+    (["run.limit=2"], "paraphrase rows of another questions file"),
+    (["temperature.temperatures=[0.0,0.5,1.0]"], "models[2].generator.model: data file not found"),
+    ([], None),  # the same command: nothing changes either
+], ids=["seed", "questions", "missing-file", "same"])
+def test_a_refused_rerun_leaves_every_file_of_the_finished_experiment_byte_identical(
+        tmp_path, monkeypatch, capsys, uninterrupted, overrides, refused):
+    whole, _, expected = uninterrupted
+    shutil.copytree(whole, tmp_path / "copy")
+    monkeypatch.chdir(tmp_path / "copy")
+    assert folder_hashes(Path("exp")) == expected
+    sage_jax_refuses(capsys, ["experiment", "config.json", *overrides], refused)
+    assert folder_hashes(Path("exp")) == expected
