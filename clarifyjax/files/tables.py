@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from collections.abc import Iterator, Sequence
 
-from clarifyjax.files.textfiles import read_text_file, unencodable
+from clarifyjax.files.textfiles import decode_utf8, read_text_file, unencodable
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -135,7 +135,8 @@ def file_kind(path: Path) -> str:
     raise DataError(f"{path}: unknown file type {suffix!r}; expected .csv, .tsv or .jsonl")
 
 
-def read_rows(path: str | os.PathLike) -> tuple[list[str], Iterator[tuple[int, dict[str, str]]]]:
+def read_rows(path: str | os.PathLike, data: bytes | None = None
+              ) -> tuple[list[str], Iterator[tuple[int, dict[str, str]]]]:
     """The header and an iterator of (line number, row as column -> string) of a CSV/TSV/JSONL file.
 
     CSV / TSV: blank lines skipped; the first non-blank line is the header, its names distinct;
@@ -146,10 +147,12 @@ def read_rows(path: str | os.PathLike) -> tuple[list[str], Iterator[tuple[int, d
 
     The header of a JSONL file is the union of the keys of its objects, in order of appearance; a
     key missing from one object reads as None there (callers report it when the field is needed).
+    `data`: the file's bytes, when the caller holds them (a file it writes only after its checks);
+    `path` then only names the file.
     """
     path = Path(path)
     kind = file_kind(path)
-    text = read_text_file(path, error=DataError)
+    text = read_text_file(path, error=DataError) if data is None else decode_utf8(data, str(path), error=DataError)
     if kind == "jsonl":
         header, rows = _jsonl_rows(path, text)
     else:

@@ -19,6 +19,9 @@ RUNNERS = {"models": consistency.models_experiment, "temperature": consistency.t
 TABLES = {"models": "table1", "temperature": "temperature", "rot_prompt": "table4", "accuracy": "table3",
           "agreement": "table2"}
 FIGURES = {**TABLES, "accuracy": "figure4"}
+RUNS = {"models": consistency.models_runs, "temperature": consistency.temperature_runs,
+        "rot_prompt": consistency.rot_prompt_runs, "accuracy": validity.accuracy_runs,
+        "agreement": validity.agreement_runs}
 
 
 def check_experiment_inputs(cfg: ExperimentConfig) -> None:
@@ -36,13 +39,17 @@ def check_experiment_inputs(cfg: ExperimentConfig) -> None:
 # Into `out/`: config.yaml (the config as run); runs/<name>/ (each `sage-jax run` of the experiment,
 # resumable); table1 | temperature | table3 | table2 | table4 .md / .json (the table and its
 # numbers); <same name>.png and .series.json (the figure and the data it draws; figure4 for accuracy).
+# Every run of the experiment is checked (`consistency.checked_run`: its inputs, and what its folder
+# holds of an earlier start) before anything is written, so a refused rerun changes nothing.
 def run_experiment(cfg: ExperimentConfig, **given) -> dict:
     """Run one experiment; `given` (embedder, generators) goes to every `sage_jax.run.pipeline.Run`."""
     check_experiment_inputs(cfg)
     out = Path(cfg.out)
+    runs = {name: consistency.checked_run(run_cfg, questions, **given)
+            for name, (run_cfg, questions) in RUNS[cfg.kind](cfg, out).items()}
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_bytes(out / "config.yaml", dump_config(cfg).encode())
-    return RUNNERS[cfg.kind](cfg, out, **given)
+    return RUNNERS[cfg.kind](cfg, out, runs)
 
 
 def main(config: Path, overrides: Sequence[str]) -> int:

@@ -14,7 +14,6 @@ import itertools
 import json
 from pathlib import Path
 
-from clarifyjax.files.textfiles import atomic_write_bytes
 from sage_jax.experiments import output, stats
 from sage_jax.experiments.config import ExperimentConfig
 from sage_jax.run.config import SageRunConfig, TargetConfig
@@ -34,26 +33,27 @@ def settings(cfg: ExperimentConfig) -> dict:
     return dataclasses.asdict(cfg.bootstrap)
 
 
-def checked_runs(run_cfgs: list[SageRunConfig], *, embedder=None, generators=None) -> list[pipeline.Run]:
-    """An experiment's `sage-jax run`s, every one checked (`Run.check`: its questions, each
-    model's folder or recorded file and column, the scoring models) before any run answers."""
-    runs = [pipeline.Run(c, embedder=embedder, generators=generators) for c in run_cfgs]
-    for run in runs:
-        run.check(pipeline.STAGES)
-    return runs
+def checked_run(run_cfg: SageRunConfig, questions_file: bytes | None = None, *, embedder=None,
+                generators=None) -> pipeline.Run:
+    """One `sage-jax run` of an experiment, its inputs and what its folder holds checked
+    (`Run.check`), so that the experiment can check all its runs before it writes anything;
+    `questions_file`: the bytes of a questions file the experiment derives, written by the run."""
+    run = pipeline.Run(run_cfg, embedder=embedder, generators=generators, questions_file=questions_file)
+    run.check(pipeline.STAGES)
+    return run
 
 
-def scores_of(run: pipeline.Run) -> dict[str, dict]:
-    """Every stage of a run (a finished one is reused), then each model's per-question columns
-    (`report/scores.json`; None for a model with no answered row)."""
+def scored(run: pipeline.Run) -> dict[str, dict]:
+    """A checked run's every stage (a finished one is reused), then each model's per-question
+    columns (`report/scores.json`; None for a model with no answered row)."""
     run.run(pipeline.STAGES)
     scores = json.loads((run.out / "report" / "scores.json").read_text())
     return {name: entry["per_question"] for name, entry in scores["models"].items()}
 
 
 def run_and_score(run_cfg: SageRunConfig, **given) -> dict[str, dict]:
-    """One checked `sage-jax run` and its per-question columns (`checked_runs`, `scores_of`)."""
-    return scores_of(checked_runs([run_cfg], **given)[0])
+    """`scored` of the run `run_cfg` names (`given`: embedder, generators)."""
+    return scored(checked_run(run_cfg, **given))
 
 
 def _column(per_question: dict | None, key: str) -> list[float]:
@@ -79,9 +79,14 @@ def used_columns(columns: dict, per_model: dict) -> dict:
         pq and any(x is not None for x in pq.get(k, [])) for pq in per_model.values())}
 
 
-def models_experiment(cfg: ExperimentConfig, out: Path, **given) -> dict:
+def models_runs(cfg: ExperimentConfig, out: Path) -> dict[str, tuple]:
+    """The runs of an experiment: name -> (its config, the bytes of its derived questions file or None)."""
+    return {"models": (cfg.run.build(out / "runs" / "models", cfg.models), None)}
+
+
+def models_experiment(cfg: ExperimentConfig, out: Path, runs: dict[str, pipeline.Run]) -> dict:
     """Table 1 with intervals, and the paired comparisons of `pairs` (every pair when empty)."""
-    per_model = run_and_score(cfg.run.build(out / "runs" / "models", cfg.models), **given)
+    per_model = scored(runs["models"])
     boot = settings(cfg)
     columns = used_columns(TABLE1, per_model)
     table = {name: {k: stats.mean_interval(_column(pq, k), **boot) for k in columns} for name, pq in per_model.items()}
@@ -106,7 +111,7 @@ def models_experiment(cfg: ExperimentConfig, out: Path, **given) -> dict:
     return data
 
 
-def same_question_file(cfg: ExperimentConfig, out: Path) -> Path:
+def same_question_csv(cfg: ExperimentConfig, out: Path) -> bytes:
     """The questions file of the `same` setting: each question as its own `repeats` paraphrases."""
     source = read_source_questions(cfg.run.build(out / "runs" / "unused", [TargetConfig(name="x")],
                                                  paraphrase=dataclasses.replace(cfg.run.paraphrase, source="generate")))
@@ -115,10 +120,7 @@ def same_question_file(cfg: ExperimentConfig, out: Path) -> Path:
     writer.writerow(["question_id", "question", "paraphrased", "score"])
     for q in source:
         writer.writerows([q.question_id, q.question, q.question, 1.0] for _ in range(cfg.temperature.repeats))
-    path = out / "same_question.csv"
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(path, buf.getvalue().encode())
-    return path
+    return buf.getvalue().encode()
 
 
 def temperature_targets(cfg: ExperimentConfig) -> list[TargetConfig]:
@@ -133,21 +135,27 @@ def temperature_targets(cfg: ExperimentConfig) -> list[TargetConfig]:
     return targets
 
 
-def temperature_experiment(cfg: ExperimentConfig, out: Path, **given) -> dict:
-    """Figure 3: SaGE and ROUGE-L per temperature, with paraphrases and with the same question."""
-    boot, targets = settings(cfg), temperature_targets(cfg)
-    run_cfgs = []
+def temperature_runs(cfg: ExperimentConfig, out: Path) -> dict[str, tuple]:
+    """One run per setting: `same` asks each question itself (same_question.csv), `paraphrase`
+    its paraphrases."""
+    targets, runs = temperature_targets(cfg), {}
     for setting in cfg.temperature.settings:
         if setting == "same":
             paraphrase = dataclasses.replace(cfg.run.paraphrase, source="file", paraphrase_column="paraphrased")
-            run_cfgs.append(cfg.run.build(out / "runs" / "same", targets, questions=str(same_question_file(cfg, out)),
-                                          question_id_column="question_id", question_column="question",
-                                          paraphrase=paraphrase))
+            runs[setting] = (cfg.run.build(out / "runs" / "same", targets, questions=str(out / "same_question.csv"),
+                                           question_id_column="question_id", question_column="question",
+                                           paraphrase=paraphrase), same_question_csv(cfg, out))
         else:
-            run_cfgs.append(cfg.run.build(out / "runs" / "paraphrase", targets))
+            runs[setting] = (cfg.run.build(out / "runs" / "paraphrase", targets), None)
+    return runs
+
+
+def temperature_experiment(cfg: ExperimentConfig, out: Path, runs: dict[str, pipeline.Run]) -> dict:
+    """Figure 3: SaGE and ROUGE-L per temperature, with paraphrases and with the same question."""
+    boot, targets = settings(cfg), temperature_targets(cfg)
     results = {}
-    for setting, run in zip(cfg.temperature.settings, checked_runs(run_cfgs, **given)):
-        per_model = scores_of(run)
+    for setting in cfg.temperature.settings:
+        per_model = scored(runs[setting])
         results[setting] = {str(float(t)): {k: stats.mean_interval(_column(per_model[target.name], k), **boot)
                                             for k in ("sage_answer", "rouge_l")}
                             for t, target in zip(cfg.temperature.temperatures, targets)}
@@ -172,13 +180,21 @@ def temperature_experiment(cfg: ExperimentConfig, out: Path, **given) -> dict:
     return data
 
 
-def rot_prompt_experiment(cfg: ExperimentConfig, out: Path, **given) -> dict:
+def guided_model(cfg: ExperimentConfig) -> TargetConfig:
+    model = cfg.models[0]
+    return dataclasses.replace(model, name=f"{model.name}-rot", guided=True)
+
+
+def rot_prompt_runs(cfg: ExperimentConfig, out: Path) -> dict[str, tuple]:
+    return {"rot_prompt": (cfg.run.build(out / "runs" / "rot_prompt", [cfg.models[0], guided_model(cfg)],
+                                         guide_column=cfg.guide_column), None)}
+
+
+def rot_prompt_experiment(cfg: ExperimentConfig, out: Path, runs: dict[str, pipeline.Run]) -> dict:
     """Table 4: the model without and with its question's rule of thumb in the prompt (the same
     paraphrases), each metric's mean before and after and their paired difference."""
-    model = cfg.models[0]
-    guided = dataclasses.replace(model, name=f"{model.name}-rot", guided=True)
-    run_cfg = cfg.run.build(out / "runs" / "rot_prompt", [model, guided], guide_column=cfg.guide_column)
-    per_model = run_and_score(run_cfg, **given)
+    model, guided = cfg.models[0], guided_model(cfg)
+    per_model = scored(runs["rot_prompt"])
     boot = settings(cfg)
     before, after = per_model[model.name], per_model[guided.name]
     data = {"bootstrap": boot, "metrics": {k: {

@@ -10,12 +10,11 @@ import io
 import numpy as np
 
 from clarifyjax.files.tables import DataError, read_rows, resolve_data_path
-from clarifyjax.files.textfiles import atomic_write_bytes
 from sage_jax.experiments import benchmarks, output, stats
 from sage_jax.experiments.config import BenchmarkConfig, ExperimentConfig
-from sage_jax.experiments.consistency import TABLE1, checked_runs, run_and_score, scores_of, settings, \
-    used_columns
+from sage_jax.experiments.consistency import TABLE1, scored, settings, used_columns
 from sage_jax.experiments.multiple_choice import ChoiceScorer, evaluate_choices
+from sage_jax.run.pipeline import Run
 
 TASK_METRICS = {"truthfulqa_mc1": ("mc1",), "truthfulqa_mc2": ("mc2",), "hellaswag": ("acc", "acc_norm")}
 LABELS = {"y": 1.0, "yes": 1.0, "n": 0.0, "no": 0.0, "na": None, "n/a": None, "": None}
@@ -58,31 +57,34 @@ def accuracies(cfg: ExperimentConfig, out: Path) -> dict:
     return result
 
 
-def sage_questions(cfg: ExperimentConfig, out: Path) -> str:
-    """run.questions, or the first benchmark's questions (question_id, question) for the run to paraphrase."""
+def accuracy_runs(cfg: ExperimentConfig, out: Path) -> dict[str, tuple]:
+    """The SaGE run on run.questions, or on the first benchmark's questions (question_id, question;
+    out/sage_questions.csv, written by the run) for it to paraphrase."""
+    folder = out / "runs" / "accuracy"
     if cfg.run.questions.strip():
-        return cfg.run.questions
+        return {"accuracy": (cfg.run.build(folder, cfg.models), None)}
     chosen, _ = benchmark_docs(cfg.benchmarks[0])
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["question_id", "question"])
     writer.writerows([d.doc_id, d.question] for d in chosen)
-    path = out / "sage_questions.csv"
-    out.mkdir(parents=True, exist_ok=True)
-    output.write_json(out / "sage_questions.json", {"benchmark": benchmark_name(cfg.benchmarks[0])})
-    atomic_write_bytes(path, buf.getvalue().encode())
-    return str(path)
+    run_cfg = cfg.run.build(folder, cfg.models, questions=str(out / "sage_questions.csv"))
+    return {"accuracy": (run_cfg, buf.getvalue().encode())}
+
+
+def agreement_runs(cfg: ExperimentConfig, out: Path) -> dict[str, tuple]:
+    return {"agreement": (cfg.run.build(out / "runs" / "agreement", cfg.models), None)}
 
 
 # Each model's multiple-choice accuracy on each benchmark, its SaGE on paraphrases of questions (one
 # `sage-jax run` of every model), and across the models the Pearson and Spearman correlations of
 # SaGE with each accuracy, with bootstrap intervals over the models.
-def accuracy_experiment(cfg: ExperimentConfig, out: Path, **given) -> dict:
+def accuracy_experiment(cfg: ExperimentConfig, out: Path, runs: dict[str, Run]) -> dict:
     boot = settings(cfg)
-    run_cfg = cfg.run.build(out / "runs" / "accuracy", cfg.models, questions=sage_questions(cfg, out))
-    [run] = checked_runs([run_cfg], **given)  # every model, the embedder: before the first benchmark
     acc = accuracies(cfg, out)
-    per_model = scores_of(run)
+    if not cfg.run.questions.strip():
+        output.write_json(out / "sage_questions.json", {"benchmark": benchmark_name(cfg.benchmarks[0])})
+    per_model = scored(runs["accuracy"])
     sage = {name: stats.mean_interval([np.nan if v is None else v for v in pq["sage_answer"]] if pq else [], **boot)
             for name, pq in per_model.items()}
     columns = [(b, m) for b in acc[cfg.models[0].name] for m in acc[cfg.models[0].name][b]]
@@ -143,7 +145,7 @@ def read_labels(cfg: ExperimentConfig) -> tuple[list[str], np.ndarray, list[str]
 # question, the entropy (bits) of its Y/N labels over all its pairs and raters; over all rows,
 # Krippendorff's alpha (nominal) of the raters, NA missing; and the Pearson correlation, with its
 # bootstrap interval over the questions, of each metric of the run with that entropy.
-def agreement_experiment(cfg: ExperimentConfig, out: Path, **given) -> dict:
+def agreement_experiment(cfg: ExperimentConfig, out: Path, runs: dict[str, Run]) -> dict:
     boot = settings(cfg)
     ids, labels, raters = read_labels(cfg)
     entropy = {}
@@ -151,7 +153,7 @@ def agreement_experiment(cfg: ExperimentConfig, out: Path, **given) -> dict:
         mine = labels[:, [i for i, x in enumerate(ids) if x == q]]
         entropy[q] = stats.binary_entropy(int(np.sum(mine == 1)), int(np.sum(mine == 0)))
     alpha = stats.krippendorff_alpha(labels)
-    per_model = run_and_score(cfg.run.build(out / "runs" / "agreement", cfg.models), **given)
+    per_model = scored(runs["agreement"])
     pq = per_model[cfg.models[0].name] or {"question_id": []}
     columns = used_columns(TABLE1, per_model)
     table = {}

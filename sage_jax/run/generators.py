@@ -245,8 +245,10 @@ class OpenAIGenerator:
 class RecordedGenerator:
     """Texts of an existing long-format file (one row per paraphrase; the SaGE release's columns),
     returned for the prompt `prompt_of(row)` each row would have been given. Several rows with one
-    prompt (the release repeats some paraphrases) are that prompt's samples, in file order; a
-    prompt the file lacks is a `GenerationError` naming it."""
+    prompt (the release repeats some paraphrases) are that prompt's samples, in file order: the
+    i-th time a stage asks for a prompt it gets its i-th text (after the last, the first again),
+    counted by the stage from its batch files (`complete_from`), so a resumed stage gets what an
+    uninterrupted one got. A prompt the file lacks is a `GenerationError` naming it."""
 
     def __init__(self, path, *, column: str, prompt_of: Callable[[Mapping[str, str]], Prompt]):
         self.path, self.column = str(path), column
@@ -260,7 +262,6 @@ class RecordedGenerator:
             except KeyError as e:
                 raise DataError(f"{path}:{line}: missing field {e.args[0]!r}") from None
             self._texts.setdefault(_prompt_key(prompt), []).append(row[column])
-        self._served: dict[str, int] = {}
 
     @property
     def name(self) -> str:
@@ -270,15 +271,24 @@ class RecordedGenerator:
         return {"kind": "file", "path": self.path, "column": self.column}
 
     def complete(self, prompts, sampling, n=1, seed=None):
-        out = []
-        for prompt, count in zip(prompts, per_prompt(n, len(prompts), "n")):
+        """Each prompt's first texts (a prompt given twice in the call: its next ones the second
+        time); the same call gives the same texts."""
+        counts, served = per_prompt(n, len(prompts), "n"), []
+        seen: dict[str, int] = {}
+        for prompt, count in zip(prompts, counts):
             key = _prompt_key(prompt)
-            texts = self._texts.get(key)
+            served.append(seen.get(key, 0))
+            seen[key] = served[-1] + count
+        return self.complete_from(prompts, served, counts)
+
+    def complete_from(self, prompts, served: Sequence[int], n=1) -> list[list[Completion]]:
+        """Prompt i's texts after its first `served[i]` (`stages.Recorded`)."""
+        out = []
+        for prompt, first, count in zip(prompts, served, per_prompt(n, len(prompts), "n")):
+            texts = self._texts.get(_prompt_key(prompt))
             if texts is None:
                 shown = prompt if isinstance(prompt, str) else prompt[-1]["content"]
                 raise GenerationError(f"{self.path}: no row gives the prompt {shown.strip()[-120:]!r}")
-            first = self._served.get(key, 0)  # the next call for the same prompt: its next sample
-            self._served[key] = first + count
             out.append([_completion(texts[(first + i) % len(texts)], "stop") for i in range(count)])
         return out
 

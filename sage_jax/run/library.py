@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping, Sequence
 import json
 import os
 
-from clarifyjax.files.textfiles import atomic_write_bytes
 from clarifyjax.models.embedder import default_embedder_path
 from clarifyjax.models.hf.encoder_map import read_encoder_config
 from sage_jax.run import prompts, generators, pipeline
@@ -57,7 +56,8 @@ def check_function(fn, name: str) -> None:
         raise TypeError(f"{name}: must be a function of one str that returns a str, got {type(fn).__name__}")
 
 
-def _questions_file(out: Path, questions: Sequence[str], paraphrases: Mapping[str, Sequence[str]] | None) -> Path:
+def questions_csv(questions: Sequence[str], paraphrases: Mapping[str, Sequence[str]] | None) -> bytes:
+    """The run's questions.csv: one row per question (per paraphrase when they are given)."""
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["question_id", "question", "paraphrased", "score"])
@@ -66,9 +66,7 @@ def _questions_file(out: Path, questions: Sequence[str], paraphrases: Mapping[st
             raise ValueError(f"questions[{i}]: must be a non-empty str")
         for p in (paraphrases[q] if paraphrases is not None else [q]):
             writer.writerow([i, q, p, ""])
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out / "questions.csv", buf.getvalue().encode())
-    return out / "questions.csv"
+    return buf.getvalue().encode()
 
 
 def default_scorer() -> ScorerConfig:
@@ -81,8 +79,9 @@ def default_scorer() -> ScorerConfig:
 def build_run(questions: Sequence[str], use_rots: bool, out: Path, *, paraphrases=None, paraphraser=None,
               paraphrase_scorer=None, rot_writer=None, embedder=None, preset: str = "ours", count: int = 5,
               concurrency: int = 8, max_retries: int = 5,
-              timeout_s: float = generators.FUNCTION_TIMEOUT_S) -> tuple[SageRunConfig, dict]:
-    """The run `score_details` makes, and the functions its callable generators name."""
+              timeout_s: float = generators.FUNCTION_TIMEOUT_S) -> tuple[SageRunConfig, dict, bytes]:
+    """The run `score_details` makes, the functions its callable generators name, and its
+    questions.csv (written by the run once its checks have passed)."""
     timeout_s = generators.check_timeout(timeout_s)
     if paraphrases is None and paraphraser is None:
         raise ValueError("give paraphraser (a causal LM folder or a function) or paraphrases (each question's "
@@ -108,12 +107,13 @@ def build_run(questions: Sequence[str], use_rots: bool, out: Path, *, paraphrase
         rot = StageConfig(generator=g)
     target = TargetConfig(name=MODEL, generator=GeneratorConfig(kind="callable", model=MODEL, concurrency=concurrency,
                                                                 max_retries=max_retries, timeout_s=timeout_s))
-    cfg = SageRunConfig(questions=str(_questions_file(out, questions, paraphrases)), out=str(out), preset=preset,
+    table = questions_csv(questions, paraphrases)
+    cfg = SageRunConfig(questions=str(out / "questions.csv"), out=str(out), preset=preset,
                         quiet=True, paraphrase=para, models=(target,), rot=rot,
                         score=ScoreConfig(embedder=None if embedder is None else str(embedder), bertscore=False,
                                           lexical=False))
     cfg.check("")
-    return cfg, functions
+    return cfg, functions, table
 
 
 # Each question is paraphrased, each paraphrase answered by `get_response`, a rule of thumb written
@@ -140,7 +140,7 @@ def score_details(questions: Sequence[str], get_response: Callable[[str], str], 
         settings["paraphraser"] = get_response
     if use_rots and settings.get("rot_writer") is None:
         settings["rot_writer"] = get_response
-    cfg, functions = build_run(list(questions), use_rots, out, **settings)
+    cfg, functions, table = build_run(list(questions), use_rots, out, **settings)
     functions[MODEL] = get_response
     extra = {} if sleep is None else {"sleep": sleep}
 
@@ -152,7 +152,7 @@ def score_details(questions: Sequence[str], get_response: Callable[[str], str], 
                                             concurrency=c.concurrency, max_retries=c.max_retries,
                                             timeout_s=c.timeout_s, **extra)
 
-    run = pipeline.Run(cfg, generators=pipeline.Generators(build), embedder=embedder_model)
+    run = pipeline.Run(cfg, generators=pipeline.Generators(build), embedder=embedder_model, questions_file=table)
     run.check(pipeline.STAGES)
     run.run(pipeline.STAGES)
     pq = json.loads((out / "report" / "scores.json").read_text())["models"][MODEL]["per_question"] or {}

@@ -41,10 +41,12 @@ class SourceQuestion:
     guide: str | None = None  # guide_column: the rule of thumb a guided model is given
 
 
-def read_source_questions(cfg: SageRunConfig) -> list[SourceQuestion]:
+def read_source_questions(cfg: SageRunConfig, data: bytes | None = None) -> list[SourceQuestion]:
     """The questions file: one question per id (a long-format file's repeated ids are one question,
-    its paraphrase column the paraphrases when paraphrase.source is file); first `limit`."""
-    header, rows = read_rows(resolve_data_path(cfg.questions, "questions"))
+    its paraphrase column the paraphrases when paraphrase.source is file); first `limit`. `data`:
+    the file's bytes when the run writes it (`Run`'s questions_file)."""
+    path = resolve_data_path(cfg.questions, "questions") if data is None else Path(cfg.questions)
+    header, rows = read_rows(path, data)
     need = [cfg.question_id_column, cfg.question_column]
     if cfg.paraphrase.source == "file":
         need.append(cfg.paraphrase.paraphrase_column)
@@ -225,11 +227,15 @@ def rot_prompt_of(row) -> str:
 class Run:
     """One `sage-jax run`: the resolved config, the output folder and the stages."""
 
-    def __init__(self, cfg: SageRunConfig, *, generators: Generators | None = None, screen=None, embedder=None):
+    def __init__(self, cfg: SageRunConfig, *, generators: Generators | None = None, screen=None, embedder=None,
+                 questions_file: bytes | None = None):
         """generators, embedder, and `screen(question, generation, exclude, reference) ->
         parascore.Screened` (the paraphrase filter): built from the config when None (tests pass
-        their own). `self.cfg` is `cfg` resolved (`presets.resolve`)."""
+        their own). `self.cfg` is `cfg` resolved (`presets.resolve`). `questions_file`: the bytes
+        of a questions file the caller derives (sage_jax.score's questions.csv), read from here and
+        written to `cfg.questions` only once every check has passed."""
         self.given, self.cfg, self.out = cfg, presets.resolve(cfg), Path(cfg.out)
+        self.questions_file = questions_file
         self.embedder = embedder
         self.preset = presets.PRESETS[cfg.preset]
         self.reference = self.preset.parsing == "reference"
@@ -239,9 +245,10 @@ class Run:
         self.share = f"p{self.index}of{self.count}"
 
     def check(self, stages: Sequence[str]) -> None:
-        """Bad input before the first answer: the questions file (read whole), every generator the
-        asked stages use (a local folder but for its weights, a recorded file read whole, the API
-        key's variable), ParaScore's folder, and the embedder's and BERTScore's but for weights."""
+        """Bad input before the first answer and before anything is written: the questions file
+        (read whole), every generator the asked stages use (a local folder but for its weights, a
+        recorded file read whole, the API key's variable), ParaScore's folder, the embedder's and
+        BERTScore's but for weights, and what `out` holds of an earlier start (`check_rerun`)."""
         check_output_folder(self.out, option="out", error=ConfigError)
         self.questions()
         cfg = self.cfg
@@ -265,6 +272,7 @@ class Run:
             self._check_recorded(cfg.rot.generator, cfg.rot, rot_prompt_of, "rot.generator")
         if "score" in stages:
             self.check_scoring_models()
+        self.check_rerun()
 
     def _check_recorded(self, cfg: GeneratorConfig | None, settings, prompt_of, at: str) -> None:
         """A recorded generator's file read whole as its stage reads it (its text column, each
@@ -298,13 +306,15 @@ class Run:
 
     def save_records(self) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
+        if self.questions_file is not None:
+            atomic_write_bytes(Path(self.cfg.questions), self.questions_file)
         atomic_write_bytes(self.out / "config.yaml", dump_config(self.cfg).encode())
         for name, text in prompts.templates(self.preset.paraphrase_template, self.preset.chat_system).items():
             (self.out / "prompts").mkdir(exist_ok=True)
             atomic_write_bytes(self.out / "prompts" / name, text.encode())
 
     def questions(self) -> list[SourceQuestion]:
-        return read_source_questions(self.cfg)[self.index::self.count]
+        return read_source_questions(self.cfg, self.questions_file)[self.index::self.count]
 
     def _stage(self, name: str, folder: Path, tasks, fingerprint: dict, settings) -> Stage:
         return Stage(name, folder, tasks, fingerprint={"stage": name, **fingerprint}, seed=self.cfg.seed,
@@ -346,30 +356,38 @@ class Run:
                         "rejected": [[c, why] for c, why in screened.rejected]})
         return out
 
-    def paraphrase(self) -> list[dict]:
-        cfg = self.cfg.paraphrase
-        questions = self.questions()
-        folder = self.out / "stages" / "paraphrase" / self.share
-        if cfg.source == "file":
-            rows = [{"question_id": q.question_id, "paraphrase_index": -1, "model": PARAPHRASER, "sample": 0,
-                     "attempt": 0, "prompt": None, "output": None, "status": "ok", "reason": None,
-                     "question": q.question, "guide": q.guide,
-                     "kept": [{"text": t, "parascore": s} for t, s in zip(q.paraphrases, q.scores)]}
-                    for q in questions]
-            folder.mkdir(parents=True, exist_ok=True)
-            atomic_write_bytes(folder / "rows.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
-            return rows
+    def file_paraphrases(self) -> list[dict]:
+        """The paraphrase rows of paraphrase.source file: the questions file's, one row per question."""
+        return [{"question_id": q.question_id, "paraphrase_index": -1, "model": PARAPHRASER, "sample": 0,
+                 "attempt": 0, "prompt": None, "output": None, "status": "ok", "reason": None,
+                 "question": q.question, "guide": q.guide,
+                 "kept": [{"text": t, "parascore": s} for t, s in zip(q.paraphrases, q.scores)]}
+                for q in self.questions()]
+
+    def paraphrase_stage(self) -> Stage:
+        cfg, questions = self.cfg.paraphrase, self.questions()
         tasks = [Task((q.question_id, -1, PARAPHRASER, 0),
                       prompts.paraphrase_prompt(self.preset.paraphrase_template, q.question),
                       {"question_id": q.question_id, "question": q.question, "guide": q.guide})
                  for q in questions]
-        s = sampling(cfg.sampling, self.preset.paraphrase_max_new_tokens)
-        stage = self._stage("paraphrase", folder, tasks, {
+        return self._stage("paraphrase", self.out / "stages" / "paraphrase" / self.share, tasks, {
             "questions": [(q.question_id, q.question) for q in questions], "generator": cfg.generator,
-            "scorer": cfg.scorer, "sampling": s, "count": cfg.count, "threshold": self.threshold(),
-            "template": self.preset.paraphrase_template, "seed": self.cfg.seed}, cfg)
-        return stage.run(lambda: self.generators(cfg.generator, cfg.batch_size), self._paraphrase_judge,
-                         n=1, sampling=s, quiet=self.cfg.quiet)
+            "scorer": cfg.scorer, "sampling": self.paraphrase_sampling(), "count": cfg.count,
+            "threshold": self.threshold(), "template": self.preset.paraphrase_template, "seed": self.cfg.seed}, cfg)
+
+    def paraphrase_sampling(self):
+        return sampling(self.cfg.paraphrase.sampling, self.preset.paraphrase_max_new_tokens)
+
+    def paraphrase(self) -> list[dict]:
+        cfg = self.cfg.paraphrase
+        if cfg.source == "file":
+            rows = self.file_paraphrases()
+            atomic_write_bytes(self.out / "stages" / "paraphrase" / self.share / "rows.jsonl",
+                               "".join(json.dumps(r) + "\n" for r in rows).encode())
+            return rows
+        return self.paraphrase_stage().run(lambda: self.generators(cfg.generator, cfg.batch_size),
+                                           self._paraphrase_judge, n=1, sampling=self.paraphrase_sampling(),
+                                           quiet=self.cfg.quiet)
 
     def finished_rows(self, stage: str, model: str | None = None, share: str | None = None) -> list[dict]:
         folder = self.out / "stages" / stage / (model or "") / (share or self.share)
@@ -381,8 +399,13 @@ class Run:
 
     # ------------------------------------------------------------------ answer, rot
 
-    def _text_stage(self, name: str, target, tasks, generator_cfg: GeneratorConfig, settings, s: Sampling,
-                    parse, field: str, prompt_of) -> list[dict]:
+    def _text_stage(self, name: str, target, tasks, generator_cfg: GeneratorConfig, settings, s: Sampling) -> Stage:
+        return self._stage(name, self.out / "stages" / name / target.name / self.share, tasks, {
+            "tasks": [(t.key, t.prompt) for t in tasks], "generator": generator_cfg, "sampling": s,
+            "seed": self.cfg.seed}, settings)
+
+    def _run_text_stage(self, stage: Stage, target, generator_cfg: GeneratorConfig, settings, s: Sampling,
+                        parse, field: str, prompt_of) -> list[dict]:
         """An answer or rot stage: one text per row, checked by `parse` (a recorded file's texts are
         taken as they are, stripped: they were parsed when they were written)."""
         recorded = generator_cfg.kind == "file"
@@ -394,13 +417,10 @@ class Run:
                 out.append({"ok": reason is None, "reason": reason, field: value})
             return out
 
-        stage = self._stage(name, self.out / "stages" / name / target.name / self.share, tasks, {
-            "tasks": [(t.key, t.prompt) for t in tasks], "generator": generator_cfg, "sampling": s,
-            "seed": self.cfg.seed}, settings)
         return stage.run(lambda: self.generators(generator_cfg, settings.batch_size, prompt_of), judge, sampling=s,
                          quiet=self.cfg.quiet, describe=f" ({target.name})")
 
-    def answer(self, target) -> list[dict]:
+    def answer_stage(self, target) -> Stage:
         settings = self.cfg.answer
         tasks = []
         for row in self.finished_rows("paraphrase"):
@@ -413,31 +433,58 @@ class Run:
                     tasks.append(Task((row["question_id"], i, target.name, sample), prompt,
                                       {"question_id": row["question_id"], "question": row["question"],
                                        "paraphrase": k["text"], "parascore": k["parascore"], "sample": sample}))
-        s = sampling(target.sampling)  # resolved: the shared answer sampling, the target's own, the preset's
+        # resolved: the shared answer sampling, the target's own, the preset's
+        return self._text_stage("answer", target, tasks, target.generator, settings, sampling(target.sampling))
+
+    def answer(self, target) -> list[dict]:
         whole = target.chat or target.generator.kind == "callable"  # a function's reply is kept whole, as the library's
         parse = prompts.parse_chat_answer if whole else (lambda text: prompts.parse_answer(text, self.reference))
-        return self._text_stage("answer", target, tasks, target.generator, settings, s, parse, "answer",
-                                self.answer_prompt_of(target))
+        return self._run_text_stage(self.answer_stage(target), target, target.generator, self.cfg.answer,
+                                    sampling(target.sampling), parse, "answer", self.answer_prompt_of(target))
 
     def answer_prompt_of(self, target) -> AnswerPromptOf:
         """The answer prompt each row of a target's recorded file answered."""
         return AnswerPromptOf(target.chat, self.preset.chat_system, target.generator.prompt_column,
                               self.cfg.guide_column if target.guided else None)
 
-    def rot(self, target) -> list[dict]:
-        settings = self.cfg.rot
+    def rot_stage(self, target) -> Stage:
         tasks = [Task((r["question_id"], r["paraphrase_index"], target.name, r["sample"]),
                       prompts.rot_prompt(r["paraphrase"], r["answer"]),
                       {"question_id": r["question_id"], "question": r["question"], "paraphrase": r["paraphrase"],
                        "parascore": r["parascore"], "sample": r["sample"]})
                  for r in self.finished_rows("answer", target.name) if r["status"] == "ok"]
-        s = sampling(settings.sampling)
-        return self._text_stage("rot", target, tasks, settings.generator, settings, s,
-                                lambda text: prompts.parse_rot(text, self.reference), "rot", rot_prompt_of)
+        return self._text_stage("rot", target, tasks, self.cfg.rot.generator, self.cfg.rot,
+                                sampling(self.cfg.rot.sampling))
+
+    def rot(self, target) -> list[dict]:
+        settings = self.cfg.rot
+        return self._run_text_stage(self.rot_stage(target), target, settings.generator, settings,
+                                    sampling(settings.sampling), lambda text: prompts.parse_rot(text, self.reference),
+                                    "rot", rot_prompt_of)
 
     # ------------------------------------------------------------------ all
 
+    def check_rerun(self) -> None:
+        """What an earlier start left in `out` (this process's share), against this config, before
+        anything is written: every stage folder must be this run's (`Stage.check`: the settings
+        it recorded, the batches this run would schedule), the paraphrase rows of a file source
+        this questions file's. A ConfigError otherwise, so a refused rerun changes nothing."""
+        paraphrased = self.out / "stages" / "paraphrase" / self.share / "rows.jsonl"
+        if self.cfg.paraphrase.source == "generate":
+            self.paraphrase_stage().check(error=ConfigError)
+        elif paraphrased.exists() and read_jsonl(paraphrased) != json.loads(json.dumps(self.file_paraphrases())):
+            raise ConfigError(f"{paraphrased.parent}: holds the paraphrase rows of another questions file, limit "
+                              "or paraphrase column; use another out folder or remove it")
+        if not paraphrased.exists():
+            return  # no later stage has started
+        for target in self.cfg.models:
+            self.answer_stage(target).check(error=ConfigError)
+            answered = self.out / "stages" / "answer" / target.name / self.share / "rows.jsonl"
+            if self.cfg.rot.generator is not None and answered.exists():
+                self.rot_stage(target).check(error=ConfigError)
+
     def run(self, stages: Sequence[str] = STAGES) -> dict | None:
+        self.check_rerun()
         self.save_records()
         if "paraphrase" in stages:
             self.paraphrase()

@@ -2,8 +2,9 @@
 (config.json, generation_config.json, the safetensors headers, the tokenizer), every recorded
 file with its columns, the embedder and BERTScore's model and layer, of every run of the
 experiment, are checked before any run answers (`sage_jax.run.pipeline.Run.check`, the check of
-`sage-jax run` itself; `sage_jax.experiments.consistency.checked_runs`). A refusal is one line,
-exit status 2, and no answer was made. Nothing here generates: each run is refused first.
+`sage-jax run` itself; `sage_jax.experiments.command.run_experiment` checks every run through
+`consistency.checked_run` first). A refusal is one line, exit status 2, and no answer was made.
+Nothing here generates: each run is refused first.
 """
 from __future__ import annotations
 
