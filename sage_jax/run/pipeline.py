@@ -18,7 +18,7 @@ from clarifyjax.text.generator import Sampling, TokenCounter
 from sage_jax.run import presets, prompts, report
 from sage_jax.run.config import GeneratorConfig, SageRunConfig
 from sage_jax.run.stages import Stage, StageError, Task, read_jsonl
-from clarifyjax.files.tables import DataError, read_rows, resolve_data_path
+from clarifyjax.files.tables import DataError, read_rows, resolve_data_path, text_cell
 from clarifyjax.decoding.local_lm import LocalLM
 from sage_jax.run.generators import OpenAIGenerator, RecordedGenerator, read_api_key
 from clarifyjax.evaluation.bertscore import check_layer, load_model
@@ -35,14 +35,19 @@ class SourceQuestion:
     paraphrases: list[str] | None = None  # paraphrase.source: file
     scores: list[float] | None = None
     guide: str | None = None  # guide_column: the rule of thumb a guided model is given
+    guides: list[str] | None = None  # paraphrase.source file: each paraphrase's own row's rule of thumb
 
 
+# The rule of thumb of a guided model (guide_column) is read from every row, as the reference's
+# improve.py prompts each row with its own `imp_rot`: with paraphrase.source file each paraphrase
+# gets its row's; a generated paraphrase has no row, so the rows of a question must then agree.
 def read_source_questions(cfg: SageRunConfig) -> list[SourceQuestion]:
     """The questions file: one question per id (a long-format file's repeated ids are one question,
     its paraphrase column the paraphrases when paraphrase.source is file); first `limit`."""
     header, rows = read_rows(resolve_data_path(cfg.questions, "questions"))
+    from_file = cfg.paraphrase.source == "file"
     need = [cfg.question_id_column, cfg.question_column]
-    if cfg.paraphrase.source == "file":
+    if from_file:
         need.append(cfg.paraphrase.paraphrase_column)
     if cfg.guide_column:
         need.append(cfg.guide_column)
@@ -52,36 +57,48 @@ def read_source_questions(cfg: SageRunConfig) -> list[SourceQuestion]:
                         f"{', '.join(map(repr, missing))} (the file has: {', '.join(header)})")
     by_id: dict[str, SourceQuestion] = {}
     for line, row in rows:
-        qid, text = row[cfg.question_id_column].strip(), row[cfg.question_column].strip()
+        cell = {c: text_cell(row, c, f"{cfg.questions}:{line}").strip() for c in need}
+        qid, text = cell[cfg.question_id_column], cell[cfg.question_column]
         if not qid or not text:
             column = cfg.question_id_column if not qid else cfg.question_column
             raise DataError(f"{cfg.questions}:{line}: empty {column!r}")
         _check_text(cfg, line, cfg.question_column, text)
+        guide = _guide(cfg, cell, line) if cfg.guide_column else None
         q = by_id.get(qid)
         if q is None:
             if cfg.limit is not None and len(by_id) == cfg.limit:
                 continue
-            q = by_id[qid] = SourceQuestion(qid, text, [] if cfg.paraphrase.source == "file" else None,
-                                            [] if cfg.paraphrase.source == "file" else None,
-                                            _guide(cfg, row, line) if cfg.guide_column else None)
+            q = by_id[qid] = SourceQuestion(qid, text, [] if from_file else None, [] if from_file else None, guide,
+                                            [] if from_file and guide is not None else None)
         elif q.question != text:
             raise DataError(f"{cfg.questions}:{line}: question id {qid!r} has another question text than "
                             "its first row; two questions share one id")
-        if cfg.paraphrase.source == "file":
+        elif guide is not None and not from_file and guide != q.guide:
+            raise DataError(f"{cfg.questions}:{line}: question id {qid!r} has another {cfg.guide_column!r} than "
+                            "its first row; generated paraphrases are each given the question's one rule of "
+                            "thumb (with paraphrase.source file each paraphrase gets its own row's)")
+        if from_file:
             q.paraphrases.append(_check_text(cfg, line, cfg.paraphrase.paraphrase_column,
-                                             row[cfg.paraphrase.paraphrase_column].strip()))
-            try:  # no score (a file of paraphrases without ParaScore): None, which JSON holds
-                score = float(row.get("score") or "nan")
-            except ValueError:
-                score = float("nan")
-            q.scores.append(score if score == score and abs(score) != float("inf") else None)
+                                             cell[cfg.paraphrase.paraphrase_column]))
+            q.scores.append(_score(row))
+            if q.guides is not None:
+                q.guides.append(guide)
     if not by_id:
         raise DataError(f"{cfg.questions}: no questions")
     return list(by_id.values())
 
 
-def _guide(cfg: SageRunConfig, row, line: int) -> str:
-    guide = row[cfg.guide_column].strip()
+def _score(row) -> float | None:
+    """A paraphrase's ParaScore; None (which JSON holds) for a file of paraphrases without one."""
+    try:
+        score = float(row.get("score") or "nan")
+    except ValueError:
+        score = float("nan")
+    return score if score == score and abs(score) != float("inf") else None
+
+
+def _guide(cfg: SageRunConfig, cell: dict, line: int) -> str:
+    guide = cell[cfg.guide_column]
     if not guide:
         raise DataError(f"{cfg.questions}:{line}: empty {cfg.guide_column!r} (guide_column: every question needs "
                         "the rule of thumb its guided models are given)")
@@ -316,7 +333,8 @@ class Run:
             rows = [{"question_id": q.question_id, "paraphrase_index": -1, "model": PARAPHRASER, "sample": 0,
                      "attempt": 0, "prompt": None, "output": None, "status": "ok", "reason": None,
                      "question": q.question, "guide": q.guide,
-                     "kept": [{"text": t, "parascore": s} for t, s in zip(q.paraphrases, q.scores)]}
+                     "kept": [{"text": t, "parascore": s, **({"guide": q.guides[i]} if q.guides else {})}
+                              for i, (t, s) in enumerate(zip(q.paraphrases, q.scores))]}
                     for q in questions]
             folder.mkdir(parents=True, exist_ok=True)
             atomic_write_bytes(folder / "rows.jsonl", "".join(json.dumps(r) + "\n" for r in rows).encode())
@@ -371,7 +389,7 @@ class Run:
             for i, k in enumerate(row["kept"][:self.cfg.paraphrase.count]):
                 for sample in range(settings.samples):
                     prompt = prompts.answer_prompt(k["text"], target.chat, self.preset.chat_system,
-                                                   row.get("guide") if target.guided else None)
+                                                   k.get("guide", row.get("guide")) if target.guided else None)
                     tasks.append(Task((row["question_id"], i, target.name, sample), prompt,
                                       {"question_id": row["question_id"], "question": row["question"],
                                        "paraphrase": k["text"], "parascore": k["parascore"], "sample": sample}))
