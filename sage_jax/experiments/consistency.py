@@ -7,6 +7,7 @@ share (sage_jax.experiments.stats).
 """
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import io
@@ -14,6 +15,8 @@ import itertools
 import json
 from pathlib import Path
 
+from clarifyjax.config.loader import ConfigError
+from clarifyjax.files.tables import DataError, read_rows, resolve_data_path, text_cell
 from clarifyjax.files.textfiles import atomic_write_bytes
 from sage_jax.experiments import output, stats
 from sage_jax.experiments.config import ExperimentConfig
@@ -34,11 +37,32 @@ def settings(cfg: ExperimentConfig) -> dict:
     return dataclasses.asdict(cfg.bootstrap)
 
 
-def run_and_score(run_cfg: SageRunConfig, *, embedder=None, generators=None) -> dict[str, dict]:
+# The keys of a `sage-jax run` config as the experiment's config spells them: an error of a run
+# names the key the user wrote (run.score.embedder, not score.embedder).
+RUN_KEYS = (("questions:", "run.questions:"), ("paraphrase.", "run.paraphrase."), ("answer.", "run.answer."),
+            ("rot.", "run.rot."), ("score.", "run.score."))
+
+
+def renamed(error: ValueError, renames) -> ValueError:
+    """`error` with its leading key as the experiment's config names it (`renames`: (run key,
+    experiment key) prefixes)."""
+    message = str(error)
+    for old, new in renames:
+        if message.startswith(old):
+            return type(error)(new + message[len(old):])
+    return error
+
+
+def run_and_score(run_cfg: SageRunConfig, *, embedder=None, generators=None, renames=()) -> dict[str, dict]:
     """One `sage-jax run` (every stage; a finished one is reused), then each model's per-question
-    columns (`report/scores.json`; None for a model with no answered row)."""
-    run = pipeline.Run(run_cfg, embedder=embedder, generators=generators)
-    run.check(pipeline.STAGES)
+    columns (`report/scores.json`; None for a model with no answered row). `renames`: the run's
+    keys the experiment spells otherwise (a temperature's model is temperature.model), with
+    `RUN_KEYS`."""
+    try:
+        run = pipeline.Run(run_cfg, embedder=embedder, generators=generators)
+        run.check(pipeline.STAGES)
+    except ValueError as e:
+        raise renamed(e, (*renames, *RUN_KEYS)) from None
     run.run(pipeline.STAGES)
     scores = json.loads((run.out / "report" / "scores.json").read_text())
     return {name: entry["per_question"] for name, entry in scores["models"].items()}
@@ -94,10 +118,40 @@ def models_experiment(cfg: ExperimentConfig, out: Path, **given) -> dict:
     return data
 
 
+def source_questions(cfg: ExperimentConfig) -> list:
+    """run.questions' questions (its first `limit`), without their paraphrases."""
+    return read_source_questions(cfg.run.build(Path(cfg.out) / "runs" / "unused", [TargetConfig(name="x")],
+                                               paraphrase=dataclasses.replace(cfg.run.paraphrase, source="generate")))
+
+
+def check_recorded_repeats(cfg: ExperimentConfig) -> None:
+    """The `same` setting asks each question `repeats` times (each `answer.samples` answers): a
+    recorded file must hold that many answers to each, or the run would serve them again."""
+    t = cfg.temperature
+    if "same" not in t.settings or t.model.generator.kind != "file":
+        return
+    need = t.repeats * cfg.run.answer.samples
+    questions = source_questions(cfg)
+    for target in temperature_targets(cfg):
+        column = target.generator.prompt_column
+        path = resolve_data_path(target.generator.model, "temperature.model.generator.model")
+        header, rows = read_rows(path)
+        if column not in header:
+            raise DataError(f"temperature.model.generator.prompt_column: {path} has no column {column!r} (it has: "
+                            f"{', '.join(header)})")
+        counts = collections.Counter(text_cell(row, column, f"{path}:{line}").strip() for line, row in rows)
+        fewest = min(questions, key=lambda q: counts[q.question])
+        if counts[fewest.question] < need:
+            asked = f"{t.repeats} x answer.samples {cfg.run.answer.samples}" if need != t.repeats else str(need)
+            raise ConfigError(f"temperature.repeats: {t.repeats} asks each question {asked} times, but {path} "
+                              f"records {counts[fewest.question]} answers to question {fewest.question_id} "
+                              f"({fewest.question[:60]!r}); at most {counts[fewest.question]} without reusing "
+                              "recorded answers", key="temperature.repeats")
+
+
 def same_question_file(cfg: ExperimentConfig, out: Path) -> Path:
     """The questions file of the `same` setting: each question as its own `repeats` paraphrases."""
-    source = read_source_questions(cfg.run.build(out / "runs" / "unused", [TargetConfig(name="x")],
-                                                 paraphrase=dataclasses.replace(cfg.run.paraphrase, source="generate")))
+    source = source_questions(cfg)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["question_id", "question", "paraphrased", "score"])
@@ -132,7 +186,8 @@ def temperature_experiment(cfg: ExperimentConfig, out: Path, **given) -> dict:
                                     question_id_column="question_id", question_column="question", paraphrase=paraphrase)
         else:
             run_cfg = cfg.run.build(out / "runs" / "paraphrase", targets)
-        per_model = run_and_score(run_cfg, **given)
+        per_model = run_and_score(run_cfg, **given, renames=[(f"models[{i}].", "temperature.model.")
+                                                            for i in range(len(targets))])
         results[setting] = {str(float(t)): {k: stats.mean_interval(_column(per_model[target.name], k), **boot)
                                             for k in ("sage_answer", "rouge_l")}
                             for t, target in zip(cfg.temperature.temperatures, targets)}
@@ -163,7 +218,7 @@ def rot_prompt_experiment(cfg: ExperimentConfig, out: Path, **given) -> dict:
     model = cfg.models[0]
     guided = dataclasses.replace(model, name=f"{model.name}-rot", guided=True)
     run_cfg = cfg.run.build(out / "runs" / "rot_prompt", [model, guided], guide_column=cfg.guide_column)
-    per_model = run_and_score(run_cfg, **given)
+    per_model = run_and_score(run_cfg, **given, renames=[("models[1].", "models[0].")])  # the guided copy
     boot = settings(cfg)
     before, after = per_model[model.name], per_model[guided.name]
     data = {"bootstrap": boot, "metrics": {k: {
