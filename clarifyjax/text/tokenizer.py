@@ -348,8 +348,9 @@ class CausalTokenizer:
         self.folder = check_folder(folder)
         try:
             self._tok = AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"{self.folder}: no tokenizer transformers can read ({e})") from e
+        except Exception as e:  # OSError, ValueError; a KeyError or the tokenizers' bare Exception on a bad file
+            raise CheckpointError(f"{self.folder}: no tokenizer transformers can read ({type(e).__name__}: "
+                                  f"{str(e).splitlines()[0][:200] if str(e) else ''})") from e
         # A fast tokenizer is not safe to call from two threads at once ("Already borrowed"): a
         # server counts prompt tokens in its event loop while its worker thread generates.
         self._lock = threading.Lock()
@@ -371,9 +372,13 @@ class CausalTokenizer:
         if not self.has_chat_template:
             raise ValueError(f"{self.folder}: the tokenizer has no chat template; give prompts "
                              "as text, or choose the built-in template vicuna_v1.1")
-        with self._lock:
-            return self._tok.apply_chat_template(list(prompt), tokenize=False,
-                                                 add_generation_prompt=True)
+        try:
+            with self._lock:
+                return self._tok.apply_chat_template(list(prompt), tokenize=False,
+                                                     add_generation_prompt=True)
+        except Exception as e:  # jinja2's errors, or the template's own raise_exception(...)
+            raise ValueError(f"{self.folder}: its chat template cannot render these messages "
+                             f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from e
 
     def encode(self, prompt, chat_template: str = "model", raw_bos: bool = True) -> list[int]:
         """Token ids of a prompt. A model's chat template writes its own BOS (as
