@@ -141,12 +141,13 @@ def check_recorded_repeats(cfg: ExperimentConfig) -> None:
                             f"{', '.join(header)})")
         counts = collections.Counter(text_cell(row, column, f"{path}:{line}").strip() for line, row in rows)
         fewest = min(questions, key=lambda q: counts[q.question])
-        if counts[fewest.question] < need:
+        have = counts[fewest.question]
+        if have < need:
             asked = f"{t.repeats} x answer.samples {cfg.run.answer.samples}" if need != t.repeats else str(need)
             raise ConfigError(f"temperature.repeats: {t.repeats} asks each question {asked} times, but {path} "
-                              f"records {counts[fewest.question]} answers to question {fewest.question_id} "
-                              f"({fewest.question[:60]!r}); at most {counts[fewest.question]} without reusing "
-                              "recorded answers", key="temperature.repeats")
+                              f"records {have} answers to question {fewest.question_id} ({fewest.question[:60]!r}); "
+                              f"at most {have // cfg.run.answer.samples} without reusing recorded answers",
+                              key="temperature.repeats")
 
 
 def same_question_file(cfg: ExperimentConfig, out: Path) -> Path:
