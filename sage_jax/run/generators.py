@@ -90,15 +90,6 @@ def read_api_key(variable: str | None) -> str:
     return key.strip()
 
 
-# `/v1/completions` for string prompts, `/v1/chat/completions` for chats. Only the request arguments
-# in `accepts` are sent (OpenAI answers one it does not know, such as top_k, with a 400 no retry
-# helps; `config.OPENAI_CHAT_ARGUMENTS` is the default for chat), and of those only the ones a
-# `Sampling` sets; n only when above 1. At most `concurrency` requests in flight; a request that
-# fails for a reason worth another try (429, 408, 5xx, a time-out, a dropped connection) is retried
-# up to `max_retries` times with exponential backoff of at least the server's `Retry-After`. Prompt
-# i of a call seeded s is sent with seed hash(s, i). The API key comes from the environment variable
-# the config names; it is never in a message, a log line or an output (`describe` names the
-# variable). After its retries it raises `GenerationError` naming the endpoint and the last error.
 def reply_completions(body: str, api: str, endpoint: str) -> list[Completion]:
     """The completions of an endpoint's reply body, in `index` order; a `GenerationError` naming
     `endpoint` for a body that is not JSON, has no `choices` list, or holds a text that is not a
@@ -126,6 +117,15 @@ def reply_completions(body: str, api: str, endpoint: str) -> list[Completion]:
     return out
 
 
+# `/v1/completions` for string prompts, `/v1/chat/completions` for chats. Only the request arguments
+# in `accepts` are sent (OpenAI answers one it does not know, such as top_k, with a 400 no retry
+# helps; `config.OPENAI_CHAT_ARGUMENTS` is the default for chat), and of those only the ones a
+# `Sampling` sets; n only when above 1. At most `concurrency` requests in flight; a request that
+# fails for a reason worth another try (429, 408, 5xx, a time-out, a dropped connection) is retried
+# up to `max_retries` times with exponential backoff of at least the server's `Retry-After`. Prompt
+# i of a call seeded s is sent with seed hash(s, i). The API key comes from the environment variable
+# the config names; it is never in a message, a log line or an output (`describe` names the
+# variable). After its retries it raises `GenerationError` naming the endpoint and the last error.
 class OpenAIGenerator:
     """An OpenAI-compatible endpoint; retries and the key: see above."""
 
