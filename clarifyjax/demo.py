@@ -156,7 +156,7 @@ def sft_config(task: str, out: Path, tokenizer: Path, data: Path, plan: dict, ju
         f"model.max_target_length={max_out}", f"data.length_buckets=[{max_in}]",
         "data.train_rows=null", f"data.dev_rows={plan['dev_rows']}",
         f"data.batch_size={plan['batch']}", "data.eval_batch_size=32", "optimizer.lr=3e-3",
-        "optimizer.schedule=constant", "optimizer.warmup_steps=10", *paths])
+        "optimizer.schedule=constant", f"optimizer.warmup_steps={min(10, steps)}", *paths])
 
 
 def ppo_config(out: Path, data: Path, plan: dict, extra: Sequence[str] = ()):

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from clarifyjax.files.tables import NOT_TEXT, DataError, read_rows
+from clarifyjax.files.tables import DataError, read_rows, text_cell
 from sage_jax.metric import SIMILARITY_TOLERANCE
 
 __all__ = ["FIELDS", "Columns", "DataError", "DataWarning", "Question", "TextBatch", "detect_format",
@@ -100,14 +100,9 @@ def _require_columns(path, header: Sequence[str], names: Sequence[str]) -> None:
 
 
 def _value(path, line_no: int, row: dict, column: str, optional: bool = False) -> str:
-    value = row.get(column)
-    if value is None:  # JSONL object without the key (or an optional column the file lacks)
-        if optional:
-            return ""
-        raise DataError(f"{path}:{line_no}: missing field {column!r}")
-    if value is NOT_TEXT:
-        raise DataError(f"{path}:{line_no}: field {column!r} is a JSON array or object, expected text")
-    return value
+    if optional and row.get(column) is None:  # an optional column the file (or a JSONL object) lacks
+        return ""
+    return text_cell(row, column, f"{path}:{line_no}")
 
 
 def _question_id(path, line_no: int, row: dict, columns: Columns) -> str:

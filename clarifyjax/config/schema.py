@@ -23,6 +23,7 @@ from clarifyjax.config.loader import (ConfigError, build_root, check_increasing,
 from clarifyjax.config.rewards import (NLI_THRESHOLD, JudgeConfig, NormalizerConfig,  # noqa: F401
                                        PipelineConfig, RewardConfig, refuse_unused_model_keys)
 from clarifyjax.core.sharding import MeshConfig as MeshLayout  # the ``mesh:`` section
+from clarifyjax.files.tables import DataError, resolve_data_path
 from clarifyjax.text.generator import Sampling
 
 __all__ = [
@@ -294,6 +295,27 @@ class ValueConfig:
 CLASSIFIER_TASKS = ("discriminator",)
 
 
+def _same_file(a: str, b: str) -> bool:
+    """Whether two data paths name one file (as the run finds them; as written when not found)."""
+    try:
+        return resolve_data_path(a).resolve() == resolve_data_path(b).resolve()
+    except DataError:
+        return os.path.normpath(os.path.expanduser(a)) == os.path.normpath(os.path.expanduser(b))
+
+
+def check_steps_and_files(cfg: SFTConfig | PPOConfig) -> None:
+    """The cross-checks of every training run: a warm-up longer than the run never reaches the
+    learning rate, and a dev file that is the train file evaluates on training data."""
+    warmup, steps = cfg.optimizer.warmup_steps, cfg.run.steps
+    if warmup > steps:
+        raise ConfigError(f"optimizer.warmup_steps: {warmup} is more than run.steps {steps}; the learning rate "
+                          "would never reach optimizer.lr", key="optimizer.warmup_steps")
+    data = cfg.data
+    if data.dev_path is not None and _same_file(data.train_path, data.dev_path):
+        raise ConfigError(f"data.dev_path: {data.dev_path} is the same file as data.train_path "
+                          f"({data.train_path}); the run would be evaluated on its training data", key="data.dev_path")
+
+
 @dataclasses.dataclass(frozen=True)
 class SFTConfig:
     """Supervised fine-tuning of one model on one task's (input, target) pairs: a seq2seq T5, or
@@ -323,6 +345,7 @@ class SFTConfig:
         else:
             self.model.check_tokenizer("model")
         self.data.check_task(self.task, "data")
+        check_steps_and_files(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,6 +377,7 @@ class PPOConfig:
         refuse_changed(self.optimizer, "optimizer", dict.fromkeys(
             ("grad_accum", "label_smoothing"), "the PPO loop has one batch per update and no "
             "label loss"))
+        check_steps_and_files(self)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -123,6 +123,18 @@ class _NotText(str):
 NOT_TEXT = _NotText("<JSON array or object>")
 
 
+def text_cell(row: dict, column: str, where: str) -> str:
+    """`row[column]` of a row of `read_rows` as text; `where` ("file:line") names it in the
+    `DataError` for a key a JSONL object lacks and for a JSON array or object, which would
+    otherwise reach a model as the words of `NOT_TEXT`."""
+    value = row.get(column)
+    if value is None:
+        raise DataError(f"{where}: missing field {column!r}")
+    if value is NOT_TEXT:
+        raise DataError(f"{where}: field {column!r} is a JSON array or object, expected text")
+    return value
+
+
 def file_kind(path: Path) -> str:
     """"csv", "tsv" or "jsonl", from the file's suffix (any case: Windows tools write ".CSV")."""
     suffix = path.suffix.lower()
@@ -227,7 +239,14 @@ def _blank(row: list[str]) -> bool:
     return not row or all(not cell.strip() for cell in row)
 
 
+# Python's csv module stops at fields over 128 KiB by default; a long answer or rule of thumb that
+# the project wrote itself (answers.csv, a questions file) must read back.
+FIELD_SIZE_LIMIT = 2 ** 31 - 1
+
+
 def _csv_rows(path: Path, text: str, delimiter: str) -> tuple[list[str], list[tuple[int, dict]]]:
+    if csv.field_size_limit() < FIELD_SIZE_LIMIT:
+        csv.field_size_limit(FIELD_SIZE_LIMIT)
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
     header, rows = None, []
     while True:

@@ -236,6 +236,15 @@ class Tokenizer:
 
 # transformers 5's T5Tokenizer(vocab_file=...) silently ignores the file, so we always load from the
 # folder (tokenizer.json or spiece.model).
+def _first_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
+
+
+def _unreadable(folder: Path, error: Exception) -> CheckpointError:
+    """The one line for a tokenizer folder transformers cannot load, whatever it raised."""
+    return CheckpointError(f"{folder}: no tokenizer transformers can read ({_first_line(error)})")
+
+
 class HFTokenizer(Tokenizer):
     """Hugging Face backend: ``T5TokenizerFast.from_pretrained(folder)``."""
 
@@ -246,7 +255,10 @@ class HFTokenizer(Tokenizer):
 
         # extra_ids=0: no <extra_id_*> sentinels beyond what tokenizer.json itself declares, so a
         # bare spiece.model gives the same vocabulary as the tf_text backend.
-        self._tok = T5TokenizerFast.from_pretrained(str(folder), extra_ids=0)
+        try:
+            self._tok = T5TokenizerFast.from_pretrained(str(folder), extra_ids=0)
+        except Exception as e:  # OSError, ValueError; a KeyError or the tokenizers' bare Exception on a bad file
+            raise _unreadable(folder, e) from e
         pad, eos = self._tok.pad_token_id, self._tok.eos_token_id
         if pad is None or eos is None:
             raise CheckpointError(f"{folder}: the tokenizer defines no pad or eos token "
@@ -348,8 +360,8 @@ class CausalTokenizer:
         self.folder = check_folder(folder)
         try:
             self._tok = AutoTokenizer.from_pretrained(str(self.folder), local_files_only=True)
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"{self.folder}: no tokenizer transformers can read ({e})") from e
+        except Exception as e:  # OSError, ValueError; a KeyError or the tokenizers' bare Exception on a bad file
+            raise _unreadable(self.folder, e) from e
         # A fast tokenizer is not safe to call from two threads at once ("Already borrowed"): a
         # server counts prompt tokens in its event loop while its worker thread generates.
         self._lock = threading.Lock()
@@ -371,9 +383,13 @@ class CausalTokenizer:
         if not self.has_chat_template:
             raise ValueError(f"{self.folder}: the tokenizer has no chat template; give prompts "
                              "as text, or choose the built-in template vicuna_v1.1")
-        with self._lock:
-            return self._tok.apply_chat_template(list(prompt), tokenize=False,
-                                                 add_generation_prompt=True)
+        try:
+            with self._lock:
+                return self._tok.apply_chat_template(list(prompt), tokenize=False,
+                                                     add_generation_prompt=True)
+        except Exception as e:  # jinja2's errors, or the template's own raise_exception(...)
+            raise ValueError(f"{self.folder}: its chat template cannot render these messages "
+                             f"({_first_line(e)})") from e
 
     def encode(self, prompt, chat_template: str = "model", raw_bos: bool = True) -> list[int]:
         """Token ids of a prompt. A model's chat template writes its own BOS (as

@@ -1,7 +1,8 @@
 """The accuracy benchmarks of the SaGE paper's Table 3 (TruthfulQA MC1 / MC2, HellaSwag), read from
-local files in their published formats through `datasets` (nothing from the Hub), as
-lm-evaluation-harness 0.4.13 builds their multiple-choice requests: `load_docs` and `contexts`
-(each format and the few-shot sampling are described above its reader)."""
+local files in their published formats (CSV through `datasets`, JSON as JSON; nothing from the
+Hub), as lm-evaluation-harness 0.4.13 builds their multiple-choice requests: `load_docs` and
+`contexts` (each format and the few-shot sampling are described above its reader). A row that
+is not what its task reads is one `DataError` naming the file, row and field."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from clarifyjax.files.tables import DataError
+from clarifyjax.files.tables import DataError, jsonl_objects
+from clarifyjax.files.textfiles import read_text_file
 
 # lm-evaluation-harness 0.4.13 lm_eval/tasks/truthfulqa/truthfulqa_mc1.yaml, `prompt_qa` (verbatim).
 TRUTHFULQA_PRIMER = (
@@ -94,26 +96,71 @@ def truthfulqa_csv(path: Path) -> list[dict]:
     return out
 
 
+def label_index(value, where: str) -> int:
+    """A label or gold index as an int: an int, an integral float (a JSON 2.0; an arrow column of
+    mixed numbers) or a string of an int; anything else (1.5, "a", true, null) is refused."""
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and float(value).is_integer():
+        return int(value)
+    raise DataError(f"{where}: {value!r} is not an integer")
+
+
+def _texts(value, where: str) -> list[str]:
+    """A list of texts (choices, endings): not a single string, which would be one per character."""
+    if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise DataError(f"{where}: must be a list of texts, got {type(value).__name__} {str(value)[:60]!r}")
+    if len(value) < 2:
+        raise DataError(f"{where}: {len(value)} choice(s); a multiple-choice question needs at least 2")
+    return list(value)
+
+
 def _targets(value, where: str) -> tuple[list[str], list[int]]:
     if isinstance(value, dict) and "choices" in value:
-        return list(value["choices"]), [int(x) for x in value["labels"]]
-    if isinstance(value, dict):
-        return list(value), [int(x) for x in value.values()]
-    raise DataError(f"{where}: targets must be {{choices, labels}} or {{answer: label}}")
+        choices = _texts(value["choices"], f"{where}.choices")
+        labels = value.get("labels")
+        if not isinstance(labels, (list, tuple)) or len(labels) != len(choices):
+            raise DataError(f"{where}.labels: must be a list of one 0 / 1 label per choice ({len(choices)})")
+        labels = [label_index(x, f"{where}.labels[{i}]") for i, x in enumerate(labels)]
+    elif isinstance(value, dict):
+        choices = _texts(list(value), where)
+        labels = [label_index(x, f"{where}[{k!r}]") for k, x in value.items()]
+    else:
+        raise DataError(f"{where}: targets must be {{choices, labels}} or {{answer: label}}")
+    if any(x not in (0, 1) for x in labels) or 1 not in labels:
+        raise DataError(f"{where}: labels must be 0 or 1 with at least one 1, got {labels}")
+    return choices, labels
+
+
+def json_rows(path: Path) -> list[tuple[str, dict]]:
+    """(where, object) of each row of a JSONL file ("file:line") or of one JSON list ("file: row
+    i", as mc_task.json, whose {answer: label} maps no arrow schema holds), values as JSON wrote
+    them: an `endings` string stays a string and a label 1.5 a float, to be refused by name."""
+    text = read_text_file(path, error=DataError)
+    if not text.lstrip().startswith("["):
+        return [(f"{path}:{line}", obj) for line, obj in jsonl_objects(path)]
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{path}: row {i + 1}: expected a JSON object, got {type(row).__name__}")
+    return [(f"{path}: row {i + 1}", row) for i, row in enumerate(rows)]
 
 
 def truthfulqa_json(path: Path) -> list[dict]:
     """The multiple-choice JSON (JSONL, or one JSON list, as mc_task.json)."""
-    text = path.read_text(encoding="utf-8-sig")
-    if text.lstrip().startswith("["):
-        rows = json.loads(text)  # mc_task.json: {answer: label} maps, which no arrow schema holds
-    else:
-        rows = list(_load(path, "json"))
     out = []
-    for i, row in enumerate(rows):
-        where = f"{path}: row {i + 1}"
+    for where, row in json_rows(path):
         try:
-            mc1, mc2 = _targets(row["mc1_targets"], where), _targets(row["mc2_targets"], where)
+            mc1 = _targets(row["mc1_targets"], f"{where}: field 'mc1_targets'")
+            mc2 = _targets(row["mc2_targets"], f"{where}: field 'mc2_targets'")
+            if not isinstance(row["question"], str) or not row["question"].strip():
+                raise DataError(f"{where}: field 'question' must be a non-empty text, got {row['question']!r}")
+            if mc1[1][0] != 1 or sum(mc1[1]) != 1:
+                raise DataError(f"{where}: field 'mc1_targets': the one true answer comes first (labels "
+                                f"{mc1[1]}), as lm-evaluation-harness scores MC1 against index 0")
             out.append({"question": row["question"].strip(),
                         "mc1_targets": {"choices": mc1[0], "labels": mc1[1]},
                         "mc2_targets": {"choices": mc2[0], "labels": mc2[1]}})
@@ -134,18 +181,20 @@ def hellaswag_preprocess(text: str) -> str:
 # `hellaswag/utils.py`: query = preprocess(activity_label + ": " + ctx_a + " " + ctx_b.capitalize()),
 # each ending preprocessed (" [title]" -> ". ", "[...]" removed, double spaces made single).
 def hellaswag_docs(path: Path) -> list[Doc]:
-    rows = _load(path, "json")
     need = ("ctx_a", "ctx_b", "activity_label", "endings", "label")
-    missing = [c for c in need if c not in rows.column_names]
-    if missing:
-        raise DataError(f"{path}: missing field {missing[0]!r} (HellaSwag's JSONL has {', '.join(need)})")
     docs = []
-    for i, row in enumerate(rows):
+    for i, (where, row) in enumerate(json_rows(path)):
+        missing = [c for c in need if c not in row]
+        if missing:
+            raise DataError(f"{where}: missing field {missing[0]!r} (HellaSwag's JSONL has {', '.join(need)})")
+        bad = next((c for c in need[:3] if not isinstance(row[c], str)), None)
+        if bad is not None:
+            raise DataError(f"{where}: field {bad!r} must be text, got {type(row[bad]).__name__} {row[bad]!r}")
         ctx = row["ctx_a"] + " " + row["ctx_b"].capitalize()
-        choices = tuple(hellaswag_preprocess(e) for e in row["endings"])
-        gold = int(row["label"])
+        choices = tuple(hellaswag_preprocess(e) for e in _texts(row["endings"], f"{where}: field 'endings'"))
+        gold = label_index(row["label"], f"{where}: field 'label'")
         if not 0 <= gold < len(choices):
-            raise DataError(f"{path}: line {i + 1}: label {gold} is not an index of its {len(choices)} endings")
+            raise DataError(f"{where}: field 'label': {gold} is not an index of its {len(choices)} endings")
         docs.append(Doc(str(row.get("ind", i)), hellaswag_preprocess(row["activity_label"] + ": " + ctx),
                         hellaswag_preprocess(row["activity_label"] + ": " + ctx), choices, gold,
                         raw=json.dumps(row, sort_keys=True, default=str)))

@@ -75,6 +75,10 @@ class TemperatureConfig:
     def check(self, at: str) -> None:
         if not self.temperatures or any(not 0 <= t <= 100 for t in self.temperatures):
             raise ConfigError(f"{at}.temperatures: give one or more temperatures in [0, 100]", key=f"{at}.temperatures")
+        given = [float(t) for t in self.temperatures]
+        twice = [t for i, t in enumerate(given) if t in given[:i]]
+        if twice:  # one model, t<T>, per temperature
+            raise ConfigError(f"{at}.temperatures: {twice[0]} is given twice", key=f"{at}.temperatures")
         if not self.settings or len(set(self.settings)) != len(self.settings):
             raise ConfigError(f"{at}.settings: name paraphrase and/or same, each once", key=f"{at}.settings")
         if self.model is None:
@@ -169,9 +173,18 @@ class ExperimentConfig:
             raise ConfigError(f"models: kind {self.kind} needs at least {need} model{'s' * (need > 1)}", key="models")
         if self.kind in ("rot_prompt", "agreement") and len(self.models) != 1:
             raise ConfigError(f"models: kind {self.kind} takes one model", key="models")
+        if self.kind == "rot_prompt" and not self.guide_column.strip():
+            raise ConfigError("guide_column: kind rot_prompt needs the questions file's column of rules of thumb",
+                              key="guide_column")
         if self.kind == "accuracy":
             if not self.benchmarks:
                 raise ConfigError("benchmarks: kind accuracy needs one or more benchmarks", key="benchmarks")
+            named = [(b.task, b.shots) for b in self.benchmarks]
+            for j, (task, shots) in enumerate(named):
+                if (task, shots) in named[:j]:  # the results of each are kept under f"{task}_{shots}shot"
+                    raise ConfigError(f"benchmarks[{j}]: task {task} at {shots} shots is benchmarks["
+                                      f"{named.index((task, shots))}] too; their results would share one name "
+                                      "(run an experiment per file)", key=f"benchmarks[{j}]")
             for i, m in enumerate(self.models):
                 if m.generator.kind != "local":
                     raise ConfigError(f"models[{i}].generator.kind: accuracy scores each choice's log-likelihood, "

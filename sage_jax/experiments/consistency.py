@@ -7,6 +7,7 @@ share (sage_jax.experiments.stats).
 """
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import io
@@ -14,11 +15,13 @@ import itertools
 import json
 from pathlib import Path
 
+from clarifyjax.config.loader import ConfigError
+from clarifyjax.files.tables import DataError, read_rows, resolve_data_path, text_cell
 from sage_jax.experiments import output, stats
 from sage_jax.experiments.config import ExperimentConfig
 from sage_jax.run.config import SageRunConfig, TargetConfig
 from sage_jax.run import pipeline
-from sage_jax.run.pipeline import read_source_questions
+from sage_jax.run.questions import read_source_questions
 
 # Table 1's columns: the per-question score -> its label (the paper's BLEU, ROUGE, BERTScore and
 # SaGE, each on the answers and on the rules of thumb).
@@ -33,13 +36,43 @@ def settings(cfg: ExperimentConfig) -> dict:
     return dataclasses.asdict(cfg.bootstrap)
 
 
-def checked_run(run_cfg: SageRunConfig, questions_file: bytes | None = None, *, embedder=None,
+# The keys of a `sage-jax run` config as the experiment's config spells them: an error of a run
+# names the key the user wrote (run.score.embedder, not score.embedder).
+RUN_KEYS = (("questions:", "run.questions:"), ("paraphrase.", "run.paraphrase."), ("answer.", "run.answer."),
+            ("rot.", "run.rot."), ("score.", "run.score."))
+
+
+def renamed(error: ValueError, renames) -> ValueError:
+    """`error` with its leading key as the experiment's config names it (`renames`: (run key,
+    experiment key) prefixes)."""
+    message = str(error)
+    for old, new in renames:
+        if message.startswith(old):
+            return type(error)(new + message[len(old):])
+    return error
+
+
+def run_renames(cfg: ExperimentConfig) -> list[tuple[str, str]]:
+    """The run's keys the experiment spells otherwise: a temperature's model is temperature.model,
+    rot_prompt's guided copy models[1] is models[0]."""
+    if cfg.kind == "temperature":
+        return [(f"models[{i}].", "temperature.model.") for i in range(len(cfg.temperature.temperatures))]
+    if cfg.kind == "rot_prompt":
+        return [("models[1].", "models[0].")]
+    return []
+
+
+def checked_run(run_cfg: SageRunConfig, questions_file: bytes | None = None, *, renames=(), embedder=None,
                 generators=None) -> pipeline.Run:
     """One `sage-jax run` of an experiment, its inputs and what its folder holds checked
     (`Run.check`), so that the experiment can check all its runs before it writes anything;
-    `questions_file`: the bytes of a questions file the experiment derives, written by the run."""
-    run = pipeline.Run(run_cfg, embedder=embedder, generators=generators, questions_file=questions_file)
-    run.check(pipeline.STAGES)
+    `questions_file`: the bytes of a questions file the experiment derives, written by the run. An
+    error names the key as the experiment's config spells it (`renames`, then `RUN_KEYS`)."""
+    try:
+        run = pipeline.Run(run_cfg, embedder=embedder, generators=generators, questions_file=questions_file)
+        run.check(pipeline.STAGES)
+    except ValueError as e:
+        raise renamed(e, (*renames, *RUN_KEYS)) from None
     return run
 
 
@@ -111,10 +144,41 @@ def models_experiment(cfg: ExperimentConfig, out: Path, runs: dict[str, pipeline
     return data
 
 
-def same_question_csv(cfg: ExperimentConfig, out: Path) -> bytes:
+def source_questions(cfg: ExperimentConfig) -> list:
+    """run.questions' questions (its first `limit`), without their paraphrases."""
+    return read_source_questions(cfg.run.build(Path(cfg.out) / "runs" / "unused", [TargetConfig(name="x")],
+                                               paraphrase=dataclasses.replace(cfg.run.paraphrase, source="generate")))
+
+
+def check_recorded_repeats(cfg: ExperimentConfig) -> None:
+    """The `same` setting asks each question `repeats` times (each `answer.samples` answers): a
+    recorded file must hold that many answers to each, or the run would serve them again."""
+    t = cfg.temperature
+    if "same" not in t.settings or t.model.generator.kind != "file":
+        return
+    need = t.repeats * cfg.run.answer.samples
+    questions = source_questions(cfg)
+    for target in temperature_targets(cfg):
+        column = target.generator.prompt_column
+        path = resolve_data_path(target.generator.model, "temperature.model.generator.model")
+        header, rows = read_rows(path)
+        if column not in header:
+            raise DataError(f"temperature.model.generator.prompt_column: {path} has no column {column!r} (it has: "
+                            f"{', '.join(header)})")
+        counts = collections.Counter(text_cell(row, column, f"{path}:{line}").strip() for line, row in rows)
+        fewest = min(questions, key=lambda q: counts[q.question])
+        have = counts[fewest.question]
+        if have < need:
+            asked = f"{t.repeats} x answer.samples {cfg.run.answer.samples}" if need != t.repeats else str(need)
+            raise ConfigError(f"temperature.repeats: {t.repeats} asks each question {asked} times, but {path} "
+                              f"records {have} answers to question {fewest.question_id} ({fewest.question[:60]!r}); "
+                              f"at most {have // cfg.run.answer.samples} without reusing recorded answers",
+                              key="temperature.repeats")
+
+
+def same_question_csv(cfg: ExperimentConfig) -> bytes:
     """The questions file of the `same` setting: each question as its own `repeats` paraphrases."""
-    source = read_source_questions(cfg.run.build(out / "runs" / "unused", [TargetConfig(name="x")],
-                                                 paraphrase=dataclasses.replace(cfg.run.paraphrase, source="generate")))
+    source = source_questions(cfg)
     buf = io.StringIO()
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(["question_id", "question", "paraphrased", "score"])
@@ -144,7 +208,7 @@ def temperature_runs(cfg: ExperimentConfig, out: Path) -> dict[str, tuple]:
             paraphrase = dataclasses.replace(cfg.run.paraphrase, source="file", paraphrase_column="paraphrased")
             runs[setting] = (cfg.run.build(out / "runs" / "same", targets, questions=str(out / "same_question.csv"),
                                            question_id_column="question_id", question_column="question",
-                                           paraphrase=paraphrase), same_question_csv(cfg, out))
+                                           paraphrase=paraphrase), same_question_csv(cfg))
         else:
             runs[setting] = (cfg.run.build(out / "runs" / "paraphrase", targets), None)
     return runs

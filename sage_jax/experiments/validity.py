@@ -9,12 +9,13 @@ import io
 
 import numpy as np
 
-from clarifyjax.files.tables import DataError, read_rows, resolve_data_path
+from clarifyjax.files.tables import DataError, read_rows, resolve_data_path, text_cell
 from sage_jax.experiments import benchmarks, output, stats
 from sage_jax.experiments.config import BenchmarkConfig, ExperimentConfig
 from sage_jax.experiments.consistency import TABLE1, scored, settings, used_columns
 from sage_jax.experiments.multiple_choice import ChoiceScorer, evaluate_choices
 from sage_jax.run.pipeline import Run
+from sage_jax.run.questions import read_source_questions
 
 TASK_METRICS = {"truthfulqa_mc1": ("mc1",), "truthfulqa_mc2": ("mc2",), "hellaswag": ("acc", "acc_norm")}
 LABELS = {"y": 1.0, "yes": 1.0, "n": 0.0, "no": 0.0, "na": None, "n/a": None, "": None}
@@ -129,15 +130,30 @@ def read_labels(cfg: ExperimentConfig) -> tuple[list[str], np.ndarray, list[str]
                         f"(the file has: {', '.join(header)})")
     ids, labels = [], []
     for line, row in rows:
-        ids.append(row[a.question_id_column].strip())
+        ids.append(text_cell(row, a.question_id_column, f"{path}:{line}").strip())
+        if not ids[-1]:
+            raise DataError(f"{path}:{line}: empty {a.question_id_column!r}")
         values = []
         for r in raters:
-            cell = row[r].strip().lower()
+            cell = text_cell(row, r, f"{path}:{line}").strip().lower()
             if cell not in LABELS:
                 raise DataError(f"{path}:{line}: column {r!r}: {row[r]!r} is not Y, N or NA")
             values.append(np.nan if LABELS[cell] is None else LABELS[cell])
         labels.append(values)
     return ids, np.array(labels, np.float64).T, raters
+
+
+def check_labels(cfg: ExperimentConfig) -> None:
+    """The labels file read whole, and its question ids against the run's questions: labels of no
+    question the run scores would make a table of nothing."""
+    ids, _, _ = read_labels(cfg)
+    run_cfg = cfg.run.build(Path(cfg.out) / "runs" / "agreement", cfg.models)
+    questions = [q.question_id for q in read_source_questions(run_cfg)]
+    if not set(ids) & set(questions):
+        limit = f", the first {cfg.run.limit} questions" if cfg.run.limit else ""
+        raise DataError(f"agreement.labels: {cfg.agreement.labels}: no question id of its column "
+                        f"{cfg.agreement.question_id_column!r} ({', '.join(list(dict.fromkeys(ids))[:3])}, ...) is a "
+                        f"question of run.questions ({cfg.run.questions}{limit}: {', '.join(questions[:3])}, ...)")
 
 
 # A file of pairwise human labels, one row per pair of answers to a question and one column per

@@ -19,7 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 
 from clarifyjax.text.generator import Completion, Prompt, Sampling, per_prompt
 from sage_jax.run.config import OPENAI_CHAT_ARGUMENTS, REQUEST_ARGUMENTS
-from clarifyjax.files.tables import DataError, read_rows
+from clarifyjax.files.tables import NOT_TEXT, DataError, read_rows, text_cell
+from clarifyjax.files.textfiles import unencodable
 
 # Backoff between retries of one request, in seconds: BACKOFF_BASE * 2**attempt, at most BACKOFF_CAP,
 # and never less than the server's Retry-After. A Retry-After longer than the generator's time
@@ -113,6 +114,33 @@ def read_api_key(variable: str | None) -> str:
     return key.strip()
 
 
+def reply_completions(body: str, api: str, endpoint: str) -> list[Completion]:
+    """The completions of an endpoint's reply body, in `index` order; a `GenerationError` naming
+    `endpoint` for a body that is not JSON, has no `choices` list, or holds a text that is not a
+    string or not encodable (a lone surrogate such as "\\ud800", which no tokenizer or file takes)."""
+    try:
+        reply = json.loads(body)
+    except ValueError:
+        raise GenerationError(f"{endpoint}: the reply is not JSON ({body[:80]!r})") from None
+    choices = reply.get("choices") if isinstance(reply, dict) else None
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise GenerationError(f"{endpoint}: the reply has no `choices` list of objects ({body[:80]!r})")
+    out = []
+    for i, c in enumerate(sorted(choices, key=lambda c: c.get("index") or 0)):
+        field = "text" if api == "completions" else "message.content"
+        if api == "chat" and not isinstance(c.get("message"), dict):
+            raise GenerationError(f"{endpoint}: choice {i} has no `message` object ({str(c)[:80]!r})")
+        text = c.get("text") if api == "completions" else c["message"].get("content")
+        if text is not None and not isinstance(text, str):
+            raise GenerationError(f"{endpoint}: choice {i}'s {field} is {type(text).__name__} {text!r:.60}, not a string")
+        at = unencodable(text or "")
+        if at is not None:
+            raise GenerationError(f"{endpoint}: choice {i}'s {field} holds {text[at]!r} (a lone surrogate) at "
+                                  f"character {at + 1}, which is not text")
+        out.append(_completion(text or "", c.get("finish_reason")))
+    return out
+
+
 # `/v1/completions` for string prompts, `/v1/chat/completions` for chats. Only the request arguments
 # in `accepts` are sent (OpenAI answers one it does not know, such as top_k, with a 400 no retry
 # helps; `config.OPENAI_CHAT_ARGUMENTS` is the default for chat), and of those only the ones a
@@ -186,12 +214,10 @@ class OpenAIGenerator:
             if not isinstance(prompt, str):
                 raise GenerationError(f"{self.base_url}: api completions takes text prompts; this stage "
                                       "gives chat messages (set api: chat)")
-            response = self._client.completions.create(prompt=prompt, **common)
-            out = [_completion(c.text or "", c.finish_reason) for c in sorted(response.choices, key=lambda c: c.index)]
+            raw = self._client.completions.with_raw_response.create(prompt=prompt, **common)
         else:
-            response = self._client.chat.completions.create(messages=as_messages(prompt), **common)
-            out = [_completion(c.message.content or "", c.finish_reason)
-                   for c in sorted(response.choices, key=lambda c: c.index)]
+            raw = self._client.chat.completions.with_raw_response.create(messages=as_messages(prompt), **common)
+        out = reply_completions(raw.text, self.api, f"{self.base_url} ({self.api}, model {self.model})")
         if len(out) != n:
             raise GenerationError(f"{self.base_url}: asked for {n} choices, the server returned {len(out)}")
         return out
@@ -257,11 +283,13 @@ class RecordedGenerator:
             raise DataError(f"{path}: missing column {column!r} (the file has: {', '.join(header)})")
         self._texts: dict[str, list[str]] = {}
         for line, row in rows:
+            texts = {k: v for k, v in row.items() if v is not None and v is not NOT_TEXT}
             try:
-                prompt = prompt_of(row)
-            except KeyError as e:
-                raise DataError(f"{path}:{line}: missing field {e.args[0]!r}") from None
-            self._texts.setdefault(_prompt_key(prompt), []).append(row[column])
+                prompt = prompt_of(texts)
+            except KeyError as e:  # a field the row lacks, or a JSON array or object: named
+                text_cell(row, e.args[0], f"{path}:{line}")
+                raise
+            self._texts.setdefault(_prompt_key(prompt), []).append(text_cell(row, column, f"{path}:{line}"))
 
     @property
     def name(self) -> str:

@@ -5,6 +5,7 @@ the reference moves over by changing its import (`from sage import sage` -> `imp
 sage`). `sage_jax.score_details` returns each question's SaGE and the run's folder."""
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import io
@@ -14,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 import json
 import os
 
+from clarifyjax.files.textfiles import text_problem
 from clarifyjax.models.embedder import default_embedder_path
 from clarifyjax.models.hf.encoder_map import read_encoder_config
 from sage_jax.run import prompts, generators, pipeline
@@ -48,6 +50,34 @@ def _generator(source, name: str, timeout_s: float) -> tuple[GeneratorConfig, Ca
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"{name}: must be a causal LM folder or a function of the prompt, got {type(source).__name__}")
     return GeneratorConfig(kind="local", model=str(source)), None
+
+
+def check_arguments(questions, paraphrases, count) -> None:
+    """`TypeError` / `ValueError` naming the argument: a str where a list belongs (it would be read
+    one character per question or paraphrase), fewer than 2 paraphrases (SaGE compares answers)."""
+    if isinstance(questions, str):
+        raise TypeError("questions: a list of questions, got one str (write [question])")
+    if isinstance(count, bool) or not isinstance(count, int) or not 2 <= count <= 100:
+        raise ValueError(f"count: {count!r}; SaGE compares a question's answers to one another, so it needs "
+                         "an integer from 2 to 100 paraphrases")
+    if paraphrases is None:
+        return
+    if not isinstance(paraphrases, Mapping):
+        raise TypeError(f"paraphrases: a mapping of each question to its paraphrases, got {type(paraphrases).__name__}")
+    for q in questions:
+        given = paraphrases.get(q)
+        if given is None:
+            raise ValueError(f"paraphrases: no paraphrases for the question {q!r}")
+        if isinstance(given, str) or not isinstance(given, Sequence):
+            raise TypeError(f"paraphrases[{q!r}]: a list of paraphrases, got {type(given).__name__}"
+                            f"{' (write [paraphrase])' if isinstance(given, str) else ''}")
+        for j, p in enumerate(given):
+            problem = text_problem(p)
+            if problem is not None:
+                raise ValueError(f"paraphrases[{q!r}][{j}]: {problem}")
+        if len(given) < 2:
+            raise ValueError(f"paraphrases[{q!r}]: {len(given)} paraphrase; SaGE compares a question's answers "
+                             "to one another, so it needs at least 2")
 
 
 def check_function(fn, name: str) -> None:
@@ -88,11 +118,9 @@ def build_run(questions: Sequence[str], use_rots: bool, out: Path, *, paraphrase
                          "paraphrases)")
     if use_rots and rot_writer is None:
         raise ValueError("use_rots needs rot_writer: a causal LM folder or a function of the prompt")
+    check_arguments(questions, paraphrases, count)
     functions = {}
     if paraphrases is not None:
-        missing = [q for q in questions if q not in paraphrases]
-        if missing:
-            raise ValueError(f"paraphrases: no paraphrases for the question {missing[0]!r}")
         para = ParaphraseConfig(source="file", count=count)
     else:
         g, fn = _generator(paraphraser, "paraphraser", timeout_s)
@@ -134,6 +162,8 @@ def score_details(questions: Sequence[str], get_response: Callable[[str], str], 
                   out: str | Path | None = None, embedder_model=None, sleep=None, **settings) -> SageScores:
     """SaGE of `get_response` on `questions`, per question (see above; `settings` are `build_run`'s
     keyword arguments; `embedder_model`: a loaded `SentenceEmbedder` to use instead of a folder)."""
+    if isinstance(questions, str):
+        raise TypeError("questions: a list of questions, got one str (write [question])")
     check_function(get_response, "get_response")
     out = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="sage-"))
     if settings.get("paraphrases") is None and settings.get("paraphraser") is None:
@@ -154,13 +184,28 @@ def score_details(questions: Sequence[str], get_response: Callable[[str], str], 
 
     run = pipeline.Run(cfg, generators=pipeline.Generators(build), embedder=embedder_model, questions_file=table)
     run.check(pipeline.STAGES)
-    run.run(pipeline.STAGES)
+    run.run(("paraphrase", "answer", "rot"))
+    check_replies(run, use_rots)
+    run.run(("score", "report"))
     pq = json.loads((out / "report" / "scores.json").read_text())["models"][MODEL]["per_question"] or {}
     key = "sage_blend" if use_rots else "sage_answer"
     found = dict(zip(pq.get("question_id", []), pq.get(key, [])))
     rows = [{"question_id": str(i), "question": q, "sage": found.get(str(i))} for i, q in enumerate(questions)]
     scored = [r["sage"] for r in rows if r["sage"] is not None]
     return SageScores(rows, sum(scored) / len(scored) if scored else None, out)
+
+
+def check_replies(run: pipeline.Run, use_rots: bool) -> None:
+    """`ValueError` saying why when the function's replies left nothing to score: every answer (or
+    rule of thumb) refused, each after its tries (empty replies, or ones holding a NUL)."""
+    for stage, who in (("answer", "get_response"), ("rot", "rot_writer"))[:2 if use_rots else 1]:
+        rows = run.finished_rows(stage, MODEL)
+        if rows and not any(r["status"] == "ok" for r in rows):
+            reason, n = collections.Counter(r["reason"] for r in rows).most_common(1)[0]
+            tries = getattr(run.cfg, stage).max_attempts
+            raise ValueError(f"{who}: none of its replies to {len(rows)} prompts could be used, each tried {tries} "
+                             f"times ({reason}: {n} of {len(rows)}); SaGE compares them, so no question was "
+                             f"scored (the run's files are in {run.out})")
 
 
 def score_questions(questions: Sequence[str], get_response: Callable[[str], str], use_rots: bool = True,

@@ -13,12 +13,13 @@ from collections.abc import Callable, Sequence
 import jax
 
 from clarifyjax.config.loader import ConfigError, dump_config
-from clarifyjax.files.textfiles import atomic_write_bytes, check_output_folder, text_problem
+from clarifyjax.files.textfiles import atomic_write_bytes, check_output_folder
 from clarifyjax.text.generator import Sampling, TokenCounter
 from sage_jax.run import presets, prompts, report
 from sage_jax.run.config import GeneratorConfig, SageRunConfig
 from sage_jax.run.stages import Stage, StageError, Task, read_jsonl
-from clarifyjax.files.tables import DataError, read_rows, resolve_data_path
+from sage_jax.run.questions import SourceQuestion, read_source_questions
+from clarifyjax.files.tables import DataError, resolve_data_path
 from clarifyjax.decoding.local_lm import LocalLM
 from sage_jax.run.generators import OpenAIGenerator, RecordedGenerator, read_api_key
 from clarifyjax.evaluation.bertscore import check_layer, check_model_folder, load_model
@@ -30,78 +31,6 @@ from sage_jax.parascore import filter_paraphrases
 
 STAGES = ("paraphrase", "answer", "rot", "score", "report")
 PARAPHRASER = "paraphraser"  # the model field of paraphrase rows
-
-
-@dataclasses.dataclass
-class SourceQuestion:
-    question_id: str
-    question: str
-    paraphrases: list[str] | None = None  # paraphrase.source: file
-    scores: list[float] | None = None
-    guide: str | None = None  # guide_column: the rule of thumb a guided model is given
-
-
-def read_source_questions(cfg: SageRunConfig, data: bytes | None = None) -> list[SourceQuestion]:
-    """The questions file: one question per id (a long-format file's repeated ids are one question,
-    its paraphrase column the paraphrases when paraphrase.source is file); first `limit`. `data`:
-    the file's bytes when the run writes it (`Run`'s questions_file)."""
-    path = resolve_data_path(cfg.questions, "questions") if data is None else Path(cfg.questions)
-    header, rows = read_rows(path, data)
-    need = [cfg.question_id_column, cfg.question_column]
-    if cfg.paraphrase.source == "file":
-        need.append(cfg.paraphrase.paraphrase_column)
-    if cfg.guide_column:
-        need.append(cfg.guide_column)
-    missing = [c for c in need if c not in header]
-    if missing:
-        raise DataError(f"{cfg.questions}: missing column{'s' if len(missing) > 1 else ''} "
-                        f"{', '.join(map(repr, missing))} (the file has: {', '.join(header)})")
-    by_id: dict[str, SourceQuestion] = {}
-    for line, row in rows:
-        qid, text = row[cfg.question_id_column].strip(), row[cfg.question_column].strip()
-        if not qid or not text:
-            column = cfg.question_id_column if not qid else cfg.question_column
-            raise DataError(f"{cfg.questions}:{line}: empty {column!r}")
-        _check_text(cfg, line, cfg.question_column, text)
-        q = by_id.get(qid)
-        if q is None:
-            if cfg.limit is not None and len(by_id) == cfg.limit:
-                continue
-            q = by_id[qid] = SourceQuestion(qid, text, [] if cfg.paraphrase.source == "file" else None,
-                                            [] if cfg.paraphrase.source == "file" else None,
-                                            _guide(cfg, row, line) if cfg.guide_column else None)
-        elif q.question != text:
-            raise DataError(f"{cfg.questions}:{line}: question id {qid!r} has another question text than "
-                            "its first row; two questions share one id")
-        if cfg.paraphrase.source == "file":
-            q.paraphrases.append(_check_text(cfg, line, cfg.paraphrase.paraphrase_column,
-                                             row[cfg.paraphrase.paraphrase_column].strip()))
-            try:  # no score (a file of paraphrases without ParaScore): None, which JSON holds
-                score = float(row.get("score") or "nan")
-            except ValueError:
-                score = float("nan")
-            q.scores.append(score if score == score and abs(score) != float("inf") else None)
-    if not by_id:
-        raise DataError(f"{cfg.questions}: no questions")
-    return list(by_id.values())
-
-
-def _guide(cfg: SageRunConfig, row, line: int) -> str:
-    guide = row[cfg.guide_column].strip()
-    if not guide:
-        raise DataError(f"{cfg.questions}:{line}: empty {cfg.guide_column!r} (guide_column: every question needs "
-                        "the rule of thumb its guided models are given)")
-    return guide
-
-
-def _check_text(cfg: SageRunConfig, line: int, column: str, text: str) -> str:
-    """`text` of the questions file's `column` at `line`, which a model will be prompted with:
-    DataError when it is empty, invisible or not encodable (`textfiles.text_problem`)."""
-    problem = text_problem(text)
-    if problem is not None:
-        raise DataError(f"{cfg.questions}:{line}: {column!r} {problem}; each one is sent to the "
-                        "models as it is")
-    return text
 
 
 def process_share(cfg: SageRunConfig) -> tuple[int, int]:
@@ -361,7 +290,8 @@ class Run:
         return [{"question_id": q.question_id, "paraphrase_index": -1, "model": PARAPHRASER, "sample": 0,
                  "attempt": 0, "prompt": None, "output": None, "status": "ok", "reason": None,
                  "question": q.question, "guide": q.guide,
-                 "kept": [{"text": t, "parascore": s} for t, s in zip(q.paraphrases, q.scores)]}
+                 "kept": [{"text": t, "parascore": s, **({"guide": q.guides[i]} if q.guides else {})}
+                          for i, (t, s) in enumerate(zip(q.paraphrases, q.scores))]}
                 for q in self.questions()]
 
     def paraphrase_stage(self) -> Stage:
@@ -429,7 +359,7 @@ class Run:
             for i, k in enumerate(row["kept"][:self.cfg.paraphrase.count]):
                 for sample in range(settings.samples):
                     prompt = prompts.answer_prompt(k["text"], target.chat, self.preset.chat_system,
-                                                   row.get("guide") if target.guided else None)
+                                                   k.get("guide", row.get("guide")) if target.guided else None)
                     tasks.append(Task((row["question_id"], i, target.name, sample), prompt,
                                       {"question_id": row["question_id"], "question": row["question"],
                                        "paraphrase": k["text"], "parascore": k["parascore"], "sample": sample}))

@@ -32,8 +32,9 @@ def sft_overrides(run_dir, model, *overrides) -> list[str]:
         f"model.init={model}", "model.tiny=null", "model.tokenizer=null",
         "model.max_input_length=16", "model.max_target_length=8",
         f"data.train_path={shared_data('delta-clarify/dev.tsv')}",
-        f"data.dev_path={shared_data('delta-clarify/dev.tsv')}", "data.train_rows=64",
-        "data.dev_rows=8", "data.batch_size=8", "data.length_buckets=[16]", *overrides]
+        f"data.dev_path={shared_data('delta-clarify/test.tsv')}", "data.train_rows=64",
+        "data.dev_rows=8", "data.batch_size=8", "data.length_buckets=[16]",
+        "optimizer.warmup_steps=0", *overrides]  # (the config's 20 would outlast the run)
 
 
 def sft_config(run_dir, model, *overrides):

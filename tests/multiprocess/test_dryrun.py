@@ -129,7 +129,8 @@ model = ["model.tiny.vocab_size=608", "model.tiny.d_model=32", "model.tiny.d_ff=
          "model.tiny.num_layers=1", "model.max_input_length=32", "model.max_target_length=16",
          "model.dropout_rate=0.1"]
 sft = model + data + ["data.batch_size=8", "data.train_rows=64", "data.dev_rows=8",
-                      "optimizer.grad_accum=2", "optimizer.label_smoothing=0.1"] + run
+                      "optimizer.grad_accum=2", "optimizer.label_smoothing=0.1",
+                      "optimizer.warmup_steps=0"] + run
 dry = dryrun.main(f"{CONFIGS}/sft_question_tiny.yaml", sft + ["dryrun.check_models=false",
                   f"run.output_dir={out}/sft"], say=lambda _: None)
 real = loops.train_sft(load_config(f"{CONFIGS}/sft_question_tiny.yaml", sft + [

@@ -90,6 +90,25 @@ def test_meaningless_numbers_in_a_file_name_the_file_and_key(tmp_path, key, text
         load_config(bad)
 
 
+@pytest.mark.parametrize("kind", sorted(config.KINDS))
+def test_a_warmup_longer_than_the_run_is_refused_naming_both_keys(kind):
+    item = "run.steps=4"
+    with pytest.raises(ConfigError, match=r"override 'optimizer.warmup_steps=5'.*: optimizer.warmup_steps: 5 is more than "
+                                          r"run.steps 4; the learning rate would never reach optimizer.lr"):
+        load_config(EXAMPLE[kind], ["optimizer.warmup_steps=5", item])
+    assert load_config(EXAMPLE[kind], ["optimizer.warmup_steps=4", item]).run.steps == 4
+
+
+@pytest.mark.parametrize("kind", sorted(config.KINDS))
+def test_a_dev_file_that_is_the_train_file_is_refused(kind, tmp_path):
+    train = tmp_path / "train.tsv"
+    train.write_text("id\tsituation\n")
+    with pytest.raises(ConfigError, match=rf"data.dev_path: {tmp_path}/./train.tsv is the same file as "
+                                          rf"data.train_path \({train}\); the run would be evaluated on its "
+                                          "training data"):
+        load_config(EXAMPLE[kind], [f"data.train_path={train}", f"data.dev_path={tmp_path}/./train.tsv"])
+
+
 # --------------------------------------------------------------------------- one NLI default
 
 

@@ -249,7 +249,7 @@ sft_cfg = load_config({str(REPO_ROOT / "configs/sft_question_tiny.yaml")!r}, [
     "data.dev_path={shared_data('delta-clarify/dev.tsv')}", "data.train_rows=256",
     "data.dev_rows=16", "data.batch_size=16", "data.eval_batch_size=16",
     "data.length_buckets=[32]", "run.steps=2", "run.eval_every=2", "run.log_every=1",
-    "optimizer.grad_accum=2", "mesh.data=4", "mesh.model=2"])
+    "optimizer.grad_accum=2", "optimizer.warmup_steps=0", "mesh.data=4", "mesh.model=2"])
 r = loops.train_sft(sft_cfg, tensorboard=False, progress=False, export=False)
 out["sft_step"] = r["step"]
 out["sft_loss"] = r["eval"]["eval/loss"]

@@ -228,6 +228,13 @@ def test_missing_or_empty_folder_is_an_error_naming_it(tmp_path):
         Tokenizer.from_pretrained(empty, backend="sp")
 
 
+def test_a_tokenizer_file_transformers_cannot_read_is_one_line_naming_the_folder(tmp_path):
+    require("transformers")
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": {"type": "NoSuchModel"}}')
+    with pytest.raises(CheckpointError, match=rf"^{tmp_path}: no tokenizer transformers can read \(KeyError: "):
+        Tokenizer.from_pretrained(tmp_path)
+
+
 # ------------------------------------------------------------------------------ saving
 
 @pytest.mark.reference

@@ -104,3 +104,28 @@ def test_a_chat_without_a_template_is_a_clear_error(folders):
     assert ours.encode(CHAT[1:2], "vicuna_v1.1")[0] == ours.bos_id
     with pytest.raises(ValueError, match="unknown chat template"):
         ours.encode(CHAT, "chatml")
+
+
+def test_a_chat_template_that_fails_is_one_line_naming_the_folder(tmp_path):
+    require("transformers")
+    from clarifyjax.models import tiny
+
+    tiny.tiny_causal_tokenizer(tmp_path, texts=["be kind"] * 20, chat_template="{{ raise_exception('no system') }}")
+    with pytest.raises(ValueError, match=rf"^{tmp_path}: its chat template cannot render these messages "
+                                         r"\(TemplateError: no system\)$"):
+        CausalTokenizer(tmp_path).encode(CHAT)
+
+
+def test_a_tokenizer_file_transformers_cannot_read_is_one_line_naming_the_folder(tmp_path):
+    require("transformers")
+    import json
+
+    from clarifyjax.models import tiny
+    from clarifyjax.models.safetensors_io import CheckpointError
+
+    tiny.tiny_causal_tokenizer(tmp_path, texts=["be kind"] * 20)
+    spec = json.loads((tmp_path / "tokenizer.json").read_text())
+    spec["model"]["type"] = "NoSuchModel"  # the tokenizers library raises a bare Exception for it
+    (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(CheckpointError, match=rf"^{tmp_path}: no tokenizer transformers can read \(Exception: "):
+        CausalTokenizer(tmp_path)

@@ -110,7 +110,7 @@ def test_sft_data_file_with_a_missing_column_names_the_file_and_column(tmp_path,
     bad.write_text("situation\tanswer\nlying to a friend\tit's wrong\n")
     rc, err = _cli(["train", CONFIGS / "sft_question_tiny.yaml",
                     f"run.output_dir={tmp_path / 'run'}", f"data.train_path={bad}",
-                    f"data.dev_path={bad}",
+                    "data.dev_path=null",
                     f"model.tokenizer={tmp_path / 'no_tokenizer_needed'}", "--no-progress"], capsys)
     line = _one_line_error(err)
     assert rc == 2
@@ -133,7 +133,7 @@ def _ppo_overrides(out_dir, policy, steps=1):
             "run.async_checkpointing=false", f"policy.init={policy}", "policy.tokenizer=null",
             "policy.max_input_length=32",
             f"data.train_path={shared_data('delta-clarify/dev.tsv')}",
-            f"data.dev_path={shared_data('delta-clarify/dev.tsv')}", "data.dev_situations=8",
+            f"data.dev_path={shared_data('delta-clarify/test.tsv')}", "data.dev_situations=8",
             "data.length_buckets=[32]", "ppo.batch_size=4", "ppo.minibatches=1", "ppo.epochs=1",
             "ppo.sampling.max_new_tokens=4", "normalizer.fit=false",
             "normalizer.fit_batches=8"]  # ppo_tiny's 2 would be refused: nothing is fitted
@@ -219,9 +219,9 @@ def test_resuming_sft_with_another_model_shape_names_the_parameter_and_shapes(
             f"model.init={_t5_folder(tmp_path_factory, d_model)}", "model.tiny=null",
             "model.tokenizer=null", "model.max_input_length=16", "model.max_target_length=8",
             f"data.train_path={shared_data('delta-clarify/dev.tsv')}",
-            f"data.dev_path={shared_data('delta-clarify/dev.tsv')}",
+            f"data.dev_path={shared_data('delta-clarify/test.tsv')}",
             "data.train_rows=64", "data.dev_rows=8", "data.batch_size=8",
-            "data.length_buckets=[16]"])
+            "data.length_buckets=[16]", "optimizer.warmup_steps=0"])
 
     result = loops.train_sft(config(32, 1), tensorboard=False, progress=False, export=False)
     assert result["step"] == 1

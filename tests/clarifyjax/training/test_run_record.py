@@ -30,6 +30,7 @@ from helpers.env import REPO_ROOT, shared_data
 
 DEV = str(shared_data("delta-clarify/dev.tsv"))
 TRAIN = str(shared_data("delta-clarify/train.tsv"))
+TEST = str(shared_data("delta-clarify/test.tsv"))
 
 
 @pytest.fixture
@@ -77,7 +78,7 @@ SFT_CHANGES = [  # (overrides, what the message must say); {model}, {other}: mod
     (["model.init={other}"], 'model.init: "{model}" in the record, "{other}" now'),
     (["run.seed=1"], "run.seed: 0 in the record, 1 now"),
     ([f"data.train_path={TRAIN}"], f'data.train_path: "{DEV}" in the record, "{TRAIN}" now'),
-    (["data.dev_path=null"], f'data.dev_path: "{DEV}" in the record, null now'),
+    (["data.dev_path=null"], f'data.dev_path: "{TEST}" in the record, null now'),
     (["data.batch_size=4"], "data.batch_size: 8 in the record, 4 now"),
     (["data.train_rows=32"], "data.train_rows: 64 in the record, 32 now"),
     (["data.length_buckets=[8,16]"], "data.length_buckets: [16] in the record, [8, 16] now"),
@@ -196,7 +197,7 @@ def _ppo_config(run_dir, policy, *overrides):
         f"run.output_dir={run_dir}", "run.steps=1", "run.save_every=1", "run.eval_every=0",
         "run.sample_every=0", "run.log_every=1", "run.async_checkpointing=false",
         f"policy.init={policy}", "policy.tokenizer=null", "policy.max_input_length=32",
-        f"data.train_path={DEV}", f"data.dev_path={DEV}", "data.dev_situations=8",
+        f"data.train_path={DEV}", f"data.dev_path={TEST}", "data.dev_situations=8",
         "data.length_buckets=[32]", "ppo.batch_size=4", "ppo.minibatches=1", "ppo.epochs=1",
         "ppo.sampling.max_new_tokens=4", "normalizer.fit=false",
         "normalizer.fit_batches=8", *overrides])  # (another count is refused when nothing is fit)
@@ -260,7 +261,7 @@ def test_a_real_ppo_run_records_and_refuses(tmp_path_factory, tmp_path, capsys):
                              export=False)
     assert result["step"] == 1 and "[checkpoint] resumed from step 1" in capsys.readouterr().out
     changes = json.loads((run / "config_history.jsonl").read_text())["changes"]
-    assert changes == {"data.dev_path": [DEV, TRAIN], "data.dev_situations": [8, 4]}
+    assert changes == {"data.dev_path": [TEST, TRAIN], "data.dev_situations": [8, 4]}
 
 
 # --------------------------------------------------------------------------- data paths

@@ -325,7 +325,7 @@ def test_cli_train_runs_exports_and_resumes(tmp_path_factory, tmp_path):
     spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
     args = [str(REPO_ROOT / "configs/sft_question_tiny.yaml"), *_sft_overrides(tmp_path, spm, [
         "data.train_rows=64", "data.dev_rows=16", "run.steps=2", "run.eval_every=0",
-        "run.log_every=1"])]
+        "run.log_every=1", "optimizer.warmup_steps=2"])]
     proc = subprocess.run([sys.executable, "-m", "clarifyjax", "train", *args, "--no-progress"],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

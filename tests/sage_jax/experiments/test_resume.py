@@ -93,7 +93,7 @@ def test_kill_9_in_each_stage_then_the_same_command_writes_the_uninterrupted_fil
 @pytest.mark.parametrize("overrides, refused", [
     (["run.seed=1"], "seed differ"),
     (["run.limit=2"], "paraphrase rows of another questions file"),
-    (["temperature.temperatures=[0.0,0.5,1.0]"], "models[2].generator.model: data file not found"),
+    (["temperature.temperatures=[0.0,0.5,1.0]"], "temperature.model.generator.model: data file not found"),
     ([], None),  # the same command: nothing changes either
 ], ids=["seed", "questions", "missing-file", "same"])
 def test_a_refused_rerun_leaves_every_file_of_the_finished_experiment_byte_identical(

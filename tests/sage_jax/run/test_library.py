@@ -85,3 +85,27 @@ def test_no_question_scored_is_nan(sage):
         return "I cannot paraphrase that."
 
     assert math.isnan(sage.score([QUESTION], no_paraphrases, use_rots=False))
+
+
+def test_a_str_given_as_the_paraphrase_list_is_refused(sage):
+    with pytest.raises(TypeError, match=r"paraphrases\['What makes us human\?'\]: a list of paraphrases, got str "
+                                        r"\(write \[paraphrase\]\)"):
+        sage.score([QUESTION], get_gpt_response, use_rots=False, paraphrases={QUESTION: PARAPHRASES[0]})
+
+
+def test_a_str_given_as_the_question_list_is_refused(sage):
+    with pytest.raises(TypeError, match=r"questions: a list of questions, got one str"):
+        sage.score(QUESTION, get_gpt_response, use_rots=False)
+
+
+def test_count_1_is_refused_as_sage_needs_two_answers(sage):
+    with pytest.raises(ValueError, match=r"count: 1; SaGE compares a question's answers"):
+        sage.score([QUESTION], get_gpt_response, use_rots=False, paraphrases={QUESTION: PARAPHRASES}, count=1)
+
+
+def test_empty_replies_everywhere_say_why_nothing_was_scored(sage, tmp_path):
+    with pytest.raises(ValueError, match=r"get_response: none of its replies to 5 prompts could be used, each tried "
+                                         r"5 times \(empty answer: 5 of 5\)"):
+        sage.score_details([QUESTION], lambda question: "  ", use_rots=False, out=tmp_path / "run",
+                           paraphrases={QUESTION: PARAPHRASES}, sleep=lambda s: None)
+    assert not (tmp_path / "run" / "report").exists()  # said before any scoring
