@@ -244,11 +244,14 @@ class PPOUpdateConfig:
     lam: float = 0.95
     whiten_advantages: bool = True
     whiten_rewards: bool = True  # rescale per-token rewards by their std (the original's default)
+    # entropy bonus: the loss subtracts entropy_coef x the mean per-token entropy of the policy
+    # (0: none, as the original; needs a policy_logprobs_fn that returns the entropy)
+    entropy_coef: float = 0.0
 
     # clip 0 pins the ratio to 1: the clipped objective then never lets the policy improve
     _bounds: ClassVar = {"epochs": ">= 1", "minibatches": ">= 1", "clip": "> 0",
                          "value_clip": ">= 0", "vf_coef": ">= 0", "gamma": "[0, 1]",
-                         "lam": "[0, 1]"}
+                         "lam": "[0, 1]", "entropy_coef": ">= 0"}
 
 
 class Rollout(NamedTuple):
@@ -322,7 +325,8 @@ def _policy_outputs(out) -> tuple[Array, Array | None]:
 
 def _make_loss_fn(policy_logprobs_fn, value_fn, config: PPOUpdateConfig):
     """`loss(policy_params, value_params, minibatch, advantages, returns) -> (total, metrics)`:
-    the clipped policy loss + vf_coef * the clipped value loss of one minibatch."""
+    the clipped policy loss + vf_coef * the clipped value loss - entropy_coef * the mean per-token
+    entropy of one minibatch."""
     def loss_fn(policy_params, value_params, mb: Rollout, advantages, returns):
         mask = mb.response_mask.astype(jnp.float32)
         logprobs, entropy = _policy_outputs(policy_logprobs_fn(policy_params, mb))
@@ -336,10 +340,17 @@ def _make_loss_fn(policy_logprobs_fn, value_fn, config: PPOUpdateConfig):
         pg_loss, pg_metrics = policy_loss(logprobs, mb.logprobs, advantages, mask, config.clip)
         vf_loss, vf_metrics = value_loss(values, mb.values, returns, mask, config.value_clip)
         total = pg_loss + config.vf_coef * vf_loss
-        metrics = {"policy_loss": pg_loss, "value_loss": vf_loss, "total_loss": total,
-                   **pg_metrics, **vf_metrics}
+        metrics = {"policy_loss": pg_loss, "value_loss": vf_loss, **pg_metrics, **vf_metrics}
         if entropy is not None:
-            metrics["policy_entropy"] = masked_mean(entropy.astype(jnp.float32), mask)
+            entropy = jnp.where(mask > 0, entropy.astype(jnp.float32), 0.0)
+            metrics["policy_entropy"] = masked_mean(entropy, mask)
+            # per question (summed over its tokens), as the original logged it
+            metrics["policy_entropy_per_question"] = jnp.mean(jnp.sum(entropy, axis=1))
+            total = total - config.entropy_coef * metrics["policy_entropy"]
+        elif config.entropy_coef:
+            raise ValueError(f"PPOUpdateConfig.entropy_coef = {config.entropy_coef} needs a "
+                             "policy_logprobs_fn that returns (logprobs, entropy)")
+        metrics["total_loss"] = total
         return total, jax.tree.map(jax.lax.stop_gradient, metrics)
 
     return loss_fn
