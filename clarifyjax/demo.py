@@ -182,26 +182,32 @@ def ppo_config(out: Path, data: Path, plan: dict, extra: Sequence[str] = ()):
 
 
 def ppo_summary(result: dict) -> str:
-    """The dev reward before and after PPO with their standard errors, and the paired gain in
-    standard errors: the line that says whether PPO helped by more than its noise."""
+    """What PPO did on the dev situations, in the reward's own units: the raw reward (the JSD,
+    0 for a dropped answer) before and after with the paired gain and its standard error, the
+    judgment flip rate, and the questions' diversity (distinct, the shares of the most common one
+    and five, distinct-2), so that a gain bought by collapsing onto one question shows."""
     first, last = result.get("first_eval") or {}, result.get("eval") or {}
-    nan = float("nan")
-    text = (f"dev reward {first.get('eval/reward', nan):.3f} +- {first.get('eval/reward_se', nan):.3f} -> "
-            f"{last.get('eval/reward', nan):.3f} +- {last.get('eval/reward_se', nan):.3f} (normalized, "
-            f"+- standard error over the dev situations)")
     before, after = result.get("first_eval_rows"), result.get("eval_rows")
-    if before and after:
-        gain, se = paired_gain(before["reward"], after["reward"])
-        text += f"; gain {gain:+.3f} +- {se:.3f} paired = {gain / se:+.1f} SE"
-    return text + (f"; avg JSD {first.get('eval/jsd', nan):.4f} -> {last.get('eval/jsd', nan):.4f}; the most "
-                   f"common question asked of {last.get('eval/top_question_share', nan):.0%}")
+    if not (first and last and before and after):
+        return "no dev evaluation before and after (run.eval_every, data.dev_path)"
+    gain, se = paired_gain(before["raw"], after["raw"])
+    nan = float("nan")
+
+    def change(key, fmt):
+        return f"{format(first.get(key, nan), fmt)} -> {format(last.get(key, nan), fmt)}"
+
+    return (f"dev raw reward (JSD) {change('eval/reward_raw', '.4f')}, paired gain {gain:+.4f} +- "
+            f"{se:.4f} SE ({gain / se:+.1f} SE, {len(after['raw'])} situations); flip rate "
+            f"{change('eval/flip_rate', '.3f')}; questions distinct {change('eval/distinct_share', '.0%')}, "
+            f"most common {change('eval/top_question_share', '.1%')}, top five "
+            f"{change('eval/top5_share', '.1%')}, distinct-2 {change('eval/distinct_2', '.3f')}")
 
 
 def plot_rewards(metrics: Path, png: Path) -> Path:
     """reward_curve.png: the rollouts' mean normalized reward per PPO step and the dev reward
-    (with its standard error), beside the KL to the reference and the policy's entropy, so that a
-    run that drifts without gaining shows at a glance. Paths may be str (docs/usage.md calls it from
-    the shell)."""
+    (with its standard error), beside the KL to the reference, the policy's entropy and the dev
+    questions' diversity at each evaluation, so that a run that drifts or collapses without gaining
+    shows at a glance. Paths may be str (docs/usage.md calls it from the shell)."""
     metrics, png = Path(metrics), Path(png)
     import matplotlib
 
@@ -212,7 +218,7 @@ def plot_rewards(metrics: Path, png: Path) -> Path:
     train = sorted({r["step"]: r for r in rows if "train/mean_score" in r}.items())
     dev = sorted({r["step"]: r for r in rows if "eval/reward" in r}.items())
     steps = [s for s, _ in train]
-    fig, (ax, ax_kl, ax_ent) = plt.subplots(1, 3, figsize=(13, 4), dpi=100)
+    fig, (ax, ax_kl, ax_ent, ax_div) = plt.subplots(1, 4, figsize=(17, 4), dpi=100)
     _plot_rollout_rewards(ax, steps, [r["train/mean_score"] for _, r in train])
     if dev:
         ax.errorbar([s for s, _ in dev], [r["eval/reward"] for _, r in dev],
@@ -225,7 +231,15 @@ def plot_rewards(metrics: Path, png: Path) -> Path:
                              (ax_ent, "train/policy_entropy", "policy entropy (nats per token)")):
         axis.plot(steps, [r.get(key, float("nan")) for _, r in train], ".-", color="C3")
         axis.set_title(title, fontsize=10)
-    for axis in (ax, ax_kl, ax_ent):
+    for key, label in (("eval/distinct_share", "distinct questions (share)"),
+                       ("eval/top_question_share", "the most common question's share"),
+                       ("eval/top5_share", "the five most common's share"),
+                       ("eval/distinct_2", "distinct-2")):
+        ax_div.plot([s for s, _ in dev], [r.get(key, float("nan")) for _, r in dev], "o-", label=label)
+    ax_div.set_title("dev questions' diversity", fontsize=10)
+    ax_div.set_ylim(0, 1)
+    ax_div.legend(fontsize=7)
+    for axis in (ax, ax_kl, ax_ent, ax_div):
         axis.set_xlabel("PPO step")
         axis.grid(alpha=0.3)
     fig.tight_layout()

@@ -214,8 +214,8 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
     ``minibatches``. The learning rate is the run's ``optimizer.lr``. ``sampling``: how the
     rollouts sample the questions (a section given in part keeps the other defaults;
     ``min_new_tokens`` null: `rollout.MIN_QUESTION_TOKENS`). ``value_clip: null``: an unclipped
-    value loss. There is no entropy bonus (the original had none). ``kl_target`` / ``kl_horizon``
-    need ``adaptive_kl``."""
+    value loss. ``entropy_coef`` 0: no entropy bonus (the original had none). ``kl_target`` /
+    ``kl_horizon`` need ``adaptive_kl``."""
 
     batch_size: int = 64
     # the KL penalty's coefficient (`ppo.FixedKL`, or `ppo.AdaptiveKL` from it)

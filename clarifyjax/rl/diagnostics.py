@@ -2,8 +2,9 @@
 
 Pure numpy, so the training loop, `benchmarks/ppo_seeds.py` and research code agree: `mean_se`
 (mean and standard error), `paired_gain` (a policy's gain over its start on the same situations),
-`question_stats` (distinct questions, lengths, the share asked the most common one: collapse onto
-"What are you?" is named) and `t_interval` (a 95% Student's t interval over a few seeds)."""
+`question_stats` (distinct questions, the shares of the most common one and five, distinct-2:
+collapse onto "What are you?" is named and measured) and `t_interval` (a 95% Student's t interval
+over a few seeds)."""
 from __future__ import annotations
 
 import math
@@ -62,15 +63,27 @@ def t_interval(values, level: float = 0.95) -> tuple[float, float]:
     return mean - q * se, mean + q * se
 
 
+def distinct_n(texts: Sequence[str], n: int = 2) -> float:
+    """Distinct n-grams of words over all n-grams of the texts (Li et al., 2016's distinct-n, over
+    the whole set): 1 when no n-gram repeats, near 0 when every text is the same."""
+    grams = [tuple(words[i:i + n]) for words in (t.split() for t in texts)
+             for i in range(len(words) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else math.nan
+
+
 def question_stats(questions: Sequence[str], top: int = 5) -> dict:
-    """Distinct questions, their mean length in words, the `top` most frequent (text, count), and
-    the share of the rows that got the single most common question."""
+    """Distinct questions (count and share of the rows), their mean length in words, the `top`
+    most frequent (text, count), the shares of the rows that got the single most common question
+    and the five most common, and distinct-2 across the set."""
     texts = [" ".join(str(q).split()) for q in questions]
     if not texts:
-        return {"distinct": 0, "mean_words": math.nan, "top": [], "top_share": math.nan}
+        return {"distinct": 0, "distinct_share": math.nan, "mean_words": math.nan, "top": [],
+                "top_share": math.nan, "top5_share": math.nan, "distinct_2": math.nan}
     counts = Counter(texts)
-    ranked = counts.most_common(top)
-    return {"distinct": len(counts),
+    ranked = counts.most_common(max(top, 5))
+    return {"distinct": len(counts), "distinct_share": len(counts) / len(texts),
             "mean_words": float(np.mean([len(t.split()) for t in texts])),
-            "top": [[text, n] for text, n in ranked],
-            "top_share": ranked[0][1] / len(texts)}
+            "top": [[text, n] for text, n in ranked[:top]],
+            "top_share": ranked[0][1] / len(texts),
+            "top5_share": sum(n for _, n in ranked[:5]) / len(texts),
+            "distinct_2": distinct_n(texts, 2)}

@@ -3,8 +3,9 @@
 PureJaxRL style: NamedTuples for data and state, `lax.scan`, and one pure
 `ppo_update(state, rollout, rng) -> (state, metrics)` that the caller jits; the policy and value
 model enter as functions of (params, minibatch). It follows the original ClarifyDelphi trainer
-with its bugs fixed (docs/originals.md). Masks are 1.0 on real response tokens (EOS included),
-0.0 on padding; responses are right-padded (a hole in a mask ends the episode there for GAE)."""
+with its bugs fixed (docs/originals.md). Its math (masked statistics, GAE, losses, KL penalty and
+controllers) is `clarifyjax.rl.ppo_math`, re-exported here under the same names; masks are 1.0 on
+real response tokens (EOS included), 0.0 on right padding (a hole ends the episode for GAE)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,218 +14,23 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
-Array = jax.Array
-_EPS = 1e-8
+from clarifyjax.rl.ppo_math import (AdaptiveKL, Array, FixedKL, apply_mask, check_setting,
+                                    explained_variance, gae, kl_penalty, last_token_one_hot,
+                                    masked_mean, masked_sum, masked_var, masked_whiten,
+                                    policy_loss, shaped_rewards, value_loss)
 
-# --------------------------------------------------------------------------- masked statistics
-
-
-def _safe_divide(num: Array, den: Array) -> Array:
-    """num / den, 0 where den == 0 (with finite gradients)."""
-    ok = den > 0
-    return jnp.where(ok, num / jnp.where(ok, den, 1.0), 0.0)
-
-
-def _apply_mask(x: Array, mask: Array) -> Array:
-    """x * mask, with padding forced to 0 even where x is inf/NaN there (e.g. -inf log-probs)."""
-    x, mask = jnp.asarray(x), jnp.asarray(mask)
-    return jnp.where(mask != 0, x * mask, 0.0)
-
-
-def masked_sum(x: Array, mask: Array, axis=None) -> Array:
-    return jnp.sum(_apply_mask(x, mask), axis=axis)
-
-
-def masked_mean(x: Array, mask: Array, axis=None) -> Array:
-    """Mean of `x` over the entries where `mask` is nonzero (weighted by `mask`); 0 if none.
-
-    `x`, `mask`: broadcastable, e.g. `[batch, time]`; `axis=None` reduces everything.
-    """
-    mask = jnp.asarray(mask, jnp.result_type(x, jnp.float32))
-    mask = jnp.broadcast_to(mask, jnp.shape(x))
-    return _safe_divide(jnp.sum(_apply_mask(x, mask), axis=axis), jnp.sum(mask, axis=axis))
-
-
-def masked_var(x: Array, mask: Array, axis=None, unbiased: bool = False) -> Array:
-    """Variance over the mask: population (ddof=0) by default; `unbiased` applies Bessel's n/(n-1)."""
-    mask = jnp.broadcast_to(jnp.asarray(mask, jnp.result_type(x, jnp.float32)), jnp.shape(x))
-    mean = masked_mean(x, mask, axis=axis)
-    mean = mean if axis is None else jnp.expand_dims(mean, axis)
-    var = masked_mean(jnp.square(x - mean), mask, axis=axis)
-    if unbiased:
-        n = jnp.sum(mask, axis=axis)
-        var = var * _safe_divide(n, n - 1.0)
-    return var
-
-
-def masked_whiten(x: Array, mask: Array, shift_mean: bool = True, eps: float = _EPS) -> Array:
-    """(x - mean) / sqrt(var + eps) over all masked entries; padding set to 0.
-
-    `shift_mean=False` keeps the original mean (rescales only), as used for rewards.
-    `x`, `mask`: `[batch, time]` -> `[batch, time]`.
-    """
-    mask = jnp.broadcast_to(jnp.asarray(mask, jnp.result_type(x, jnp.float32)), jnp.shape(x))
-    mean = masked_mean(x, mask)
-    var = masked_var(x, mask)
-    whitened = (x - mean) * jax.lax.rsqrt(var + eps)
-    if not shift_mean:
-        whitened = whitened + mean
-    return _apply_mask(whitened, mask)
-
-
-# --------------------------------------------------------------------------- advantages
-
-
-def gae(rewards: Array, values: Array, mask: Array, *, gamma: float = 1.0, lam: float = 0.95
-        ) -> tuple[Array, Array]:
-    """Generalized advantage estimation over masked sequences (a reverse `lax.scan` over time).
-
-        delta_t = r_t + gamma * m_{t+1} V_{t+1} - V_t
-        A_t     = delta_t + gamma * lam * m_{t+1} A_{t+1}
-
-    Rewards and values are masked first, so values beyond the last valid token count as 0 (the
-    episode ends at EOS).
-
-    Args:
-      rewards, values, mask: `[batch, time]`.
-    Returns:
-      (advantages, returns), `[batch, time]`, 0 on padding; returns = advantages + values.
-    """
-    mask = jnp.asarray(mask, jnp.float32)
-    rewards = _apply_mask(jnp.asarray(rewards, jnp.float32), mask)
-    values = _apply_mask(jnp.asarray(values, jnp.float32), mask)
-    if not rewards.shape == values.shape == mask.shape or rewards.ndim != 2:
-        raise ValueError(f"gae: rewards {rewards.shape}, values {values.shape} and mask "
-                         f"{mask.shape} must all be the same [batch, time]")
-    zeros = jnp.zeros_like(values[:, :1])
-    next_values = jnp.concatenate([values[:, 1:], zeros], axis=1)
-    next_mask = jnp.concatenate([mask[:, 1:], zeros], axis=1)
-    deltas = rewards + gamma * next_values - values
-
-    def step(next_advantage, xs):
-        delta, cont = xs
-        advantage = delta + gamma * lam * cont * next_advantage
-        return advantage, advantage
-
-    _, advantages = jax.lax.scan(step, jnp.zeros_like(values[:, 0]),
-                                 (deltas.T, next_mask.T), reverse=True)
-    advantages = advantages.T * mask
-    return advantages, (advantages + values) * mask
-
-
-# --------------------------------------------------------------------------- losses
-
-
-def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: Array,
-                clip: float = 0.2) -> tuple[Array, dict[str, Array]]:
-    """Clipped surrogate (Schulman et al. 2017), token-level mean over the mask.
-
-    loss = mean(max(-A r, -A clip(r, 1 - clip, 1 + clip))), r = exp(logp - old_logp).
-    All inputs `[batch, time]`. Metrics: `clipfrac` (share of tokens where the clipped term is
-    active), `approx_kl` (0.5 * mean((logp - old_logp)^2), the original's estimator) and
-    `approx_kl_k3` (mean((r - 1) - log r), unbiased and non-negative), the ratio's mean and range.
-    """
-    log_ratio = logprobs - old_logprobs
-    ratio = jnp.exp(log_ratio)
-    losses = -advantages * ratio
-    clipped = -advantages * jnp.clip(ratio, 1.0 - clip, 1.0 + clip)
-    loss = masked_mean(jnp.maximum(losses, clipped), mask)
-    valid = mask > 0
-    metrics = {
-        "clipfrac": masked_mean((clipped > losses).astype(jnp.float32), mask),
-        "approx_kl": 0.5 * masked_mean(jnp.square(log_ratio), mask),
-        # Schulman's unbiased, always non-negative estimator of KL(old || new): (r - 1) - log r
-        "approx_kl_k3": masked_mean(ratio - 1.0 - log_ratio, mask),
-        "ratio_mean": masked_mean(ratio, mask),
-        "ratio_min": jnp.min(jnp.where(valid, ratio, jnp.inf)),
-        "ratio_max": jnp.max(jnp.where(valid, ratio, -jnp.inf)),
-    }
-    return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
-
-
-def value_loss(values: Array, old_values: Array, returns: Array, mask: Array,
-               clip: float | None = 0.2) -> tuple[Array, dict[str, Array]]:
-    """Clipped value loss: 0.5 * mean(max((v - R)^2, (old_v + clip(v - old_v, +-clip) - R)^2)).
-
-    All inputs `[batch, time]`; `clip=None` gives the plain 0.5 * MSE. Metrics: `value_clipfrac`,
-    `value_error` (unclipped MSE).
-    """
-    losses = jnp.square(values - returns)
-    if clip is None:
-        clipped = losses
-    else:
-        v_clipped = old_values + jnp.clip(values - old_values, -clip, clip)
-        clipped = jnp.square(v_clipped - returns)
-    loss = 0.5 * masked_mean(jnp.maximum(losses, clipped), mask)
-    metrics = {
-        "value_clipfrac": masked_mean((clipped > losses).astype(jnp.float32), mask),
-        "value_error": masked_mean(losses, mask),
-    }
-    return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
-
-
-# --------------------------------------------------------------------------- KL to the reference
-
-
-def kl_penalty(logprobs: Array, ref_logprobs: Array, mask: Array, coef) -> Array:
-    """Per-token KL penalty coef * (logp - ref_logp) on valid tokens, 0 on padding. `[batch, time]`.
-
-    (logp - ref_logp) of the sampled token is the single-sample estimate of KL(pi || pi_ref).
-    The penalty is subtracted from the reward (see `shaped_rewards`).
-    """
-    return _apply_mask(coef * (jnp.asarray(logprobs) - jnp.asarray(ref_logprobs)), mask)
-
-
-def last_token_one_hot(mask: Array) -> Array:
-    """`[batch, time]` 1.0 at the last valid position of each row (all 0 for an empty row)."""
-    mask = jnp.asarray(mask)
-    t = jnp.arange(mask.shape[-1])
-    last = jnp.max(jnp.where(mask > 0, t, -1), axis=-1)
-    return (t == last[:, None]).astype(jnp.float32)
-
-
-def shaped_rewards(rewards: Array, logprobs: Array, ref_logprobs: Array, mask: Array,
-                   kl_coef) -> Array:
-    """Per-token rewards: -kl_coef * (logp - ref_logp), plus the task reward on the last valid
-    token.
-
-    `rewards`: `[batch]`, one per sequence; the others `[batch, time]`. Returns the per-token
-    rewards `[batch, time]`, 0 on padding.
-    """
-    mask = jnp.asarray(mask, jnp.float32)
-    rewards = jnp.asarray(rewards, jnp.float32)
-    return rewards[:, None] * last_token_one_hot(mask) - kl_penalty(logprobs, ref_logprobs, mask,
-                                                                    kl_coef)
-
-
-class FixedKL(NamedTuple):
-    """A constant KL coefficient (the original's default in effect: 0.15)."""
-
-    value: Any = 0.15
-
-    def update(self, current_kl, n_steps) -> FixedKL:
-        del current_kl, n_steps
-        return self
-
-
-class AdaptiveKL(NamedTuple):
-    """Ziegler et al. (2019)'s proportional controller.
-
-    e = clip(KL / target - 1, -0.2, 0.2); value *= 1 + e * n_steps / horizon. KL above the target
-    raises the coefficient (stronger pull to the reference), below lowers it. `current_kl` is the
-    mean per-sequence KL (summed over tokens), `n_steps` the number of sequences in the batch.
-    """
-
-    value: Any = 0.15
-    target: Any = 6.0
-    horizon: Any = 10000.0
-
-    def update(self, current_kl, n_steps) -> AdaptiveKL:
-        error = jnp.clip(current_kl / self.target - 1.0, -0.2, 0.2)
-        return self._replace(value=self.value * (1.0 + error * n_steps / self.horizon))
-
+__all__ = [
+    # the math (clarifyjax.rl.ppo_math)
+    "AdaptiveKL", "FixedKL", "apply_mask", "check_setting", "explained_variance", "gae",
+    "kl_penalty", "last_token_one_hot", "masked_mean", "masked_sum", "masked_var",
+    "masked_whiten", "policy_loss", "shaped_rewards", "value_loss",
+    # the update
+    "PPOUpdateConfig", "Rollout", "PPOState", "init_ppo_state", "check_rollout",
+    "make_ppo_update",
+]
 
 # --------------------------------------------------------------------------- the update
 
@@ -233,7 +39,8 @@ class AdaptiveKL(NamedTuple):
 class PPOUpdateConfig:
     """The update's settings. Defaults: the original's PPO hyperparameters (docs/originals.md, ClarifyDelphi), minus its
     bugs. `_bounds` (field -> range) is each number's valid range; a run config's ``ppo:`` section
-    (`clarifyjax.config.PPOHyperparams`, a subclass) is checked against it when it is loaded."""
+    (`clarifyjax.config.PPOHyperparams`, a subclass) is checked against it when it is loaded, and
+    `make_ppo_update` checks any config against it (epochs and minibatches integers too)."""
 
     epochs: int = 4  # passes over the rollout batch
     minibatches: int = 1  # minibatches per epoch; the batch must divide evenly
@@ -244,11 +51,14 @@ class PPOUpdateConfig:
     lam: float = 0.95
     whiten_advantages: bool = True
     whiten_rewards: bool = True  # rescale per-token rewards by their std (the original's default)
+    # entropy bonus: the loss subtracts entropy_coef x the mean per-token entropy of the policy
+    # (0: none, as the original; needs a policy_logprobs_fn that returns the entropy)
+    entropy_coef: float = 0.0
 
     # clip 0 pins the ratio to 1: the clipped objective then never lets the policy improve
     _bounds: ClassVar = {"epochs": ">= 1", "minibatches": ">= 1", "clip": "> 0",
                          "value_clip": ">= 0", "vf_coef": ">= 0", "gamma": "[0, 1]",
-                         "lam": "[0, 1]"}
+                         "lam": "[0, 1]", "entropy_coef": ">= 0"}
 
 
 class Rollout(NamedTuple):
@@ -283,12 +93,17 @@ class PPOState(NamedTuple):
 
 def init_ppo_state(policy_params, value_params, policy_tx: optax.GradientTransformation,
                    value_tx: optax.GradientTransformation, kl_ctl=None) -> PPOState:
-    """A fresh PPOState (optimizer states from `tx.init`, a FixedKL(0.15) unless given)."""
+    """A fresh PPOState (optimizer states from `tx.init`, a FixedKL(0.15) unless given).
+
+    A FixedKL or AdaptiveKL with a concrete field out of its range (a negative coefficient, a
+    target or horizon <= 0, NaN) is refused here (ValueError), where it enters the state."""
+    kl_ctl = FixedKL() if kl_ctl is None else kl_ctl
+    if isinstance(kl_ctl, (FixedKL, AdaptiveKL)):
+        kl_ctl.check()
     return PPOState(policy_params=policy_params, value_params=value_params,
                     policy_opt_state=policy_tx.init(policy_params),
                     value_opt_state=value_tx.init(value_params),
-                    kl_ctl=jax.tree.map(lambda x: jnp.asarray(x, jnp.float32),
-                                        FixedKL() if kl_ctl is None else kl_ctl),
+                    kl_ctl=jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), kl_ctl),
                     step=jnp.zeros((), jnp.int32))
 
 
@@ -311,6 +126,20 @@ def check_rollout(rollout: Rollout) -> tuple[int, int]:
     return batch, time
 
 
+def _check_config(config: PPOUpdateConfig) -> None:
+    """Refuse (ValueError) a setting outside `PPOUpdateConfig._bounds` (NaN and infinities too),
+    or epochs / minibatches that are not integers, as the config loader refuses them in a file."""
+    for name, bound in PPOUpdateConfig._bounds.items():
+        value = getattr(config, name)
+        if value is not None or name != "value_clip":
+            check_setting("make_ppo_update", f"PPOUpdateConfig.{name}", value, bound)
+    for name in ("epochs", "minibatches"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"make_ppo_update: PPOUpdateConfig.{name} must be an integer >= 1, "
+                             f"got {value!r}")
+
+
 def _policy_outputs(out) -> tuple[Array, Array | None]:
     """policy_logprobs_fn may return logprobs, or (logprobs, per-token entropy)."""
     if isinstance(out, tuple):
@@ -322,7 +151,8 @@ def _policy_outputs(out) -> tuple[Array, Array | None]:
 
 def _make_loss_fn(policy_logprobs_fn, value_fn, config: PPOUpdateConfig):
     """`loss(policy_params, value_params, minibatch, advantages, returns) -> (total, metrics)`:
-    the clipped policy loss + vf_coef * the clipped value loss of one minibatch."""
+    the clipped policy loss + vf_coef * the clipped value loss - entropy_coef * the mean per-token
+    entropy of one minibatch."""
     def loss_fn(policy_params, value_params, mb: Rollout, advantages, returns):
         mask = mb.response_mask.astype(jnp.float32)
         logprobs, entropy = _policy_outputs(policy_logprobs_fn(policy_params, mb))
@@ -336,10 +166,17 @@ def _make_loss_fn(policy_logprobs_fn, value_fn, config: PPOUpdateConfig):
         pg_loss, pg_metrics = policy_loss(logprobs, mb.logprobs, advantages, mask, config.clip)
         vf_loss, vf_metrics = value_loss(values, mb.values, returns, mask, config.value_clip)
         total = pg_loss + config.vf_coef * vf_loss
-        metrics = {"policy_loss": pg_loss, "value_loss": vf_loss, "total_loss": total,
-                   **pg_metrics, **vf_metrics}
+        metrics = {"policy_loss": pg_loss, "value_loss": vf_loss, **pg_metrics, **vf_metrics}
         if entropy is not None:
-            metrics["policy_entropy"] = masked_mean(entropy.astype(jnp.float32), mask)
+            entropy = jnp.where(mask > 0, entropy.astype(jnp.float32), 0.0)
+            metrics["policy_entropy"] = masked_mean(entropy, mask)
+            # per question (summed over its tokens), as the original logged it
+            metrics["policy_entropy_per_question"] = jnp.mean(jnp.sum(entropy, axis=1))
+            total = total - config.entropy_coef * metrics["policy_entropy"]
+        elif config.entropy_coef:
+            raise ValueError(f"PPOUpdateConfig.entropy_coef = {config.entropy_coef} needs a "
+                             "policy_logprobs_fn that returns (logprobs, entropy)")
+        metrics["total_loss"] = total
         return total, jax.tree.map(jax.lax.stop_gradient, metrics)
 
     return loss_fn
@@ -359,18 +196,12 @@ def _advantages(rollout: Rollout, mask, kl_coef, config: PPOUpdateConfig
     return advantages, returns, raw
 
 
-def explained_variance(values: Array, returns: Array, mask: Array) -> Array:
-    """1 - Var(returns - values) / Var(returns) over the mask: 1 for a value function that
-    predicts the returns, 0 for one no better than their mean, negative for a worse one."""
-    return 1.0 - _safe_divide(masked_var(returns - values, mask), masked_var(returns, mask))
-
-
 def _rollout_metrics(rollout: Rollout, mask, kl_coef, advantages, returns, raw_advantages
                      ) -> tuple[Array, dict[str, Array]]:
     """(mean per-sequence KL, the rollout's statistics before the update), in the original's
     units: per-sequence sums. "mean_score" is the mean (normalized) reward: the key keeps its
     name so that the metrics of a resumed run continue its earlier ones."""
-    kl_tokens = _apply_mask(rollout.logprobs - rollout.ref_logprobs, mask)
+    kl_tokens = apply_mask(rollout.logprobs - rollout.ref_logprobs, mask)
     seq_kl = jnp.mean(jnp.sum(kl_tokens, axis=1))
     return seq_kl, {
         "kl_to_ref": seq_kl,
@@ -411,15 +242,15 @@ def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
 
     The update: shaped per-token rewards (the rollout's reward at the last token, per-token KL
     penalty with the controller's current coefficient) -> optional reward whitening -> GAE ->
-    advantage whitening
-    -> `epochs` passes, each over a fresh permutation split into `minibatches`, of one gradient
-    step on `clipped policy loss + vf_coef * clipped value loss` (two optax transforms, one per
-    parameter set) -> KL controller update from the rollout's mean per-sequence KL.
-    Metrics are scalars: losses averaged over all minibatch steps, and rollout statistics.
+    advantage whitening -> `epochs` passes, each over a fresh permutation split into
+    `minibatches`, of one gradient step on `clipped policy loss + vf_coef * clipped value loss`
+    (two optax transforms, one per parameter set) -> KL controller update from the rollout's mean
+    per-sequence KL. Metrics are scalars: losses averaged over all minibatch steps, and rollout
+    statistics (`explained_variance` NaN when the returns are constant). Refused (ValueError): a
+    setting outside `PPOUpdateConfig._bounds` (here), a rollout of mismatched shapes (at trace
+    time); the state's KL controller is checked by `init_ppo_state` (under `jit` it is traced).
     """
-    if config.epochs < 1 or config.minibatches < 1:
-        raise ValueError(f"PPOUpdateConfig: epochs and minibatches must be >= 1, got {config.epochs}, "
-                         f"{config.minibatches}")
+    _check_config(config)
 
     grad_fn = jax.grad(_make_loss_fn(policy_logprobs_fn, value_fn, config), argnums=(0, 1),
                        has_aux=True)
@@ -446,9 +277,9 @@ def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
         mb_size = batch // config.minibatches
         mask = rollout.response_mask.astype(jnp.float32)
         rollout = rollout._replace(
-            logprobs=_apply_mask(rollout.logprobs.astype(jnp.float32), mask),
-            ref_logprobs=_apply_mask(rollout.ref_logprobs.astype(jnp.float32), mask),
-            values=_apply_mask(rollout.values.astype(jnp.float32), mask),
+            logprobs=apply_mask(rollout.logprobs.astype(jnp.float32), mask),
+            ref_logprobs=apply_mask(rollout.ref_logprobs.astype(jnp.float32), mask),
+            values=apply_mask(rollout.values.astype(jnp.float32), mask),
             rewards=rollout.rewards.astype(jnp.float32))
 
         kl_coef = jnp.asarray(state.kl_ctl.value, jnp.float32)

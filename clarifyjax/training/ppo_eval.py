@@ -75,7 +75,7 @@ def evaluate_ppo(sampler: RolloutSampler, params, ref_params, dataset, *, batch_
     and JSD with their standard errors over the situations, judgment flip rate (when the reward
     function reports judge distributions), reference NLL per token and per question (summed over
     its tokens, the original's "perplexity"), and the questions' statistics (distinct, mean words,
-    the share of the single most common one).
+    the shares of the most common one and five, distinct-2: `rl.diagnostics.question_stats`).
 
     `samples` 0: one greedy question per situation; k > 0: k questions sampled as in training,
     each situation's reward their mean. `rows`, when given, receives the per-situation arrays
@@ -102,7 +102,8 @@ def evaluate_ppo(sampler: RolloutSampler, params, ref_params, dataset, *, batch_
                "eval/ref_nll_per_question": sum(d["nll"] for d in flat) / max(
                    sum(d["rows"] for d in flat), 1.0),
                "eval/question_words": stats["mean_words"], "eval/distinct_questions": stats["distinct"],
-               "eval/top_question_share": stats["top_share"]}
+               "eval/distinct_share": stats["distinct_share"], "eval/distinct_2": stats["distinct_2"],
+               "eval/top_question_share": stats["top_share"], "eval/top5_share": stats["top5_share"]}
     if "jsd" in per:
         jsd = all_hosts(np.concatenate(per["jsd"]))
         metrics["eval/jsd"], metrics["eval/jsd_se"] = mean_se(jsd)

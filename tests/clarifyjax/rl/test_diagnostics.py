@@ -39,6 +39,16 @@ def test_question_stats_name_a_collapsed_policy():
     assert s["distinct"] == 2 and s["top"][0] == ["What are you?", 8]
     assert s["top_share"] == pytest.approx(8 / 9)
     assert s["mean_words"] == pytest.approx((8 * 3 + 4) / 9)
+    assert s["top5_share"] == 1.0 and s["distinct_share"] == pytest.approx(2 / 9)
+    # distinct-2 against nltk's n-grams: 5 distinct bigrams ("What are", "are you?" and the other
+    # question's 3) of 8 * 2 + 3 = 19
+    from nltk.util import ngrams
+
+    grams = [g for q in qs for g in ngrams(q.split(), 2)]
+    assert s["distinct_2"] == pytest.approx(len(set(grams)) / len(grams)) == pytest.approx(5 / 19)
+    spread = question_stats([f"q{i} a b" for i in range(20)])
+    assert spread["top_share"] == 0.05 and spread["top5_share"] == 0.25
+    assert spread["distinct_2"] == pytest.approx(21 / 40)  # "a b" repeats
 
 
 def test_group_baseline_is_leave_one_out():

@@ -324,6 +324,40 @@ def test_first_step_matches_numpy_sgd():
     assert all(np.isfinite(float(v)) for v in metrics.values()), metrics
 
 
+def test_entropy_bonus_adds_its_gradient_and_needs_the_entropy():
+    """One SGD step with entropy_coef c differs from the step without it by exactly
+    -lr * c * d(-mean entropy)/d logits: for a softmax row p, dH/dz = -p (log p + H), each position
+    weighted by its share of the valid tokens."""
+    lr, c = 0.5, 0.3
+    tx = optax.sgd(lr)
+    ref = {"logits": jax.random.normal(jax.random.key(5), (T, V))}
+    policy = {"logits": ref["logits"] + 0.5 * jax.random.normal(jax.random.key(6), (T, V))}
+    values = {"v": jnp.zeros((T,))}
+    roll = make_rollout(policy, ref, values, jax.random.key(8))
+    stepped = {}
+    for coef in (0.0, c):
+        cfg = ppo.PPOUpdateConfig(epochs=1, minibatches=1, entropy_coef=coef)
+        update = jax.jit(ppo.make_ppo_update(_policy_logprobs_entropy_neginf_padding, bandit_values,
+                                             tx, tx, cfg))
+        state = ppo.init_ppo_state(policy, values, tx, tx)
+        new_state, metrics = update(state, roll, jax.random.key(9))
+        stepped[coef] = np.asarray(new_state.policy_params["logits"], np.float64)
+    m = np.asarray(roll.response_mask, np.float64)
+    logits = np.asarray(policy["logits"], np.float64)
+    logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    p = np.exp(logp)
+    h = -(p * logp).sum(-1, keepdims=True)
+    weight = (m.sum(0) / m.sum())[:, None]  # each position's share of the valid tokens
+    grad = c * weight * p * (logp + h)  # d(-c * mean entropy)/d logits
+    np.testing.assert_allclose(stepped[c] - stepped[0.0], -lr * grad, atol=2e-6)
+    np.testing.assert_allclose(float(metrics["policy_entropy_per_question"]),
+                               np.mean((np.broadcast_to(h[:, 0], m.shape) * m).sum(1)), rtol=1e-5)
+    with pytest.raises(ValueError, match="entropy_coef = 0.3 needs a policy_logprobs_fn"):
+        jax.jit(ppo.make_ppo_update(policy_logprobs, bandit_values, tx, tx,
+                                    ppo.PPOUpdateConfig(entropy_coef=c))
+                )(ppo.init_ppo_state(policy, values, tx, tx), roll, jax.random.key(9))
+
+
 def test_minibatches_epochs_and_adaptive_kl_in_state():
     cfg = ppo.PPOUpdateConfig(epochs=2, minibatches=4)
     tx = optax.adam(1e-2)
