@@ -97,15 +97,29 @@ def main(argv=None) -> int:
     p.add_argument("--data", type=Path, default=None)
     p.add_argument("--work", type=Path, default=None, help="runs' folder (default MODELS/ppo_ablation)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "ppo_ablation.json")
+    p.add_argument("--finished", action="store_true",
+                   help="run nothing: the table of the runs already finished, each arm's seeds")
     args = p.parse_args(argv)
+    if args.finished:
+        work = args.work or args.models / "ppo_ablation"
+        found = {name: sorted(int(f.parent.name[4:]) for f in (work / name).glob("seed*/row.json"))
+                 for name in args.arms}
+        args.arms = [name for name in args.arms if found[name]]
+        return report(args, work, found, ppo_seeds.read_normalizer(work))
     data, plan = ppo_seeds.setup(args.models, args.data)
     work = args.work or args.models / "ppo_ablation"
     shared = ppo_seeds.shared_normalizer(work, args.models, data, plan)
+    return report(args, work, {name: args.seeds for name in args.arms}, shared, (data, plan))
+
+
+def report(args, work: Path, seeds: dict, shared: list[str], run=None) -> int:
+    """Each arm over its seeds (run when `run` = (data, plan) is given, else read back), then the
+    table, the JSON and the figure."""
     results = {}
     for name in args.arms:
         what, overrides = ARMS[name]
-        rows = [ppo_seeds.one_seed(s, args.models, data, plan, work / name / f"seed{s}",
-                                   [*shared, *overrides]) for s in args.seeds]
+        rows = [ppo_seeds.one_seed(s, args.models, *(run or (None, None)), work / name / f"seed{s}",
+                                   [*shared, *overrides]) for s in seeds[name]]
         results[name] = {"what": what, "overrides": overrides, "summary": ppo_seeds.summarize(rows),
                          "seeds": [{k: v for k, v in r.items() if k != "curves"} for r in rows]}
         g = results[name]["summary"]["gain"]
