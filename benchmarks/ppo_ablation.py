@@ -32,6 +32,9 @@ ARMS = {
     "kl_1.0": ("fixed KL 1.0", ["ppo.kl_coef=1.0"]),
     "sample_t1": ("questions sampled from the policy itself (temperature 1, no top-p)",
                   ["ppo.sampling.temperature=1.0", "ppo.sampling.top_p=1.0"]),
+    "no_top_p": ("temperature 0.7 without top-p", ["ppo.sampling.top_p=1.0"]),
+    "on_policy_t07": ("temperature 0.7 without top-p, log-probs at 0.7 (ppo.logprobs: sampling)",
+                      ["ppo.sampling.top_p=1.0", "ppo.logprobs=sampling"]),
 }
 
 
