@@ -128,6 +128,7 @@ def report(args, work: Path, seeds: dict, shared: list[str], run=None) -> int:
         g = results[name]["summary"]["gain"]
         print(f"[ppo_ablation] {name}: raw gain {fmt(g, '+.4f')}", flush=True)
     md = table(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(md)
     png = plot(results, args.out.with_suffix(".png"))
     ppo_seeds.write_json(args.out, {"benchmark": "ppo_ablation", "normalizer": shared,
