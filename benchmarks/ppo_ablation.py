@@ -32,6 +32,9 @@ ARMS = {
     "kl_1.0": ("fixed KL 1.0", ["ppo.kl_coef=1.0"]),
     "sample_t1": ("questions sampled from the policy itself (temperature 1, no top-p)",
                   ["ppo.sampling.temperature=1.0", "ppo.sampling.top_p=1.0"]),
+    "no_top_p": ("temperature 0.7 without top-p", ["ppo.sampling.top_p=1.0"]),
+    "on_policy_t07": ("temperature 0.7 without top-p, log-probs at 0.7 (ppo.logprobs: sampling)",
+                      ["ppo.sampling.top_p=1.0", "ppo.logprobs=sampling"]),
 }
 
 
@@ -97,20 +100,35 @@ def main(argv=None) -> int:
     p.add_argument("--data", type=Path, default=None)
     p.add_argument("--work", type=Path, default=None, help="runs' folder (default MODELS/ppo_ablation)")
     p.add_argument("--out", type=Path, default=RESULTS_DIR / "ppo_ablation.json")
+    p.add_argument("--finished", action="store_true",
+                   help="run nothing: the table of the runs already finished, each arm's seeds")
     args = p.parse_args(argv)
+    if args.finished:
+        work = args.work or args.models / "ppo_ablation"
+        found = {name: sorted(int(f.parent.name[4:]) for f in (work / name).glob("seed*/row.json"))
+                 for name in args.arms}
+        args.arms = [name for name in args.arms if found[name]]
+        return report(args, work, found, ppo_seeds.read_normalizer(work))
     data, plan = ppo_seeds.setup(args.models, args.data)
     work = args.work or args.models / "ppo_ablation"
     shared = ppo_seeds.shared_normalizer(work, args.models, data, plan)
+    return report(args, work, {name: args.seeds for name in args.arms}, shared, (data, plan))
+
+
+def report(args, work: Path, seeds: dict, shared: list[str], run=None) -> int:
+    """Each arm over its seeds (run when `run` = (data, plan) is given, else read back), then the
+    table, the JSON and the figure."""
     results = {}
     for name in args.arms:
         what, overrides = ARMS[name]
-        rows = [ppo_seeds.one_seed(s, args.models, data, plan, work / name / f"seed{s}",
-                                   [*shared, *overrides]) for s in args.seeds]
+        rows = [ppo_seeds.one_seed(s, args.models, *(run or (None, None)), work / name / f"seed{s}",
+                                   [*shared, *overrides]) for s in seeds[name]]
         results[name] = {"what": what, "overrides": overrides, "summary": ppo_seeds.summarize(rows),
                          "seeds": [{k: v for k, v in r.items() if k != "curves"} for r in rows]}
         g = results[name]["summary"]["gain"]
         print(f"[ppo_ablation] {name}: raw gain {fmt(g, '+.4f')}", flush=True)
     md = table(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.with_suffix(".md").write_text(md)
     png = plot(results, args.out.with_suffix(".png"))
     ppo_seeds.write_json(args.out, {"benchmark": "ppo_ablation", "normalizer": shared,

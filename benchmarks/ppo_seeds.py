@@ -109,7 +109,11 @@ def shared_normalizer(work: Path, models: Path, data: Path, plan: dict) -> list[
         result = loops.train_ppo(cfg, progress=False, tensorboard=False, export=False)
         work.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result["normalizer"].to_dict()) + "\n")
-    n = json.loads(path.read_text())
+    return read_normalizer(work)
+
+
+def read_normalizer(work: Path) -> list[str]:
+    n = json.loads((work / "normalizer.json").read_text())
     # fit_batches back to its default: ppo_tiny.yaml sets it, and with fit false it is refused
     return ["normalizer.fit=false", "normalizer.fit_batches=8", f"normalizer.gain={n['gain']}",
             f"normalizer.bias={n['bias']}"]

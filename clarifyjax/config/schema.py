@@ -242,6 +242,10 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
     # ids ("decoded", the original's `query/text`), cleaned up likewise when the first is true
     clean_up_tokenization_spaces: bool = False
     reward_situations: Literal["source", "decoded"] = "source"
+    # which distribution the PPO ratio, the KL penalty and the entropy are of: "model" (temperature
+    # 1, untruncated: the original's, though its rollouts sample at 0.7 with top-p 0.6) or
+    # "sampling" (the rollouts' own: their temperature; needs top_k 0 and top_p 1, see docs/ppo.md)
+    logprobs: Literal["model", "sampling"] = "model"
 
     _bounds: ClassVar = {
         **ppo.PPOUpdateConfig._bounds, "batch_size": ">= 1", "kl_coef": ">= 0", "kl_target": "> 0",
@@ -250,6 +254,11 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
 
     def __post_init__(self):
         object.__setattr__(self, "sampling", self.sampling.with_defaults(PPO_SAMPLING))
+
+    @property
+    def logprob_temperature(self) -> float:
+        """The temperature of the log-probs the update reads (``logprobs``)."""
+        return float(self.sampling.temperature) if self.logprobs == "sampling" else 1.0
 
     def check(self, at: str) -> None:
         s = self.sampling
@@ -267,6 +276,10 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
             raise ConfigError(f"{at}.samples_per_situation = {self.samples_per_situation} does not "
                               f"divide {at}.batch_size = {self.batch_size} (questions per step)",
                               key=f"{at}.samples_per_situation")
+        if self.logprobs == "sampling" and (s.top_k or s.top_p < 1.0):
+            raise ConfigError(f"{at}.logprobs = sampling needs untruncated rollouts, but "
+                              f"{at}.sampling has top_k {s.top_k}, top_p {s.top_p}: give top_k 0 "
+                              "and top_p 1.0", key=f"{at}.logprobs")
         if not self.adaptive_kl:
             refuse_changed(self, at, dict.fromkeys(("kl_target", "kl_horizon"),
                                                    f"{at}.adaptive_kl is false"))

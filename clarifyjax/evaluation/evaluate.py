@@ -366,8 +366,11 @@ def evaluate(cfg: EvalConfig, *, say: Callable[[str], None] = print) -> dict:
     run = Evaluation(cfg, say=say).run()
     summary = write_report(cfg, run)
     for row in summary["systems"]:  # a system that asks one question of everything is named
-        say(f"[evaluate] {row['system']}: {row['distinct_questions']} distinct questions; the most "
-            f"common, {row['top_question']!r}, asked of {row['top_question_share']:.0f}% of the situations")
+        say(f"[evaluate] {row['system']}: raw reward {row['reward_raw']:.4f}, paired gain over "
+            f"{row['gain_over']} {row['raw_gain']:+.4f} +- {row['raw_gain_se']:.4f} SE; "
+            f"{row['distinct_questions']} distinct questions; the most common, {row['top_question']!r}, "
+            f"asked of {row['top_question_share']:.0f}% of the situations (the five most common "
+            f"{row['top5_share']:.0f}%), distinct-2 {row['distinct_2']:.3f}")
     say(f"[evaluate] chunks computed {run['computed']}, read from the cache {run['reused']} "
         f"({run['seconds']:.0f} s)")
     return summary

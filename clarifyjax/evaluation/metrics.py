@@ -1,6 +1,6 @@
-"""The numbers of `clarifyjax evaluate`, from what its stages saved (arrays and texts in, floats out;
-no model here): `table4` (the paper's Table 4: JSD and judgment flips) and `update_generation`
-(Table 3's BLEU-4 and ROUGE-L)."""
+"""The numbers of `clarifyjax evaluate`, from what its stages saved (arrays and texts in, numbers out;
+no model here): `table4` (the paper's Table 4: JSD and judgment flips), `table4_samples` (the
+per-situation values its means average) and `update_generation` (Table 3's BLEU-4 and ROUGE-L)."""
 from __future__ import annotations
 
 import warnings
@@ -34,6 +34,26 @@ def table4(p_base, p_weak, p_strong, valid, answered) -> dict[str, float]:
         "flips_base": float(jsd.flip_rate(p_base, p_updated, answered)),
         "flips_pair": float(pair_flips[valid].mean()) if valid.any() else float("nan"),
         "pairs": int(valid.sum()), "answers": int(answered.sum())}
+
+
+def table4_samples(p_base, p_weak, p_strong, valid, answered) -> dict[str, np.ndarray]:
+    """What `table4`'s means average, for standard errors and paired gains: jsd [n]
+    (JSD_2(p_weak, p_strong); avg_jsd is its mean over the valid pairs), raw [n] (the JSD where
+    valid, else 0: the PPO reward's raw units, defined on every situation), valid [n], and each
+    reading's flip indicators (flips_base over the answers kept and fused, flips_pair over the
+    valid pairs: the flip rates are their means)."""
+    valid = np.asarray(valid, bool)
+    if not len(valid):
+        empty = np.zeros(0)
+        return {"jsd": empty, "raw": empty, "valid": valid, "flips_base": empty,
+                "flips_pair": empty}
+    p_base, p_weak, p_strong = (np.asarray(p, np.float64) for p in (p_base, p_weak, p_strong))
+    answered = np.asarray(answered, bool) & valid[:, None]
+    div = np.asarray(jsd.jsd(p_weak, p_strong, axis=-1), np.float64)
+    updated = np.stack([p_weak.argmax(-1), p_strong.argmax(-1)], axis=1)
+    return {"jsd": div, "raw": np.where(valid, div, 0.0), "valid": valid,
+            "flips_base": (updated != p_base.argmax(-1)[:, None])[answered].astype(np.float64),
+            "flips_pair": (updated[:, 0] != updated[:, 1])[valid].astype(np.float64)}
 
 
 def update_generation(hypotheses: Sequence[str], references: Sequence[Sequence[str]]

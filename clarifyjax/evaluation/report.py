@@ -15,20 +15,25 @@ import numpy as np
 from clarifyjax.evaluation import metrics
 from clarifyjax.config.loader import config_to_dict
 from clarifyjax.files.textfiles import atomic_write_bytes
-from clarifyjax.rl.diagnostics import question_stats
+from clarifyjax.rl.diagnostics import mean_se, paired_gain, question_stats
 
 SYSTEMS_COLUMNS = ("system", "kind", "situations", "avg_jsd", "flips", "flips_base", "flips_pair",
-           "unanswerable_pct", "bertscore_f1", "data_fraction")
+           "unanswerable_pct", "bertscore_f1", "data_fraction", "avg_jsd_se", "reward_raw",
+           "reward_raw_se", "gain_over", "raw_gain", "raw_gain_se", "flips_se", "flips_base_se",
+           "flips_pair_se", "distinct_questions", "distinct_share", "top_question_share",
+           "top_question_share_se", "top5_share", "top5_share_se", "distinct_2")
 
 
 def system_rows(outputs, flip: str) -> list[dict]:
-    """One row of numbers per system (`evaluation.SystemOutput`)."""
-    rows = []
+    """One row of numbers per system (`evaluation.SystemOutput`), every system judged on the same
+    situations; `_noise` and `_collapse` name the standard errors, the gain and the diversity."""
+    rows, baseline = [], None
     for out in outputs:
         j = out.judgments
-        t4 = metrics.table4([r["p_base"] for r in j], [r["p_weak"] for r in j],
-                            [r["p_strong"] for r in j], [r["valid"] for r in j],
-                            [r["answered"] for r in j])
+        arrays = [[r[k] for r in j] for k in ("p_base", "p_weak", "p_strong", "valid",
+                                              "answered")]
+        t4, samples = metrics.table4(*arrays), metrics.table4_samples(*arrays)
+        baseline = baseline or (out.system.name, samples["raw"])
         rows.append({
             "system": out.system.name, "kind": out.system.kind, "situations": len(out.questions),
             "avg_jsd": t4["avg_jsd"], "flips": 100 * t4[f"flips_{flip}"],
@@ -38,17 +43,43 @@ def system_rows(outputs, flip: str) -> list[dict]:
                                  if out.unanswerable is not None else float("nan")),
             "bertscore_f1": (float(np.mean(out.bertscore)) if out.bertscore is not None
                              else float("nan")),
-            "data_fraction": out.system.data_fraction,
-            **_collapse(question_stats(out.questions))})
+            "data_fraction": out.system.data_fraction, **_noise(samples, flip, *baseline),
+            **_collapse(question_stats(out.questions), len(out.questions))})
     return rows
 
 
-def _collapse(stats: dict) -> dict:
+def _noise(samples: dict, flip: str, baseline: str, baseline_raw) -> dict:
+    """Table 4's standard errors over the situations: avg. JSD's over the valid pairs; the raw
+    reward (the JSD, 0 where the pair is not valid: PPO's units) with its paired gain over
+    `baseline` (the first system) on the same situations; the flip rates' (%) over their
+    indicators (per answer for ``base``, per valid pair for ``pair``)."""
+    raw, raw_se = mean_se(samples["raw"])
+    gain, gain_se = paired_gain(baseline_raw, samples["raw"])
+    out = {"avg_jsd_se": mean_se(samples["jsd"][samples["valid"]])[1], "reward_raw": raw,
+           "reward_raw_se": raw_se, "gain_over": baseline, "raw_gain": gain,
+           "raw_gain_se": gain_se}
+    for reading in metrics.FLIP_READINGS:
+        out[f"flips_{reading}_se"] = 100 * mean_se(samples[f"flips_{reading}"])[1]
+    out["flips_se"] = out[f"flips_{flip}_se"]
+    return out
+
+
+def _collapse(stats: dict, n: int) -> dict:
     """How varied a system's questions are: a policy that asks one question of every situation
-    (reward hacking) is named by its most common question and that question's share."""
+    (reward hacking) is named by its most common question and that question's share. Shares in
+    % of the `n` situations, the top one's and the top five's with their binomial standard
+    errors; distinct-2 in [0, 1]."""
     top = stats["top"][0] if stats["top"] else [None, 0]
-    return {"distinct_questions": stats["distinct"], "top_question": top[0],
-            "top_question_share": 100 * stats["top_share"], "top_questions": stats["top"]}
+
+    def share(p):
+        return 100 * p, 100 * math.sqrt(p * (1 - p) / n) if n else math.nan
+
+    top_share, top_se = share(stats["top_share"])
+    top5_share, top5_se = share(stats["top5_share"])
+    return {"distinct_questions": stats["distinct"], "distinct_share": 100 * stats["distinct_share"],
+            "top_question": top[0], "top_question_share": top_share,
+            "top_question_share_se": top_se, "top5_share": top5_share, "top5_share_se": top5_se,
+            "distinct_2": stats["distinct_2"], "top_questions": stats["top"]}
 
 
 def table3_rows(updates) -> list[dict]:
@@ -66,23 +97,46 @@ def _fmt(value, digits: int) -> str:
     return f"{value:.{digits}f}"
 
 
-def markdown(rows, t3, flip: str, n: int) -> str:
+def _pm(value, se, digits: int, sign: str = "") -> str:
+    """`value +- se` (one standard error); the value alone when its SE is NaN."""
+    text = "-" if value is None or math.isnan(value) else f"{value:{sign}.{digits}f}"
+    return text if text == "-" or se is None or math.isnan(se) else f"{text} +- {se:.{digits}f}"
+
+
+def _table4_lines(rows, flip: str, n: int) -> list[str]:
     reading = {"base": "an answer's updated situation changes the judge's class from the base "
                        "situation's (% of the answers kept and fused)",
                "pair": "the weakener's and the strengthener's classes differ (% of the valid "
                        "pairs)"}[flip]
+    baseline = rows[0]["gain_over"] if rows else None
     lines = [f"## Table 4 and question quality ({n} situations)", "",
-             f"Judgment flips, reading `{flip}`: {reading}.", "",
-             "| system | kind | avg. JSD | judgment flips (%) | unanswerable (%) | BERTScore F1 |",
-             "|---|---|---|---|---|---|"]
+             f"Judgment flips, reading `{flip}`: {reading}. `+-` is one standard error over the "
+             "situations (answers, pairs); avg. JSD is over the valid pairs, the raw reward is "
+             "the JSD with 0 where the pair is not valid (PPO's raw reward at `dropped_reward: 0`), "
+             f"and its gain is paired over the same situations against `{baseline}`.", "",
+             f"| system | kind | avg. JSD | raw reward | gain over `{baseline}` | judgment flips (%) "
+             "| unanswerable (%) | BERTScore F1 |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['system']} | {r['kind']} | {_fmt(r['avg_jsd'], 4)} | "
-                     f"{_fmt(r['flips'], 1)} | {_fmt(r['unanswerable_pct'], 1)} | "
+        gain = ("(baseline)" if r["system"] == baseline
+                else _pm(r["raw_gain"], r["raw_gain_se"], 4, "+"))
+        lines.append(f"| {r['system']} | {r['kind']} | {_pm(r['avg_jsd'], r['avg_jsd_se'], 4)} | "
+                     f"{_pm(r['reward_raw'], r['reward_raw_se'], 4)} | {gain} | "
+                     f"{_pm(r['flips'], r['flips_se'], 1)} | {_fmt(r['unanswerable_pct'], 1)} | "
                      f"{_fmt(r['bertscore_f1'], 4)} |")
     lines += ["", "## The questions each system asks", "",
-              "| system | distinct questions | most common question | asked of (%) |", "|---|---|---|---|"]
-    lines += [f"| {r['system']} | {r['distinct_questions']} | {r['top_question']!r} | "
-              f"{_fmt(r['top_question_share'], 1)} |" for r in rows]
+              "Shares in % of the situations, `+-` one binomial standard error; distinct-2: the "
+              "distinct word pairs over all word pairs of the system's questions.", "",
+              "| system | distinct questions | distinct (%) | most common question | asked of (%) "
+              "| five most common (%) | distinct-2 |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['system']} | {r['distinct_questions']} | {_fmt(r['distinct_share'], 1)} | "
+              f"{r['top_question']!r} | {_pm(r['top_question_share'], r['top_question_share_se'], 1)}"
+              f" | {_pm(r['top5_share'], r['top5_share_se'], 1)} | {_fmt(r['distinct_2'], 3)} |"
+              for r in rows]
+    return lines
+
+
+def markdown(rows, t3, flip: str, n: int) -> str:
+    lines = _table4_lines(rows, flip, n)
     if t3:
         lines += ["", f"## Table 3: update generation ({t3[0]['hypotheses']} groups)", "",
                   "| setting | BLEU-4 | ROUGE-L |", "|---|---|---|"]
@@ -121,13 +175,15 @@ def plot_systems(rows, flip: str, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("avg_jsd", "avg. JSD"), ("flips", f"judgment flips % ({flip})"),
+    panels = [("avg_jsd", "avg. JSD (+- SE)"), ("flips", f"judgment flips % ({flip}, +- SE)"),
               ("unanswerable_pct", "unanswerable %"), ("bertscore_f1", "BERTScore F1")]
     names = [r["system"] for r in rows]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6), dpi=100)
     for ax, (key, title) in zip(axes, panels):
         values = [r[key] if r[key] is not None else float("nan") for r in rows]
+        errors = [r.get(f"{key}_se", float("nan")) for r in rows]
         ax.bar(range(len(names)), [0 if math.isnan(v) else v for v in values],
+               yerr=[0 if math.isnan(e) else e for e in errors], capsize=3,
                color=[f"C{i}" for i in range(len(names))])
         ax.set_xticks(range(len(names)), names, rotation=45, ha="right", fontsize=8)
         ax.set_title(title, fontsize=10)
@@ -201,9 +257,10 @@ def write_report(cfg, run: dict) -> dict:
     """Write each file into ``cfg.out`` whole (a temporary file, then a rename); returns
     results.json's data.
 
-    ``results.md`` (Table 4 with informativeness and BERTScore per system, Table 3, the data-size
-    ablation when systems declare ``data_fraction``); ``systems.csv``, ``table3.csv``,
-    ``results.json`` (every number, both flip readings, the implementations used);
+    ``results.md`` (Table 4 with standard errors and the raw reward's paired gain over the first
+    system, informativeness and BERTScore per system, the questions' diversity, Table 3, the
+    data-size ablation when systems declare ``data_fraction``); ``systems.csv`` (`SYSTEMS_COLUMNS`),
+    ``table3.csv``, ``results.json`` (every number, both flip readings, the implementations used);
     ``systems.png`` and ``ablation.png``; ``questions.jsonl`` (per system and situation: the
     question, its candidates and scores, p_base / p_weak / p_strong, valid, answered, unanswerable,
     BERTScore F1: what every table is computed from) and ``updates.jsonl`` (Table 3's texts)."""
@@ -224,7 +281,8 @@ def write_report(cfg, run: dict) -> dict:
     ablation = plot_ablation(rows, out / "ablation.png")
     if ablation is not None:
         figures["ablation"] = str(ablation)
-    summary = {"flip_reading": flip, "situations": n, "systems": rows, "table3": t3,
+    summary = {"flip_reading": flip, "situations": n,
+               "gain_over": rows[0]["gain_over"] if rows else None, "systems": rows, "table3": t3,
                "figures": figures,
                "implementations": {
                    "bertscore": "clarifyjax.evaluation.bertscore" if cfg.bertscore.model else None,

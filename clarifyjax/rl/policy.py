@@ -20,19 +20,21 @@ from clarifyjax.rl.value import ValueModel
 # --------------------------------------------------------------------------- forward passes
 
 
-# The log-probabilities are of the model's own distribution (temperature 1, untruncated), as in the
-# original trainer (`Policy.forward_pass`). Questions are *sampled* at temperature 0.7 and top-p
-# 0.6, so the PPO ratio is the usual approximation of the sampling distribution by the model's; the
-# KL penalty compares policy and reference under the same convention and is exactly 0 at the start.
-# (A ratio under the truncated distribution can be -inf for a token that leaves the top-p set after
-# an update, which gives NaN gradients.)
+# By default the log-probabilities are of the model's own distribution (temperature 1,
+# untruncated), as in the original trainer (`Policy.forward_pass`), while its questions are
+# *sampled* at temperature 0.7 and top-p 0.6: the PPO ratio, the KL penalty and the entropy then
+# describe another distribution than the one the rollouts come from. `temperature` (the config's
+# ``ppo.logprobs: sampling``, as TRL's PPO divides its logits by the sampling temperature) makes
+# them the rollouts' own. Truncation is not modelled: a top-p set differs between policy and
+# reference, and their KL would be infinite.
 def response_logprobs(model: T5, query_ids, query_mask, response_ids, response_mask, *,
-                      with_entropy: bool = False):
-    """log p(response_ids[:, i] | query, response_<i) [b, t] float32 under the model's own
-    distribution (0 on padding); with_entropy also returns the per-token entropy [b, t]."""
+                      with_entropy: bool = False, temperature: float = 1.0):
+    """log p(response_ids[:, i] | query, response_<i) [b, t] float32 under the model's
+    distribution at `temperature` (0 on padding); with_entropy also returns the per-token entropy
+    [b, t]."""
     decoder_input_ids = shift_right(response_ids, model.config.decoder_start_token_id)
     logits = model(query_ids, query_mask, decoder_input_ids)
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
     ids = response_ids[..., None].astype(jnp.int32)
     token_logp = jnp.take_along_axis(logp, ids, axis=-1)[..., 0]
     valid = response_mask > 0
@@ -50,15 +52,15 @@ def response_values(model: ValueModel, query_ids, query_mask, response_ids, resp
     return jnp.where(response_mask > 0, values, 0.0)
 
 
-def make_ppo_fns(policy_graphdef, value_graphdef
+def make_ppo_fns(policy_graphdef, value_graphdef, temperature: float = 1.0
                  ) -> tuple[Callable[[Params, ppo.Rollout], tuple], Callable[[Params, ppo.Rollout],
                                                                            jax.Array]]:
     """(policy_logprobs_fn, value_fn) with the signatures `ppo.make_ppo_update` takes:
-    (params, rollout minibatch) -> (log-probs, entropy) [b, t] / values [b, t]."""
+    (params, rollout minibatch) -> (log-probs, entropy) [b, t] at `temperature` / values [b, t]."""
     def policy_logprobs_fn(params: Params, mb: ppo.Rollout):
         model = merge_model(policy_graphdef, params)
         return response_logprobs(model, mb.query_ids, mb.query_mask, mb.response_ids,
-                                 mb.response_mask, with_entropy=True)
+                                 mb.response_mask, with_entropy=True, temperature=temperature)
 
     def value_fn(params: Params, mb: ppo.Rollout) -> jax.Array:
         model = merge_model(value_graphdef, params)
@@ -68,17 +70,19 @@ def make_ppo_fns(policy_graphdef, value_graphdef
     return policy_logprobs_fn, value_fn
 
 
-def make_rollout_scorer(policy_graphdef, value_graphdef) -> Callable[..., tuple]:
+def make_rollout_scorer(policy_graphdef, value_graphdef, temperature: float = 1.0
+                        ) -> Callable[..., tuple]:
     """`score(policy_params, ref_params, value_params, query_ids, query_mask, response_ids,
-    response_mask) -> (logprobs, ref_logprobs, values)`, each [b, t] float32: what a `Rollout`
-    records at sampling time. Pure; the caller jits it."""
+    response_mask) -> (logprobs, ref_logprobs, values)`, each [b, t] float32 (log-probs at
+    `temperature`): what a `Rollout` records at sampling time. Pure; the caller jits it."""
     def score(policy_params, ref_params, value_params, query_ids, query_mask, response_ids,
               response_mask):
         policy = merge_model(policy_graphdef, policy_params)
         reference = merge_model(policy_graphdef, ref_params)
         value = merge_model(value_graphdef, value_params)
         args = (query_ids, query_mask, response_ids, response_mask)
-        return (response_logprobs(policy, *args), response_logprobs(reference, *args),
+        return (response_logprobs(policy, *args, temperature=temperature),
+                response_logprobs(reference, *args, temperature=temperature),
                 response_values(value, *args))
     return score
 

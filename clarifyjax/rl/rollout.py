@@ -101,7 +101,7 @@ class RolloutSampler:
 
     def __init__(self, tokenizer, policy_graphdef, value_graphdef, reward_fn, mesh, *,
                  sampling: Sampling, clean_up_spaces: bool = False,
-                 decode_situations: bool = False):
+                 decode_situations: bool = False, logprob_temperature: float = 1.0):
         self.tokenizer, self.reward_fn, self.mesh = tokenizer, reward_fn, mesh
         self.clean_up_spaces, self.decode_situations = bool(clean_up_spaces), bool(decode_situations)
         s = sampling.with_defaults(Sampling(min_new_tokens=MIN_QUESTION_TOKENS))
@@ -109,7 +109,8 @@ class RolloutSampler:
                              temperature=float(s.temperature), top_k=int(s.top_k), top_p=float(s.top_p))
         self._rng = _takes_rng(reward_fn)
         self.graphdef = policy_graphdef
-        self.scorer = jax.jit(make_rollout_scorer(policy_graphdef, value_graphdef))
+        self.scorer = jax.jit(make_rollout_scorer(policy_graphdef, value_graphdef,
+                                                  logprob_temperature))
         self.ref_nll = jax.jit(make_reference_nll(policy_graphdef))
 
     def decode(self, ids) -> list[str]:

@@ -277,7 +277,8 @@ def _sampler(cfg, tokenizer, m: builders.PPOModels, reward_fn, mesh) -> RolloutS
     return RolloutSampler(tokenizer, m.graphdef, m.value_graphdef,
                           reward_fn if reward_fn is not None else build_reward_fn(cfg), mesh,
                           sampling=h.sampling, clean_up_spaces=h.clean_up_tokenization_spaces,
-                          decode_situations=h.reward_situations == "decoded")
+                          decode_situations=h.reward_situations == "decoded",
+                          logprob_temperature=h.logprob_temperature)
 
 
 def _situations(cfg, tokenizer) -> tuple[Any, Any]:

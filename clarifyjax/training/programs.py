@@ -256,7 +256,8 @@ class PPOProgram(Program):
         b1, b2 = sharding.batch_sharding(mesh, 1), sharding.batch_sharding(mesh, 2)
         rollout_sh = ppo.Rollout(query_ids=b2, query_mask=b2, response_ids=b2, response_mask=b2,
                                  logprobs=b2, ref_logprobs=b2, values=b2, rewards=b1)
-        update = ppo.make_ppo_update(*make_ppo_fns(graphdef, value_graphdef), tx, tx, hyper)
+        update = ppo.make_ppo_update(
+            *make_ppo_fns(graphdef, value_graphdef, cfg.ppo.logprob_temperature), tx, tx, hyper)
         in_sh = (ppo_sh, rollout_sh, rep)
         step = jax.jit(traces.counted("ppo_update")(update), in_shardings=in_sh,
                        out_shardings=(ppo_sh, rep),

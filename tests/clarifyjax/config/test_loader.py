@@ -165,6 +165,11 @@ def test_cross_field_checks():
     with pytest.raises(ConfigError, match="ppo.sampling.temperature = 0 .greedy.: the rollouts "
                                           "must sample"):
         load_config(path, ["ppo.sampling.temperature=0"])
+    with pytest.raises(ConfigError, match="ppo.logprobs = sampling needs untruncated rollouts, "
+                                          "but ppo.sampling has top_k 0, top_p 0.6"):
+        load_config(path, ["ppo.logprobs=sampling"])
+    h = load_config(path, ["ppo.logprobs=sampling", "ppo.sampling.top_p=1.0"]).ppo
+    assert h.logprob_temperature == 0.7 and load_config(path).ppo.logprob_temperature == 1.0
     with pytest.raises(ConfigError, match="ppo.sampling.stop = .* is not used"):
         load_config(path, ["ppo.sampling.stop=?"])
     with pytest.raises(ConfigError, match="at most one axis may be -1"):

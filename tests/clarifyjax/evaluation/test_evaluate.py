@@ -161,7 +161,7 @@ def _numbers(out):
 def _check_table4(systems: dict, records: list[dict]) -> int:
     """Each system's Table 4 numbers against their computation here from the saved records;
     returns how many flips were seen."""
-    flips_seen = 0
+    flips_seen, raws = 0, {}
     for name, row in systems.items():
         mine = [r for r in records if r["system"] == name]
         assert len(mine) == N_SITUATIONS == row["situations"]
@@ -170,6 +170,13 @@ def _check_table4(systems: dict, records: list[dict]) -> int:
         valid = np.array([r["valid"] for r in mine])
         answered = np.array([r["answered"] for r in mine]) & valid[:, None]
         assert row["avg_jsd"] == pytest.approx(_jsd2(p_weak, p_strong)[valid].mean(), abs=1e-6)
+        # the raw reward (0 where not valid), paired against the first system on each situation
+        raws[name] = raw = np.where(valid, _jsd2(p_weak, p_strong), 0.0)
+        diff = raw - raws[next(iter(systems))]
+        assert row["reward_raw"] == pytest.approx(raw.mean(), abs=1e-6)
+        assert row["raw_gain"] == pytest.approx(diff.mean(), abs=1e-6)
+        assert row["raw_gain_se"] == pytest.approx(np.std(diff, ddof=1) / np.sqrt(len(diff)),
+                                                   abs=1e-6)
         base_flips = np.stack([p_weak.argmax(1), p_strong.argmax(1)], 1) != p_base.argmax(1)[:,
                                                                                              None]
         assert row["flips_base"] == pytest.approx(100 * base_flips[answered].mean(), abs=1e-4)

@@ -1,24 +1,34 @@
-"""PPO learns what can be learned, and only that: over three seeds, a short run on a tiny random
-policy raises a learnable reward by more than the seeds' spread explains (the 95% Student's t
-interval of the mean gain excludes 0, and every seed gains), while the same runs paid a reward
-that ignores the question (noise) gain nothing beyond that spread.
+"""PPO learns what can be learned, and only that: on every seed, a short run on a tiny random
+policy paid a learnable reward raises that reward by a margin, while the run of the same seed paid
+a reward that ignores the question (noise) does not raise it.
 
-The learnable reward is tests/helpers/ppo_runs.py's token-level proxy (`lower_half_share`); the
-gain is measured on the sampled rollouts, the quantity PPO raises: the mean raw reward of the
-last 5 steps minus the first 5's. `rl.diagnostics.t_interval` (checked against scipy's in
-test_ppo_diagnostics) gives the interval.
+The learnable reward is tests/helpers/ppo_runs.py's token-level proxy (`lower_half_share`). Both
+runs of a seed are measured with it, in its raw units, on their sampled rollouts: the mean of the
+last 5 steps minus the first 5's. The design is paired (one seed, one start, trained on the reward
+and on noise) and each seed must pass on its own, so one seed's luck cannot carry the others.
+PPO_LEARNS_SEED_OFFSET=k runs seeds k, k+1, k+2 (issue 35's note ran ten offsets).
 """
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
 
 from helpers.ppo_runs import lower_half_share, ppo_config
-from clarifyjax.rl.diagnostics import t_interval
 from clarifyjax.training import loops
 
-SEEDS = (0, 1, 2)
-STEPS = 20
+OFFSET = int(os.environ.get("PPO_LEARNS_SEED_OFFSET", "0"))
+SEEDS = (OFFSET, OFFSET + 1, OFFSET + 2)
+STEPS = 30
+# Questions sampled from the policy itself (temperature 1, no top-p: the ratio is exact), 64 per
+# step, Adam 3e-4. Measured on seeds 0-11 (issue 35's note): the learnable gains were 0.21-0.37;
+# paid noise, the measure drifted by -0.15 to +0.04 (a random walk of the policy, never up by
+# much). At the earlier settings (temperature 0.7, top-p 0.6, 16 questions, lr 1e-3) a step moved
+# the policy by 0.3-1.2 nats of KL and the gains ranged from -0.20 to +0.31.
+SETTINGS = ["ppo.sampling.temperature=1.0", "ppo.sampling.top_p=1.0", "ppo.batch_size=64",
+            "optimizer.lr=3e-4"]
+MARGIN = 0.12
 
 
 @pytest.fixture(scope="module")
@@ -28,37 +38,35 @@ def spm(tmp_path_factory):
     return tiny_spm_folder(tmp_path_factory, vocab_size=600)
 
 
-def gains(tmp_path, spm, reward_of) -> list[float]:
-    out = []
-    for seed in SEEDS:
-        cfg = ppo_config(tmp_path / f"run{seed}", spm, steps=STEPS,
-                         overrides=[f"run.seed={seed}", f"run.save_every={STEPS}"])
-        result = loops.train_ppo(cfg, reward_fn=reward_of(seed), tensorboard=False, progress=False,
-                                 export=False)
-        raw = np.array([h["train/reward_raw"] for h in result["history"]])
-        out.append(float(raw[-5:].mean() - raw[:5].mean()))
-    return out
+def measured_gain(out, spm, seed: int, measure, paid_noise: bool) -> float:
+    """One run at `seed`, paid `measure` or uniform noise; the gain of `measure` on its rollouts."""
+    rng = np.random.default_rng(seed)
+    seen = []
+
+    def reward(situations, questions):
+        value = measure(situations, questions)
+        seen.append(float(np.mean(value)))
+        return rng.uniform(0.0, 1.0, len(questions)) if paid_noise else value
+
+    cfg = ppo_config(out, spm, steps=STEPS,
+                     overrides=[f"run.seed={seed}", f"run.save_every={STEPS}", *SETTINGS])
+    loops.train_ppo(cfg, reward_fn=reward, tensorboard=False, progress=False, export=False)
+    steps = np.array(seen[-STEPS:])  # the normalizer's fitting batches come first
+    return float(steps[-5:].mean() - steps[:5].mean())
 
 
-@pytest.mark.slow  # six short PPO runs: about two minutes on two cores
-def test_ppo_raises_a_learnable_reward_beyond_its_seeds_spread_and_not_a_noise_reward(tmp_path, spm):
+@pytest.mark.slow  # six short PPO runs: about five minutes on two busy cores
+def test_ppo_raises_a_learnable_reward_on_every_seed_and_noise_does_not_raise_it(tmp_path, spm):
     from clarifyjax.text.tokenizer import Tokenizer
 
-    learnable = lower_half_share(Tokenizer.from_pretrained(spm))
-    learned = gains(tmp_path / "learnable", spm, lambda seed: learnable)
-    low, high = t_interval(learned)
-    print("learnable reward: gains", np.round(learned, 3), "95% interval", (low, high))
-    assert all(g > 0 for g in learned) and low > 0
-
-    def noise(seed):
-        rng = np.random.default_rng(seed)
-        return lambda situations, questions: rng.uniform(0.0, 1.0, len(questions))
-
-    drift = gains(tmp_path / "noise", spm, noise)
-    n_low, n_high = t_interval(drift)
-    print("noise reward: gains", np.round(drift, 3), "95% interval", (n_low, n_high))
-    # the learnable gain is far outside what the noise runs show
-    assert np.mean(learned) > max(abs(n_low), abs(n_high))
+    measure = lower_half_share(Tokenizer.from_pretrained(spm))
+    learned = [measured_gain(tmp_path / f"learn{s}", spm, s, measure, False) for s in SEEDS]
+    drift = [measured_gain(tmp_path / f"noise{s}", spm, s, measure, True) for s in SEEDS]
+    print(f"seeds {SEEDS}: learnable gains {np.round(learned, 3)}, paid noise {np.round(drift, 3)}")
+    assert all(g > MARGIN for g in learned), learned
+    # paid noise, the policy drifts (down by up to 0.15 on seed 4) but never learns the measure
+    assert all(d < MARGIN for d in drift), drift
+    assert all(g - d > MARGIN for g, d in zip(learned, drift)), (learned, drift)
 
 
 @pytest.mark.slow  # two short PPO runs: ~90 s on 2 busy cores

@@ -10,7 +10,7 @@ from flax import nnx
 
 from clarifyjax import decoding
 
-from clarifyjax.rl import policy
+from clarifyjax.rl import policy, ppo
 
 from clarifyjax.rl import rollout
 
@@ -95,6 +95,28 @@ def test_response_logprobs_match_decoding():
                                 gen.mask)
     np.testing.assert_array_equal(np.asarray(lp), np.asarray(ref_lp))
     assert values.shape == gen.tokens.shape
+
+
+def test_logprobs_at_the_sampling_temperature_are_the_samplers_own():
+    """``ppo.logprobs: sampling``: the scorer at the rollouts' temperature gives exactly the
+    log-probs `decoding.generate` drew the tokens with (the PPO ratio is then exact), where the
+    model's own log-probs (temperature 1, the original's) differ from them."""
+    model = _tiny_t5(seed=1)
+    ids, mask = _query(np.random.default_rng(2))
+    gen = decoding.generate(model, ids, mask, rng=jax.random.key(0), max_new_tokens=6,
+                            temperature=0.5)
+    graphdef, params = split_model(model)
+    vg, vp = split_model(ValueModel.from_t5(model))
+    valid = np.asarray(gen.mask) > 0
+    for temperature, same in ((0.5, True), (1.0, False)):
+        scorer = jax.jit(policy.make_rollout_scorer(graphdef, vg, temperature))
+        lp, ref_lp, _ = scorer(params, copy_params(params), vp, ids, mask, gen.tokens, gen.mask)
+        close = np.allclose(np.asarray(lp)[valid], np.asarray(gen.logprobs)[valid], atol=2e-5)
+        assert close == same, temperature
+        np.testing.assert_array_equal(np.asarray(lp), np.asarray(ref_lp))
+    logp, entropy = policy.make_ppo_fns(graphdef, vg, 0.5)[0](params, ppo.Rollout(
+        ids, mask, gen.tokens, gen.mask, None, None, None, None))
+    np.testing.assert_allclose(np.asarray(logp)[valid], np.asarray(gen.logprobs)[valid], atol=2e-5)
 
 
 def test_reward_fields():
