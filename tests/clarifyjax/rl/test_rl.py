@@ -228,8 +228,8 @@ def test_ppo_config_errors(tmp_path):
     # keys that no loop reads are refused when the config is loaded, not at run time
     with pytest.raises(ConfigError, match="unknown key 'value.shared_trunk'"):
         ppo_config(tmp_path / "a", spm, overrides=["value.shared_trunk=true"])
-    with pytest.raises(ConfigError, match="unknown key 'ppo.entropy_coef'"):
-        ppo_config(tmp_path / "b", spm, overrides=["ppo.entropy_coef=0.01"])
+    with pytest.raises(ConfigError, match="ppo.entropy_coef"):  # a bonus, not a penalty
+        ppo_config(tmp_path / "b", spm, overrides=["ppo.entropy_coef=-0.01"])
 
 
 @pytest.mark.child
