@@ -22,9 +22,9 @@ OFFSET = int(os.environ.get("PPO_LEARNS_SEED_OFFSET", "0"))
 SEEDS = (OFFSET, OFFSET + 1, OFFSET + 2)
 STEPS = 30
 # Questions sampled from the policy itself (temperature 1, no top-p: the ratio is exact), 64 per
-# step, Adam 3e-4. Measured on seeds 0-11 (issue 35's note): the learnable gains were 0.21-0.37;
-# paid noise, the measure drifted by -0.15 to +0.04 (a random walk of the policy, never up by
-# much). At the earlier settings (temperature 0.7, top-p 0.6, 16 questions, lr 1e-3) a step moved
+# step, Adam 3e-4. Measured on seeds 0-11 (issue 35's note; ten offsets, ten passes): the learnable
+# gains were 0.21-0.44; paid noise, the measure drifted by -0.15 to +0.01 (a random walk of the
+# policy, never up by much). At the earlier settings (temperature 0.7, top-p 0.6, 16 questions, lr 1e-3) a step moved
 # the policy by 0.3-1.2 nats of KL and the gains ranged from -0.20 to +0.31.
 SETTINGS = ["ppo.sampling.temperature=1.0", "ppo.sampling.top_p=1.0", "ppo.batch_size=64",
             "optimizer.lr=3e-4"]
