@@ -132,7 +132,8 @@ def reply_completions(body: str, api: str, endpoint: str) -> list[Completion]:
             raise GenerationError(f"{endpoint}: choice {i} has no `message` object ({str(c)[:80]!r})")
         text = c.get("text") if api == "completions" else c["message"].get("content")
         if text is not None and not isinstance(text, str):
-            raise GenerationError(f"{endpoint}: choice {i}'s {field} is {type(text).__name__} {text!r:.60}, not a string")
+            raise GenerationError(f"{endpoint}: choice {i}'s {field} is {type(text).__name__} "
+                                  f"{text!r:.60}, not a string")
         at = unencodable(text or "")
         if at is not None:
             raise GenerationError(f"{endpoint}: choice {i}'s {field} holds {text[at]!r} (a lone surrogate) at "

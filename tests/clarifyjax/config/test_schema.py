@@ -93,8 +93,9 @@ def test_meaningless_numbers_in_a_file_name_the_file_and_key(tmp_path, key, text
 @pytest.mark.parametrize("kind", sorted(config.KINDS))
 def test_a_warmup_longer_than_the_run_is_refused_naming_both_keys(kind):
     item = "run.steps=4"
-    with pytest.raises(ConfigError, match=r"override 'optimizer.warmup_steps=5'.*: optimizer.warmup_steps: 5 is more than "
-                                          r"run.steps 4; the learning rate would never reach optimizer.lr"):
+    with pytest.raises(ConfigError, match=r"override 'optimizer.warmup_steps=5'.*: "
+                                          r"optimizer.warmup_steps: 5 is more than run.steps 4; "
+                                          r"the learning rate would never reach optimizer.lr"):
         load_config(EXAMPLE[kind], ["optimizer.warmup_steps=5", item])
     assert load_config(EXAMPLE[kind], ["optimizer.warmup_steps=4", item]).run.steps == 4
 
