@@ -51,11 +51,17 @@ class Doc:
 def _load(path: Path, kind: str, **kwargs):
     import datasets
 
+    # a one-file read needs no progress bar, and on stderr it would precede a one-line error
+    was_enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
     try:
         return datasets.load_dataset(kind, data_files={"data": str(path)}, split="data", **kwargs)
     except Exception as e:  # a malformed file: one line naming it
         raise DataError(f"{path}: cannot be read as {kind} ({type(e).__name__}: {str(e).splitlines()[0][:200]})") \
             from None
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
 
 
 def close_answer(answer: str) -> str:

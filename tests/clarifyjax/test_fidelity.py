@@ -144,15 +144,6 @@ def _class_token_not_one_piece(root):
     return "accepted"
 
 
-def _logprob_distribution():
-    from clarifyjax.rl import policy
-
-    source = inspect.getsource(policy.response_logprobs)
-    params = inspect.signature(policy.response_logprobs).parameters
-    plain = "log_softmax(logits.astype(jnp.float32)" in source
-    return "untempered" if plain and not {"temperature", "top_k", "top_p"} & set(params) else "other"
-
-
 def _failed_step():
     """"stops" when the PPO loop catches no error (a failing step ends the run), "skipped" when
     it catches one and goes on, as the original's `except RuntimeError: continue`."""
@@ -186,7 +177,6 @@ FIXED = {"whitening divisor": lambda root: _whitening_divisor(),
          "min question tokens": lambda root: rollout.MIN_QUESTION_TOKENS,
          "policy prefix in judge and fusion inputs": lambda root: _prefix_in_judge_and_fusion(),
          "class token not one piece": _class_token_not_one_piece,
-         "log-probs of the ratio and KL": lambda root: _logprob_distribution(),
          "spaces of the reward models' texts": lambda root: _reward_output_spaces(),
          "a step that raises": lambda root: _failed_step()}
 

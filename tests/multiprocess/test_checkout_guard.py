@@ -39,7 +39,8 @@ def test_touches_nothing():
 def test_a_run_that_touches_runs_fails_and_names_each_access(tmp_path):
     (tmp_path / "test_touching.py").write_text(TOUCHING)
     env = {k: v for k, v in clean_env().items()
-           if k not in (checkout_guard.LOG_ENV, checkout_guard.OWNER_ENV, "PYTEST_CURRENT_TEST")}
+           if k not in (checkout_guard.LOG_ENV, checkout_guard.OWNER_ENV, "PYTEST_CURRENT_TEST",
+                        "CLARIFYJAX_DURATIONS")}  # `make durations` records the outer run only
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "conftest", "-p", "no:cacheprovider",
                            "test_touching.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)

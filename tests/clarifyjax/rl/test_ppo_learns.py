@@ -6,7 +6,7 @@ The learnable reward is tests/helpers/ppo_runs.py's token-level proxy (`lower_ha
 runs of a seed are measured with it, in its raw units, on their sampled rollouts: the mean of the
 last 5 steps minus the first 5's. The design is paired (one seed, one start, trained on the reward
 and on noise) and each seed must pass on its own, so one seed's luck cannot carry the others.
-PPO_LEARNS_SEED_OFFSET=k runs seeds k, k+1, k+2 (issue 35's note ran ten offsets).
+PPO_LEARNS_SEED_OFFSET=k runs seeds k and k+1 (issue 35's note ran ten offsets).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from helpers.ppo_runs import lower_half_share, ppo_config
 from clarifyjax.training import loops
 
 OFFSET = int(os.environ.get("PPO_LEARNS_SEED_OFFSET", "0"))
-SEEDS = (OFFSET, OFFSET + 1, OFFSET + 2)
+SEEDS = (OFFSET, OFFSET + 1)  # each seed must pass on its own: two keep the suite's time
 STEPS = 30
 # Questions sampled from the policy itself (temperature 1, no top-p: the ratio is exact), 64 per
 # step, Adam 3e-4. Measured on seeds 0-11 (issue 35's note; ten offsets, ten passes): the learnable
@@ -55,7 +55,7 @@ def measured_gain(out, spm, seed: int, measure, paid_noise: bool) -> float:
     return float(steps[-5:].mean() - steps[:5].mean())
 
 
-@pytest.mark.slow  # six short PPO runs: about five minutes on two busy cores
+@pytest.mark.slow  # four short PPO runs: about three minutes on two busy cores
 def test_ppo_raises_a_learnable_reward_on_every_seed_and_noise_does_not_raise_it(tmp_path, spm):
     from clarifyjax.text.tokenizer import Tokenizer
 
