@@ -89,11 +89,8 @@ def plot(results: dict, png: Path) -> Path:
         ax.set_ylim(-0.045, 0.045)
     axes[1].axvline(0.05, color="C3", ls="--", label="5%")
     axes[0].legend(fontsize=7)
-    fig.suptitle("the demo's PPO: what each setting gains and what it costs in diversity", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(png)
-    plt.close(fig)
-    return png
+    return ppo_seeds.save_figure(fig, png, "the demo's PPO: what each setting gains and what it "
+                                 "costs in diversity")
 
 
 def main(argv=None) -> int:

@@ -164,7 +164,14 @@ def plot(rows: list[dict], png: Path) -> Path:
         ax.set_xlabel("PPO step")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle("the demo's PPO, one line per seed (dev gain: paired, after - before)", fontsize=10)
+    return save_figure(fig, png, "the demo's PPO, one line per seed (dev gain: paired, after - before)")
+
+
+def save_figure(fig, png: Path, title: str) -> Path:
+    """Title, lay out, write and close a study's figure."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(png)
     plt.close(fig)
