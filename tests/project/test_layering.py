@@ -36,6 +36,7 @@ LAYERS: tuple[str, ...] = (
     "sage_jax",               # SaGE: the metric, data, lexical baselines, ParaScore, scoring
     "sage_jax.run",           # sage-jax run: config, presets, generators, stages, pipeline, report, library
     "sage_jax.experiments",   # sage-jax experiment: the SaGE paper's experiments, their statistics
+    "sage_jax.harness_tasks",  # lm-evaluation-harness tasks: sage_moral (YAML, hooks, scoring per question)
     "sage_jax.cli",           # sage-jax score / run
     "clarifyjax",             # the clarifyjax command (cli, __main__) and make demo (demo)
 )
