@@ -283,6 +283,10 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
         if not self.adaptive_kl:
             refuse_changed(self, at, dict.fromkeys(("kl_target", "kl_horizon"),
                                                    f"{at}.adaptive_kl is false"))
+        if self.algorithm != "ppo" and self.samples_per_situation < 2:
+            raise ConfigError(f"{at}.algorithm = {self.algorithm} needs {at}.samples_per_situation "
+                              f">= 2 (its baseline is the other samples of the situation), got "
+                              f"{self.samples_per_situation}", key=f"{at}.samples_per_situation")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,6 +387,9 @@ class PPOConfig:
 
     def check(self, at: str) -> None:
         self.policy.check_tokenizer("policy")
+        if self.ppo.algorithm != "ppo":
+            refuse_changed(self.value, "value", dict.fromkeys(
+                ("model", "head_init"), f"ppo.algorithm = {self.ppo.algorithm} has no value model"))
         # (the reward models' keys: RewardConfig.check, as score-questions reads that section too)
         refuse_unused_model_keys(self, {role: unused for role, unused in
                                          PPO_UNUSED_MODEL_KEYS.items()
