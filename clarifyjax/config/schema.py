@@ -283,6 +283,13 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
         if not self.adaptive_kl:
             refuse_changed(self, at, dict.fromkeys(("kl_target", "kl_horizon"),
                                                    f"{at}.adaptive_kl is false"))
+        if self.algorithm != "ppo":
+            no_value = f"{at}.algorithm = {self.algorithm} has no value model and no GAE"
+            unused = dict.fromkeys(("value_clip", "vf_coef", "gamma", "lam", "whiten_rewards"),
+                                   no_value)
+            if self.algorithm == "grpo":  # its group-normalised advantages are not whitened again
+                unused["whiten_advantages"] = f"{at}.algorithm = grpo normalises by the group's std"
+            refuse_changed(self, at, unused)
         if self.algorithm != "ppo" and self.samples_per_situation < 2:
             raise ConfigError(f"{at}.algorithm = {self.algorithm} needs {at}.samples_per_situation "
                               f">= 2 (its baseline is the other samples of the situation), got "
