@@ -227,7 +227,8 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
     sampling: Sampling = PPO_SAMPLING
     # questions sampled per situation in a rollout batch (`batch_size` counts questions); with
     # more than one, each question's reward is paid relative to the mean of its situation's others
-    # (a leave-one-out baseline), so that the situation's own difficulty cancels out
+    # (a leave-one-out baseline), so that the situation's own difficulty cancels out; rloo and
+    # grpo (`algorithm`) need at least 2, their group
     samples_per_situation: int = 1
     # the dev evaluation: 0 = one greedy question per situation; k = k questions sampled as in
     # training, each situation scored by their mean (the quantity PPO raises)
