@@ -77,8 +77,8 @@ def make_rollout_scorer(policy_graphdef, value_graphdef, temperature: float = 1.
     `temperature`): what a `Rollout` records at sampling time. Pure; the caller jits it. With no
     value model (`value_graphdef` None: rloo, grpo) the values are 0.
 
-    `chunks` > 1 scores the batch in that many equal chunks of rows, one after the other
-    (`lax.map`): the update's minibatches have that many rows, and a forward pass over another
+    `chunks` > 1 scores the batch in that many equal chunks of rows (every chunks-th row), one
+    after the other (`lax.map`): the update's minibatches have that many rows, and a forward pass over another
     number of rows is another XLA program, whose log-probs may differ in the last bits (1e-6 on a
     CPU). Scored in the learner's shape, the recorded log-probs are the learner's exactly."""
     def score_rows(policy_params, ref_params, value_params, query_ids, query_mask, response_ids,
@@ -97,9 +97,11 @@ def make_rollout_scorer(policy_graphdef, value_graphdef, temperature: float = 1.
         rows = batch[0].shape[0]
         if rows % chunks:
             raise ValueError(f"make_rollout_scorer: {rows} rows do not split into {chunks} chunks")
-        split = tuple(x.reshape((chunks, rows // chunks) + x.shape[1:]) for x in batch)
+        # chunk c holds rows c, c + chunks, ...: each chunk spans the batch's shards alike
+        split = tuple(jnp.swapaxes(x.reshape((rows // chunks, chunks) + x.shape[1:]), 0, 1)
+                      for x in batch)
         out = jax.lax.map(lambda b: score_rows(policy_params, ref_params, value_params, *b), split)
-        return tuple(x.reshape((rows,) + x.shape[2:]) for x in out)
+        return tuple(jnp.swapaxes(x, 0, 1).reshape((rows,) + x.shape[2:]) for x in out)
     return score
 
 

@@ -111,7 +111,8 @@ class RolloutSampler:
         self._rng = _takes_rng(reward_fn)
         self.graphdef = policy_graphdef
         self.scorer = jax.jit(make_rollout_scorer(policy_graphdef, value_graphdef,
-                                                  logprob_temperature, score_chunks))
+                                                  logprob_temperature, score_chunks),
+                              out_shardings=sharding.batch_sharding(mesh, 2))
         self.ref_nll = jax.jit(make_reference_nll(policy_graphdef))
 
     def decode(self, ids) -> list[str]:
