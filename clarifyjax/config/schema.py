@@ -218,7 +218,8 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
     ``kl_horizon`` need ``adaptive_kl``."""
 
     batch_size: int = 64
-    # the KL penalty's coefficient (`ppo.FixedKL`, or `ppo.AdaptiveKL` from it)
+    # the KL penalty's coefficient (`ppo.FixedKL`, or `ppo.AdaptiveKL` from it); for grpo, the
+    # beta of its k3 KL loss term
     kl_coef: float = 0.15
     adaptive_kl: bool = False
     kl_target: float = 6.0
