@@ -218,7 +218,8 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
     ``kl_horizon`` need ``adaptive_kl``."""
 
     batch_size: int = 64
-    # the KL penalty's coefficient (`ppo.FixedKL`, or `ppo.AdaptiveKL` from it)
+    # the KL penalty's coefficient (`ppo.FixedKL`, or `ppo.AdaptiveKL` from it); for grpo, the
+    # beta of its k3 KL loss term
     kl_coef: float = 0.15
     adaptive_kl: bool = False
     kl_target: float = 6.0
@@ -227,7 +228,8 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
     sampling: Sampling = PPO_SAMPLING
     # questions sampled per situation in a rollout batch (`batch_size` counts questions); with
     # more than one, each question's reward is paid relative to the mean of its situation's others
-    # (a leave-one-out baseline), so that the situation's own difficulty cancels out
+    # (a leave-one-out baseline), so that the situation's own difficulty cancels out; rloo and
+    # grpo (`algorithm`) need at least 2, their group
     samples_per_situation: int = 1
     # the dev evaluation: 0 = one greedy question per situation; k = k questions sampled as in
     # training, each situation scored by their mean (the quantity PPO raises)
@@ -283,6 +285,17 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
         if not self.adaptive_kl:
             refuse_changed(self, at, dict.fromkeys(("kl_target", "kl_horizon"),
                                                    f"{at}.adaptive_kl is false"))
+        if self.algorithm != "ppo":
+            no_value = f"{at}.algorithm = {self.algorithm} has no value model and no GAE"
+            unused = dict.fromkeys(("value_clip", "vf_coef", "gamma", "lam", "whiten_rewards"),
+                                   no_value)
+            if self.algorithm == "grpo":  # its group-normalised advantages are not whitened again
+                unused["whiten_advantages"] = f"{at}.algorithm = grpo normalises by the group's std"
+            refuse_changed(self, at, unused)
+        if self.algorithm != "ppo" and self.samples_per_situation < 2:
+            raise ConfigError(f"{at}.algorithm = {self.algorithm} needs {at}.samples_per_situation "
+                              f">= 2 (its baseline is the other samples of the situation), got "
+                              f"{self.samples_per_situation}", key=f"{at}.samples_per_situation")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,6 +396,9 @@ class PPOConfig:
 
     def check(self, at: str) -> None:
         self.policy.check_tokenizer("policy")
+        if self.ppo.algorithm != "ppo":
+            refuse_changed(self.value, "value", dict.fromkeys(
+                ("model", "head_init"), f"ppo.algorithm = {self.ppo.algorithm} has no value model"))
         # (the reward models' keys: RewardConfig.check, as score-questions reads that section too)
         refuse_unused_model_keys(self, {role: unused for role, unused in
                                          PPO_UNUSED_MODEL_KEYS.items()

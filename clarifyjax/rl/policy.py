@@ -70,20 +70,38 @@ def make_ppo_fns(policy_graphdef, value_graphdef, temperature: float = 1.0
     return policy_logprobs_fn, value_fn
 
 
-def make_rollout_scorer(policy_graphdef, value_graphdef, temperature: float = 1.0
-                        ) -> Callable[..., tuple]:
+def make_rollout_scorer(policy_graphdef, value_graphdef, temperature: float = 1.0,
+                        chunks: int = 1) -> Callable[..., tuple]:
     """`score(policy_params, ref_params, value_params, query_ids, query_mask, response_ids,
     response_mask) -> (logprobs, ref_logprobs, values)`, each [b, t] float32 (log-probs at
-    `temperature`): what a `Rollout` records at sampling time. Pure; the caller jits it."""
-    def score(policy_params, ref_params, value_params, query_ids, query_mask, response_ids,
-              response_mask):
+    `temperature`): what a `Rollout` records at sampling time. Pure; the caller jits it. With no
+    value model (`value_graphdef` None: rloo, grpo) the values are 0.
+
+    `chunks` > 1 scores the batch in that many equal chunks of rows (every chunks-th row), one
+    after the other (`lax.map`): the update's minibatches have that many rows, and a forward pass over another
+    number of rows is another XLA program, whose log-probs may differ in the last bits (1e-6 on a
+    CPU). Scored in the learner's shape, the recorded log-probs are the learner's exactly."""
+    def score_rows(policy_params, ref_params, value_params, query_ids, query_mask, response_ids,
+                   response_mask):
         policy = merge_model(policy_graphdef, policy_params)
         reference = merge_model(policy_graphdef, ref_params)
-        value = merge_model(value_graphdef, value_params)
         args = (query_ids, query_mask, response_ids, response_mask)
-        return (response_logprobs(policy, *args, temperature=temperature),
-                response_logprobs(reference, *args, temperature=temperature),
-                response_values(value, *args))
+        logprobs = response_logprobs(policy, *args, temperature=temperature)
+        values = (jnp.zeros_like(logprobs) if value_graphdef is None else
+                  response_values(merge_model(value_graphdef, value_params), *args))
+        return (logprobs, response_logprobs(reference, *args, temperature=temperature), values)
+
+    def score(policy_params, ref_params, value_params, *batch):
+        if chunks == 1:
+            return score_rows(policy_params, ref_params, value_params, *batch)
+        rows = batch[0].shape[0]
+        if rows % chunks:
+            raise ValueError(f"make_rollout_scorer: {rows} rows do not split into {chunks} chunks")
+        # chunk c holds rows c, c + chunks, ...: each chunk spans the batch's shards alike
+        split = tuple(jnp.swapaxes(x.reshape((rows // chunks, chunks) + x.shape[1:]), 0, 1)
+                      for x in batch)
+        out = jax.lax.map(lambda b: score_rows(policy_params, ref_params, value_params, *b), split)
+        return tuple(jnp.swapaxes(x, 0, 1).reshape((rows,) + x.shape[2:]) for x in out)
     return score
 
 

@@ -17,7 +17,7 @@ from jax.experimental import multihost_utils
 
 from clarifyjax import decoding
 
-from clarifyjax.rl import ppo
+from clarifyjax.rl import algorithms, ppo
 from clarifyjax.core import sharding
 from clarifyjax.models.state import merge_model
 from clarifyjax.rl.policy import make_reference_nll, make_rollout_scorer
@@ -65,15 +65,14 @@ def reward_fields(output, n: int) -> dict[str, np.ndarray]:
 
 def group_baseline(rewards, group: int) -> np.ndarray:
     """Each reward minus the mean of the other `group` - 1 rewards of its group (consecutive rows
-    share a situation): the leave-one-out baseline of RLOO (Ahmadian et al., 2024), which removes
-    the situation's own difficulty from what the policy is paid for. [n] -> [n] float32."""
+    share a situation): the leave-one-out baseline of RLOO (`algorithms.rloo_advantages`, in
+    float64 on the host), which removes the situation's own difficulty from what the policy is paid
+    for. [n] -> [n] float32."""
     r = np.asarray(rewards, np.float64)
     if group < 2 or r.size % group:
         raise ValueError(f"group_baseline: {r.size} rewards do not split into groups of {group} "
                          "(at least 2)")
-    g = r.reshape(-1, group)
-    others = (g.sum(axis=1, keepdims=True) - g) / (group - 1)
-    return (g - others).reshape(-1).astype(np.float32)
+    return algorithms.rloo_advantages(r, group).astype(np.float32)
 
 
 def _takes_rng(fn) -> bool:
@@ -96,12 +95,14 @@ class RolloutSampler:
     What the reward models read (`decode`, `situations`): `clean_up_spaces` decodes as
     transformers' ``clean_up_tokenization_spaces=True`` (" ?" -> "?"); `decode_situations` gives
     them the situations decoded back from the policy's input ids (the original's `query/text`)
-    instead of the data file's text.
+    instead of the data file's text. `score_chunks`: the update's minibatches per batch, so that
+    the recorded log-probs are scored in the learner's shape (`policy.make_rollout_scorer`).
     """
 
     def __init__(self, tokenizer, policy_graphdef, value_graphdef, reward_fn, mesh, *,
                  sampling: Sampling, clean_up_spaces: bool = False,
-                 decode_situations: bool = False, logprob_temperature: float = 1.0):
+                 decode_situations: bool = False, logprob_temperature: float = 1.0,
+                 score_chunks: int = 1):
         self.tokenizer, self.reward_fn, self.mesh = tokenizer, reward_fn, mesh
         self.clean_up_spaces, self.decode_situations = bool(clean_up_spaces), bool(decode_situations)
         s = sampling.with_defaults(Sampling(min_new_tokens=MIN_QUESTION_TOKENS))
@@ -110,7 +111,8 @@ class RolloutSampler:
         self._rng = _takes_rng(reward_fn)
         self.graphdef = policy_graphdef
         self.scorer = jax.jit(make_rollout_scorer(policy_graphdef, value_graphdef,
-                                                  logprob_temperature))
+                                                  logprob_temperature, score_chunks),
+                              out_shardings=sharding.batch_sharding(mesh, 2))
         self.ref_nll = jax.jit(make_reference_nll(policy_graphdef))
 
     def decode(self, ids) -> list[str]:

@@ -123,7 +123,8 @@ class PPOModels(NamedTuple):
 
 def build_ppo_models(cfg, mesh, rules, tokenizer: Tokenizer) -> PPOModels:
     """The models of a `PPOConfig`: the policy, its reference (a copy unless ``reference`` is
-    set) and the value model (a copy of the policy, or of ``value.model``, with a new head)."""
+    set) and the value model (a copy of the policy, or of ``value.model``, with a new head; none
+    for ``ppo.algorithm`` rloo or grpo: value_graphdef and value_params None)."""
     seed = cfg.run.seed
     p_config, policy = build_t5(cfg.policy, seed=seed, mesh=mesh, rules=rules, tokenizer=tokenizer,
                                 where="policy")
@@ -136,6 +137,8 @@ def build_ppo_models(cfg, mesh, rules, tokenizer: Tokenizer) -> PPOModels:
         if ref_graphdef != graphdef:
             raise ConfigError("reference: the reference model's architecture differs from the "
                               "policy's")
+    if cfg.ppo.algorithm != "ppo":  # rloo, grpo: no value model
+        return PPOModels(p_config, graphdef, params, ref_params, None, None)
     trunk = policy if cfg.value.model is None else build_t5(
         cfg.value.model, seed=seed + 1, mesh=mesh, rules=rules, where="value.model")[1]
     value = build_value(cfg, trunk)

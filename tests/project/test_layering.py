@@ -42,7 +42,8 @@ LAYERS: tuple[str, ...] = (
 )
 
 # Arrays in, arrays out: research code pastes these (jax, optax and numpy only, and each other).
-PURE_MATH = ("clarifyjax.rl.ppo", "clarifyjax.rl.ppo_math", "clarifyjax.reward.jsd",
+PURE_MATH = ("clarifyjax.rl.ppo", "clarifyjax.rl.ppo_math", "clarifyjax.rl.algorithms",
+             "clarifyjax.reward.jsd",
              "clarifyjax.evaluation.answer_spans", "sage_jax.metric")
 PURE_MATH_IMPORTS = {"jax", "optax", "numpy", "math", "typing", "dataclasses", "functools",
                      "__future__", "collections", "enum"}
