@@ -102,9 +102,11 @@ def _loop_settings(max_new_tokens, min_new_tokens, greedy, temperature, top_k,
 
 
 def score(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Array,
-          target_ids: jax.Array, target_mask: jax.Array) -> jax.Array:
+          target_ids: jax.Array, target_mask: jax.Array, *, greedy: bool = False):
     """Teacher-forced log p(target_ids[:, i] | input, targets before i): [b, t] float32, 0 where
-    target_mask is 0. input_ids/attention_mask [b, s]; target_ids/target_mask [b, t].
+    target_mask is 0. input_ids/attention_mask [b, s]; target_ids/target_mask [b, t]. With
+    `greedy=True`, (log-probs, [b, t] bool: each target is the argmax there, True at padding):
+    a row whose targets are all True is what greedy decoding would give.
 
     For a `CausalLM`, input_ids are the prompts (left- or right-padded, every row >= 1 token)
     and the targets their continuations (right-padded). Checked as `generate`'s arguments (listed
@@ -118,12 +120,16 @@ def score(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Array,
     if target_ids.shape[0] != input_ids.shape[0]:
         raise ValueError(f"score: input_ids has {input_ids.shape[0]} rows but target_ids "
                          f"{target_ids.shape[0]}")
-    _check_context(model, longest, target_ids.shape[1], "score")
+    if not isinstance(greedy, bool):
+        raise TypeError(f"score: greedy must be True or False, got {greedy!r}")
+    # the last target is not an input: a causal LM runs s + t - 1 positions
+    _check_context(model, longest, max(target_ids.shape[1] - 1, 0), "score")
     if input_ids.shape[0] == 0 or target_ids.shape[1] == 0:
-        return jnp.zeros(target_ids.shape, jnp.float32)
+        zeros = jnp.zeros(target_ids.shape, jnp.float32)
+        return (zeros, jnp.ones(target_ids.shape, bool)) if greedy else zeros
     if isinstance(model, CausalLM):
-        return score_causal(model, input_ids, attention_mask, target_ids, target_mask)
-    return score_t5(model, input_ids, attention_mask, target_ids, target_mask)
+        return score_causal(model, input_ids, attention_mask, target_ids, target_mask, greedy=greedy)
+    return score_t5(model, input_ids, attention_mask, target_ids, target_mask, greedy=greedy)
 
 
 # --------------------------------------------------------------------------- argument checks

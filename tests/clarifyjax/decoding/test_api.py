@@ -234,9 +234,26 @@ def test_score_refuses_each_bad_argument_and_scores_an_empty_batch(models, famil
     assert logp.shape == (2, 3) and logp[1, 2] == 0 and np.all(logp[:, :2] < 0)
     assert score(model, IDS[:0], MASK[:0], targets["target_ids"][:0],
                  targets["target_mask"][:0]).shape == (0, 3)
-    if family == "causal":
+    if family == "causal":  # the last target is never an input: 5 + 20 tokens fit 24 positions
         with pytest.raises(ValueError, match=r"score: the longest prompt \(5 tokens\) \+ 20"):
-            score(model, IDS, MASK, np.ones((2, 20), np.int32), np.ones((2, 20), np.int32))
+            score(model, IDS, MASK, np.ones((2, 21), np.int32), np.ones((2, 21), np.int32))
+        assert score(model, IDS, MASK, np.ones((2, 20), np.int32), np.ones((2, 20), np.int32)).shape == (2, 20)
+
+
+@pytest.mark.parametrize("family", ["t5", "causal"])
+def test_score_says_which_targets_greedy_decoding_gives(models, family):
+    model = models[family]
+    out = generate(model, IDS, MASK, rng=None, greedy=True, max_new_tokens=3)
+    tokens, kept = np.asarray(out.tokens), np.asarray(out.mask)
+    logp, greedy = score(model, IDS, MASK, tokens, kept, greedy=True)
+    assert np.array_equal(logp, score(model, IDS, MASK, tokens, kept))
+    assert np.asarray(greedy).all()  # the argmax at every step (True at padding)
+    other = tokens.copy()
+    other[:, 0] = (tokens[:, 0] + 1) % VOCAB  # not the argmax at step 0; the rest still scored
+    _, greedy = score(model, IDS, MASK, other, np.ones_like(kept), greedy=True)
+    assert not np.asarray(greedy)[:, 0].any()
+    with pytest.raises(TypeError, match="score: greedy must be True or False"):
+        score(model, IDS, MASK, tokens, kept, greedy=1)
 
 
 # --------------------------------------------------------------------------- sage_jax.metric
