@@ -40,16 +40,16 @@ def setup(tmp_path_factory):
     from sage_jax.experiments import benchmarks
 
     root = tmp_path_factory.mktemp("lm_eval_model")
-    for name, rows in (("hs.jsonl", hellaswag_rows(3)), ("hs_train.jsonl", hellaswag_rows(2, 100))):
+    for name, rows in (("hs.jsonl", hellaswag_rows(2)), ("hs_train.jsonl", hellaswag_rows(2, 100))):
         (root / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tqa = root / "truthfulqa_mc.jsonl"  # two of the CSV's questions as MC JSON
-    rows = benchmarks.truthfulqa_csv(shared_data("benchmarks/TruthfulQA.csv"))[:2]
+    tqa = root / "truthfulqa_mc.jsonl"  # one of the CSV's questions as MC JSON
+    rows = benchmarks.truthfulqa_csv(shared_data("benchmarks/TruthfulQA.csv"))[:1]
     tqa.write_text("".join(json.dumps(r) + "\n" for r in rows))
     tasks = write_tasks(root / "tasks", hellaswag=root / "hs.jsonl", hellaswag_train=root / "hs_train.jsonl",
                         truthfulqa=tqa)
     write_generation_task(tasks, QUESTIONS)
     models = {"llama": tiny_llama_folder(root, seed=7, tokenizer={"vocab_size": 2000},
-                                         max_position_embeddings=MAX_LENGTH),
+                                         max_position_embeddings=MAX_LENGTH, num_hidden_layers=1),
               "opt": opt_folder(root)}
     return {"tasks": tasks, "models": models,
             "runs": {(family, kind): evaluate(kind, folder, tasks)
