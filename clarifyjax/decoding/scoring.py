@@ -67,6 +67,28 @@ def _score_causal(graphdef, state, prompt_ids, prompt_mask, target_ids, target_m
     return _target_logp(model.logits(hidden[:, P - 1:]), target_ids, target_mask)
 
 
+def score_causal_after_prefixes(model: CausalLM, prefix_ids: jax.Array, prefix_mask: jax.Array,
+                                row_prefix: jax.Array, input_ids: jax.Array, input_mask: jax.Array,
+                                target_ids: jax.Array, target_mask: jax.Array):
+    """Rows that continue one of D prefixes [D, p] (row i: prefix row_prefix[i], then its own
+    tokens input_ids[i] [t]); target_ids[i, j] is the token after input j, scored where
+    target_mask is 1 -> ([b, t] float32 log-probs, [b, t] bool argmax). Each prefix runs once
+    for all its rows (`CausalLM.hidden_after_prefixes`)."""
+    graphdef, state = nnx.split(model)
+    return _score_after_prefixes(graphdef, state, prefix_ids, prefix_mask, row_prefix, input_ids,
+                                 input_mask, target_ids, target_mask)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",))
+def _score_after_prefixes(graphdef, state, prefix_ids, prefix_mask, row_prefix, input_ids,
+                          input_mask, target_ids, target_mask):
+    traces.note("score_after_prefixes")
+    model: CausalLM = nnx.merge(graphdef, state)
+    hidden = model.hidden_after_prefixes(prefix_ids, prefix_mask, row_prefix, input_ids,
+                                         input_mask)
+    return _target_logp(model.logits(hidden), target_ids, target_mask)
+
+
 def _target_logp(logits, target_ids, target_mask) -> tuple[jax.Array, jax.Array]:
     """([b, t] log-probs of the targets, 0 at padding; [b, t] target == argmax, True at padding)."""
     logp = jax.nn.log_softmax(logits, axis=-1)

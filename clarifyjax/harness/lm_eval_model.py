@@ -27,9 +27,9 @@ from lm_eval.models.utils import (
 from flax import nnx
 from transformers import AutoTokenizer
 
-from clarifyjax.core.buckets import bucket_length, pad_rows
+from clarifyjax.core.buckets import bucket_length, bucket_rows, pad_rows
 from clarifyjax.core.sharding import MeshConfig, place_rows, process_mesh, row_shards
-from clarifyjax.decoding.api import score
+from clarifyjax.decoding.api import score, score_after_prefixes
 from clarifyjax.decoding.local_lm import EncodedRow, LocalLM, context_length
 from clarifyjax.models.safetensors_io import read_config
 from clarifyjax.models.state import DTYPES
@@ -192,24 +192,63 @@ class ClarifyJaxLM(TemplateLM):
             whole = (list(context) + list(continuation))[-(self.max_length + 1):]
             rows.append((whole[:-len(continuation)], list(continuation)))
         out: list[tuple[float, bool] | None] = [None] * len(rows)
-        for chunk in self._score_batches(rows):
-            for i, answer in zip(chunk, self._score_chunk([rows[i] for i in chunk])):
+        # A context of >= 2 tokens (a question's, shared by its choices) runs once per batch
+        # (`decoding.score_after_prefixes`); the rest (rolling windows) row by row.
+        shared = [i for i, (prompt, _) in enumerate(rows) if len(prompt) >= 2]
+        alone = [i for i, (prompt, _) in enumerate(rows) if len(prompt) < 2]
+        for chunk, run in [(c, self._score_shared) for c in self._score_batches(rows, shared, 1)] + \
+                          [(c, self._score_chunk) for c in self._score_batches(rows, alone, 0)]:
+            for i, answer in zip(chunk, run([rows[i] for i in chunk])):
                 out[i] = answer
                 if requests[i][0] is not None:
                     self.cache_hook.add_partial("loglikelihood", requests[i][0], answer)
         return out
 
-    def _score_batches(self, rows) -> list[list[int]]:
-        """Row indices in batches of one (prompt bucket, continuation bucket) each, longest
-        prompts first."""
+    def _score_batches(self, rows, indices: list[int], cut: int) -> list[list[int]]:
+        """`indices` in batches of one (bucket of the prompt less its last `cut` tokens, bucket
+        of the continuation) each; in a batch, the rows of one prompt next to each other."""
         groups: dict[tuple[int, int], list[int]] = {}
-        for i, (prompt, target) in enumerate(rows):
-            groups.setdefault((bucket_length(len(prompt)), bucket_length(len(target))), []).append(i)
+        for i in indices:
+            prompt, target = rows[i]
+            key = (bucket_length(len(prompt) - cut), bucket_length(len(target)))
+            groups.setdefault(key, []).append(i)
         batches = []
         for key in sorted(groups, reverse=True):
-            group = sorted(groups[key], key=lambda i: -len(rows[i][0]))
+            group = sorted(groups[key], key=lambda i: (-len(rows[i][0]), rows[i][0]))
             batches += [group[at:at + self.rows] for at in range(0, len(group), self.rows)]
         return batches
+
+    def _score_shared(self, rows) -> list[tuple[float, bool]]:
+        """A batch whose prompts are shared prefixes (each but its last token) run once each,
+        and each row the prompt's last token then its continuation."""
+        prefixes = list(dict.fromkeys(tuple(p[:-1]) for p, _ in rows))
+        at = {prefix: k for k, prefix in enumerate(prefixes)}
+        p_len = bucket_length(max(map(len, prefixes)))
+        t_len = bucket_length(max(len(t) for _, t in rows))
+        pad = self.generator.tokenizer.pad_id
+        prefix_ids = np.full((len(prefixes), p_len), pad, np.int32)
+        prefix_mask = np.zeros_like(prefix_ids)
+        for k, prefix in enumerate(prefixes):
+            prefix_ids[k, p_len - len(prefix):], prefix_mask[k, p_len - len(prefix):] = prefix, 1
+        inputs = np.full((len(rows), t_len), pad, np.int32)
+        targets, mask = np.zeros_like(inputs), np.zeros_like(inputs)
+        for r, (prompt, target) in enumerate(rows):  # the prompt's last token predicts target[0]
+            n = len(target)
+            inputs[r, :n], targets[r, :n], mask[r, :n] = [prompt[-1], *target[:-1]], target, 1
+        which = np.array([at[tuple(p[:-1])] for p, _ in rows], np.int32)
+        n_prefixes = bucket_rows(len(prefixes), self.rows)
+        arrays = [pad_rows(a, self.rows) for a in (which, inputs, mask, targets, mask)]
+        if self.mesh is not None:
+            arrays = [place_rows(a, self.mesh) for a in arrays]
+        logp, greedy = score_after_prefixes(
+            self.generator.model, pad_rows(prefix_ids, n_prefixes),
+            pad_rows(prefix_mask, n_prefixes), *arrays)
+        return self._answers(logp, greedy, len(rows))
+
+    @staticmethod
+    def _answers(logp, greedy, n: int) -> list[tuple[float, bool]]:
+        logp, greedy = np.asarray(logp, np.float64), np.asarray(greedy)
+        return [(float(logp[r].sum()), bool(greedy[r].all())) for r in range(n)]
 
     @property
     def rows(self) -> int:
@@ -231,8 +270,7 @@ class ClarifyJaxLM(TemplateLM):
         if self.mesh is not None:
             arrays = [place_rows(a, self.mesh) for a in arrays]
         logp, greedy = score(self.generator.model, *arrays, greedy=True)
-        logp, greedy = np.asarray(logp, np.float64), np.asarray(greedy)
-        return [(float(logp[r].sum()), bool(greedy[r].all())) for r in range(len(rows))]
+        return self._answers(logp, greedy, len(rows))
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         """Each text's log-likelihood over `hf`'s disjoint rolling windows of max_length."""

@@ -256,6 +256,34 @@ def test_score_says_which_targets_greedy_decoding_gives(models, family):
         score(model, IDS, MASK, tokens, kept, greedy=1)
 
 
+def test_score_after_prefixes_equals_score_of_the_whole_prompts(models):
+    from clarifyjax.decoding.api import score_after_prefixes
+
+    model = models["causal"]
+    prefix_ids = np.array([[0, 5, 6, 7], [9, 10, 11, 12]], np.int32)  # the first left-padded
+    prefix_mask = np.array([[0, 1, 1, 1], [1, 1, 1, 1]], np.int32)
+    row_prefix = np.array([1, 0, 1], np.int32)
+    inputs = np.array([[20, 21, 22], [23, 24, 0], [25, 0, 0]], np.int32)  # right-padded
+    targets = np.array([[21, 22, 30], [24, 31, 0], [32, 0, 0]], np.int32)  # the next tokens
+    mask = (inputs > 0).astype(np.int32)
+    logp, greedy = score_after_prefixes(model, prefix_ids, prefix_mask, row_prefix, inputs, mask,
+                                        targets, mask)
+    for r in range(3):  # the same rows as whole prompts (prefix + first input) and continuations
+        prefix = prefix_ids[row_prefix[r]][prefix_mask[row_prefix[r]] == 1].tolist()
+        n = int(mask[r].sum())
+        prompt = np.array([prefix + [int(inputs[r, 0])]], np.int32)
+        cont = targets[r:r + 1, :n]
+        ref, ref_greedy = score(model, prompt, np.ones_like(prompt), cont, np.ones_like(cont),
+                                greedy=True)
+        np.testing.assert_allclose(np.asarray(logp)[r, :n], np.asarray(ref)[0], atol=2e-5)
+        assert np.array_equal(np.asarray(greedy)[r, :n], np.asarray(ref_greedy)[0])
+        assert np.all(np.asarray(logp)[r, n:] == 0)
+    with pytest.raises(ValueError, match=r"score_after_prefixes: row_prefix must be in \[0, 2\)"):
+        score_after_prefixes(model, prefix_ids, prefix_mask, row_prefix + 1, inputs, mask, targets, mask)
+    with pytest.raises(TypeError, match="score_after_prefixes: model must be a CausalLM"):
+        score_after_prefixes(models["t5"], prefix_ids, prefix_mask, row_prefix, inputs, mask, targets, mask)
+
+
 # --------------------------------------------------------------------------- sage_jax.metric
 
 EMB = np.random.RandomState(0).randn(3, 4, 6).astype(np.float32)
