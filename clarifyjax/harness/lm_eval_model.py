@@ -84,7 +84,8 @@ class ClarifyJaxLM(TemplateLM):
             raise ValueError(f"model clarifyjax: pretrained={folder} is not a folder")
         self.pretrained = folder
         dtype = _dtype(folder, dtype)
-        self.batch_size_per_device = 32 if str(batch_size) == "auto" else int(batch_size or 16)
+        self.batch_size_per_device = (32 if str(batch_size).startswith("auto")  # auto, auto:N
+                                      else int(batch_size or 16))
         if self.batch_size_per_device < 1:
             raise ValueError(f"model clarifyjax: batch_size must be >= 1, got {batch_size}")
         self.add_bos_token = add_bos_token
