@@ -56,7 +56,7 @@ def setup(tmp_path_factory):
                      for family, folder in models.items() for kind in ("hf", "clarifyjax")}}
 
 
-def evaluate(kind: str, folder, tasks) -> dict:
+def evaluate(kind: str, folder, tasks, names=TASKS, **options) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
@@ -64,8 +64,9 @@ def evaluate(kind: str, folder, tasks) -> dict:
 
     extra = ",dtype=float32" + (",device=cpu" if kind == "hf" else "")
     return lm_eval.simple_evaluate(
-        model=kind, model_args=f"pretrained={folder},max_length={MAX_LENGTH}{extra}", tasks=TASKS,
-        batch_size=4, log_samples=True, task_manager=TaskManager(include_path=str(tasks), include_defaults=False))
+        model=kind, model_args=f"pretrained={folder},max_length={MAX_LENGTH}{extra}", tasks=names,
+        batch_size=4, log_samples=True, task_manager=TaskManager(include_path=str(tasks), include_defaults=False),
+        **options)
 
 
 @pytest.mark.reference
@@ -88,6 +89,19 @@ def test_every_choice_generation_and_metric_equals_the_hf_model(setup, family):
                 assert ours["results"][task][key] == pytest.approx(value, abs=1e-4), (task, key)
     generations = [s["resps"][0][0] for s in ours["samples"]["local_gen"]]
     assert any(generations) and all("\n" not in g and "." not in g for g in generations)
+
+
+@pytest.mark.reference
+def test_chat_templated_generations_equal_the_hf_model(setup):
+    chat = dict(apply_chat_template=True, system_instruction="Answer in one word.")
+    ours, theirs = (evaluate(kind, setup["models"]["llama"], setup["tasks"], ["local_gen"], **chat)
+                    for kind in ("clarifyjax", "hf"))
+    mine, other = (sorted(run["samples"]["local_gen"], key=lambda s: s["doc_id"]) for run in (ours, theirs))
+    for a, b in zip(mine, other):
+        prompt = a["arguments"][0][0]
+        assert prompt == b["arguments"][0][0] and prompt.startswith("<s><<SYS>> Answer in one word.")
+        assert "[INST] Question:" in prompt and a["resps"] == b["resps"]
+    assert ours["config"].get("chat_template") == theirs["config"].get("chat_template")
 
 
 @pytest.mark.reference
