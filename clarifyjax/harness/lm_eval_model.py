@@ -100,7 +100,7 @@ class ClarifyJaxLM(TemplateLM):
         self.mesh = _mesh(int(mesh_data), int(mesh_fsdp), int(mesh_model))
         self.generator = HarnessGenerator(
             folder, self.tok_decode, dtype=dtype, mesh=self.mesh, name=os.path.basename(folder),
-            batch_size=self.batch_size_per_device, shared_prefix=int(shared_prefix))
+            batch_size=self.rows, shared_prefix=int(shared_prefix))
         self.generator.load()
 
     # -- what lm-eval reads ---------------------------------------------------------------------
@@ -253,7 +253,7 @@ class ClarifyJaxLM(TemplateLM):
 
     @property
     def rows(self) -> int:
-        """Rows of every scoring batch: batch_size per data x fsdp device (a short batch is
+        """Rows of every batch: batch_size per data x fsdp device (a short scoring batch is
         filled up), so that each (prompt, continuation) bucket compiles one program."""
         return self.batch_size_per_device * row_shards(self.mesh)
 
