@@ -1,8 +1,9 @@
 """The lm-eval model "clarifyjax" against lm-evaluation-harness 0.4.13's `hf` model on tiny random
 Llama and OPT folders, offline (DESIGN §7: its HellaSwag and TruthfulQA MC1 / MC2 YAMLs over
 local files, and a generate_until task over a local JSONL with stop strings): every choice's
-log-likelihood and is_greedy, every greedy generation and every reported metric; and
-`clarifyjax lm-eval`, lm-eval's own command line, printing its results table."""
+log-likelihood and is_greedy, every greedy generation (chat-templated too), rolling
+log-likelihoods over several windows and every reported metric; and `clarifyjax lm-eval`,
+lm-eval's own command line, printing its results table."""
 from __future__ import annotations
 
 import json
@@ -102,6 +103,25 @@ def test_chat_templated_generations_equal_the_hf_model(setup):
         assert prompt == b["arguments"][0][0] and prompt.startswith("<s><<SYS>> Answer in one word.")
         assert "[INST] Question:" in prompt and a["resps"] == b["resps"]
     assert ours["config"].get("chat_template") == theirs["config"].get("chat_template")
+
+
+@pytest.mark.reference
+def test_rolling_loglikelihoods_over_several_windows_equal_the_hf_model(setup):
+    from lm_eval.api.instance import Instance
+    from lm_eval.models.huggingface import HFLM
+
+    from clarifyjax.harness.lm_eval_model import ClarifyJaxLM
+
+    folder = str(setup["models"]["llama"])
+    texts = ["A woman puts the dough on a tray, then waits for the oven to warm up before she bakes "
+             "the cookies for her friends, who sing in the garden until the sun goes down.", "Short."]
+    requests = [Instance("loglikelihood_rolling", {}, (t,), i) for i, t in enumerate(texts)]
+    lm = ClarifyJaxLM(folder, max_length=32, batch_size=4)
+    assert len(lm.tok_encode(texts[0])) > 32  # two windows of max_length 32
+    ours = lm.loglikelihood_rolling(requests)
+    theirs = HFLM(pretrained=folder, max_length=32, device="cpu", dtype="float32",
+                  batch_size=4).loglikelihood_rolling(requests, disable_tqdm=True)
+    assert ours == pytest.approx(theirs, abs=1e-4) and ours[0] < ours[1] < 0
 
 
 @pytest.mark.reference
