@@ -19,6 +19,7 @@ import clarifyjax.training.command  # noqa: F401
 import clarifyjax.serve.command  # noqa: F401
 import clarifyjax.evaluation.command  # noqa: F401
 from clarifyjax.app import ask, interact, web  # noqa: F401
+import clarifyjax.harness.command  # noqa: F401
 from clarifyjax.config.loader import ConfigError
 from clarifyjax.files.tables import DataError
 from clarifyjax.models.safetensors_io import CheckpointError
@@ -49,6 +50,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS and SUBCOMMANDS[argv[0]].passthrough:
+        return argparse.Namespace(command=argv[0], run=SUBCOMMANDS[argv[0]].run, argv=argv[1:])
     if argv and argv[0] in parser.subcommand_parsers:
         args = parser.subcommand_parsers[argv[0]].parse_intermixed_args(argv[1:])
         args.command = argv[0]

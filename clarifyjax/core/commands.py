@@ -42,18 +42,21 @@ class Subcommand:
     help: str
     add_options: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    passthrough: bool = False  # its arguments go to another program unparsed (`args.argv`)
 
 
 SUBCOMMANDS: dict[str, Subcommand] = {}
 
 
-def subcommand(name: str, help: str, add_options: Callable[[argparse.ArgumentParser], None]):
-    """Register the decorated `run(args) -> exit status` as `clarifyjax NAME`."""
+def subcommand(name: str, help: str, add_options: Callable[[argparse.ArgumentParser], None], *,
+               passthrough: bool = False):
+    """Register the decorated `run(args) -> exit status` as `clarifyjax NAME`; a `passthrough`
+    command gets its words unparsed as `args.argv` (its options only document them)."""
 
     def register(run: Callable[[argparse.Namespace], int]):
         if name in SUBCOMMANDS:
             raise ValueError(f"clarifyjax subcommand {name!r} is registered twice")
-        SUBCOMMANDS[name] = Subcommand(name, help, add_options, run)
+        SUBCOMMANDS[name] = Subcommand(name, help, add_options, run, passthrough)
         return run
 
     return register

@@ -17,7 +17,7 @@ import numpy as np
 
 from clarifyjax.decoding.causal_loop import generate_causal
 from clarifyjax.decoding.sampling import LARGEST_TEMPERATURE, SMALLEST_TEMPERATURE
-from clarifyjax.decoding.scoring import score_causal, score_t5
+from clarifyjax.decoding.scoring import score_causal, score_causal_after_prefixes, score_t5
 from clarifyjax.decoding.step import Generation, empty_outputs
 from clarifyjax.decoding.t5_loop import generate_t5
 from clarifyjax.models.causal_lm import CausalLM
@@ -102,9 +102,11 @@ def _loop_settings(max_new_tokens, min_new_tokens, greedy, temperature, top_k,
 
 
 def score(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Array,
-          target_ids: jax.Array, target_mask: jax.Array) -> jax.Array:
+          target_ids: jax.Array, target_mask: jax.Array, *, greedy: bool = False):
     """Teacher-forced log p(target_ids[:, i] | input, targets before i): [b, t] float32, 0 where
-    target_mask is 0. input_ids/attention_mask [b, s]; target_ids/target_mask [b, t].
+    target_mask is 0. input_ids/attention_mask [b, s]; target_ids/target_mask [b, t]. With
+    `greedy=True`, (log-probs, [b, t] bool: each target is the argmax there, True at padding):
+    a row whose targets are all True is what greedy decoding would give.
 
     For a `CausalLM`, input_ids are the prompts (left- or right-padded, every row >= 1 token)
     and the targets their continuations (right-padded). Checked as `generate`'s arguments (listed
@@ -118,12 +120,53 @@ def score(model: T5 | CausalLM, input_ids: jax.Array, attention_mask: jax.Array,
     if target_ids.shape[0] != input_ids.shape[0]:
         raise ValueError(f"score: input_ids has {input_ids.shape[0]} rows but target_ids "
                          f"{target_ids.shape[0]}")
-    _check_context(model, longest, target_ids.shape[1], "score")
+    if not isinstance(greedy, bool):
+        raise TypeError(f"score: greedy must be True or False, got {greedy!r}")
+    # the last target is not an input: a causal LM runs s + t - 1 positions
+    _check_context(model, longest, max(target_ids.shape[1] - 1, 0), "score")
     if input_ids.shape[0] == 0 or target_ids.shape[1] == 0:
-        return jnp.zeros(target_ids.shape, jnp.float32)
+        zeros = jnp.zeros(target_ids.shape, jnp.float32)
+        return (zeros, jnp.ones(target_ids.shape, bool)) if greedy else zeros
     if isinstance(model, CausalLM):
-        return score_causal(model, input_ids, attention_mask, target_ids, target_mask)
-    return score_t5(model, input_ids, attention_mask, target_ids, target_mask)
+        return score_causal(model, input_ids, attention_mask, target_ids, target_mask, greedy=greedy)
+    return score_t5(model, input_ids, attention_mask, target_ids, target_mask, greedy=greedy)
+
+
+def score_after_prefixes(model: CausalLM, prefix_ids, prefix_mask, row_prefix, input_ids,
+                         input_mask, target_ids, target_mask) -> tuple[jax.Array, jax.Array]:
+    """Teacher-forced scoring of rows that continue one of several prefixes (the choices of
+    multiple-choice questions, each question's context a prefix) -> (log-probs [b, t] float32,
+    0 where target_mask is 0; [b, t] bool, the target is the argmax, True there).
+
+    prefix_ids/prefix_mask [D, p] (any padding, every row >= 1 token) each run once; row i is
+    prefix row_prefix[i] ([b] ints in [0, D)) followed by input_ids[i] (input_mask [b, t], one
+    run of tokens, >= 1), and target_ids[i, j] is the token after input j (scored where
+    target_mask is 1; target_mask one run). Checked as `score`'s arguments; causal LMs only."""
+    where = "score_after_prefixes"
+    if not isinstance(model, CausalLM):
+        raise TypeError(f"{where}: model must be a CausalLM, got {type(model).__name__}")
+    vocab = _check_model(model, where)
+    prefix_ids, prefix_mask, p_longest = _token_batch(
+        prefix_ids, prefix_mask, ("prefix_ids", "prefix_mask"), vocab, where)
+    input_ids, input_mask, longest = _token_batch(
+        input_ids, input_mask, ("input_ids", "input_mask"), vocab, where)
+    target_ids, target_mask, _ = _token_batch(
+        target_ids, target_mask, ("target_ids", "target_mask"), vocab, where, empty_rows=True)
+    if target_ids.shape != input_ids.shape:
+        raise ValueError(f"{where}: target_ids {tuple(target_ids.shape)} must have input_ids' "
+                         f"shape {tuple(input_ids.shape)}")
+    rows = _array(row_prefix, "row_prefix", where)
+    if rows.shape != (input_ids.shape[0],) or not jnp.issubdtype(rows.dtype, jnp.integer):
+        raise ValueError(f"{where}: row_prefix must be [{input_ids.shape[0]}] integers, got "
+                         f"{rows.dtype} {tuple(rows.shape)}")
+    if not isinstance(rows, jax.core.Tracer) and rows.size and not (
+            0 <= int(np.min(rows)) and int(np.max(rows)) < prefix_ids.shape[0]):
+        raise ValueError(f"{where}: row_prefix must be in [0, {prefix_ids.shape[0]}) (a prefix "
+                         f"row), got {int(np.min(rows))}..{int(np.max(rows))}")
+    if p_longest is not None and longest is not None:
+        _check_context(model, p_longest, longest, where)
+    return score_causal_after_prefixes(model, prefix_ids, prefix_mask, jnp.asarray(rows, jnp.int32),
+                                       input_ids, input_mask, target_ids, target_mask)
 
 
 # --------------------------------------------------------------------------- argument checks

@@ -148,10 +148,17 @@ class LocalLM:
         string also stops the jitted loop; every stop string cuts the text afterwards. Batch k
         draws from a key of (seed, k), so the same call and seed give the same completions."""
         rows, counts = self.prompt_rows(prompts, sampling, n)
+        return self.run_rows(rows, counts, seed)
+
+    def run_rows(self, rows: Sequence[EncodedRow], counts: Sequence[int],
+                 seed: int | None = None) -> list[list[Completion]]:
+        """The completions of rows already encoded and checked (`prompt_rows`, or a caller with
+        its own tokenization rule, as the lm-eval model), batched as `complete` says; `counts`
+        is the number of rows of each prompt."""
         results: list[list[Completion | None]] = [[None] * c for c in counts]
         if seed is None:
             seed = int(np.random.SeedSequence().generate_state(1)[0])
-        for k, batch in enumerate(self._batches(rows)):
+        for k, batch in enumerate(self._batches(list(rows))):
             for row, completion in zip(batch, self._run(batch, _batch_seed(seed, k))):
                 results[row.prompt][row.sample] = completion
         return results

@@ -319,6 +319,36 @@ class CausalLM(nnx.Module):
                         jnp.int32(p + t), (p - p_len).astype(jnp.int32), jnp.int32(p))
         return self.logits(x[:, -1]), cache
 
+    def hidden_after_prefixes(self, prefix_ids: jax.Array, prefix_mask: jax.Array,
+                              row_prefix: jax.Array, input_ids: jax.Array,
+                              attention_mask: jax.Array) -> jax.Array:
+        """Last layer's output [b, t, H] of rows that continue one of several prefixes: each
+        prefix [D, p] (prefix_mask, any padding, every row >= 1 token) runs once, and row i's own
+        tokens input_ids[i] (attention_mask [b, t], padded without gaps, >= 1 token) attend to
+        prefix row_prefix[i]'s keys and to their own, as `prefill_after_prefix` with one prefix.
+        The choices of a multiple-choice question share its context this way."""
+        p_ids, p_mask = left_align(prefix_ids, prefix_mask)
+        _, prefix_kvs = self.hidden_states(p_ids, p_mask)             # per layer [D, k, p, d]
+        b, t = input_ids.shape
+        p = p_ids.shape[1]
+        row_mask = p_mask[row_prefix]                                   # [b, p]
+        p_len = jnp.sum(row_mask, axis=-1).astype(jnp.int32)
+        valid = attention_mask.astype(bool)
+        positions = (positions_from_mask(attention_mask) + p_len[:, None]) * attention_mask
+        key_pos = jnp.concatenate([positions_from_mask(row_mask), positions], axis=1)
+        causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]
+        attend = jnp.concatenate([jnp.broadcast_to(row_mask.astype(bool)[:, None, :], (b, t, p)),
+                                  causal[None] & valid[:, None, :]], axis=-1)  # [b, t, p + t]
+        attend = self._window(attend, positions, key_pos)
+        cos, sin = self._rope(positions)
+        x = self.embed(input_ids, positions)
+        for layer, (pk, pv) in zip(self.layers, prefix_kvs):
+            shape = (b, pk.shape[1], p + t, pk.shape[3])
+            first = (jnp.zeros(shape, pk.dtype).at[:, :, :p].set(pk[row_prefix]),
+                     jnp.zeros(shape, pv.dtype).at[:, :, :p].set(pv[row_prefix]))
+            x, _ = layer(x, cos, sin, attend, first, p)
+        return x
+
     def decode_step(self, token_ids: jax.Array, cache: KVCache) -> tuple[jax.Array, KVCache]:
         """Feed token_ids [b] at slot `cache.index` -> (logits [b, V] float32, cache advanced)."""
         L = cache.keys[0].shape[2]

@@ -1,66 +1,9 @@
-"""lm-evaluation-harness 0.4.13 run offline on local files (DESIGN §7): its own HellaSwag and
-TruthfulQA MC task YAMLs and utils.py copied into a folder, their `dataset_path` made `json` over
-the given files, passed with `include_path`; `simple_evaluate(..., log_samples=True)` gives each
-choice's log-likelihood."""
+"""lm-evaluation-harness 0.4.13's `hf` model run offline on the task folders of
+`clarifyjax.harness.local_tasks` (DESIGN §7): `simple_evaluate(..., log_samples=True)` gives each
+choice's log-likelihood; and HellaSwag documents in its official fields."""
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
-
-import yaml
-
-
-def _task_folder() -> Path:
-    import lm_eval
-
-    return Path(lm_eval.__file__).parent / "tasks"
-
-
-def write_tasks(folder: Path, *, hellaswag: Path, hellaswag_train: Path, truthfulqa: Path) -> Path:
-    """Task YAMLs `local_hellaswag` and `local_hellaswag_2shot` (its few-shot examples from
-    `hellaswag_train`), `local_truthfulqa_mc1` and `local_truthfulqa_mc2` over the local files."""
-    folder.mkdir(parents=True, exist_ok=True)
-    tasks = _task_folder()
-    shutil.copy(tasks / "hellaswag" / "utils.py", folder / "hellaswag_utils.py")
-    shutil.copy(tasks / "truthfulqa" / "utils.py", folder / "truthfulqa_utils.py")
-    text = (tasks / "hellaswag" / "hellaswag.yaml").read_text()
-    text = text.replace("!function utils.", "!function hellaswag_utils.")
-    (folder / "local_hellaswag.yaml").write_text(text.replace("task: hellaswag", "task: local_hellaswag"))
-    _replace(folder / "local_hellaswag.yaml", dataset_path="json", training_split="train", tag=None,
-             dataset_kwargs={"data_files": {"train": str(hellaswag_train), "validation": str(hellaswag)}})
-    shots = (folder / "local_hellaswag.yaml").read_text()
-    shots = shots.replace("task: local_hellaswag", "task: local_hellaswag_2shot")
-    (folder / "local_hellaswag_2shot.yaml").write_text(shots + "num_fewshot: 2\n")
-    for n in (1, 2):
-        text = (tasks / "truthfulqa" / f"truthfulqa_mc{n}.yaml").read_text()
-        text = text.replace("!function utils.", "!function truthfulqa_utils.")
-        text = text.replace("include: truthfulqa_mc1.yaml", "include: local_truthfulqa_mc1.yaml")
-        text = text.replace(f"task: truthfulqa_mc{n}", f"task: local_truthfulqa_mc{n}")
-        (folder / f"local_truthfulqa_mc{n}.yaml").write_text(text)
-    _replace(folder / "local_truthfulqa_mc1.yaml", dataset_path="json", dataset_name=None, tag=None,
-             dataset_kwargs={"data_files": {"validation": str(truthfulqa)}})
-    return folder
-
-
-def _replace(path: Path, **values) -> None:
-    """Set top-level keys of a task YAML by rewriting their lines (its !function tags stay as text)."""
-    lines = path.read_text().splitlines()
-    out, skip = [], False
-    for line in lines:
-        key = line.split(":", 1)[0]
-        if skip and line.startswith((" ", "-")):
-            continue
-        skip = False
-        if key in values and not line.startswith(" "):
-            skip = True
-            if values[key] is not None:
-                out.append(yaml.safe_dump({key: values[key]}, default_flow_style=False).rstrip())
-            continue
-        out.append(line)
-    present = {line.split(":", 1)[0] for line in lines}
-    out += [yaml.safe_dump({k: v}, default_flow_style=False).rstrip() for k, v in values.items()
-            if k not in present and v is not None]
-    path.write_text("\n".join(out) + "\n")
 
 
 def loglikelihoods(folder: Path, model: Path, tasks: list[str], max_length: int) -> dict:
@@ -78,3 +21,13 @@ def loglikelihoods(folder: Path, model: Path, tasks: list[str], max_length: int)
         out[task] = {"lls": [[float(r[0][0]) for r in s["resps"]] for s in samples],
                      "docs": samples, "metrics": result["results"][task]}
     return out
+
+
+def hellaswag_rows(n: int, offset: int = 0) -> list[dict]:
+    """HellaSwag's official fields, with its WikiHow brackets and a lower-case ctx_b to capitalize."""
+    return [{"ind": offset + i, "activity_label": "Baking cookies",
+             "ctx_a": f"A woman puts dough number {offset + i} on a tray [title] then waits.",
+             "ctx_b": "she PUTS it in the oven", "split": "val", "source_id": f"w{i}",
+             "endings": [f"and waits {i} minutes.", "and eats [step] it raw.", "then she sings  loudly.",
+                         "and leaves."],
+             "label": str(i % 4)} for i in range(n)]

@@ -142,6 +142,7 @@ WITHOUT_JAX = {
     "clarifyjax.training.command": "registering `clarifyjax train` loads nothing it runs",
     "clarifyjax.evaluation.command": "registering `clarifyjax evaluate` loads nothing it runs",
     "clarifyjax.serve.command": "registering `clarifyjax generate` / `serve` loads nothing they run",
+    "clarifyjax.harness.command": "registering `clarifyjax lm-eval` loads neither lm-eval nor JAX",
     "clarifyjax.serve.batch_job": "a job's files are read and checked before its model loads",
     "clarifyjax.data.batches": "numpy batches; JAX only to place them on devices",
 }

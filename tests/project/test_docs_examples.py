@@ -23,7 +23,7 @@ PURE_MATH = ("clarifyjax.rl.ppo_math", "clarifyjax.reward.jsd", "sage_jax.metric
 API_MODULES = (*PURE_MATH, "clarifyjax.rl.ppo", "clarifyjax.models.hf", "clarifyjax.decoding",
                "sage_jax.run.library", "clarifyjax.config")
 # The guide's pages the site carries beside the reference.
-GUIDE_PAGES = ("usage.md", "architecture.md", "fidelity.md", "reliability.md", "ppo.md")
+GUIDE_PAGES = ("usage.md", "architecture.md", "fidelity.md", "reliability.md", "ppo.md", "lm_eval.md")
 FLAGS = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
 
 

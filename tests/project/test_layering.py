@@ -33,6 +33,7 @@ LAYERS: tuple[str, ...] = (
     "clarifyjax.evaluation",  # evaluate, baselines, metrics, report, QA metric, BERTScore
     "clarifyjax.serve",       # HTTP plumbing, the OpenAI-compatible server, batch generation
     "clarifyjax.app",         # the clarifier, ask, interact, web
+    "clarifyjax.harness",     # lm-evaluation-harness: the model "clarifyjax", clarifyjax lm-eval
     "sage_jax",               # SaGE: the metric, data, lexical baselines, ParaScore, scoring
     "sage_jax.run",           # sage-jax run: config, presets, generators, stages, pipeline, report, library
     "sage_jax.experiments",   # sage-jax experiment: the SaGE paper's experiments, their statistics

@@ -234,9 +234,54 @@ def test_score_refuses_each_bad_argument_and_scores_an_empty_batch(models, famil
     assert logp.shape == (2, 3) and logp[1, 2] == 0 and np.all(logp[:, :2] < 0)
     assert score(model, IDS[:0], MASK[:0], targets["target_ids"][:0],
                  targets["target_mask"][:0]).shape == (0, 3)
-    if family == "causal":
+    if family == "causal":  # the last target is never an input: 5 + 20 tokens fit 24 positions
         with pytest.raises(ValueError, match=r"score: the longest prompt \(5 tokens\) \+ 20"):
-            score(model, IDS, MASK, np.ones((2, 20), np.int32), np.ones((2, 20), np.int32))
+            score(model, IDS, MASK, np.ones((2, 21), np.int32), np.ones((2, 21), np.int32))
+        assert score(model, IDS, MASK, np.ones((2, 20), np.int32), np.ones((2, 20), np.int32)).shape == (2, 20)
+
+
+@pytest.mark.parametrize("family", ["t5", "causal"])
+def test_score_says_which_targets_greedy_decoding_gives(models, family):
+    model = models[family]
+    out = generate(model, IDS, MASK, rng=None, greedy=True, max_new_tokens=3)
+    tokens, kept = np.asarray(out.tokens), np.asarray(out.mask)
+    logp, greedy = score(model, IDS, MASK, tokens, kept, greedy=True)
+    assert np.array_equal(logp, score(model, IDS, MASK, tokens, kept))
+    assert np.asarray(greedy).all()  # the argmax at every step (True at padding)
+    other = tokens.copy()
+    other[:, 0] = (tokens[:, 0] + 1) % VOCAB  # not the argmax at step 0; the rest still scored
+    _, greedy = score(model, IDS, MASK, other, np.ones_like(kept), greedy=True)
+    assert not np.asarray(greedy)[:, 0].any()
+    with pytest.raises(TypeError, match="score: greedy must be True or False"):
+        score(model, IDS, MASK, tokens, kept, greedy=1)
+
+
+def test_score_after_prefixes_equals_score_of_the_whole_prompts(models):
+    from clarifyjax.decoding.api import score_after_prefixes
+
+    model = models["causal"]
+    prefix_ids = np.array([[0, 5, 6, 7], [9, 10, 11, 12]], np.int32)  # the first left-padded
+    prefix_mask = np.array([[0, 1, 1, 1], [1, 1, 1, 1]], np.int32)
+    row_prefix = np.array([1, 0, 1], np.int32)
+    inputs = np.array([[20, 21, 22], [23, 24, 0], [25, 0, 0]], np.int32)  # right-padded
+    targets = np.array([[21, 22, 30], [24, 31, 0], [32, 0, 0]], np.int32)  # the next tokens
+    mask = (inputs > 0).astype(np.int32)
+    logp, greedy = score_after_prefixes(model, prefix_ids, prefix_mask, row_prefix, inputs, mask,
+                                        targets, mask)
+    for r in range(3):  # the same rows as whole prompts (prefix + first input) and continuations
+        prefix = prefix_ids[row_prefix[r]][prefix_mask[row_prefix[r]] == 1].tolist()
+        n = int(mask[r].sum())
+        prompt = np.array([prefix + [int(inputs[r, 0])]], np.int32)
+        cont = targets[r:r + 1, :n]
+        ref, ref_greedy = score(model, prompt, np.ones_like(prompt), cont, np.ones_like(cont),
+                                greedy=True)
+        np.testing.assert_allclose(np.asarray(logp)[r, :n], np.asarray(ref)[0], atol=2e-5)
+        assert np.array_equal(np.asarray(greedy)[r, :n], np.asarray(ref_greedy)[0])
+        assert np.all(np.asarray(logp)[r, n:] == 0)
+    with pytest.raises(ValueError, match=r"score_after_prefixes: row_prefix must be in \[0, 2\)"):
+        score_after_prefixes(model, prefix_ids, prefix_mask, row_prefix + 1, inputs, mask, targets, mask)
+    with pytest.raises(TypeError, match="score_after_prefixes: model must be a CausalLM"):
+        score_after_prefixes(models["t5"], prefix_ids, prefix_mask, row_prefix, inputs, mask, targets, mask)
 
 
 # --------------------------------------------------------------------------- sage_jax.metric

@@ -14,22 +14,13 @@ import pytest
 
 from clarifyjax.config.loader import build_root
 from helpers.env import require, shared_data
+from helpers.lm_eval_tasks import hellaswag_rows
 from sage_jax.experiments import benchmarks, command
 from sage_jax.experiments.config import ExperimentConfig
 
 BOOT = {"resamples": 999, "seed": 1, "confidence": 0.95, "method": "percentile"}
 MAX_LENGTH = 512
 TQA = 3  # TruthfulQA questions
-
-
-def hellaswag_rows(n: int, offset: int = 0) -> list[dict]:
-    """HellaSwag's official fields, with its WikiHow brackets and a lower-case ctx_b to capitalize."""
-    return [{"ind": offset + i, "activity_label": "Baking cookies",
-             "ctx_a": f"A woman puts dough number {offset + i} on a tray [title] then waits.",
-             "ctx_b": "she PUTS it in the oven", "split": "val", "source_id": f"w{i}",
-             "endings": [f"and waits {i} minutes.", "and eats [step] it raw.", "then she sings  loudly.",
-                         "and leaves."],
-             "label": str(i % 4)} for i in range(n)]
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +123,8 @@ def test_every_choice_equals_lm_eval_hf_on_the_same_folder_and_files(setup, tmp_
     require("lm_eval")
     import torch
 
-    from helpers.lm_eval_tasks import loglikelihoods, write_tasks
+    from clarifyjax.harness.local_tasks import write_tasks
+    from helpers.lm_eval_tasks import loglikelihoods
 
     torch.set_num_threads(1)
     root = setup["root"]
