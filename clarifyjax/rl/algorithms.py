@@ -36,7 +36,11 @@ def rloo_advantages(rewards, group: int):
 
     numpy in (any real dtype; integers as float64), numpy out, computed on the host; a JAX array
     in, a JAX array out (traceable). Refused: rewards that are not [n] with n a multiple of
-    `group`, a `group` that is not an integer >= 2."""
+    `group`, a `group` that is not an integer >= 2.
+
+    Examples:
+      >>> print(rloo_advantages(np.array([1, 0, 0, 1, 1, 1]), group=3))  # two prompts, 3 samples
+      [ 1.  -0.5 -0.5  0.   0.   0. ]"""
     r, k = _groups("rloo_advantages", rewards, group)
     if not isinstance(r, jax.Array) and r.dtype.kind != "f":
         r = r.astype(np.float64)
@@ -52,7 +56,12 @@ def grpo_advantages(rewards: Array, group: int, eps: float = GRPO_EPS) -> Array:
     The std is the unbiased one (ddof = 1), as TRL's GRPOTrainer (``torch.std``) and tunix's
     ``grpo_helpers.compute_advantages`` (``std(ddof=1)``) take it, with eps = 1e-4 added to it as
     both do; a group of equal rewards gets advantage 0. Refused as `rloo_advantages`, and an
-    `eps` that is not a finite number >= 0 (when concrete)."""
+    `eps` that is not a finite number >= 0 (when concrete).
+
+    Examples:
+      >>> advantages = grpo_advantages(jnp.array([1.0, 2.0, 3.0, 5.0, 5.0, 5.0]), group=3)
+      >>> print([round(float(a), 4) for a in advantages])  # std 1 (ddof 1): -1 / (1 + 1e-4)
+      [-0.9999, 0.0, 0.9999, 0.0, 0.0, 0.0]"""
     r, k = _groups("grpo_advantages", rewards, group)
     check_setting("grpo_advantages", "eps", eps, ">= 0")
     g = jnp.asarray(r, jnp.float32).reshape(-1, k)
@@ -65,7 +74,13 @@ def k3_kl(logprobs: Array, ref_logprobs: Array) -> Array:
     """Per-token k3 estimate of KL(pi || pi_ref) on the sampled tokens (Schulman, "Approximating
     KL divergence", 2020; the KL term of DeepSeekMath's eq. 4 and tunix's GRPO loss):
     exp(r) - r - 1 with r = ref_logprobs - logprobs. Unbiased and >= 0; 0 where the two agree
-    (so 0 on padding when both are 0 there). Same shape in and out (refused otherwise)."""
+    (so 0 on padding when both are 0 there). Same shape in and out (refused otherwise).
+
+    Examples:
+      >>> logprobs = jnp.log(jnp.array([[0.5, 0.5, 1.0]]))
+      >>> kl = k3_kl(logprobs, jnp.log(jnp.array([[0.25, 1.0, 1.0]])))  # r = -log 2, log 2, 0
+      >>> print([round(float(v), 4) for v in kl[0]])
+      [0.1931, 0.3069, 0.0]"""
     logprobs, ref_logprobs = jnp.asarray(logprobs), jnp.asarray(ref_logprobs)
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError(f"k3_kl: logprobs {logprobs.shape} and ref_logprobs "
@@ -100,7 +115,17 @@ def grpo_loss(logprobs: Array, old_logprobs: Array, ref_logprobs: Array, advanta
     writes it (1/G sum_i 1/|o_i| sum_t) and tunix's default. All arrays `[batch, time]`, one shape
     (advantages broadcast over a sequence's tokens by the caller). Metrics: ppo_math's
     `policy_loss` metrics, "policy_loss" (the surrogate alone) and "kl_k3" (the KL term's mean).
-    Refused: shapes that differ, a concrete clip <= 0 or beta < 0, an unknown aggregation."""
+    Refused: shapes that differ, a concrete clip <= 0 or beta < 0, an unknown aggregation.
+
+    Examples:
+      >>> lp = jnp.log(jnp.array([[0.5, 0.5, 1.0], [0.25, 1.0, 1.0]]))
+      >>> adv, mask = jnp.array([[1.0, 1.0, 1.0], [-2.0, -2.0, -2.0]]), jnp.array([[1, 1, 0], [1, 0, 0]])
+      >>> loss, metrics = grpo_loss(lp, lp, lp, adv, mask)  # ratio 1, KL 0: the loss is -advantage
+      >>> print(loss, grpo_loss(lp, lp, lp, adv, mask, aggregation="sequence-mean-token-mean")[0])
+      0.0 0.5
+      >>> loss, metrics = grpo_loss(lp, lp, lp + jnp.log(2.0), adv, mask, beta=0.1)
+      >>> print(round(float(metrics["kl_k3"]), 4), round(float(loss), 4))  # 0.1 * (2 - log 2 - 1)
+      0.3069 0.0307"""
     check_setting("grpo_loss", "beta", beta, ">= 0")
     mask = jnp.asarray(mask)
     if mask.ndim != 2:

@@ -17,8 +17,8 @@ import yaml
 from helpers.env import REPO_ROOT
 
 # The modules research code imports for their math alone: each public name shows a runnable example.
-PURE_MATH = ("clarifyjax.rl.ppo_math", "clarifyjax.reward.jsd", "sage_jax.metric",
-             "clarifyjax.evaluation.answer_spans")
+PURE_MATH = ("clarifyjax.rl.ppo_math", "clarifyjax.rl.algorithms", "clarifyjax.reward.jsd",
+             "sage_jax.metric", "clarifyjax.evaluation.answer_spans")
 # Every module with a page of the API reference (docs/api/*.md, `::: module`).
 API_MODULES = (*PURE_MATH, "clarifyjax.rl.ppo", "clarifyjax.models.hf", "clarifyjax.decoding",
                "sage_jax.run.library", "clarifyjax.config")
