@@ -34,7 +34,7 @@ from helpers.score_cli import args_for, write_lines
 
 SITUATIONS = ["lying to a friend", "helping a neighbour move", "skipping work"]
 QUESTIONS = ["why did you lie?", "was it raining?", "were you sick?"]
-CONFIG = REPO_ROOT / "configs" / "sft_question_tiny.yaml"
+CONFIG = REPO_ROOT / "clarifyjax" / "presets" / "sft_question_tiny.yaml"
 
 # Bad values of every numeric option of score-questions: (extra arguments, option named).
 BAD_NUMBERS = [

@@ -193,7 +193,7 @@ def test_the_tables_of_allowed_keys():
 
 
 def _ppo_config(run_dir, policy, *overrides):
-    return load_config(REPO_ROOT / "configs" / "ppo_tiny.yaml", [
+    return load_config(REPO_ROOT / "clarifyjax" / "presets" / "ppo_tiny.yaml", [
         f"run.output_dir={run_dir}", "run.steps=1", "run.save_every=1", "run.eval_every=0",
         "run.sample_every=0", "run.log_every=1", "run.async_checkpointing=false",
         f"policy.init={policy}", "policy.tokenizer=null", "policy.max_input_length=32",
