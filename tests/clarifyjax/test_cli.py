@@ -282,7 +282,7 @@ def _train_bad_cases(tmp):
         (["train", CONFIG, "--resume-from", "x"], ["--resume-from"]),
         (["trian", CONFIG], ["trian"]),
         ([], ["SUBCOMMAND"]),
-        (["--version"], ["--version"]),
+        (["--verbose"], ["--verbose"]),  # (--version is an option: it prints the version)
         (["train", CONFIG, "--no-progres"], ["--no-progres"]),  # no prefix matching
         (["train", CONFIG, "--dry"], ["--dry"]),
     ]
