@@ -292,9 +292,12 @@ def test_a_missing_data_file_names_its_option_before_anything_is_built(
 
 @pytest.mark.e2e
 def test_the_example_files_are_not_a_fallback(tmp_path, capsys, monkeypatch, nothing_built):
-    """`delta-clarify/train.tsv` exists only as examples/delta-clarify/train.tsv, which the old
-    resolver read instead; now it is an error, through the CLI too."""
+    """With a data folder that lacks it, `delta-clarify/train.tsv` exists only as
+    examples/delta-clarify/train.tsv, which the old resolver read instead; now it is an error,
+    through the CLI too."""
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    monkeypatch.setenv("CLARIFYJAX_DATA", str(tmp_path / "data"))  # restored after the test
     assert (REPO_ROOT / "examples" / "delta-clarify" / "train.tsv").is_file()
     rc = cli.main(["train", str(resume_runs.CONFIG), f"run.output_dir={tmp_path / 'run'}",
                    "data.train_path=delta-clarify/train.tsv", "--no-progress"])
