@@ -33,7 +33,7 @@ def _presets_options(p: argparse.ArgumentParser) -> None:
 
 
 @subcommand("presets", "list the configs this package ships, by the name that train, evaluate, "
-            "score-questions, ask and interact take in place of a file", _presets_options)
+            "score-questions, ask, interact and web take in place of a file", _presets_options)
 def run_presets(args: argparse.Namespace) -> int:
     print(presets.show(presets.FOLDER, args.paths))
     return 0
