@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup browser demo lint docs test test-fast durations durations-fast bench clean
+.PHONY: setup browser demo lint docs test test-fast wheel-check durations durations-fast bench clean
 
 setup: $(STAMP) browser
 
@@ -56,6 +56,11 @@ $(DOCS_STAMP): $(STAMP)
 
 docs: $(DOCS_STAMP)
 	$(PY) -m mkdocs build --strict
+
+# The wheel outside the checkout (.ci/wheel_check): python -m build, the wheel installed into a fresh
+# environment in a temporary folder, and the commands, a preset's dry run and the docs' imports run there.
+wheel-check: $(STAMP)
+	.ci/wheel_check $(PY)
 
 # For iteration: everything but the tests marked slow, child (starts processes), e2e (whole
 # commands) and reference (PyTorch / reference packages): tests/multiprocess/ is child and

@@ -1,6 +1,6 @@
 """PPO step time for a t5-small-sized policy and value: rollout, reward and update, and the update
 against the same math in PyTorch (`_ppo_torch.py`) on the same weights: one `loops.train_ppo` step
-of configs/ppo_t5_large.yaml on random weights (`build` says what differs), its update's FLOPs
+of clarifyjax/presets/ppo_t5_large.yaml on random weights (`build` says what differs), its update's FLOPs
 against the jitted float32 matmul rate. Writes benchmarks/results/ppo.json (--name).
 
     python benchmarks/ppo.py                     # the full run (t5-small sizes; tens of minutes)
@@ -51,7 +51,7 @@ DEV = REPO_ROOT.parent / "shared" / "data" / "delta-clarify" / "dev.tsv"
 
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--config", default=str(REPO_ROOT / "configs" / "ppo_t5_large.yaml"),
+    p.add_argument("--config", default=str(REPO_ROOT / "clarifyjax" / "presets" / "ppo_t5_large.yaml"),
                    help="PPO config whose hyperparameters are used")
     p.add_argument("--batch", type=int, default=16, help="situations per PPO step")
     p.add_argument("--query-len", type=int, default=64, help="query tokens (padded)")

@@ -10,7 +10,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from clarifyjax.core.commands import SUBCOMMANDS, CLIError, CommandParser, UsageError, one_line
+from clarifyjax.core.commands import (SUBCOMMANDS, CLIError, CommandParser, UsageError, one_line, subcommand,
+                                     version_option)
 from clarifyjax.files.textfiles import describe_os_error
 
 # Each import registers its subcommands, in the order `clarifyjax --help` lists them.
@@ -20,6 +21,7 @@ import clarifyjax.serve.command  # noqa: F401
 import clarifyjax.evaluation.command  # noqa: F401
 from clarifyjax.app import ask, interact, web  # noqa: F401
 import clarifyjax.harness.command  # noqa: F401
+from clarifyjax.files import presets
 from clarifyjax.config.loader import ConfigError
 from clarifyjax.files.tables import DataError
 from clarifyjax.models.safetensors_io import CheckpointError
@@ -27,11 +29,23 @@ from clarifyjax.text.formats import TextFormatError
 
 
 
+def _presets_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--paths", action="store_true", help="print each preset's file instead of its description")
+
+
+@subcommand("presets", "list the configs this package ships, by the name that train, evaluate, "
+            "score-questions, ask, interact and web take in place of a file", _presets_options)
+def run_presets(args: argparse.Namespace) -> int:
+    print(presets.show(presets.FOLDER, args.paths))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser; `parser.subcommand_parsers[name]` is each subcommand's own."""
     parser = CommandParser(
         prog="clarifyjax", description="ClarifyDelphi in JAX: clarification questions for moral "
         "situations, trained with a defeasibility reward")
+    version_option(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
     parser.subcommand_parsers = {}
     for command in SUBCOMMANDS.values():
@@ -56,7 +70,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         args = parser.subcommand_parsers[argv[0]].parse_intermixed_args(argv[1:])
         args.command = argv[0]
         return args
-    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+    if argv and argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version"):
         parser.error(f"unknown option {argv[0]!r}; options go after the SUBCOMMAND")
     return parser.parse_args(argv)
 
@@ -70,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(one_line(str(e)), file=sys.stderr)
         return 2
     try:
+        presets.apply_data_dir(args)  # --data-dir: before the config's data paths are read
         return int(args.run(args) or 0)
     except (CLIError, CheckpointError, ConfigError, DataError, TextFormatError) as e:
         message = str(e)

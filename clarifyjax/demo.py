@@ -1,9 +1,9 @@
 """`python -m clarifyjax.demo` (what `make demo` runs): the whole system at tiny scale, on CPU.
 
 It trains a SentencePiece tokenizer, fine-tunes the question generator, answerer, fusion model and
-a judge (configs/sft_*_tiny.yaml), runs PPO (configs/ppo_tiny.yaml), shows questions before and
+a judge (clarifyjax/presets/sft_*_tiny.yaml), runs PPO (clarifyjax/presets/ppo_tiny.yaml), shows questions before and
 after with ``reward_curve.png``, writes ``models.yaml`` for `clarifyjax web`, and scores
-examples/sage_demo.jsonl with SaGE. Runs go where the tiny configs put them under ``--out``
+sage_jax/examples/sage_demo.jsonl with SaGE. Runs go where the tiny configs put them under ``--out``
 (default ``runs``) and resume from their checkpoints; ``--fresh``, ``--quick`` (smoke-sized) and
 ``--tokenizer-only`` change that. Data: ../shared/data/delta-clarify, else examples/delta-clarify."""
 from __future__ import annotations
@@ -20,6 +20,7 @@ from pathlib import Path
 from collections.abc import Sequence
 import dataclasses
 
+from clarifyjax.files import presets
 from clarifyjax.files.tables import REPO_ROOT, read_table
 from clarifyjax.models.tiny import shared_data_dir, train_spm_model
 from clarifyjax.data.pairs import SILVER_COLUMNS, read_pairs, silver_judge_rows, unique_situations
@@ -33,7 +34,7 @@ from sage_jax import cli
 EXAMPLES = REPO_ROOT / "examples"
 DATA_FILES = ("train.tsv", "dev.tsv", "sc_dev_questions_gpt.tsv", "fusion_dev.csv")
 VOCAB = 1999  # + the "-1" piece: the 2,000 of the tiny configs' models
-MODEL_VOCAB = 2000  # configs/sft_question_tiny.yaml: model.tiny.vocab_size
+MODEL_VOCAB = 2000  # clarifyjax/presets/sft_question_tiny.yaml: model.tiny.vocab_size
 # Delphi's target without "<" (absent from the vocabulary): trains the pieces of the prefix.
 DELPHI_TARGET_PIECES = ("class>1/class> text>it's good/text>",
                         "class>0/class> text>it's okay/text>",
@@ -148,7 +149,7 @@ def sft_config(task: str, out: Path, tokenizer: Path, data: Path, plan: dict, ju
     name = {"question": "sft_question_tiny", "wh_question": "sft_wh_question_tiny",
             "answerer": "sft_answerer_tiny",
             "fusion": "sft_fusion_tiny", "judge": "sft_judge_tiny"}[task]
-    return load_config(REPO_ROOT / "configs" / f"{name}.yaml", [
+    return load_config(presets.FOLDER / f"{name}.yaml", [
         f"run.output_dir={out / f'sft_{task}_tiny'}", f"run.steps={steps}",
         f"run.eval_every={steps}", f"run.save_every={steps}", "run.sample_every=0",
         f"run.log_every={max(1, steps // 10)}", f"model.tokenizer={tokenizer}",
@@ -166,7 +167,7 @@ def ppo_config(out: Path, data: Path, plan: dict, extra: Sequence[str] = ()):
     final = {t: str(out / f"sft_{t}_tiny" / "final")
              for t in ("question", "answerer", "fusion", "judge")}
     steps = plan["ppo_steps"]
-    return load_config(REPO_ROOT / "configs" / "ppo_tiny.yaml", [
+    return load_config(presets.FOLDER / "ppo_tiny.yaml", [
         f"run.output_dir={out / 'ppo_tiny'}", f"run.steps={steps}", f"run.save_every={steps}",
         f"run.eval_every={plan['ppo_eval_every']}", f"run.sample_every={max(steps // 3, 1)}",
         "run.log_every=1", f"policy.init={final['question']}", "policy.tokenizer=null",
@@ -333,7 +334,7 @@ def run_evaluation(ppo_cfg, out: Path, data: Path, plan: dict) -> dict:
 
 
 def run_sage(out: Path) -> int:
-    args = ["score", str(EXAMPLES / "sage_demo.jsonl"), "--out", str(out / "sage_demo"),
+    args = ["score", str(cli.EXAMPLE), "--out", str(out / "sage_demo"),
             "--quiet", "--overwrite"]  # a second demo run replaces the first one's scores
     print(f"\n=== SaGE: sage-jax {' '.join(args)} ===", flush=True)
     return cli.main(args)

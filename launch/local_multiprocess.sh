@@ -3,7 +3,7 @@
 # multi-controller runtime as a TPU pod or a GPU cluster, for tests and debugging.
 #
 #   launch/local_multiprocess.sh N CMD [ARG...]
-#   launch/local_multiprocess.sh 2 clarifyjax train configs/ppo_tiny.yaml run.steps=2
+#   launch/local_multiprocess.sh 2 clarifyjax train clarifyjax/presets/ppo_tiny.yaml run.steps=2
 #
 # Process i gets CLARIFYJAX_COORDINATOR=127.0.0.1:PORT, CLARIFYJAX_NUM_PROCESSES=N and
 # CLARIFYJAX_PROCESS_ID=i (read by clarifyjax.core.distributed.initialize), and, unless told otherwise,

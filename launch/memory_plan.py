@@ -1,8 +1,8 @@
 #!/usr/bin/env python
 """Bytes per device of a PPO run: every model's parameters, Adam state, gradients, activations.
 
-    python launch/memory_plan.py                                  # configs/ppo_t5_large.yaml
-    python launch/memory_plan.py configs/ppo_t5_large.yaml mesh.fsdp=8 --markdown plan.md
+    python launch/memory_plan.py                                  # clarifyjax/presets/ppo_t5_large.yaml
+    python launch/memory_plan.py clarifyjax/presets/ppo_t5_large.yaml mesh.fsdp=8 --markdown plan.md
 
 For each hardware target (TPU v4-32, 8 H100s) and judge (the config's, T5-11B) it prints
 `clarifyjax.training.memory_plan.plan`, whose docstring says what is counted; --json FILE too.
@@ -112,7 +112,7 @@ def _command(config: str, overrides: list[str], hardware: str, judges: str) -> s
     return " ".join(parts)
 
 
-DEFAULT_CONFIG = "configs/ppo_t5_large.yaml"
+DEFAULT_CONFIG = "clarifyjax/presets/ppo_t5_large.yaml"
 DEFAULT_HARDWARE = "v4-32,8xH100"
 DEFAULT_JUDGES = "config,t5-11b"
 

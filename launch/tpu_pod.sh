@@ -5,7 +5,7 @@
 #
 #   launch/tpu_pod.sh [options] CONFIG [key=value...]
 #   launch/tpu_pod.sh --name my-v4 --zone us-central2-b --type v4-32 \
-#       configs/ppo_t5_large.yaml run.output_dir=gs://my-bucket/ppo_t5_large
+#       clarifyjax/presets/ppo_t5_large.yaml run.output_dir=gs://my-bucket/ppo_t5_large
 #
 # Options (each also an environment variable):
 #   --name NAME         TPU_NAME       TPU VM name                     (clarifyjax-v4-32)
@@ -14,8 +14,8 @@
 #   --version VERSION   TPU_VERSION    TPU VM runtime image            (tpu-ubuntu2204-base)
 #   --project PROJECT   TPU_PROJECT    GCP project                     (gcloud's default)
 #   --python PYTHON     TPU_PYTHON     interpreter on the workers      (python3.11; apt-installed)
-#   --data-dir DIR      TPU_DATA_DIR   local folder copied to ~/shared/data on every worker, where
-#                                      the configs' ../shared/data/... paths point
+#   --data-dir DIR      TPU_DATA_DIR   local folder copied to ~/shared/data on every worker: the
+#                                      data folder of the checkout ~/clarifyjax (the presets' data paths)
 #   --spot                             create the VM as a Spot VM (preemptible)
 #   --skip-install                     reuse the project already installed on the workers
 #   --install-only                     create and install, do not train
@@ -65,7 +65,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 if ((train)); then
-  [[ $# -ge 1 ]] || { echo "$0: missing CONFIG (a YAML file under configs/)" >&2; usage; }
+  [[ $# -ge 1 ]] || { echo "$0: missing CONFIG (a YAML file under clarifyjax/presets/)" >&2; usage; }
   config=$1
   shift
   for override in "$@"; do
@@ -78,8 +78,11 @@ if [[ -n $data_dir && ! -d $data_dir ]]; then
 fi
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-if ((train)) && [[ ! -f $repo/$config && ! -f $config ]]; then
-  echo "$0: config file not found: $config" >&2
+presets="$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/../clarifyjax/presets"
+# a file, or a preset's name (`clarifyjax presets`)
+if ((train)) && [[ ! -f $repo/$config && ! -f $config && ! -f $presets/$config.yaml ]] &&
+    [[ ! -f $presets/evaluate/$config.yaml ]]; then
+  echo "$0: config file not found: $config (nor a preset: clarifyjax presets lists them)" >&2
   exit 2
 fi
 

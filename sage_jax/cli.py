@@ -13,7 +13,8 @@ import warnings
 from pathlib import Path
 from collections.abc import Sequence
 
-from clarifyjax.core.commands import UsageError  # a bad option or input, before any work (exit 2)
+from clarifyjax.core.commands import UsageError, version_option  # UsageError: a bad option or input (exit 2)
+from clarifyjax.files import presets
 from clarifyjax.files.textfiles import describe_os_error
 from sage_jax.scoring import (MAX_TEXTS, TEXT_FIELDS, Loaded, load_bertscore_model,  # noqa: F401  (tests read and
                               score_loaded)  # patch them here)
@@ -26,6 +27,8 @@ from sage_jax.run.stages import StageError
 # memory.
 MAX_BATCH_SIZE = 4096
 MAX_CHUNK_SIZE = 1 << 20
+PRESET_FOLDER = Path(__file__).resolve().parent / "presets"  # run_*.yaml and experiments/*.yaml
+EXAMPLE = Path(__file__).resolve().parent / "examples" / "sage_demo.jsonl"  # three models' answers, shipped
 COLUMN_OPTIONS = {"question_id": "--question-id-column", "paraphrase": "--paraphrase-column",
                   "answer": "--answer-column", "rot": "--rot-column", "question": "--question-column"}
 
@@ -39,21 +42,29 @@ def build_sage_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sage-jax", allow_abbrev=False,
                                      description="SaGE moral-consistency scores (JAX), "
                                      "with BLEU / ROUGE-L / BERTScore baselines, for one or more models")
+    version_option(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("score", allow_abbrev=False,
                        help="score one or more files (one per model) and compare them")
     r = sub.add_parser("run", allow_abbrev=False,
                        help="the whole pipeline from a questions file: paraphrases, answers, rules of thumb, "
                             "scores and the report (see sage_jax.run.pipeline)")
-    r.add_argument("config", type=Path, help="YAML run config (sage_jax.run.config)")
+    r.add_argument("config", type=presets.config_type(PRESET_FOLDER, "sage-jax"),
+                   help="YAML run config (sage_jax.run.config), a file or a preset's name (`sage-jax presets`)")
     r.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. limit=20")
     r.add_argument("--stages", default="paraphrase,answer,rot,score,report",
                    help="comma-separated stages to run, of paraphrase,answer,rot,score,report")
     e = sub.add_parser("experiment", allow_abbrev=False,
                        help="one of the SaGE paper's experiments from its config: models, temperature, accuracy, "
                             "agreement or rot_prompt (see sage_jax.experiments.command)")
-    e.add_argument("config", type=Path, help="YAML experiment config (sage_jax.experiments.config)")
+    e.add_argument("config", type=presets.config_type(PRESET_FOLDER, "sage-jax"),
+                   help="YAML experiment config (sage_jax.experiments.config), a file or a preset's name")
     e.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides, e.g. run.limit=20")
+    for q in (r, e):
+        presets.add_data_dir_option(q)
+    s = sub.add_parser("presets", allow_abbrev=False,
+                       help="list the configs this package ships, by the name that run and experiment take")
+    s.add_argument("--paths", action="store_true", help="print each preset's file instead of its description")
     p.add_argument("files", nargs="+", type=Path, help="CSV / TSV / JSONL, long or pairs format")
     p.add_argument("--text", choices=sorted(TEXT_FIELDS), default="answer",
                    help="embed the answers, the rules of thumb, or blend both (the reference's use_rots)")
@@ -282,7 +293,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]  # overrides after --stages
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    if args.command == "presets":
+        print(presets.show(PRESET_FOLDER, args.paths))
+        return 0
     try:
+        presets.apply_data_dir(args)  # --data-dir: before the config's data paths are read
         if args.command == "score":
             check_options(args)
             return run_score(args)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from clarifyjax.config.loader import ConfigError, parse_overrides
 from clarifyjax.core.ranges import number_type
+from clarifyjax.files.presets import config_type
 from clarifyjax.config import load_models_config
 from clarifyjax.app.clarifier import QUESTION_SAMPLING, Clarifier
 from clarifyjax.models.safetensors_io import CheckpointError
@@ -18,9 +19,10 @@ from clarifyjax.text.formats import TextFormatError
 
 def add_models_options(p: argparse.ArgumentParser, *, candidates: bool = False) -> None:
     """MODELS.yaml, its KEY=VALUE overrides, the question sampling and the seed."""
-    p.add_argument("models", type=Path, metavar="MODELS.yaml",
+    p.add_argument("models", type=config_type(), metavar="MODELS.yaml",
                    help="policy: (the question generator) and rewards: (answerer, fusion, nli, "
-                        "judge) in a PPO run config's format; a whole PPO run config works too")
+                        "judge) in a PPO run config's format; a whole PPO run config (a file or a "
+                        "preset's name) works too")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
                    help="MODELS.yaml overrides, e.g. rewards.fusion_max_length=48")
     q = p.add_argument_group("questions")

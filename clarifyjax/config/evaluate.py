@@ -1,5 +1,5 @@
 """The config of `clarifyjax evaluate` (``kind: evaluate``): which systems, which data, which metric
-models, each declared once with its default and range (configs/evaluate/paper.yaml is the paper's).
+models, each declared once with its default and range (clarifyjax/presets/evaluate/paper.yaml is the paper's).
 
 System kinds (paper §5): ``ppo`` and ``t5`` sample a question; ``why`` asks the wh-conditioned
 generator for a "why" question; ``wh``, ``pipeline``, ``pipeline-nli`` and ``discriminator`` pick

@@ -1,7 +1,7 @@
 """Run configurations: `SFTConfig` (``kind: sft``, one seq2seq model) and `PPOConfig` (``kind: ppo``,
 ClarifyDelphi's PPO), nested frozen dataclasses read from YAML with ``a.b.c=value`` overrides.
 
-    cfg = load_config("configs/ppo_tiny.yaml", ["ppo.batch_size=8", "run.steps=20"])
+    cfg = load_config("clarifyjax/presets/ppo_tiny.yaml", ["ppo.batch_size=8", "run.steps=20"])
 
 Each setting is declared once: a section a lower module consumes is that module's dataclass
 (``mesh:`` is `sharding.MeshConfig`, ``ppo:`` extends `ppo.PPOUpdateConfig`), so importing this
@@ -35,7 +35,7 @@ __all__ = [
     "ModelsConfig", "load_models_config", "CLASSIFIER_TASKS",
 ]
 
-SHARED_DELTA_CLARIFY = "../shared/data/delta-clarify"
+SHARED_DELTA_CLARIFY = "delta-clarify"  # in the data folder (`clarifyjax.files.tables.data_dir`)
 
 # --------------------------------------------------------------------------- sections
 # Each section declares `_bounds` for every numeric field (field -> ">= 1", "> 0", "[0, 1)",
@@ -110,8 +110,8 @@ class OptimizerConfig:
 class SFTDataConfig:
     """Where the (input, target) pairs of an SFT run come from, and how they are batched.
 
-    Relative paths are read from the working directory, else from the repository root; a path that
-    exists in neither stops the run (`clarifyjax.files.tables.resolve_data_path`: no fallback). ``dev_path:
+    Relative paths are read from the working directory, else from the data folder (--data-dir); a
+    path that exists in neither stops the run (`clarifyjax.files.tables.resolve_data_path`: no fallback). ``dev_path:
     null``: a seeded split of ``train_path`` (grouped by situation, so that no dev situation is seen
     in training), ``dev_fraction`` of the groups. ``train_fraction`` keeps that share of the
     training situations (a seeded sample of whole groups: the data-size ablation; null: all),

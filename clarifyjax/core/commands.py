@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import json
 import math
 from collections.abc import Callable
@@ -61,6 +62,20 @@ def subcommand(name: str, help: str, add_options: Callable[[argparse.ArgumentPar
 
     return register
 
+
+
+def package_version() -> str:
+    """The installed distribution's version (pyproject's, the one place it is written), or
+    "unknown (not installed)" when the packages run from a folder that pip did not install."""
+    try:
+        return importlib.metadata.version("clarifyjax")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def version_option(parser: argparse.ArgumentParser) -> None:
+    """``--version``: the program's name and `package_version`."""
+    parser.add_argument("--version", action="version", version=f"{parser.prog} {package_version()}")
 
 
 def one_line(message: str) -> str:

@@ -70,7 +70,7 @@ def best_candidates(candidates: Sequence[Sequence[str]], scores) -> list[str]:
 
 class Discriminator:
     """P(relevant) of (situation, question) pairs from a sequence-classifier folder (DeBERTa-v2/v3,
-    BERT or RoBERTa, as `clarifyjax train configs/sft_discriminator*.yaml` exports it) whose
+    BERT or RoBERTa, as `clarifyjax train clarifyjax/presets/sft_discriminator*.yaml` exports it) whose
     id2label names `relevant_label`, run through `nli.NLIFilter`'s batched, bucketed pair
     forward (its "drop" labels are the other labels, unused here)."""
 

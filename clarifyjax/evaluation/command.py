@@ -10,15 +10,17 @@ from clarifyjax.core.ranges import number_type
 from clarifyjax.files.textfiles import atomic_write_bytes, check_output
 from clarifyjax.models.safetensors_io import CheckpointError
 from clarifyjax.data import discriminator
+from clarifyjax.files.presets import add_data_dir_option, config_type
 from clarifyjax.files.tables import read_table
 
 
 
 def _evaluate_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", type=Path,
-                   help="YAML evaluation config (kind: evaluate; see configs/evaluate/paper.yaml)")
+    p.add_argument("config", type=config_type(),
+                   help="YAML evaluation config (kind: evaluate), a file or a preset's name (the paper's: paper)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
                    help="config overrides, e.g. data.situations=100 table4.flip=pair")
+    add_data_dir_option(p)
 
 
 @subcommand("evaluate", "the systems' questions for δ-CLARIFY situations and the paper's "

@@ -14,7 +14,11 @@ from collections.abc import Iterator, Sequence
 
 from clarifyjax.files.textfiles import decode_utf8, read_text_file, unencodable
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[2]  # the checkout, or site-packages when installed
+# The data folder: relative data paths of a config (a preset's `delta-clarify/train.tsv`) are read
+# from it. The commands' --data-dir sets the variable, so that child processes inherit it.
+DATA_ENV = "CLARIFYJAX_DATA"
+DATA_OPTION = "--data-dir"
 
 
 class DataError(ValueError):
@@ -24,26 +28,57 @@ class DataError(ValueError):
 # --------------------------------------------------------------------------- files and tables
 
 
+def data_dir() -> Path | None:
+    """The data folder: ``$CLARIFYJAX_DATA`` (which ``--data-dir`` sets); else, in a checkout of
+    the repository only, ``../shared/data`` beside it; else None. Never the installed package.
+
+    Raises:
+      DataError: the variable names no folder (one line naming it and the option).
+    """
+    env = os.environ.get(DATA_ENV, "").strip()
+    if env:
+        folder = Path(env).expanduser()
+        if not folder.is_dir():
+            raise DataError(f"{DATA_ENV}={env}: no such data folder (name the folder holding the data "
+                            f"files with {DATA_OPTION} or {DATA_ENV})")
+        return folder
+    if (REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "clarifyjax").is_dir():
+        return REPO_ROOT.parent / "shared" / "data"
+    return None
+
+
+def use_data_dir(folder: str | os.PathLike) -> None:
+    """``--data-dir FOLDER``: the data folder of this run and of the processes it starts."""
+    path = Path(folder).expanduser()
+    if not path.is_dir():
+        raise DataError(f"{DATA_OPTION} {folder}: no such data folder (the folder holding the data files; "
+                        f"{DATA_ENV} names it too)")
+    os.environ[DATA_ENV] = str(path.resolve())
+
+
 def _candidates(path: Path) -> list[Path]:
-    candidates = [path] if path.is_absolute() else [Path.cwd() / path, REPO_ROOT / path]
-    parts = path.parts
-    env = os.environ.get("CLARIFYJAX_SHARED_DATA")
-    for i in range(len(parts) - 1):
-        if env and parts[i:i + 2] == ("shared", "data"):
-            candidates.append(Path(env).joinpath(*parts[i + 2:]))
+    if path.is_absolute():
+        return [path]
+    candidates, folder = [Path.cwd() / path], data_dir()
+    if folder is not None:
+        candidates.append(folder / path)
+        parts = path.parts  # a config written for the checkout's layout: ../shared/data/x -> DATA/x
+        for i in range(len(parts) - 1):
+            if parts[i:i + 2] == ("shared", "data"):
+                candidates.append(folder.joinpath(*parts[i + 2:]))
     return candidates
 
 
 def resolve_data_path(path: str | os.PathLike, option: str | None = None) -> Path:
-    """Find a data file: as given (relative to the working directory), else relative to the
-    repository root, else ``$CLARIFYJAX_SHARED_DATA`` for a ``.../shared/data/...`` path.
+    """Find a data file: as given (relative to the working directory), else in the data folder
+    (`data_dir`; a ``.../shared/data/X`` path as the data folder's X too).
 
     There is no fallback to the project's example files: a run must train on the file it names
     (only `clarifyjax.demo` chooses the examples, and says so).
 
     Raises:
       DataError: none of these exists; one line naming `option` (e.g. ``data.train_path``), the
-        path and every place looked at.
+        path and every place looked at (and, without a data folder, how to name one).
     """
     path = Path(path).expanduser()
     candidates = _candidates(path)
@@ -51,8 +86,10 @@ def resolve_data_path(path: str | os.PathLike, option: str | None = None) -> Pat
         if candidate.is_file():
             return candidate
     where = f"{option}: " if option else ""
+    hint = "" if path.is_absolute() or data_dir() is not None else (
+        f"; relative data paths are read from the data folder: name it with {DATA_OPTION} or {DATA_ENV}")
     raise DataError(f"{where}data file not found: {path} (looked at "
-                    f"{', '.join(str(c) for c in candidates)})")
+                    f"{', '.join(str(c) for c in candidates)}){hint}")
 
 
 def check_data_paths(data, at: str = "data") -> None:

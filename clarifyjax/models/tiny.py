@@ -11,13 +11,12 @@ import csv
 import hashlib
 import io
 import math
-import os
 import shutil
 from pathlib import Path
 from collections.abc import Iterable, Sequence
 import argparse
 
-from clarifyjax.files.tables import REPO_ROOT
+from clarifyjax.files.tables import DATA_ENV, DATA_OPTION, DataError, data_dir
 
 PAD, EOS, UNK = 0, 1, 2
 WANLI_LABELS = ("contradiction", "entailment", "neutral")  # roberta-large-wanli's id order
@@ -52,9 +51,12 @@ def _cached(kind: str, root, key: tuple, build) -> Path:
 
 
 def shared_data_dir() -> Path:
-    """../shared/data beside the repository (override with CLARIFYJAX_SHARED_DATA)."""
-    env = os.environ.get("CLARIFYJAX_SHARED_DATA")
-    return Path(env) if env else REPO_ROOT.parent / "shared" / "data"
+    """The data folder (`clarifyjax.files.tables.data_dir`: ``$CLARIFYJAX_DATA``, else ../shared/data
+    beside a checkout), holding delta-clarify/ and sage-mcc/."""
+    folder = data_dir()
+    if folder is None:
+        raise DataError(f"no data folder: name the folder holding delta-clarify/ with {DATA_OPTION} or {DATA_ENV}")
+    return folder
 
 
 def tiny_corpus(n_rows: int | None = 3000) -> list[str]:
@@ -62,7 +64,7 @@ def tiny_corpus(n_rows: int | None = 3000) -> list[str]:
     path = shared_data_dir() / "delta-clarify" / "train.tsv"
     if not path.is_file():
         raise FileNotFoundError(f"{path}: the tiny tokenizers are trained on it (set "
-                                "CLARIFYJAX_SHARED_DATA to the folder holding delta-clarify/)")
+                                f"{DATA_ENV} to the folder holding delta-clarify/)")
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[:n_rows]
     return [t for r in rows for t in (r["situation"], r["question"]) if t and t.strip()]
@@ -303,7 +305,7 @@ def tiny_deberta_classifier_folder(root, labels: Sequence[str] = _DISCRIMINATOR_
                                    seed: int = 0) -> Path:
     """A random tiny DeBERTa-v3-like sequence classifier folder (config.json with id2label =
     labels, model.safetensors, tokenizer.json): the tiny discriminator's starting point
-    (configs/sft_discriminator_tiny.yaml; `python -m clarifyjax.models.tiny DIR` writes one)."""
+    (clarifyjax/presets/sft_discriminator_tiny.yaml; `python -m clarifyjax.models.tiny DIR` writes one)."""
     labels = tuple(labels)
 
     def build() -> Path:
@@ -394,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     folder); a DIR that is a file, or a folder holding other files, is refused."""
     p = argparse.ArgumentParser(prog="python -m clarifyjax.models.tiny",
                                 description="Write the tiny random DeBERTa-v3 classifier folder "
-                                            "that configs/sft_discriminator_tiny.yaml starts from.")
+                                            "that clarifyjax/presets/sft_discriminator_tiny.yaml starts from.")
     p.add_argument("folder", nargs="?", default="runs/deberta_tiny_discriminator",
                    metavar="DIR", help="the folder to write (default: %(default)s)")
     args = p.parse_args(argv)

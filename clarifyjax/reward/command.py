@@ -8,6 +8,7 @@ import jax
 
 from clarifyjax.core.commands import CLIError, json_line, subcommand
 from clarifyjax.core.ranges import number_type
+from clarifyjax.files.presets import config_type
 from clarifyjax.config.score import MAX_TOKENS, add_reward_options  # imports no JAX
 from clarifyjax.files.textfiles import atomic_write_bytes, check_output
 from clarifyjax.config import score
@@ -46,9 +47,10 @@ def _score_options(p: argparse.ArgumentParser) -> None:
         "(RewardConfig), with its defaults. Each option below that sets one of its keys (named "
         "in its help) is another spelling of KEY=VALUE; an option and a KEY=VALUE that set the "
         "same key are refused.")
-    config.add_argument("--config", type=Path, default=None, metavar="FILE.yaml",
+    config.add_argument("--config", type=config_type(), default=None, metavar="FILE.yaml",
                         help="the RewardConfig mapping (what sits under rewards:), or a whole "
-                             "PPO run config (kind: ppo), whose rewards: section is read")
+                             "PPO run config (kind: ppo, a file or a preset's name), whose rewards: "
+                             "section is read")
     config.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
                         help="RewardConfig overrides, e.g. answer_temperature=0.5 "
                              "answerer.init=DIR judge.kind=t5 (an unknown key is an error)")

@@ -2,16 +2,17 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from clarifyjax.core.commands import CLIError, subcommand
+from clarifyjax.files.presets import add_data_dir_option, config_type
 
 
 
 
 def _train_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", type=Path,
-                   help="YAML run config: kind sft (configs/sft_*.yaml) or ppo (configs/ppo_*.yaml)")
+    p.add_argument("config", type=config_type(),
+                   help="YAML run config, a file or a preset's name (`clarifyjax presets`): kind sft "
+                        "(sft_*) or ppo (ppo_*)")
     # default=[]: without a default argparse counts a "*" positional as required in its messages
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", default=[],
                    help="config overrides, e.g. run.steps=20 ppo.batch_size=8 (an unknown key is an "
@@ -23,6 +24,7 @@ def _train_options(p: argparse.ArgumentParser) -> None:
                         "compile one step without running it; options dryrun.compile=ppo|sft|none, "
                         "dryrun.num_layers=N, dryrun.rows=N, dryrun.check_models=false (model "
                         "folders not there yet)")
+    add_data_dir_option(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-tensorboard", action="store_true", help="metrics.jsonl only")
 

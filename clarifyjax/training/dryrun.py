@@ -4,7 +4,7 @@ It checks every input the run would read (`check_run_inputs`), lists each parame
 sharding and bytes per device, plans the run's memory and compiles the run's own training step
 on abstract inputs; options are ``dryrun.*`` overrides (listed above `main`).
 
-    main("configs/ppo_t5_large.yaml", ["mesh.fsdp=4", "dryrun.num_layers=2"]) -> dict"""
+    main("clarifyjax/presets/ppo_t5_large.yaml", ["mesh.fsdp=4", "dryrun.num_layers=2"]) -> dict"""
 from __future__ import annotations
 
 import dataclasses

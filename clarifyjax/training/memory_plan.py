@@ -204,7 +204,7 @@ def activation_bytes(hf: dict, rows: int, source: int, target: int, compute_byte
 # resolved for that many devices on an AbstractMesh, each parameter sharded by the config's rules
 # (`sharding.model_shardings`, as training does), and each device's shards added up. Models come
 # from the config: a folder with a config.json is read; runs/<sft run>/final is traced to the SFT
-# config that writes it (configs/sft_*.yaml) and its init; a missing folder is looked up by its last
+# config that writes it (clarifyjax/presets/sft_*.yaml) and its init; a missing folder is looked up by its last
 # name in `KNOWN_ARCHITECTURES`. Per device: parameters (policy, value and reference on the run's
 # mesh; the reward models on each host's own devices, `sharding.process_mesh`, as the loop places
 # them); Adam's two moments (in the parameters' dtype) and gradients of policy + value (the policy

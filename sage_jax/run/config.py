@@ -1,7 +1,7 @@
 """The config of `sage-jax run` (YAML + ``key=value`` overrides, read by `clarifyjax.config.loader`):
 ``preset`` (`sage_jax.run.presets`), ``questions``, ``out``, ``limit``, ``seed``, the
 ``paraphrase`` source and generator, the ``models`` under test, the ``rot`` generator and
-``score`` settings (configs/sage/run_local.yaml is a whole one). Every number has a range; an
+``score`` settings (the preset sage_jax/presets/run_local.yaml is a whole one). Every number has a range; an
 unknown key or a bad value is one line naming the key and the file (or the override). Nothing
 here imports JAX."""
 from __future__ import annotations
@@ -234,6 +234,6 @@ class SageRunConfig:
 def load_run_config(path: str | Path, overrides: Sequence[str] = ()) -> SageRunConfig:
     """The config of `path` with overrides applied. Paths are as in every config of the project:
     data files (`questions`, a recorded generator's file) are found by
-    `clarifyjax.files.tables.resolve_data_path` (the working folder, the repository, the shared data),
+    `clarifyjax.files.tables.resolve_data_path` (the working folder, else the data folder: --data-dir),
     folders relative to the working folder."""
     return build_root(SageRunConfig, read_yaml(path), overrides, source=str(path))

@@ -34,7 +34,7 @@ from helpers.score_cli import args_for, write_lines
 
 SITUATIONS = ["lying to a friend", "helping a neighbour move", "skipping work"]
 QUESTIONS = ["why did you lie?", "was it raining?", "were you sick?"]
-CONFIG = REPO_ROOT / "configs" / "sft_question_tiny.yaml"
+CONFIG = REPO_ROOT / "clarifyjax" / "presets" / "sft_question_tiny.yaml"
 
 # Bad values of every numeric option of score-questions: (extra arguments, option named).
 BAD_NUMBERS = [
@@ -282,7 +282,7 @@ def _train_bad_cases(tmp):
         (["train", CONFIG, "--resume-from", "x"], ["--resume-from"]),
         (["trian", CONFIG], ["trian"]),
         ([], ["SUBCOMMAND"]),
-        (["--version"], ["--version"]),
+        (["--verbose"], ["--verbose"]),  # (--version is an option: it prints the version)
         (["train", CONFIG, "--no-progres"], ["--no-progres"]),  # no prefix matching
         (["train", CONFIG, "--dry"], ["--dry"]),
     ]

@@ -14,7 +14,7 @@ from clarifyjax import cli
 from clarifyjax.config.loader import ConfigError
 from helpers.env import REPO_ROOT, shared_data
 
-TINY_SFT = REPO_ROOT / "configs" / "sft_question_tiny.yaml"
+TINY_SFT = REPO_ROOT / "clarifyjax" / "presets" / "sft_question_tiny.yaml"
 
 
 @pytest.mark.e2e

@@ -12,7 +12,7 @@ from helpers.env import REPO_ROOT, require
 def test_find_data_falls_back_to_the_examples(tmp_path, monkeypatch):
     from clarifyjax import demo
 
-    monkeypatch.setenv("CLARIFYJAX_SHARED_DATA", str(tmp_path))  # an empty shared folder
+    monkeypatch.setenv("CLARIFYJAX_DATA", str(tmp_path))  # an empty data folder
     folder, kind = demo.find_data()
     assert kind == "examples" and folder == REPO_ROOT / "examples" / "delta-clarify"
     with pytest.raises(FileNotFoundError, match=r"missing data file\(s\) \['train.tsv'"):

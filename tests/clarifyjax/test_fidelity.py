@@ -37,8 +37,8 @@ from helpers.tiny_models import tiny_spm_folder
 from helpers import markdown_table
 
 DOC = REPO_ROOT / "docs" / "fidelity.md"
-PRESETS = {"original": REPO_ROOT / "configs" / "ppo_t5_large_original.yaml",
-           "ours": REPO_ROOT / "configs" / "ppo_t5_large.yaml"}
+PRESETS = {"original": REPO_ROOT / "clarifyjax" / "presets" / "ppo_t5_large_original.yaml",
+           "ours": REPO_ROOT / "clarifyjax" / "presets" / "ppo_t5_large.yaml"}
 COLUMNS = ("setting", "paper", "original code (file:line)", "`_original` preset", "our default",
            "why")
 # Keys that name the run rather than configure it.

@@ -36,8 +36,8 @@ from clarifyjax.training import loops
 from helpers.env import REPO_ROOT, require
 from helpers.tiny_models import tiny_nli_folder, tiny_spm_folder, tiny_t5_folder
 
-PRESETS = {"original": REPO_ROOT / "configs" / "ppo_t5_large_original.yaml",
-           "ours": REPO_ROOT / "configs" / "ppo_t5_large.yaml"}
+PRESETS = {"original": REPO_ROOT / "clarifyjax" / "presets" / "ppo_t5_large_original.yaml",
+           "ours": REPO_ROOT / "clarifyjax" / "presets" / "ppo_t5_large.yaml"}
 
 
 @pytest.fixture(scope="module")

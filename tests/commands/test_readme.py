@@ -2,9 +2,10 @@
 
 Every ```bash block of each page is run, in order, in one fresh working folder per page, unless the
 line before it says why not: ``<!-- not run in tests: REASON -->`` (a cluster, a server, the venv).
-The folder holds links to the project's configs/, examples/ and launch/, so the commands read as
-they do in the project folder and everything they write lands under the temporary runs/; data
-paths (``../shared/data/...``) are found from the repository (`clarifyjax.data.resolve_data_path`).
+The folder holds links to the project's examples/, launch/ and sage_jax/ (its examples/), so the
+commands read as they do in the project folder (presets by name) and everything they write lands
+under the temporary runs/; the presets' data paths are found in the checkout's data folder
+(`clarifyjax.files.tables.data_dir`).
 `clarifyjax`, `sage-jax` and `python` on PATH are this interpreter with the repository importable.
 
 Each block is one test, run in the page's order (they build on each other), and must exit 0 and
@@ -32,28 +33,28 @@ FENCE = re.compile(r"^```(\S*)\s*$")
 # Per page: (a string that picks the block, files it must leave under the working folder, text its
 # output must contain)
 README_EXPECT = [
-    ("sft_question_tiny.yaml run.steps=20", ["runs/tokenizer_tiny/spiece.model",
+    ("sft_question_tiny run.steps=20", ["runs/tokenizer_tiny/spiece.model",
                                              "runs/sft_question_tiny/final/model.safetensors"],
      "done: 20 steps"),
     ("sage-jax score", ["runs/sage_demo/summary.json"], "SaGE"),
 ]
 USAGE_EXPECT = [
     ("clarifyjax.demo --tokenizer-only", ["runs/tokenizer_tiny/spiece.model"], "tokenizer"),
-    ("sft_question_tiny.yaml run.steps=20",
+    ("sft_question_tiny run.steps=20",
      ["runs/sft_question_tiny/config.yaml", "runs/sft_question_tiny/metrics.jsonl",
       "runs/sft_question_tiny/final/model.safetensors"], "done: 20 steps"),
-    ("sft_question_tiny.yaml run.steps=30", ["runs/sft_question_tiny/metrics.jsonl"],
+    ("sft_question_tiny run.steps=30", ["runs/sft_question_tiny/metrics.jsonl"],
      "resumed from step 20"),
     ("for task in answerer fusion judge",
      [f"runs/sft_{t}_tiny/final/model.safetensors" for t in ("answerer", "fusion", "judge")],
      "done: 10 steps"),
     ("--dry-run dryrun.compile=none", [], "[dry-run] total per device"),
-    ("ppo_tiny.yaml run.steps=2",
+    ("train ppo_tiny run.steps=2",
      ["runs/ppo_tiny/metrics.jsonl", "runs/ppo_tiny/final/model.safetensors"], "done: 2 steps"),
     ("--out runs/scores/dev_questions.jsonl", ["runs/scores/dev_questions.jsonl"], "Table 4"),
-    ("--config configs/ppo_tiny.yaml", ["runs/scores/dev_sampled.jsonl"], "Table 4"),
-    ("clarifyjax ask configs/ppo_tiny.yaml", ["runs/asked/dev.jsonl"], "asked 8 questions"),
-    ("clarifyjax interact configs/ppo_tiny.yaml", ["runs/asked/transcript.jsonl"], "summary:"),
+    ("--config ppo_tiny", ["runs/scores/dev_sampled.jsonl"], "Table 4"),
+    ("clarifyjax ask ppo_tiny", ["runs/asked/dev.jsonl"], "asked 8 questions"),
+    ("clarifyjax interact ppo_tiny", ["runs/asked/transcript.jsonl"], "summary:"),
     ("sage-jax score", ["runs/sage_demo/summary.json", "runs/sage_demo/sage_distribution.png",
                         "runs/sage_demo/sage_demo.per_question.csv"], "SaGE"),
     ("launch/local_multiprocess.sh 2",
@@ -176,7 +177,7 @@ def readme_work(tmp_path_factory):
     for page in PAGES:
         work = tmp_path / re.sub(r"\W+", "_", page)
         work.mkdir()
-        for name in ("configs", "examples", "launch"):
+        for name in ("examples", "launch", "sage_jax"):  # sage_jax/examples/; presets go by name
             (work / name).symlink_to(REPO_ROOT / name, target_is_directory=True)
         pages[page] = {"work": work, "env": env, "ran": [], "failed": None}
     return pages

@@ -19,7 +19,7 @@ from helpers.env import REPO_ROOT, require, shared_data
 
 pytestmark = pytest.mark.child
 
-DEMO = REPO_ROOT / "examples" / "sage_demo.jsonl"
+DEMO = REPO_ROOT / "sage_jax" / "examples" / "sage_demo.jsonl"
 
 
 def run_cli(*args, timeout=600):

@@ -1,11 +1,11 @@
-"""The tiny discriminator run (configs/sft_discriminator_tiny.yaml) of the discriminator training
+"""The tiny discriminator run (clarifyjax/presets/sft_discriminator_tiny.yaml) of the discriminator training
 tests, in the test process and in their 8-device child."""
 from __future__ import annotations
 
 from clarifyjax.config import load_config
 from helpers.env import REPO_ROOT
 
-CONFIG = str(REPO_ROOT / "configs" / "sft_discriminator_tiny.yaml")
+CONFIG = str(REPO_ROOT / "clarifyjax" / "presets" / "sft_discriminator_tiny.yaml")
 STEPS = 30
 
 

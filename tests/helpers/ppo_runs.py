@@ -23,7 +23,7 @@ def lower_half_share(tokenizer):
 def ppo_config(out_dir, spm, steps=30, overrides=()):
     from clarifyjax.config import load_config
 
-    return load_config(REPO_ROOT / "configs/ppo_tiny.yaml", [
+    return load_config(REPO_ROOT / "clarifyjax/presets/ppo_tiny.yaml", [
         f"run.output_dir={out_dir}", f"run.steps={steps}", "run.log_every=1", "run.eval_every=0",
         "run.sample_every=0", f"run.save_every={steps}", "policy.init=null",
         f"policy.tokenizer={spm}", "policy.tiny.vocab_size=608", "policy.tiny.d_model=32",

@@ -15,7 +15,7 @@ from pathlib import Path
 from clarifyjax.config import load_config
 from helpers.env import REPO_ROOT, shared_data
 
-CONFIG = REPO_ROOT / "configs" / "sft_question_tiny.yaml"
+CONFIG = REPO_ROOT / "clarifyjax" / "presets" / "sft_question_tiny.yaml"
 
 
 def t5_folder(root, seed: int = 0, d_model: int = 32) -> Path:

@@ -1,4 +1,4 @@
-"""Dry run of configs/ppo_t5_large.yaml (and configs/rloo_t5_large.yaml, issue 38: no value model)
+"""Dry run of clarifyjax/presets/ppo_t5_large.yaml (and rloo_t5_large.yaml, issue 38: no value model)
 on 8 fake CPU devices (issue 6): every parameter listed
 with a sharding, bytes per device reported, one PPO update compiled (not run), and T5-large never
 materialized. And the dry run compiles the run's own program (issue 10): for the tiny SFT and PPO
@@ -15,7 +15,7 @@ import pytest
 from helpers.env import REPO_ROOT, shared_data
 from helpers.children import run_with_fake_devices
 
-CONFIGS = f"CONFIGS = {str(REPO_ROOT / 'configs')!r}\n"  # children run in the test's folder
+CONFIGS = f"CONFIGS = {str(REPO_ROOT / 'clarifyjax' / 'presets')!r}\n"  # children run in the test's folder
 
 MiB = 2 ** 20
 
@@ -120,7 +120,7 @@ def test_dry_run_through_the_cli(report):
 
 @pytest.mark.slow
 def test_rloo_preset_dry_runs_without_a_value_model(report):
-    """configs/rloo_t5_large.yaml on the same 8 fake devices: bytes per device printed, its update
+    """clarifyjax/presets/rloo_t5_large.yaml on the same 8 fake devices: bytes per device printed, its update
     compiled, and no value model anywhere: not listed, not planned, and the trained bytes (Adam
     moments, gradients) those of the policy alone, about half of the PPO preset's."""
     rloo, ppo_plan = report["rloo"], report["plan"]
@@ -183,7 +183,7 @@ write_result(hashes)
 @pytest.mark.slow
 def test_dry_run_lowers_the_program_of_the_first_real_step(tmp_path_factory, tmp_path):
     """On 2 fake devices (mesh data=2) with batches padded to the full lengths (one length
-    bucket), the dry run of configs/sft_question_tiny.yaml and configs/ppo_tiny.yaml lowers the
+    bucket), the dry run of clarifyjax/presets/sft_question_tiny.yaml and clarifyjax/presets/ppo_tiny.yaml lowers the
     same StableHLO text as the first step `loops.train_sft` / `loops.train_ppo` runs: the same
     state, shardings, batch layout, loss options (label smoothing, dropout, KL controller) and
     jitted function. (Tiny 1 + 1-layer models: the comparison does not depend on the depth.)"""

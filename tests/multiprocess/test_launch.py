@@ -138,7 +138,7 @@ def tpu_pod(tmp_path, *args, state=None):
 
 def test_tpu_pod_creates_installs_and_trains_on_all_workers(tmp_path):
     proc, calls = tpu_pod(tmp_path, "--name", "my-tpu", "--zone", "us-central2-b", "--type",
-                          "v4-32", "--project", "proj", "--spot", "configs/ppo_t5_large.yaml",
+                          "v4-32", "--project", "proj", "--spot", "clarifyjax/presets/ppo_t5_large.yaml",
                           "run.output_dir=gs://bucket/run one", "ppo.batch_size=8")
     assert proc.returncode == 0, proc.stderr
     verbs = [c[3] for c in calls]
@@ -154,12 +154,12 @@ def test_tpu_pod_creates_installs_and_trains_on_all_workers(tmp_path):
         assert ssh[4] == "my-tpu" and "--worker=all" in ssh and ssh[-2] == "--command"
     assert "pip install -q -e ." in install[-1] and "jax[tpu]==" in install[-1]
     assert shlex.split(train[-1]) == [
-        "cd", "~/clarifyjax", "&&", ".venv/bin/clarifyjax", "train", "configs/ppo_t5_large.yaml",
+        "cd", "~/clarifyjax", "&&", ".venv/bin/clarifyjax", "train", "clarifyjax/presets/ppo_t5_large.yaml",
         "run.output_dir=gs://bucket/run one", "ppo.batch_size=8"]
 
 
 def test_tpu_pod_reuses_a_ready_vm_and_can_detach(tmp_path):
-    proc, calls = tpu_pod(tmp_path, "--skip-install", "--detach", "configs/ppo_tiny.yaml",
+    proc, calls = tpu_pod(tmp_path, "--skip-install", "--detach", "clarifyjax/presets/ppo_tiny.yaml",
                           state="READY")
     assert proc.returncode == 0, proc.stderr
     assert [c[3] for c in calls] == ["describe", "ssh"]
@@ -169,21 +169,21 @@ def test_tpu_pod_reuses_a_ready_vm_and_can_detach(tmp_path):
 
 
 def test_tpu_pod_dry_run_prints_and_runs_nothing(tmp_path):
-    proc, calls = tpu_pod(tmp_path, "--dry-run", "--skip-install", "configs/ppo_tiny.yaml", "a.b=1")
+    proc, calls = tpu_pod(tmp_path, "--dry-run", "--skip-install", "clarifyjax/presets/ppo_tiny.yaml", "a.b=1")
     assert proc.returncode == 0, proc.stderr
     assert calls == []
     printed = [shlex.split(line) for line in proc.stdout.splitlines()]
     assert [p[4] for p in printed] == ["create", "ssh"]
-    assert shlex.split(printed[1][-1])[-2:] == ["configs/ppo_tiny.yaml", "a.b=1"]
+    assert shlex.split(printed[1][-1])[-2:] == ["clarifyjax/presets/ppo_tiny.yaml", "a.b=1"]
 
 
 @pytest.mark.parametrize("args, state, message", [
-    (["configs/ppo_tiny.yaml", "novalue"], None, "overrides must look like key=value"),
-    (["configs/nope.yaml"], None, "config file not found"),
-    (["--bogus", "configs/ppo_tiny.yaml"], None, "unknown option --bogus"),
+    (["clarifyjax/presets/ppo_tiny.yaml", "novalue"], None, "overrides must look like key=value"),
+    (["clarifyjax/presets/nope.yaml"], None, "config file not found"),
+    (["--bogus", "clarifyjax/presets/ppo_tiny.yaml"], None, "unknown option --bogus"),
     ([], None, "missing CONFIG"),
     (["--zone"], None, "--zone needs a value"),
-    (["configs/ppo_tiny.yaml"], "PREEMPTED", "is in state PREEMPTED"),
+    (["clarifyjax/presets/ppo_tiny.yaml"], "PREEMPTED", "is in state PREEMPTED"),
 ])
 def test_tpu_pod_errors(tmp_path, args, state, message):
     proc, calls = tpu_pod(tmp_path, *args, state=state)
@@ -236,14 +236,14 @@ def test_slurm_sbatch_starts_one_process_per_task_with_the_coordinator(tmp_path,
                     VENV=str(tmp_path / "venv"), PROCESS_MODE=mode, SLURM_JOB_ID="31337",
                     SLURM_JOB_NODELIST="gpu-[a-b]", SLURM_JOB_NUM_NODES="2", SLURM_NTASKS="4",
                     SLURM_SUBMIT_DIR=str(REPO_ROOT))
-    proc = run(["bash", LAUNCH / "slurm.sbatch", "configs/ppo_t5_large.yaml", "mesh.fsdp=2"],
+    proc = run(["bash", LAUNCH / "slurm.sbatch", "clarifyjax/presets/ppo_t5_large.yaml", "mesh.fsdp=2"],
                env=env, timeout=60, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     tasks = [json.loads(line) for line in log.read_text().splitlines()]
     n = 4 if mode == "per-gpu" else 2
     assert len(tasks) == n
     for rank, task in enumerate(tasks):
-        assert task["args"] == ["train", "configs/ppo_t5_large.yaml", "mesh.fsdp=2"]
+        assert task["args"] == ["train", "clarifyjax/presets/ppo_t5_large.yaml", "mesh.fsdp=2"]
         assert task["CLARIFYJAX_COORDINATOR"] == f"gpu-a:{20000 + 31337 % 20000}"
         assert task["CLARIFYJAX_NUM_PROCESSES"] == str(n)
         assert task["CLARIFYJAX_PROCESS_ID"] == str(rank)
@@ -252,5 +252,5 @@ def test_slurm_sbatch_starts_one_process_per_task_with_the_coordinator(tmp_path,
 
 
 def test_slurm_sbatch_refuses_to_run_outside_slurm(tmp_path):
-    proc = run(["bash", LAUNCH / "slurm.sbatch", "configs/ppo_tiny.yaml"], timeout=30)
+    proc = run(["bash", LAUNCH / "slurm.sbatch", "clarifyjax/presets/ppo_tiny.yaml"], timeout=30)
     assert proc.returncode != 0 and "SLURM_JOB_ID" in proc.stderr

@@ -158,8 +158,8 @@ def behaviour(setting: str, name: str) -> str:
         "empty chat reply": lambda: "asked again" if prompts.parse_chat_answer("  ")[1] else "kept",
         "SaGE arithmetic": lambda: _arithmetic(name),
         "spaces of completions": _completion_spaces,
-        "RoT writer of configs/sage/run_endpoint.yaml": lambda: load_run_config(
-            REPO_ROOT / "configs" / "sage" / "run_endpoint.yaml").rot.generator.model,
+        "RoT writer of the run_endpoint preset": lambda: load_run_config(
+            REPO_ROOT / "sage_jax" / "presets" / "run_endpoint.yaml").rot.generator.model,
     }
     assert setting in found, f"docs/fidelity.md has a fixed row {setting!r} that no check covers"
     return found[setting]()
@@ -253,10 +253,10 @@ def minilm_embedder(minilm):
 
 
 def recorded_run(tmp_path, preset: str, embedder) -> tuple[dict, dict, str]:
-    """configs/sage/run_recorded.yaml on the moral100 file, first 30 questions: (per-question
+    """sage_jax/presets/run_recorded.yaml on the moral100 file, first 30 questions: (per-question
     rows by id, summary, table1.md)."""
     src = str(shared_data(MORAL100))
-    raw = read_yaml(REPO_ROOT / "configs" / "sage" / "run_recorded.yaml")
+    raw = read_yaml(REPO_ROOT / "sage_jax" / "presets" / "run_recorded.yaml")
     raw.update(questions=src, out=str(tmp_path / preset), limit=30, quiet=True, preset=preset)
     raw["models"][0]["generator"]["model"] = src
     raw["rot"]["generator"]["model"] = src

@@ -1,4 +1,4 @@
-"""Run configs: every file in configs/ loads, overrides coerce types, bad keys/values are clear errors."""
+"""Run configs: every file in clarifyjax/presets/ loads, overrides coerce types, bad keys/values are clear errors."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,7 @@ from clarifyjax.config import (ConfigError, ModelConfig, PPOConfig, SFTConfig, c
                                config_to_dict, dump_config, load_config, save_config)
 from helpers.env import REPO_ROOT
 
-CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
+CONFIGS = sorted((REPO_ROOT / "clarifyjax" / "presets").glob("*.yaml"))
 SFT_TASKS = {"question", "wh_question", "answerer", "fusion", "judge", "discriminator"}
 
 
@@ -41,7 +41,7 @@ def test_every_config_loads_and_round_trips(path, tmp_path):
 
 def test_paper_hyperparameters_in_t5_large_config():
     """docs/originals.md (ClarifyDelphi) and the paper's App. A.4."""
-    cfg = load_config(REPO_ROOT / "configs" / "ppo_t5_large.yaml")
+    cfg = load_config(REPO_ROOT / "clarifyjax" / "presets" / "ppo_t5_large.yaml")
     p = cfg.ppo
     assert cfg.run.steps == 6000
     assert (p.batch_size, p.epochs, p.clip, p.value_clip, p.vf_coef) == (64, 4, 0.2, 0.2, 1.0)
@@ -59,8 +59,8 @@ def test_paper_hyperparameters_in_t5_large_config():
 
 
 def test_base_files_merge_and_tiny_ppo_inherits_the_paper_settings():
-    large = load_config(REPO_ROOT / "configs" / "ppo_t5_large.yaml")
-    tiny = load_config(REPO_ROOT / "configs" / "ppo_tiny.yaml")
+    large = load_config(REPO_ROOT / "clarifyjax" / "presets" / "ppo_t5_large.yaml")
+    tiny = load_config(REPO_ROOT / "clarifyjax" / "presets" / "ppo_tiny.yaml")
     assert tiny.ppo.batch_size == 16 and tiny.ppo.minibatches == 2
     assert dataclasses.replace(tiny.ppo, batch_size=64, minibatches=1) == large.ppo
     assert tiny.rewards.nli is None and large.rewards.nli is not None
@@ -70,7 +70,7 @@ def test_base_files_merge_and_tiny_ppo_inherits_the_paper_settings():
 
 
 def test_overrides_coerce_to_field_types():
-    cfg = load_config(REPO_ROOT / "configs" / "ppo_tiny.yaml", [
+    cfg = load_config(REPO_ROOT / "clarifyjax" / "presets" / "ppo_tiny.yaml", [
         "ppo.batch_size=8", "optimizer.lr=3e-4", "ppo.adaptive_kl=true", "run.name=x",
         "data.length_buckets=[8,16]", "mesh.rules=fsdp", "rewards.dropped_answer=resample",
         "rewards.nli=pretrained/wanli", "rewards.nli.max_input_length=64", "data.dev_path=null",
@@ -88,13 +88,13 @@ def test_overrides_coerce_to_field_types():
     assert cfg.policy.init is None and cfg.policy.tiny.vocab_size == 500
     assert cfg.policy.tiny.d_model == 64
     # comma lists work too
-    cfg = load_config(REPO_ROOT / "configs" / "sft_question_tiny.yaml",
+    cfg = load_config(REPO_ROOT / "clarifyjax" / "presets" / "sft_question_tiny.yaml",
                       ["data.length_buckets=16,48", "run.steps=1e3"])
     assert cfg.data.length_buckets == (16, 48) and cfg.run.steps == 1000
 
 
 def test_unknown_key_in_override_names_key_file_and_valid_keys():
-    path = REPO_ROOT / "configs" / "ppo_tiny.yaml"
+    path = REPO_ROOT / "clarifyjax" / "presets" / "ppo_tiny.yaml"
     with pytest.raises(ConfigError) as e:
         load_config(path, ["ppo.lr_rate=1e-5"])
     msg = str(e.value)
@@ -110,7 +110,7 @@ def test_unknown_key_in_override_names_key_file_and_valid_keys():
 
 def test_unknown_key_in_file_names_key_file_and_valid_keys(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text("base: %s\nppo:\n  batchsize: 8\n" % (REPO_ROOT / "configs" / "ppo_tiny.yaml"))
+    bad.write_text("base: %s\nppo:\n  batchsize: 8\n" % (REPO_ROOT / "clarifyjax" / "presets" / "ppo_tiny.yaml"))
     with pytest.raises(ConfigError) as e:
         load_config(bad)
     msg = str(e.value)
@@ -130,7 +130,7 @@ def test_unknown_key_in_file_names_key_file_and_valid_keys(tmp_path):
 ])
 def test_bad_override_value_names_key_value_and_type(override, expected):
     with pytest.raises(ConfigError) as e:
-        load_config(REPO_ROOT / "configs" / "ppo_tiny.yaml", [override])
+        load_config(REPO_ROOT / "clarifyjax" / "presets" / "ppo_tiny.yaml", [override])
     assert expected in str(e.value)
     assert override in str(e.value)  # the error says which override
 
@@ -154,7 +154,7 @@ def test_bad_values_in_file(tmp_path):
 
 
 def test_cross_field_checks():
-    path = REPO_ROOT / "configs" / "ppo_tiny.yaml"
+    path = REPO_ROOT / "clarifyjax" / "presets" / "ppo_tiny.yaml"
     with pytest.raises(ConfigError, match="minibatches = 3 does not divide ppo.batch_size = 16"):
         load_config(path, ["ppo.minibatches=3"])
     with pytest.raises(ConfigError, match="exactly one of 'init'"):
@@ -185,7 +185,7 @@ def test_base_cycle_is_an_error(tmp_path):
 
 def test_tiny_spec_maps_onto_the_model_configs():
     from clarifyjax.models import t5
-    cfg = load_config(REPO_ROOT / "configs" / "sft_question_tiny.yaml")
+    cfg = load_config(REPO_ROOT / "clarifyjax" / "presets" / "sft_question_tiny.yaml")
     t5_config = t5.T5Config(**cfg.model.tiny.t5_kwargs())
     assert (t5_config.d_model, t5_config.d_kv, t5_config.num_heads) == (64, 16, 4)
     from clarifyjax.models.encoder import EncoderConfig
@@ -196,7 +196,7 @@ def test_tiny_spec_maps_onto_the_model_configs():
 
 def test_a_sampling_section_given_in_part_keeps_the_other_defaults(tmp_path):
     path = tmp_path / "p.yaml"
-    path.write_text(f"base: {REPO_ROOT / 'configs' / 'ppo_tiny.yaml'}\nppo:\n  sampling:\n"
+    path.write_text(f"base: {REPO_ROOT / 'clarifyjax' / 'presets' / 'ppo_tiny.yaml'}\nppo:\n  sampling:\n"
                     "    top_k: 5\n")
     s = load_config(path, ["ppo.sampling.temperature=1.5"]).ppo.sampling
     assert (s.max_new_tokens, s.temperature, s.top_k, s.top_p) == (29, 1.5, 5, 0.6)
@@ -204,7 +204,7 @@ def test_a_sampling_section_given_in_part_keeps_the_other_defaults(tmp_path):
 
 
 def test_an_old_key_names_its_new_place(tmp_path):
-    path = REPO_ROOT / "configs" / "ppo_tiny.yaml"
+    path = REPO_ROOT / "clarifyjax" / "presets" / "ppo_tiny.yaml"
     for old, new in (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"),
                      ("max_question_length", "max_new_tokens")):
         with pytest.raises(ConfigError, match=rf"^override 'ppo.{old}=1' .*: ppo.{old}: moved to "

@@ -19,9 +19,9 @@ from clarifyjax.config import ConfigError, load_config
 from clarifyjax.config.loader import numeric_fields, read_yaml, within
 from helpers.env import REPO_ROOT
 
-CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
-EXAMPLE = {"sft": REPO_ROOT / "configs" / "sft_question_tiny.yaml",
-           "ppo": REPO_ROOT / "configs" / "ppo_tiny.yaml"}
+CONFIGS = sorted((REPO_ROOT / "clarifyjax" / "presets").glob("*.yaml"))
+EXAMPLE = {"sft": REPO_ROOT / "clarifyjax" / "presets" / "sft_question_tiny.yaml",
+           "ppo": REPO_ROOT / "clarifyjax" / "presets" / "ppo_tiny.yaml"}
 
 
 def _sections(cls, at=""):

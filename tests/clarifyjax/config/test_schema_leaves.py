@@ -1,6 +1,6 @@
 """Every key of every shipped config does something, or the loader refuses it.
 
-The test walks every leaf of every file in configs/ (defaults included), changes it to another
+The test walks every leaf of every file in clarifyjax/presets/ (defaults included), changes it to another
 valid value (an ``a.b.c=value`` override), and requires either a `ConfigError` naming the key, or
 a change in the runtime object that the key configures. Runtime objects, per section, built by
 the code the loops use where there is such code (no weights read, no forward pass):
@@ -37,7 +37,7 @@ from clarifyjax.config import ConfigError, PPOConfig, RunConfig, config_from_dic
 from clarifyjax.config.loader import read_yaml, within
 from helpers.env import REPO_ROOT
 
-CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
+CONFIGS = sorted((REPO_ROOT / "clarifyjax" / "presets").glob("*.yaml"))
 STRUCTURAL = {"kind"}  # picks the schema itself
 LOOP_KEYS = {f"run.{f.name}" for f in dataclasses.fields(RunConfig)} | {
     "data.batch_size", "data.eval_batch_size", "data.shuffle", "ppo.batch_size",

@@ -120,7 +120,7 @@ def test_judge_pairs_from_a_table_and_from_silver(tmp_path):
 
 
 def test_seeded_group_splits_are_disjoint_deterministic_and_complete():
-    cfg = load_config(REPO_ROOT / "configs" / "sft_fusion.yaml")
+    cfg = load_config(REPO_ROOT / "clarifyjax" / "presets" / "sft_fusion.yaml")
     train, dev = data.load_sft_pairs(cfg.data, cfg.task)
     again = data.load_sft_pairs(cfg.data, cfg.task)
     assert (train, dev) == again
@@ -129,7 +129,7 @@ def test_seeded_group_splits_are_disjoint_deterministic_and_complete():
     assert round(0.1 * 4843) == len({p.group for p in dev})
     other = data.split_by_group(train + dev, 0.1, seed=1)[1]
     assert {p.group for p in other} != {p.group for p in dev}
-    cfg = load_config(REPO_ROOT / "configs" / "sft_answerer.yaml")
+    cfg = load_config(REPO_ROOT / "clarifyjax" / "presets" / "sft_answerer.yaml")
     train, dev = data.load_sft_pairs(cfg.data, cfg.task)
     assert len(train) + len(dev) == 1676 and not {p.group for p in train} & {p.group for p in dev}
 
@@ -141,7 +141,7 @@ def test_row_limits_and_ppo_situations():
     train, dev = data.load_sft_pairs(data_config, "question")
     assert len(train) == 2000 and len(dev) == 100
     assert len({p.group for p in train}) > 1000  # a seeded sample, not the first 400 situations
-    cfg = load_config(REPO_ROOT / "configs" / "ppo_tiny.yaml")
+    cfg = load_config(REPO_ROOT / "clarifyjax" / "presets" / "ppo_tiny.yaml")
     train_s, dev_s = data.load_ppo_situations(cfg.data)
     assert len(train_s) == 5431 and len(set(train_s)) == 5431
     assert len(dev_s) == cfg.data.dev_situations
@@ -196,7 +196,7 @@ def test_relative_paths_and_no_example_fallback(tmp_path, monkeypatch):
     fake = tmp_path / "elsewhere" / "delta-clarify"
     fake.mkdir(parents=True)
     (fake / "mini.tsv").write_text("id\tsource\tsituation\tquestion\n1\tx\tsit\twhy?\n")
-    monkeypatch.setenv("CLARIFYJAX_SHARED_DATA", str(tmp_path / "elsewhere"))
+    monkeypatch.setenv("CLARIFYJAX_DATA", str(tmp_path / "elsewhere"))
     assert tables.resolve_data_path("../shared/data/delta-clarify/mini.tsv") == fake / "mini.tsv"
     # a path that exists nowhere is an error, even where examples/delta-clarify holds a file of
     # that name (which the old fallback read instead); the fallback belongs to the demo alone.
@@ -208,7 +208,7 @@ def test_relative_paths_and_no_example_fallback(tmp_path, monkeypatch):
     message = str(info.value)
     assert "\n" not in message and message.startswith(
         "data.train_path: data file not found: typo/delta-clarify/train.tsv (looked at "
-        f"{tmp_path / 'typo/delta-clarify/train.tsv'}, {tables.REPO_ROOT / 'typo'}"), message
+        f"{tmp_path / 'typo/delta-clarify/train.tsv'}, {tmp_path / 'elsewhere/typo'}"), message
     assert "examples" not in message
     with pytest.raises(tables.DataError, match=r"^data file not found: typo/delta-clarify/dev\.tsv"):
         tables.read_table("typo/delta-clarify/dev.tsv", data.GOLD_COLUMNS)  # without an option name
@@ -347,7 +347,7 @@ def test_end_to_end_with_the_project_tokenizer(spm_tokenizer):
     import sentencepiece
 
     sp = sentencepiece.SentencePieceProcessor(model_file=str(folder / "spiece.model"))
-    cfg = load_config(REPO_ROOT / "configs" / "sft_question_tiny.yaml",
+    cfg = load_config(REPO_ROOT / "clarifyjax" / "presets" / "sft_question_tiny.yaml",
                       ["data.train_rows=512", "data.dev_rows=64"])
     train, dev = data.load_sft_pairs(cfg.data, cfg.task)
     ds = data.sft_dataset(train, tokenizer, cfg.model, cfg.data.length_buckets)

@@ -358,7 +358,7 @@ def test_unanswerable_reads_the_situation_as_context(tmp_path):
 @pytest.mark.reference
 def test_discriminator_relevance_matches_transformers(tmp_path_factory):
     """The discriminator baseline's P(relevant) from a DeBERTa-v3 classifier folder (what
-    `clarifyjax train configs/sft_discriminator*.yaml` exports): transformers'
+    `clarifyjax train clarifyjax/presets/sft_discriminator*.yaml` exports): transformers'
     DebertaV2ForSequenceClassification softmax on the same (situation, question) pair encoding,
     within 1e-5; an empty candidate scores 0; the best candidate is the most relevant one."""
     import tokenizers
@@ -393,14 +393,14 @@ def test_discriminator_relevance_matches_transformers(tmp_path_factory):
 
 
 def test_train_fraction_keeps_whole_situations():
-    """The data-size ablation's configs (configs/sft_question_data*.yaml) keep a seeded share of
+    """The data-size ablation's configs (clarifyjax/presets/sft_question_data*.yaml) keep a seeded share of
     the training situations, each with all its questions."""
     import dataclasses
 
     from clarifyjax import data
     from clarifyjax.config import load_config
 
-    cfg = load_config(REPO_ROOT / "configs" / "sft_question_data25.yaml")
+    cfg = load_config(REPO_ROOT / "clarifyjax" / "presets" / "sft_question_data25.yaml")
     assert cfg.data.train_fraction == 0.25
     folder = REPO_ROOT / "examples" / "delta-clarify"
     base = dataclasses.replace(cfg.data, train_path=str(folder / "train.tsv"),

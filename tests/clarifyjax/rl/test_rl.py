@@ -264,7 +264,7 @@ out = {{"wi_spec": list(wi.sharding.spec), "value_spec": list(vwi.sharding.spec)
         "reward": [h["train/reward_raw"] for h in r["history"]],
         "finite": bool(all(np.all(np.isfinite(np.asarray(x)))
                            for x in jax.tree.leaves(r["state"].policy_params)))}}
-sft_cfg = load_config({str(REPO_ROOT / "configs/sft_question_tiny.yaml")!r}, [
+sft_cfg = load_config({str(REPO_ROOT / "clarifyjax/presets/sft_question_tiny.yaml")!r}, [
     "run.output_dir={tmp_path}/sft", "model.tokenizer=" + spm, "model.tiny.vocab_size=608",
     "model.tiny.d_model=32", "model.tiny.d_ff=64", "model.max_input_length=32",
     "model.max_target_length=16", "data.train_path={shared_data('delta-clarify/train.tsv')}",

@@ -112,7 +112,7 @@ def test_extra_must_be_json(tmp_path):
                                                                          "b": [1, 0.5]}
     from clarifyjax.config import config_to_dict, load_config
 
-    cfg = load_config(REPO_ROOT / "configs" / "ppo_tiny.yaml")
+    cfg = load_config(REPO_ROOT / "clarifyjax" / "presets" / "ppo_tiny.yaml")
     assert jsonable({"config": cfg}) == {"config": json_roundtrip(config_to_dict(cfg))}
     with pytest.raises(CheckpointError, match=r"extra\.normalizer: a object"):
         jsonable({"normalizer": object()})

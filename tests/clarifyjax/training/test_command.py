@@ -28,7 +28,7 @@ from clarifyjax.models.safetensors_io import CheckpointError
 from helpers.env import REPO_ROOT, shared_data
 from helpers.resume_runs import forget_record
 
-CONFIGS = REPO_ROOT / "configs"
+CONFIGS = REPO_ROOT / "clarifyjax" / "presets"
 SHAPE_ERROR = re.compile(r"checkpoint (?P<where>\S+): '(?P<name>[^']+)' has shape "
                          r"(?P<have>\([\d, ]*\)) in the checkpoint but the model expects "
                          r"(?P<want>\([\d, ]*\))")

@@ -5,7 +5,7 @@ the tokenizers (with their vocabulary against the model's). Every problem is nam
 all of them in one line; `dryrun.check_models=false` plans a run whose models are not there yet
 and still reads the data files.
 
-On configs/sft_question_tiny.yaml and configs/ppo_tiny.yaml, their models replaced by tiny folders
+On clarifyjax/presets/sft_question_tiny.yaml and clarifyjax/presets/ppo_tiny.yaml, their models replaced by tiny folders
 made here; every dry run here stops before compiling (`dryrun.compile=none`).
 """
 from __future__ import annotations
@@ -22,8 +22,8 @@ from clarifyjax.training import dryrun
 from helpers.env import REPO_ROOT, shared_data
 from helpers.tiny_models import tiny_nli_folder, tiny_spm_folder, tiny_t5_folder
 
-SFT = str(REPO_ROOT / "configs/sft_question_tiny.yaml")  # run.output_dir: runs/ in the test's folder
-PPO = str(REPO_ROOT / "configs/ppo_tiny.yaml")
+SFT = str(REPO_ROOT / "clarifyjax/presets/sft_question_tiny.yaml")  # run.output_dir: runs/ in the test's folder
+PPO = str(REPO_ROOT / "clarifyjax/presets/ppo_tiny.yaml")
 NONE = ["dryrun.compile=none"]
 
 
@@ -204,7 +204,7 @@ def test_check_models_false_still_reads_the_data(inputs):
 
 @pytest.mark.e2e
 def test_the_issue_command_exits_2_with_one_line(capsys):
-    """The issue's command: `clarifyjax train configs/sft_question_tiny.yaml
+    """The issue's command: `clarifyjax train clarifyjax/presets/sft_question_tiny.yaml
     data.train_path=/nonexistent/train.tsv --dry-run`."""
     capsys.readouterr()
     status = cli.main(["train", SFT, "data.train_path=/nonexistent/train.tsv", "--dry-run"])

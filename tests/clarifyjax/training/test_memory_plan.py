@@ -1,4 +1,4 @@
-"""launch/memory_plan.py: the bytes per device of configs/ppo_t5_large.yaml, checked against plain
+"""launch/memory_plan.py: the bytes per device of clarifyjax/presets/ppo_t5_large.yaml, checked against plain
 parameter counts (closed forms of the T5 and RoBERTa architectures written here) times bytes, and
 against a plain application of the FSDP rule (split `embed` over fsdp when it divides)."""
 from __future__ import annotations
@@ -63,7 +63,7 @@ def test_parameter_counts_are_the_architectures(mp, plans):
     models = {m["role"]: m for m in p["models"]}
     assert list(models) == ["policy", "value", "reference", "answerer", "fusion", "judge", "nli"]
     for role in ("policy", "reference", "answerer", "fusion", "judge"):
-        assert models[role]["architecture"] == "t5-large", role  # via configs/sft_*.yaml
+        assert models[role]["architecture"] == "t5-large", role  # via clarifyjax/presets/sft_*.yaml
         assert models[role]["n_params"] == t5_count(large), role
     assert models["value"]["n_params"] == t5_count(large) + large["d_model"] + 1  # scalar head
     nli = mp.KNOWN_ARCHITECTURES["roberta-large-wanli"]
@@ -161,4 +161,4 @@ def test_unknown_model_is_a_clear_error(mp):
         mp.main(["rewards.fusion.init=pretrained/mystery", "--hardware", "v4-32",
                  "--judges", "config"])
     with pytest.raises(mp.PlanError, match="kind: ppo"):
-        mp.main([str(REPO_ROOT / "configs" / "sft_judge.yaml")])
+        mp.main([str(REPO_ROOT / "clarifyjax" / "presets" / "sft_judge.yaml")])

@@ -193,7 +193,7 @@ def test_the_tables_of_allowed_keys():
 
 
 def _ppo_config(run_dir, policy, *overrides):
-    return load_config(REPO_ROOT / "configs" / "ppo_tiny.yaml", [
+    return load_config(REPO_ROOT / "clarifyjax" / "presets" / "ppo_tiny.yaml", [
         f"run.output_dir={run_dir}", "run.steps=1", "run.save_every=1", "run.eval_every=0",
         "run.sample_every=0", "run.log_every=1", "run.async_checkpointing=false",
         f"policy.init={policy}", "policy.tokenizer=null", "policy.max_input_length=32",
@@ -292,9 +292,12 @@ def test_a_missing_data_file_names_its_option_before_anything_is_built(
 
 @pytest.mark.e2e
 def test_the_example_files_are_not_a_fallback(tmp_path, capsys, monkeypatch, nothing_built):
-    """`delta-clarify/train.tsv` exists only as examples/delta-clarify/train.tsv, which the old
-    resolver read instead; now it is an error, through the CLI too."""
+    """With a data folder that lacks it, `delta-clarify/train.tsv` exists only as
+    examples/delta-clarify/train.tsv, which the old resolver read instead; now it is an error,
+    through the CLI too."""
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    monkeypatch.setenv("CLARIFYJAX_DATA", str(tmp_path / "data"))  # restored after the test
     assert (REPO_ROOT / "examples" / "delta-clarify" / "train.tsv").is_file()
     rc = cli.main(["train", str(resume_runs.CONFIG), f"run.output_dir={tmp_path / 'run'}",
                    "data.train_path=delta-clarify/train.tsv", "--no-progress"])

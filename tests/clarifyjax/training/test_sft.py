@@ -222,7 +222,8 @@ def _sft_overrides(tmp_path, spm, overrides=()) -> list[str]:
 def _sft_config(tmp_path, spm, overrides=()):
     from clarifyjax.config import load_config
 
-    return load_config(REPO_ROOT / "configs/sft_question_tiny.yaml", _sft_overrides(tmp_path, spm, overrides))
+    return load_config(REPO_ROOT / "clarifyjax/presets/sft_question_tiny.yaml",
+                       _sft_overrides(tmp_path, spm, overrides))
 
 
 @pytest.mark.slow
@@ -293,7 +294,7 @@ def test_cli_train_rejects_unknown_keys(capsys):
     from clarifyjax.cli import main
 
     proc = subprocess.run([sys.executable, "-m", "clarifyjax", "train",
-                           REPO_ROOT / "configs/sft_question_tiny.yaml", "run.steps=2", "optimizer.bogus=1"],
+                           REPO_ROOT / "clarifyjax/presets/sft_question_tiny.yaml", "run.steps=2", "optimizer.bogus=1"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "clarifyjax train: error:" in proc.stderr
@@ -304,17 +305,17 @@ def test_cli_train_rejects_unknown_keys(capsys):
         status = main(["train", *args])
         return status, capsys.readouterr().err
 
-    status, err = cli(str(REPO_ROOT / "configs/sft_question_tiny.yaml"), "optimizer.bogus=1", "--dry-run")
+    status, err = cli(str(REPO_ROOT / "clarifyjax/presets/sft_question_tiny.yaml"), "optimizer.bogus=1", "--dry-run")
     assert status == 2 and "unknown key 'optimizer.bogus'" in err
-    status, err = cli("configs/no_such.yaml")
-    assert status == 2 and "config file not found: configs/no_such.yaml" in err
+    status, err = cli("clarifyjax/presets/no_such.yaml")
+    assert status == 2 and "config file not found: clarifyjax/presets/no_such.yaml" in err
 
 
 @pytest.mark.e2e
 @pytest.mark.child
 @pytest.mark.slow
 def test_cli_train_runs_exports_and_resumes(tmp_path_factory, tmp_path):
-    """`clarifyjax train configs/sft_question_tiny.yaml key=value ...`: 2 steps, export, then the
+    """`clarifyjax train clarifyjax/presets/sft_question_tiny.yaml key=value ...`: 2 steps, export, then the
     same command with run.steps=3 continues from the step-2 checkpoint (data position included).
     (The model and shapes of the loop test above: its compiled programs are reused.)"""
     import subprocess
@@ -323,7 +324,7 @@ def test_cli_train_runs_exports_and_resumes(tmp_path_factory, tmp_path):
     from helpers.tiny_models import tiny_spm_folder
 
     spm = tiny_spm_folder(tmp_path_factory, vocab_size=600)
-    args = [str(REPO_ROOT / "configs/sft_question_tiny.yaml"), *_sft_overrides(tmp_path, spm, [
+    args = [str(REPO_ROOT / "clarifyjax/presets/sft_question_tiny.yaml"), *_sft_overrides(tmp_path, spm, [
         "data.train_rows=64", "data.dev_rows=16", "run.steps=2", "run.eval_every=0",
         "run.log_every=1", "optimizer.warmup_steps=2"])]
     proc = subprocess.run([sys.executable, "-m", "clarifyjax", "train", *args, "--no-progress"],

@@ -1,5 +1,5 @@
 """The discriminator trained as an encoder classifier by the supervised trainer (issue 14):
-configs/sft_discriminator_tiny.yaml on a tiny random DeBERTa-v3-like
+clarifyjax/presets/sft_discriminator_tiny.yaml on a tiny random DeBERTa-v3-like
 `DebertaV2ForSequenceClassification` (made here by `models.tiny`), on (situation, question,
 label) rows that `discriminator_rows` builds from δ-CLARIFY train.tsv (hard negatives from seeded
 random embeddings: the nearest "similar" situations are arbitrary, which is enough for a loop test).

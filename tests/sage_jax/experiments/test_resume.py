@@ -1,4 +1,4 @@
-"""`sage-jax experiment` on recorded answers (file generators; configs/sage/experiments/
+"""`sage-jax experiment` on recorded answers (file generators; sage_jax/presets/experiments/
 temperature_recorded.yaml's shape, with recorded rules of thumb too): killed with SIGKILL in each
 stage of its runs and run again, it writes byte for byte the files of an uninterrupted run; rerun
 into its finished folder with other settings (another seed, other questions, a missing data

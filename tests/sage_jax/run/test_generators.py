@@ -3,7 +3,7 @@
 * A local OpenAI-style server on 127.0.0.1 that answers 400 to any request argument it does not
   know, as OpenAI's own API does ("Unrecognized request argument supplied"; its chat endpoint
   knows no top_k, its completions endpoint takes top_k here as vLLM's does), serves a whole run of
-  configs/sage/run_endpoint.yaml (completions for vicuna, chat for GPT, completions for the RoT
+  sage_jax/presets/run_endpoint.yaml (completions for vicuna, chat for GPT, completions for the RoT
   writer), under `code` and under `ours`: every request is accepted, the chat target is sent what
   each preset says (under `code` exactly the reference's `model, messages, temperature=0.8`), its
   whole reply is kept, and config.yaml records what was sent.
@@ -114,7 +114,7 @@ def test_a_whole_run_endpoint_run_against_a_server_that_refuses_unknown_argument
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     app, seen = strict_openai_app()
     with BackgroundServer(app) as server:
-        raw = read_yaml(REPO_ROOT / "configs" / "sage" / "run_endpoint.yaml")
+        raw = read_yaml(REPO_ROOT / "sage_jax" / "presets" / "run_endpoint.yaml")
         for g in [m["generator"] for m in raw["models"]] + [raw["rot"]["generator"]]:
             g["base_url"] = server.url + "/v1"
         raw.update(preset=preset, limit=3, quiet=True, out=str(tmp_path / "out"),

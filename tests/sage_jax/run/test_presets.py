@@ -18,15 +18,15 @@ from sage_jax.run import prompts
 
 @pytest.mark.parametrize("name", ["run_local.yaml", "run_endpoint.yaml", "run_recorded.yaml"])
 def test_the_example_configs_load_and_resolve(name):
-    # in configs/sage/: configs/*.yaml are the training configs that tests/test_config*.py load
-    cfg = load_run_config(REPO_ROOT / "configs" / "sage" / name, ["limit=5"])
+    # in sage_jax/presets/: clarifyjax/presets/*.yaml are the training configs that tests/test_config*.py load
+    cfg = load_run_config(REPO_ROOT / "sage_jax" / "presets" / name, ["limit=5"])
     assert cfg.models and cfg.limit == 5
     resolved = presets.resolve(cfg)
     assert resolved.score.embedder and resolved.score.bertscore_model  # never null in a report
 
 
 def test_run_endpoint_writes_rots_with_the_references_vicuna():
-    cfg = load_run_config(REPO_ROOT / "configs" / "sage" / "run_endpoint.yaml")
+    cfg = load_run_config(REPO_ROOT / "sage_jax" / "presets" / "run_endpoint.yaml")
     assert cfg.preset == "code" and cfg.rot.generator.model == "vicuna-13b-v1.3"  # generate_rots.py:11
 
 
