@@ -286,6 +286,7 @@ def _sampler(cfg, tokenizer, m: builders.PPOModels, reward_fn, mesh) -> RolloutS
                           sampling=h.sampling, clean_up_spaces=h.clean_up_tokenization_spaces,
                           decode_situations=h.reward_situations == "decoded",
                           logprob_temperature=h.logprob_temperature,
+                          score_chunks=h.minibatches,
                           stop_token_ids=getattr(tokenizer, "stop_ids", ()))
 
 

@@ -104,7 +104,7 @@ def test_train_is_on_policy_resumes_exactly_and_exports(folders, situations, tmp
                                                           monkeypatch):
     """Three steps, then the same run resumed from its checkpoint of step 2 (as after a stop):
     the same parameters bit for bit. At every step the log-probs the rollout recorded are those
-    the update's own policy function gives the whole rollout (`policy.make_ppo_fns`), exactly."""
+    the update's own policy function gives its minibatches (`policy.make_ppo_fns`), exactly."""
     seen = []
     sample = RolloutSampler.rollout
 
@@ -131,9 +131,11 @@ def test_train_is_on_policy_resumes_exactly_and_exports(folders, situations, tmp
     # the on-policy check, at every step of both runs
     assert len(seen) == 4 and all(len(questions) == 8 for *_, questions in seen)
     learner = jax.jit(policy.make_ppo_fns(seen[0][0], None)[0])  # the runs' graphdefs are equal
-    for _, params, rollout, _ in seen:
-        np.testing.assert_array_equal(np.asarray(learner(params, rollout)[0]),
-                                      np.asarray(rollout.logprobs))
+    for _, params, rollout, _ in seen:  # in the update's two minibatches of 4 rows
+        for rows in (slice(0, 4), slice(4, 8)):
+            minibatch = jax.tree.map(lambda x, rows=rows: x[rows], rollout)
+            np.testing.assert_array_equal(np.asarray(learner(params, minibatch)[0]),
+                                          np.asarray(minibatch.logprobs))
     # the export loads again as the trained policy, and its prompt is the chat template's
     exported = split_model(load_causal_lm(whole["final"])[1])[1]
     for a, b in zip(jax.tree.leaves(exported), jax.tree.leaves(whole["state"].policy_params)):
