@@ -104,7 +104,8 @@ def make_rollout_scorer(policy_graphdef, value_graphdef, temperature: float = 1.
     chunks of rows one after the other (the update's minibatches), so that the recorded log-probs
     are bit for bit those the same function gives the same rows in the learner's shape: one
     program in which policy, reference and value fuse together, or another number of rows, rounds
-    differently (1e-6 on a CPU at XLA's lowest optimization level)."""
+    differently (1e-6 on a CPU at XLA's lowest optimization level). `score.cache_size()`: the
+    programs its two functions have compiled."""
     policy_fn, value_fn = make_ppo_fns(policy_graphdef, value_graphdef, temperature)
     logprobs, values = jax.jit(policy_fn), jax.jit(value_fn)
 
@@ -126,6 +127,8 @@ def make_rollout_scorer(policy_graphdef, value_graphdef, temperature: float = 1.
         out = tuple(jnp.concatenate(p) for p in zip(*parts))
         placed = getattr(arrays[2], "sharding", None)  # the responses' (batch) sharding
         return out if placed is None else jax.device_put(out, placed)
+
+    score.cache_size = lambda: logprobs._cache_size() + values._cache_size()  # programs compiled
     return score
 
 
