@@ -151,3 +151,16 @@ def test_the_policy_family_decides_the_prompt_settings(folders, situations, tmp_
         builders.check_policy_family(cfg)
     with pytest.raises(ConfigError, match="policy.prompt_template"):
         _config(folders["llama"], situations, tmp_path, 1, ["policy.prompt_template=no slot"])
+
+
+def test_plain_prompts_and_questions_that_end_at_the_stop_ids(folders):
+    text = CausalPolicyText(folders["qwen3"], "plain", "S: {situation}\nQ:", eos_ids=(2, 7))
+    assert text.prompt("lying") == "S: lying\nQ:" and text.stop_ids == (2, 7)
+    ids, mask = text.encode_batch([text.prompt("lying"), text.prompt("a")], 64)
+    assert ids[0, 0] == 1 and mask.sum(axis=1).tolist() == [len(text.tokenizer.encode(
+        "S: lying\nQ:")), len(text.tokenizer.encode("S: a\nQ:"))]  # BOS, right-padded
+    with pytest.raises(ValueError, match="policy.max_input_length = 4"):
+        text.encode_batch([text.prompt("lying")], 4)
+    hello = text.tokenizer.encode("Why?", raw_bos=False)
+    rows = np.array([hello + [7, 60, 61], hello + [2, 2, 2], hello + [61, 62, 63]])
+    assert text.decode_batch(rows) == ["Why?", "Why?", text.tokenizer.decode(rows[2]).strip()]
