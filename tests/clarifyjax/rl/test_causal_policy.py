@@ -1,5 +1,5 @@
 """Issue 38, part B: a decoder-only question policy (a tiny Llama and a tiny Qwen3, d_model 32, 2
-layers, vocabulary 256) in PPO. Its teacher-forced log-probs are `decoding.score`'s, its value
+layers, vocabulary 259) in PPO. Its teacher-forced log-probs are `decoding.score`'s, its value
 model is causal and aligned with them, the rollout's recorded log-probs and values equal the
 learner's recomputed ones exactly (float32, CPU), and `clarifyjax train`'s loop runs it, resumes
 after a stop to the same parameters bit for bit, and exports a folder that loads again."""
