@@ -115,13 +115,17 @@ def test_train_is_on_policy_resumes_exactly_and_exports(folders, situations, tmp
 
     monkeypatch.setattr(RolloutSampler, "rollout", spy)
     folder = folders["llama"]
-    whole = loops.train_ppo(_config(folder, situations, tmp_path / "whole", 3), reward_fn=_reward,
-                            tensorboard=False, progress=False)
+    evaluate = ["run.eval_every=3"]  # before the first step and after the last
+    whole = loops.train_ppo(_config(folder, situations, tmp_path / "whole", 3, evaluate),
+                            reward_fn=_reward, tensorboard=False, progress=False)
     shutil.copytree(tmp_path / "whole", tmp_path / "stopped", ignore=shutil.ignore_patterns("final"))
     shutil.rmtree(tmp_path / "stopped" / "checkpoints" / "3")  # stopped after step 2
-    resumed = loops.train_ppo(_config(folder, situations, tmp_path / "stopped", 3),
+    resumed = loops.train_ppo(_config(folder, situations, tmp_path / "stopped", 3, evaluate),
                               reward_fn=_reward, tensorboard=False, progress=False, export=False)
     assert (whole["step"], resumed["step"], len(resumed["history"])) == (3, 3, 1)
+    # the dev evaluation of a decoder policy: its questions, and the reference's NLL of them
+    assert whole["eval"] == resumed["eval"] and len(whole["eval_rows"]["questions"]) == 4
+    assert whole["first_eval"]["eval/ref_nll"] > 0 and whole["eval"]["eval/ref_nll"] > 0
     for a, b in zip(jax.tree.leaves(whole["state"].policy_params),
                     jax.tree.leaves(resumed["state"].policy_params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
