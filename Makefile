@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | md5sum | cut -c1-12)
 PYTEST_ARGS ?=
 
-.PHONY: setup browser demo lint test test-fast durations durations-fast bench clean
+.PHONY: setup browser demo lint docs test test-fast durations durations-fast bench clean
 
 setup: $(STAMP) browser
 
@@ -46,6 +46,17 @@ test: setup
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
+# The documentation site (mkdocs.yml): the guide's pages and the API reference from the docstrings,
+# built into site/ with warnings as errors. It needs no network (no inventories, no CDN).
+DOCS_STAMP := $(VENV)/.docs-$(shell cat pyproject.toml | md5sum | cut -c1-12)
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[docs]'
+	rm -f $(VENV)/.docs-*
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	$(PY) -m mkdocs build --strict
+
 # For iteration: everything but the tests marked slow, child (starts processes), e2e (whole
 # commands) and reference (PyTorch / reference packages): tests/multiprocess/ is child and
 # tests/commands/ e2e (tests/helpers/tiers.py); elsewhere the markers are written on the tests.
@@ -68,4 +79,4 @@ bench: setup
 	$(PY) launch/sage_plan.py --docs  # docs/usage.md's corpus plan reads the CPU rates just measured
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

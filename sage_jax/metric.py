@@ -39,14 +39,16 @@ def _concrete(value, name: str):
     raise ValueError(f"{name} must be a number, got {value!r}")
 
 
-# Arguments are checked at each public function's boundary, each bad one a ValueError naming it
-# (docs/reliability.md, "Python API"): shapes, a real dtype, a width d >= 1 and the mask's dtype
-# eagerly and under `jax.jit` alike; alpha, the weight, chunk_size and mask values (0 / 1) when
-# concrete. A traced alpha or weight outside its range makes every score NaN (it cannot raise).
+# Which arguments are checked, and when: docs/api/metric.md, "Argument checks".
 def check_number(value, name: str, low: float, high: float, *, low_open: bool = False,
                  integer: bool = False):
     """`value` if it is a finite number in [low, high] ((low, high] with low_open), else a
-    ValueError naming `name` (e.g. "alpha" or "--alpha"); traced values pass unchecked."""
+    ValueError naming `name` (e.g. "alpha" or "--alpha"); traced values pass unchecked.
+
+    Examples:
+      >>> check_number(0.5, "chunk_size", 1, 2**31 - 1, integer=True)
+      Traceback (most recent call last):
+      ValueError: chunk_size must be an integer in [1, 2147483647], got 0.5"""
     number = _concrete(value, name)
     if number is None:
         return value
@@ -62,12 +64,22 @@ def check_number(value, name: str, low: float, high: float, *, low_open: bool = 
 
 def check_alpha(alpha, name: str = "alpha"):
     """alpha, the exponent of the strengths: finite, in (0, ALPHA_MAX] (0 makes p uniform and
-    negative values reverse the metric; neither is SaGE)."""
+    negative values reverse the metric; neither is SaGE).
+
+    Examples:
+      >>> check_alpha(0.0, "--alpha")
+      Traceback (most recent call last):
+      ValueError: --alpha must be a finite number in (0, 1000000], got 0.0"""
     return check_number(alpha, name, 0.0, ALPHA_MAX, low_open=True)
 
 
 def check_weight(weight, name: str = "weight"):
-    """The answers' weight in a blend: in [0, 1] (a convex mix of two cosines stays a cosine)."""
+    """The answers' weight in a blend: in [0, 1] (a convex mix of two cosines stays a cosine).
+
+    Examples:
+      >>> check_weight(1.5, "--rot-weight")
+      Traceback (most recent call last):
+      ValueError: --rot-weight must be a finite number in [0, 1], got 1.5"""
     return check_number(weight, name, 0.0, 1.0)
 
 
@@ -87,14 +99,11 @@ def _real_array(value, name: str, embeddings: bool = False) -> jax.Array:
 
 
 def _gram(x: jax.Array) -> jax.Array:
-    """[b, n, d] -> [b, n, n] inner products of each question's vectors.
-
-    A batched dot. On XLA:CPU (jax 0.10) it and the alternatives all go to the YNNPACK backend,
-    where, measured on 100,000 x 5 x 384 in blocks of BLOCK questions, the dot beats a
-    broadcast multiply-and-reduce (with or without a lanes split of d) by about 1.4x; forms that
-    slice pairs out (the C(n, 2) upper triangle, shifted copies) leave YNNPACK and run 2-8x slower
-    (benchmarks/results/sage_pipeline.json, metric.profile).
-    """
+    """[b, n, d] -> [b, n, n] inner products of each question's vectors: a batched dot. On XLA:CPU (jax
+    0.10) it and the alternatives all go to the YNNPACK backend, where, measured on 100,000 x 5 x 384 in
+    blocks of BLOCK questions, the dot beats a broadcast multiply-and-reduce (with or without a lanes
+    split of d) by about 1.4x; forms that slice pairs out (the C(n, 2) upper triangle, shifted copies)
+    leave YNNPACK and run 2-8x slower (benchmarks/results/sage_pipeline.json, metric.profile)."""
     return jnp.einsum("bid,bjd->bij", x, x, precision=jax.lax.Precision.HIGHEST)
 
 
@@ -138,7 +147,13 @@ def pairwise_cosine(embeddings: jax.Array, mask: jax.Array | None = None
       (similarity [batch, n, n] float32 in [-1, 1], ok [batch, n] bool): `ok` is False for vectors
       holding a NaN/inf; their rows and columns of `similarity` are 0, as are an all-zero vector's.
       At masked positions `ok` may also be False for a finite vector.
-    """
+
+    Examples:
+      >>> similarity, ok = jax.jit(pairwise_cosine)(jnp.array([[[1.0, 0.0], [0.0, 2.0], [3.0, 0.0]]]))  # or eagerly
+      >>> print(similarity[0], ok)
+      [[1. 0. 1.]
+       [0. 1. 0.]
+       [1. 0. 1.]] [[ True  True  True]]"""
     x = _real_array(embeddings, "embeddings", True)
     mask = _default_mask(x.shape[:2], mask)
     # The cosine is scale-invariant, float32 products are not: 1e20^2 overflows to inf and
@@ -154,7 +169,12 @@ def pairwise_cosine(embeddings: jax.Array, mask: jax.Array | None = None
 
 def blend_similarity(sim_answers: jax.Array, sim_rots: jax.Array, weight: float = 0.8) -> jax.Array:
     """The reference's `use_rots` edge weights: weight * cos(answers) + (1 - weight) * cos(RoTs),
-    of sim_answers and sim_rots [batch, n, n] -> [batch, n, n]; weight in [0, 1]."""
+    of sim_answers and sim_rots [batch, n, n] -> [batch, n, n]; weight in [0, 1].
+
+    Examples:
+      >>> print(blend_similarity(jnp.ones((1, 2, 2)), jnp.zeros((1, 2, 2)), weight=0.75))
+      [[[0.75 0.75]
+        [0.75 0.75]]]"""
     weight = check_weight(weight)
     sim_answers = _real_array(sim_answers, "sim_answers")
     sim_rots = _real_array(sim_rots, "sim_rots")
@@ -178,19 +198,7 @@ def _default_mask(shape: tuple[int, ...], mask: jax.Array | None) -> jax.Array:
     return mask.astype(bool)
 
 
-# Reproduction of the reference's collapsing of identical strings (opt-in, `groups`: equal ids
-# within a row = identical text). The reference keys its graph nodes by text, so identical texts
-# become one node. Reproduced as follows:
-#   * a group's strength is the SUM of its members' strengths s_i, each computed over all other
-#     texts of the question (members of the same group included, so identical texts add their
-#     cosine of 1); every member brings its own 1e-20;
-#   * k is the number of distinct groups among the valid positions, and H is taken over the groups;
-#   * lambda is the reference's `avg`: the mean of W over all n(n-1)/2 pairs of valid positions, the
-#     pairs of identical texts included (self-loops of a collapsed node, which the reference still
-#     counts). It is the same lambda as without `groups`; only H changes;
-#   * a question whose valid texts are all identical (k = 1 with >= 2 texts) scores 0, not 1: the
-#     reference's bug ("perfect agreement scores 0"), reproduced only in this mode.
-# With `groups=None` (the default, and the metric we recommend) every position is its own node.
+# `groups` reproduces the reference's collapsing of identical strings: docs/api/metric.md, "groups".
 def _check_groups(groups: jax.Array | None, shape: tuple[int, ...]) -> jax.Array | None:
     if groups is None:
         return None
@@ -202,15 +210,7 @@ def _check_groups(groups: jax.Array | None, shape: tuple[int, ...]) -> jax.Array
     return groups
 
 
-# Precision: float32, or float64 when the inputs are float64 and `jax.enable_x64` is on. The
-# reference's `entropy()` works in Python floats over float32 cosines; float32 strengths raised to
-# alpha = 10 move a score by up to ~1.5e-6, so `sage_jax.scoring` scores in float64 on the host CPU.
-# Bad vectors: a valid position whose embedding holds a NaN/inf (or a similarity between two valid
-# positions that is non-finite or outside [-1, 1] beyond float32 rounding) makes the question's score
-# NaN, so that `mean_sage` counts it as skipped instead of averaging a made-up number. Rows with
-# fewer than 2 valid texts are NaN too. An all-zero vector agrees with nothing: its cosine with every
-# text (another zero vector included) is 0, as torch's `cosine_similarity`, so the score is finite.
-# Every finite score lies in [-1, 1] (float32 rounding is clipped).
+# Precision, bad vectors (NaN scores) and the range: docs/api/metric.md, "Precision and bad vectors".
 def _sage_core(similarity: jax.Array, valid: jax.Array, groups: jax.Array | None,
                alpha: jax.Array) -> jax.Array:
     """SaGE from similarities. similarity [b, n, n], valid [b, n] bool, groups [b, n] or None -> [b]."""
@@ -260,11 +260,10 @@ def _sage_core(similarity: jax.Array, valid: jax.Array, groups: jax.Array | None
 def _in_blocks(fn, arrays: tuple, block: int = BLOCK) -> jax.Array:
     """fn(*arrays) for [batch, ...] arrays (None allowed), `block` questions at a time -> [batch].
 
-    XLA on CPU runs one huge batch of tiny [n, d] x [d, n] products poorly (7x slower on
-    100,000 x 5 x 384 than in blocks of 32); a loop over cache-sized blocks of questions keeps
-    each block's vectors in cache while they are used.
-    Each step slices the inputs in place (dynamic_slice), so nothing is padded.
-    """
+    XLA on CPU runs one huge batch of tiny [n, d] x [d, n] products poorly (7x slower on 100,000 x 5
+    x 384 than in blocks of 32); a loop over cache-sized blocks of questions keeps each block's
+    vectors in cache while they are used. Each step slices the inputs in place (dynamic_slice), so
+    nothing is padded."""
     batch = next(a for a in arrays if a is not None).shape[0]
     n_blocks, rest = divmod(batch, block)
     if n_blocks <= 1:
@@ -325,7 +324,11 @@ def sage_blend(answer_embeddings: jax.Array, rot_embeddings: jax.Array, mask: ja
       groups: optional [batch, n] int (e.g. identical answers); see `sage_from_similarity`.
     Returns:
       [batch] float32 in [-1, 1]; NaN as in `sage`, for either embedding.
-    """
+
+    Examples:
+      >>> answers, rots = jnp.ones((1, 3, 2)), jnp.array([[[1.0, 0.0], [0.0, 1.0], [1.0, 0.0]]])
+      >>> print([round(float(s), 4) for s in sage_blend(answers, rots, weight=0.8)])
+      [0.7838]"""
     answer_embeddings = _real_array(answer_embeddings, "answer_embeddings", True)
     rot_embeddings = _real_array(rot_embeddings, "rot_embeddings", True)
     if answer_embeddings.shape[:2] != rot_embeddings.shape[:2]:
@@ -348,12 +351,16 @@ def sage_from_similarity(similarity: jax.Array, mask: jax.Array | None = None, *
       mask: [batch, n] bool or 0 / 1 (values checked when concrete); None means all valid.
       alpha: exponent of the strengths (10), in (0, ALPHA_MAX]; traced under jit, outside it: NaN.
       groups: optional [batch, n] int, equal ids within a row = identical text; reproduces the
-        reference's collapsing of identical strings (see above `_check_groups`).
+        reference's collapsing of identical strings (docs/api/metric.md, "groups").
 
     Returns:
       [batch] float32 in [-1, 1]; NaN for rows with fewer than 2 valid texts or a similarity that
       is non-finite or outside [-1, 1] (beyond SIMILARITY_TOLERANCE).
-    """
+
+    Examples:
+      >>> similarity = jnp.array([[[1.0, 0.5, 0.5], [0.5, 1.0, 0.5], [0.5, 0.5, 1.0]]])
+      >>> print([round(float(s), 4) for s in sage_from_similarity(similarity)])  # lambda 0.5, H 1
+      [0.5]"""
     similarity = _real_array(similarity, "similarity")
     if similarity.ndim != 3 or similarity.shape[-1] != similarity.shape[-2]:
         raise ValueError(f"similarity must be [batch, n, n], got shape {similarity.shape}")
@@ -377,7 +384,11 @@ def sage(embeddings: jax.Array, mask: jax.Array | None = None, *, alpha: float =
       [batch] float32 in [-1, 1], whatever the scale of the vectors; NaN for rows with fewer than 2
       valid texts or a valid text whose vector holds a NaN/inf. An all-zero vector has cosine 0
       with every text (finite score).
-    """
+
+    Examples:
+      >>> same, split = [[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]], [[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]
+      >>> print([round(float(s), 4) for s in sage(jnp.array([same, split]))])
+      [1.0, 0.2103]"""
     embeddings = _real_array(embeddings, "embeddings", True)
     mask = _default_mask(embeddings.shape[:2], mask)
     groups = _check_groups(groups, embeddings.shape[:2])
@@ -402,7 +413,10 @@ def mean_sage(scores: jax.Array) -> tuple[jax.Array, jax.Array]:
         is either, and averaging one in would report a number outside the metric's range.
     Returns:
       (mean, n_skipped): float32 scalar (NaN if every score is NaN) and int32 scalar.
-    """
+
+    Examples:
+      >>> print(*mean_sage(jnp.array([0.5, jnp.nan, 1.0])))  # the mean of 0.5 and 1.0; 1 skipped
+      0.75 1"""
     scores = _real_array(scores, "scores").astype(jnp.float32)
     if scores.ndim != 1:
         raise ValueError(f"scores must be [batch], got shape {scores.shape}")
@@ -412,11 +426,6 @@ def mean_sage(scores: jax.Array) -> tuple[jax.Array, jax.Array]:
         raise ValueError(f"scores must be NaN or in [-1, 1]; scores[{int(wrong[0])}] = {float(scores[wrong[0]])} "
                          f"({len(wrong)} such value{'s' if len(wrong) > 1 else ''})")
     return _mean_sage_jit(scores)
-
-
-def _pad_rows(x: jax.Array, rows: int) -> jax.Array:
-    missing = rows - x.shape[0]
-    return jnp.concatenate([x, jnp.zeros((missing,) + x.shape[1:], x.dtype)], axis=0) if missing else x
 
 
 def sage_chunked(embeddings, mask=None, *, groups=None, similarity=None, rot_embeddings=None,
@@ -440,7 +449,14 @@ def sage_chunked(embeddings, mask=None, *, groups=None, similarity=None, rot_emb
 
     Returns:
       [N] float32 scores.
-    """
+
+    Examples:
+      >>> same, split = [[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]], [[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]
+      >>> x = jnp.array([same, split, split, same])
+      >>> print([round(float(s), 4) for s in sage_chunked(x, chunk_size=2, on_chunk=print)])
+      2 4
+      4 4
+      [1.0, 0.2103, 0.2103, 1.0]"""
     if (embeddings is None) == (similarity is None):
         raise ValueError("give exactly one of embeddings [N, n, d] and similarity [N, n, n]")
     if rot_embeddings is not None and (embeddings is None or rot_embeddings.shape[:2] != embeddings.shape[:2]):
@@ -459,6 +475,8 @@ def sage_chunked(embeddings, mask=None, *, groups=None, similarity=None, rot_emb
     alpha = jnp.asarray(check_alpha(alpha), real)
     blend_weight = check_weight(blend_weight, "blend_weight")
     outputs = []
+    _pad_rows = lambda x, rows: jnp.concatenate(  # noqa: E731
+        [x, jnp.zeros((rows - x.shape[0],) + x.shape[1:], x.dtype)]) if rows > x.shape[0] else x
     for start in range(0, total, chunk_size):
         stop = min(start + chunk_size, total)
         rows = stop - start

@@ -39,13 +39,16 @@ def _distinct_per_row(index: np.ndarray) -> np.ndarray:
 class Loaded:
     """One input file, read and checked: everything scoring needs except the model."""
 
-    def __init__(self, path: Path, name: str, args):
+    def __init__(self, path: Path, name: str, args, questions: Sequence | None = None):
+        """`questions`: the file's questions already read (`data.Question`s; the lm-eval task's
+        answers, `harness_tasks.sage_moral`), else read from `path`."""
         from sage_jax import data
 
         self.path, self.name = path, name
         self.need = TEXT_FIELDS[args.text]
-        self.questions = data.read_questions(path, format=args.format, columns=args.columns, need=self.need,
-                                             weight_columns=[args.edge_weights] if args.edge_weights else None)
+        self.questions = list(questions) if questions is not None else data.read_questions(
+            path, format=args.format, columns=args.columns, need=self.need,
+            weight_columns=[args.edge_weights] if args.edge_weights else None)
         big = max(self.questions, key=lambda q: q.n)
         if big.n > MAX_TEXTS:
             raise data.DataError(f"{path}:{big.lines[0]}: question {big.question_id} has {big.n} rows, more "

@@ -218,7 +218,8 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
     ``kl_horizon`` need ``adaptive_kl``."""
 
     batch_size: int = 64
-    # the KL penalty's coefficient (`ppo.FixedKL`, or `ppo.AdaptiveKL` from it)
+    # the KL penalty's coefficient (`ppo.FixedKL`, or `ppo.AdaptiveKL` from it); for grpo, the
+    # beta of its k3 KL loss term
     kl_coef: float = 0.15
     adaptive_kl: bool = False
     kl_target: float = 6.0
@@ -227,7 +228,8 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
     sampling: Sampling = PPO_SAMPLING
     # questions sampled per situation in a rollout batch (`batch_size` counts questions); with
     # more than one, each question's reward is paid relative to the mean of its situation's others
-    # (a leave-one-out baseline), so that the situation's own difficulty cancels out
+    # (a leave-one-out baseline), so that the situation's own difficulty cancels out; rloo and
+    # grpo (`algorithm`) need at least 2, their group
     samples_per_situation: int = 1
     # the dev evaluation: 0 = one greedy question per situation; k = k questions sampled as in
     # training, each situation scored by their mean (the quantity PPO raises)
@@ -283,17 +285,26 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
         if not self.adaptive_kl:
             refuse_changed(self, at, dict.fromkeys(("kl_target", "kl_horizon"),
                                                    f"{at}.adaptive_kl is false"))
+        if self.algorithm != "ppo":
+            no_value = f"{at}.algorithm = {self.algorithm} has no value model and no GAE"
+            unused = dict.fromkeys(("value_clip", "vf_coef", "gamma", "lam", "whiten_rewards"),
+                                   no_value)
+            if self.algorithm == "grpo":  # its group-normalised advantages are not whitened again
+                unused["whiten_advantages"] = f"{at}.algorithm = grpo normalises by the group's std"
+            refuse_changed(self, at, unused)
+        if self.algorithm != "ppo" and self.samples_per_situation < 2:
+            raise ConfigError(f"{at}.algorithm = {self.algorithm} needs {at}.samples_per_situation "
+                              f">= 2 (its baseline is the other samples of the situation), got "
+                              f"{self.samples_per_situation}", key=f"{at}.samples_per_situation")
 
 
 @dataclasses.dataclass(frozen=True)
 class PolicyConfig(ModelConfig):
-    """A PPO run's question policy: a `ModelConfig` (a T5, or a decoder-only folder of
-    `models.hf.load_causal_lm`'s families, told apart by its config.json ``model_type``) and,
-    for a decoder-only policy, its prompt (`rl.prompts`): ``prompt_format`` chat (the folder's
-    chat template around one user message: ``prompt_template``, the instruction and the
-    situation) or plain (``prompt_template`` as it is); a template holds ``{situation}``, null
-    is `rl.prompts.DEFAULT_TEMPLATES`'s. A T5 policy reads neither (its input is "question: "
-    + the situation); a decoder-only one needs ``prompt_format``."""
+    """A PPO run's question policy: a `ModelConfig` (a T5, or a decoder-only folder, told apart
+    by its config.json ``model_type``) and a decoder-only policy's prompt (`rl.prompts`, needed by
+    it, refused for a T5): ``prompt_format`` chat (the folder's chat template around one user
+    message, ``prompt_template``) or plain (the template as it is); a template holds
+    ``{situation}``, null is `rl.prompts.DEFAULT_TEMPLATES`'s."""
 
     prompt_format: Literal["chat", "plain"] | None = None
     prompt_template: str | None = None
@@ -301,8 +312,7 @@ class PolicyConfig(ModelConfig):
     def check(self, at: str) -> None:
         super().check(at)
         if self.prompt_format is None:
-            refuse_changed(self, at, {"prompt_template": f"{at}.prompt_format is null (a T5 "
-                                                         "policy)"})
+            refuse_changed(self, at, {"prompt_template": f"{at}.prompt_format is null (a T5)"})
         elif self.tiny is not None:
             raise ConfigError(f"{at}.prompt_format: a tiny random policy is a T5; a decoder-only "
                               f"policy is a folder ({at}.init)", key=f"{at}.prompt_format")
@@ -314,12 +324,10 @@ class PolicyConfig(ModelConfig):
 @dataclasses.dataclass(frozen=True)
 class ValueConfig:
     """The value model: a separate model of the policy's family with a scalar head on every
-    response position (a T5, or a decoder-only trunk: `rl.value`).
-
-    ``model: null`` starts from the policy's initial weights (plus a new head), as the original
-    did. (A head on the policy's own trunk is not available: `ppo.make_ppo_update` gives the value
-    function only the value parameters; docs/ppo.md says why.)
-    """
+    response position (a T5, or a decoder-only trunk: `rl.value`). ``model: null`` starts from
+    the policy's initial weights (plus a new head), as the original did. (A head on the policy's
+    own trunk is not available: `ppo.make_ppo_update` gives the value function only the value
+    parameters; docs/ppo.md says why.)"""
 
     model: ModelConfig | None = None
     # the scalar head's start: zero (ours: V = 0 until it learns, so it adds no noise to the
@@ -410,6 +418,9 @@ class PPOConfig:
 
     def check(self, at: str) -> None:
         self.policy.check_tokenizer("policy")
+        if self.ppo.algorithm != "ppo":
+            refuse_changed(self.value, "value", dict.fromkeys(
+                ("model", "head_init"), f"ppo.algorithm = {self.ppo.algorithm} has no value model"))
         # (the reward models' keys: RewardConfig.check, as score-questions reads that section too)
         refuse_unused_model_keys(self, {role: unused for role, unused in
                                          PPO_UNUSED_MODEL_KEYS.items()

@@ -12,6 +12,15 @@ import jax.numpy as jnp
 
 
 class BestSpans(NamedTuple):
+    """What `best_spans` finds in each row: the span's first and last token, its score and whether
+    the question is unanswerable (the span starts at CLS).
+
+    Examples:
+      >>> logits, answer_mask = jnp.array([[5.0, 1.0, 1.0, 1.0, 0.0]]), jnp.array([[0, 1, 1, 1, 0]])
+      >>> spans = best_spans(logits, logits, answer_mask)  # the same start and end logits
+      >>> print(spans.start, spans.end, spans.score, spans.unanswerable)  # CLS wins: unanswerable
+      [0] [0] [10.] [ True]"""
+
     start: jax.Array  # [b] int32, position of the first token
     end: jax.Array  # [b] int32, position of the last token (inclusive)
     score: jax.Array  # [b] float32, start_logit + end_logit after masking
@@ -34,7 +43,13 @@ def best_spans(start_logits: jax.Array, end_logits: jax.Array, answer_mask: jax.
     context included, as AllenNLP tests `best_span[0] == cls_index`); no threshold. So CLS at
     position 0 wins every exact tie with a span starting later; with `cls_index` > 0 a CLS start
     pairs only with ends at or after it.
-    """
+
+    Examples:
+      >>> start = jnp.array([[0.0, 1.0, 3.0, 0.5, 9.0]])  # position 0 is CLS, 4 is padding
+      >>> end = jnp.array([[0.0, 0.5, 1.0, 2.0, 9.0]])
+      >>> spans = best_spans(start, end, jnp.array([[0, 1, 1, 1, 0]]))  # the answer mask
+      >>> print(spans.start, spans.end, spans.score, spans.unanswerable)  # tokens 2..3: 3.0 + 2.0
+      [2] [3] [5.] [False]"""
     s = start_logits.shape[-1]
     allowed = answer_mask.astype(bool) | (jnp.arange(s) == cls_index)[None]
     lowest = jnp.finfo(jnp.float32).min

@@ -83,7 +83,11 @@ def jsd(p, q, axis: int = -1, base: float | None = 2.0, normalize: bool = True) 
     Refused (ValueError): shapes that differ, an `axis` outside them, a bad `base`, a dtype that
     is not real; concrete entries that are NaN, infinite or negative. Traced such entries make
     their row's divergence NaN.
-    """
+
+    Examples:
+      >>> p, q = jnp.array([[1.0, 0.0, 0.0], [0.7, 0.2, 0.1]]), jnp.array([[0.0, 0.0, 1.0], [0.1, 0.2, 0.7]])
+      >>> print([round(float(d), 4) for d in jsd(p, q)])  # in bits: 1 for judgments that share nothing
+      [1.0, 0.3651]"""
     p, q = _probabilities(p, "p"), _probabilities(q, "q")
     dtype = jnp.promote_types(p.dtype, q.dtype)
     p, q = p.astype(dtype), q.astype(dtype)
@@ -114,7 +118,12 @@ def defeasibility_reward(p_weak, p_strong, valid, invalid_reward: float = 0.0) -
         question); those rows get `invalid_reward`, a finite number (checked when concrete).
     Returns:
       `[batch]` float32; NaN for a valid row whose traced probabilities are out of `jsd`'s domain.
-    """
+
+    Examples:
+      >>> p_weak = jnp.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]])
+      >>> p_strong = jnp.array([[0.0, 0.0, 1.0], [0.5, 0.5, 0.0]])
+      >>> print(defeasibility_reward(p_weak, p_strong, jnp.array([True, False]), invalid_reward=-1.0))
+      [ 1. -1.]"""
     if not isinstance(invalid_reward, jax.core.Tracer) and (
             isinstance(invalid_reward, (bool, str)) or not np.isfinite(np.asarray(invalid_reward, float))):
         raise ValueError(f"defeasibility_reward: invalid_reward must be a finite number, got {invalid_reward!r}")
@@ -141,7 +150,12 @@ def average_jsd(p_weak, p_strong, valid=None) -> jnp.ndarray:
 
     `p_weak`, `p_strong`: `[batch, 3]`; `valid`: `[batch]` bool (all True when None). Scalar;
     NaN when nothing is valid or a valid row is out of `jsd`'s domain (traced).
-    """
+
+    Examples:
+      >>> p_weak = jnp.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0]])
+      >>> p_strong = jnp.array([[0.0, 0.0, 1.0], [0.5, 0.5, 0.0]])
+      >>> print(round(float(average_jsd(p_weak, p_strong)), 4), average_jsd(p_weak, p_strong, jnp.array([True, False])))
+      0.5 1.0"""
     div = jsd(p_weak, p_strong, axis=-1)
     if valid is None:
         valid = jnp.ones(div.shape, bool)
@@ -157,7 +171,12 @@ def judgment_flips(p_base, p_updated) -> jnp.ndarray:
     weakener and strengthener answers stacked). Returns `p_updated.shape[:-1]` bool.
     Refused as in `jsd`: a dtype that is not real, and concrete NaN, infinite or negative entries
     (the argmax of a NaN row is no judgment; `flip_rate` gives NaN for traced ones).
-    """
+
+    Examples:
+      >>> p_base = jnp.array([[0.2, 0.7, 0.1], [0.2, 0.7, 0.1]])  # "ok", twice
+      >>> p_updated = jnp.array([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1]])  # after a weakener: "bad"; a strengthener: "ok"
+      >>> print(judgment_flips(p_base, p_updated))
+      [ True False]"""
     p_base = _probabilities(p_base, "p_base")
     p_updated = _probabilities(p_updated, "p_updated")
     base = jnp.argmax(p_base, axis=-1)
@@ -174,7 +193,13 @@ def flip_rate(p_base, p_updated, valid=None) -> jnp.ndarray:
     """Table 4's "Judgment Flips": the share of valid answers whose updated situation changes the
     judge's argmax against the base situation. Shapes as `judgment_flips`; `valid` has
     `p_updated.shape[:-1]` (all True when None). Scalar in [0, 1]; NaN when nothing is valid or a
-    valid answer's traced probabilities (or its base's) are out of `jsd`'s domain."""
+    valid answer's traced probabilities (or its base's) are out of `jsd`'s domain.
+
+    Examples:
+      >>> p_base = jnp.array([[0.2, 0.7, 0.1], [0.2, 0.7, 0.1]])
+      >>> p_updated = jnp.array([[0.8, 0.1, 0.1], [0.1, 0.8, 0.1]])
+      >>> print(flip_rate(p_base, p_updated))
+      0.5"""
     flips = judgment_flips(p_base, p_updated)
     if valid is None:
         valid = jnp.ones(flips.shape, bool)
@@ -194,7 +219,14 @@ class RewardNormalizer(NamedTuple):
     """normalized = gain * raw + bias, i.e. (raw - mu0) / sigma0 (paper eq. 5).
 
     A NamedTuple, hence a pytree: it can ride inside a jitted step or a checkpoint.
-    """
+
+    Examples:
+      >>> normalizer = RewardNormalizer.fit(jnp.array([1.0, 3.0]))  # mean 2, std 1
+      >>> print(normalizer.gain, normalizer.bias, normalizer(3.0))
+      1.0 -2.0 1.0
+      >>> original = RewardNormalizer.from_original()  # its Delphi's mean and spread of raw rewards
+      >>> print(round(original.mu0, 4), round(original.sigma0, 4))
+      0.1123 0.2455"""
 
     gain: float = 1.0
     bias: float = 0.0

@@ -122,9 +122,7 @@ def make_rollout_scorer(policy_graphdef, value_graphdef, temperature: float = 1.
         parts = [score_rows(policy_params, ref_params, value_params,
                             Responses(*(x[i * size:(i + 1) * size] for x in arrays)))
                  for i in range(chunks)]
-        if chunks == 1:
-            return parts[0]
-        out = tuple(jnp.concatenate(p) for p in zip(*parts))
+        out = parts[0] if chunks == 1 else tuple(jnp.concatenate(p) for p in zip(*parts))
         placed = getattr(arrays[2], "sharding", None)  # the responses' (batch) sharding
         return out if placed is None else jax.device_put(out, placed)
 

@@ -9,7 +9,7 @@ real response tokens (EOS included), 0.0 on right padding (a hole ends the episo
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 from collections.abc import Callable
 
 import jax
@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from clarifyjax.rl import algorithms
 from clarifyjax.rl.ppo_math import (AdaptiveKL, Array, FixedKL, apply_mask, check_setting,
                                     explained_variance, gae, kl_penalty, last_token_one_hot,
                                     masked_mean, masked_sum, masked_var, masked_whiten,
@@ -29,8 +30,11 @@ __all__ = [
     "masked_whiten", "policy_loss", "shaped_rewards", "value_loss",
     # the update
     "PPOUpdateConfig", "Rollout", "PPOState", "init_ppo_state", "check_rollout",
-    "make_ppo_update",
+    "make_ppo_update", "make_group_update", "make_update", "ALGORITHMS", "GROUP_ALGORITHMS",
 ]
+
+ALGORITHMS = ("ppo", "rloo", "grpo")
+GROUP_ALGORITHMS = ("rloo", "grpo")  # k samples per prompt, no value model
 
 # --------------------------------------------------------------------------- the update
 
@@ -54,6 +58,10 @@ class PPOUpdateConfig:
     # entropy bonus: the loss subtracts entropy_coef x the mean per-token entropy of the policy
     # (0: none, as the original; needs a policy_logprobs_fn that returns the entropy)
     entropy_coef: float = 0.0
+    # ppo: a value model and GAE; rloo: the leave-one-out baseline over each prompt's k samples,
+    # the KL penalty in the reward; grpo: group-normalised advantages, the k3 KL as a loss term
+    # (docs/ppo.md, "Three algorithms"). rloo and grpo have no value model.
+    algorithm: Literal["ppo", "rloo", "grpo"] = "ppo"
 
     # clip 0 pins the ratio to 1: the clipped objective then never lets the policy improve
     _bounds: ClassVar = {"epochs": ">= 1", "minibatches": ">= 1", "clip": "> 0",
@@ -94,6 +102,7 @@ class PPOState(NamedTuple):
 def init_ppo_state(policy_params, value_params, policy_tx: optax.GradientTransformation,
                    value_tx: optax.GradientTransformation, kl_ctl=None) -> PPOState:
     """A fresh PPOState (optimizer states from `tx.init`, a FixedKL(0.15) unless given).
+    `value_params` None (rloo, grpo: no value model) gives value_opt_state None too.
 
     A FixedKL or AdaptiveKL with a concrete field out of its range (a negative coefficient, a
     target or horizon <= 0, NaN) is refused here (ValueError), where it enters the state."""
@@ -102,7 +111,7 @@ def init_ppo_state(policy_params, value_params, policy_tx: optax.GradientTransfo
         kl_ctl.check()
     return PPOState(policy_params=policy_params, value_params=value_params,
                     policy_opt_state=policy_tx.init(policy_params),
-                    value_opt_state=value_tx.init(value_params),
+                    value_opt_state=None if value_params is None else value_tx.init(value_params),
                     kl_ctl=jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), kl_ctl),
                     step=jnp.zeros((), jnp.int32))
 
@@ -138,6 +147,9 @@ def _check_config(config: PPOUpdateConfig) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise ValueError(f"make_ppo_update: PPOUpdateConfig.{name} must be an integer >= 1, "
                              f"got {value!r}")
+    if config.algorithm not in ALGORITHMS:
+        raise ValueError(f"make_ppo_update: PPOUpdateConfig.algorithm must be one of "
+                         f"{ALGORITHMS}, got {config.algorithm!r}")
 
 
 def _policy_outputs(out) -> tuple[Array, Array | None]:
@@ -166,20 +178,32 @@ def _make_loss_fn(policy_logprobs_fn, value_fn, config: PPOUpdateConfig):
         pg_loss, pg_metrics = policy_loss(logprobs, mb.logprobs, advantages, mask, config.clip)
         vf_loss, vf_metrics = value_loss(values, mb.values, returns, mask, config.value_clip)
         total = pg_loss + config.vf_coef * vf_loss
-        metrics = {"policy_loss": pg_loss, "value_loss": vf_loss, **pg_metrics, **vf_metrics}
-        if entropy is not None:
-            entropy = jnp.where(mask > 0, entropy.astype(jnp.float32), 0.0)
-            metrics["policy_entropy"] = masked_mean(entropy, mask)
-            # per question (summed over its tokens), as the original logged it
-            metrics["policy_entropy_per_question"] = jnp.mean(jnp.sum(entropy, axis=1))
-            total = total - config.entropy_coef * metrics["policy_entropy"]
-        elif config.entropy_coef:
-            raise ValueError(f"PPOUpdateConfig.entropy_coef = {config.entropy_coef} needs a "
-                             "policy_logprobs_fn that returns (logprobs, entropy)")
-        metrics["total_loss"] = total
-        return total, jax.tree.map(jax.lax.stop_gradient, metrics)
+        metrics = {"policy_loss": pg_loss, "value_loss": vf_loss, **pg_metrics, **vf_metrics,
+                   "logprob_diff_max": _logprob_diff_max(logprobs, mb.logprobs, mask)}
+        return _with_entropy(total, metrics, entropy, mask, config)
 
     return loss_fn
+
+
+def _logprob_diff_max(logprobs, recorded, mask) -> Array:
+    """max |recomputed - recorded log-prob| over the valid tokens (0 when none)."""
+    return jnp.max(jnp.where(mask > 0, jnp.abs(logprobs - recorded), 0.0))
+
+
+def _with_entropy(total, metrics, entropy, mask, config: PPOUpdateConfig):
+    """(total - entropy_coef x the mean per-token entropy, the metrics with it), metrics without
+    gradients."""
+    if entropy is not None:
+        entropy = jnp.where(mask > 0, entropy.astype(jnp.float32), 0.0)
+        metrics["policy_entropy"] = masked_mean(entropy, mask)
+        # per question (summed over its tokens), as the original logged it
+        metrics["policy_entropy_per_question"] = jnp.mean(jnp.sum(entropy, axis=1))
+        total = total - config.entropy_coef * metrics["policy_entropy"]
+    elif config.entropy_coef:
+        raise ValueError(f"PPOUpdateConfig.entropy_coef = {config.entropy_coef} needs a "
+                         "policy_logprobs_fn that returns (logprobs, entropy)")
+    metrics["total_loss"] = total
+    return total, jax.tree.map(jax.lax.stop_gradient, metrics)
 
 
 def _advantages(rollout: Rollout, mask, kl_coef, config: PPOUpdateConfig
@@ -221,11 +245,31 @@ def _rollout_metrics(rollout: Rollout, mask, kl_coef, advantages, returns, raw_a
     }
 
 
+def _prepared(rollout: Rollout, minibatches: int, group: int = 1
+              ) -> tuple[int, int, Array, Rollout]:
+    """(batch, minibatch size, float mask, the rollout in float32 with padding zeroed), refusing
+    (at trace time) a batch that does not split into `minibatches` (and groups of `group`)."""
+    batch, _ = check_rollout(rollout)
+    if batch % minibatches or batch % group:
+        raise ValueError(f"batch size {batch} is not divisible by PPOUpdateConfig.minibatches="
+                         f"{minibatches}" + (f" and the group {group}" if group > 1 else ""))
+    mask = rollout.response_mask.astype(jnp.float32)
+    return batch, batch // minibatches, mask, rollout._replace(
+        logprobs=apply_mask(rollout.logprobs.astype(jnp.float32), mask),
+        ref_logprobs=apply_mask(rollout.ref_logprobs.astype(jnp.float32), mask),
+        values=apply_mask(rollout.values.astype(jnp.float32), mask),
+        rewards=rollout.rewards.astype(jnp.float32))
+
+
 def _reduce_step_metrics(step_metrics: dict[str, Array]) -> dict[str, Array]:
-    """Each metric over the epochs x minibatches: the mean, but the ratio's range is its range
-    over them all."""
+    """Each metric over the epochs x minibatches `[epochs, minibatches]`: the mean, but the ratio's
+    range is its range over them all, and "max_abs_logprob_diff" is the first minibatch's of the
+    first epoch (before any update: the recorded log-probs against the learner's own)."""
     reduce = {"ratio_min": jnp.min, "ratio_max": jnp.max}
-    return {k: reduce.get(k, jnp.mean)(v) for k, v in step_metrics.items()}
+    out = {k: reduce.get(k, jnp.mean)(v) for k, v in step_metrics.items()
+           if k != "logprob_diff_max"}
+    out["max_abs_logprob_diff"] = step_metrics["logprob_diff_max"][0, 0]
+    return out
 
 
 def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
@@ -270,17 +314,7 @@ def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
 
     def ppo_update(state: PPOState, rollout: Rollout, rng: Array
                    ) -> tuple[PPOState, dict[str, Array]]:
-        batch, _ = check_rollout(rollout)
-        if batch % config.minibatches:
-            raise ValueError(f"batch size {batch} is not divisible by PPOUpdateConfig.minibatches="
-                             f"{config.minibatches}")
-        mb_size = batch // config.minibatches
-        mask = rollout.response_mask.astype(jnp.float32)
-        rollout = rollout._replace(
-            logprobs=apply_mask(rollout.logprobs.astype(jnp.float32), mask),
-            ref_logprobs=apply_mask(rollout.ref_logprobs.astype(jnp.float32), mask),
-            values=apply_mask(rollout.values.astype(jnp.float32), mask),
-            rewards=rollout.rewards.astype(jnp.float32))
+        batch, mb_size, mask, rollout = _prepared(rollout, config.minibatches)
 
         kl_coef = jnp.asarray(state.kl_ctl.value, jnp.float32)
         advantages, returns, raw_advantages = _advantages(rollout, mask, kl_coef, config)
@@ -308,3 +342,125 @@ def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
         return new_state, metrics
 
     return ppo_update
+
+
+# --------------------------------------------------------------------------- RLOO and GRPO
+
+
+def _group_advantages(rollout: Rollout, mask, kl_coef, config: PPOUpdateConfig, group: int
+                      ) -> tuple[Array, Array]:
+    """(token advantages `[batch, time]`, per-sequence advantages before whitening `[batch]`).
+
+    rloo: the reward minus kl_coef x the sequence's summed log-ratio to the reference (the RLOO
+    paper's sequence-level KL-penalised reward, as TRL's RLOOTrainer with its default
+    ``token_level_kl=False``), then `algorithms.rloo_advantages` over each group; whitened over the
+    batch's sequences when ``whiten_advantages`` (TRL's ``normalize_advantage``). grpo:
+    `algorithms.grpo_advantages` of the reward alone (its KL is a loss term)."""
+    if config.algorithm == "rloo":
+        seq_kl = masked_sum(rollout.logprobs - rollout.ref_logprobs, mask, axis=1)
+        raw = algorithms.rloo_advantages(rollout.rewards - kl_coef * seq_kl, group)
+        adv = masked_whiten(raw, jnp.ones_like(raw)) if config.whiten_advantages else raw
+    else:
+        raw = adv = algorithms.grpo_advantages(rollout.rewards, group)
+    return adv[:, None] * mask, raw
+
+
+def _make_group_loss_fn(policy_logprobs_fn, config: PPOUpdateConfig):
+    """`loss(policy_params, minibatch, advantages, kl_coef) -> (total, metrics)`: rloo the PPO
+    clipped policy loss, grpo `algorithms.grpo_loss` (beta = kl_coef); - entropy_coef x the mean
+    per-token entropy."""
+    def loss_fn(policy_params, mb: Rollout, advantages, kl_coef):
+        mask = mb.response_mask.astype(jnp.float32)
+        logprobs, entropy = _policy_outputs(policy_logprobs_fn(policy_params, mb))
+        if logprobs.shape != mask.shape:
+            raise ValueError(f"policy_logprobs_fn gave {logprobs.shape}; it must be the "
+                             f"minibatch's {mask.shape}")
+        logprobs = jnp.where(mask > 0, logprobs.astype(jnp.float32), 0.0)
+        if config.algorithm == "grpo":
+            total, metrics = algorithms.grpo_loss(logprobs, mb.logprobs, mb.ref_logprobs,
+                                                  advantages, mask, clip=config.clip,
+                                                  beta=kl_coef)
+        else:
+            total, metrics = policy_loss(logprobs, mb.logprobs, advantages, mask, config.clip)
+            metrics = {"policy_loss": total, **metrics}
+        metrics["logprob_diff_max"] = _logprob_diff_max(logprobs, mb.logprobs, mask)
+        return _with_entropy(total, metrics, entropy, mask, config)
+
+    return loss_fn
+
+
+def make_group_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
+                      policy_tx: optax.GradientTransformation, config: PPOUpdateConfig,
+                      group: int) -> Callable[[PPOState, Rollout, Array],
+                                              tuple[PPOState, dict[str, Array]]]:
+    """The pure RLOO or GRPO update (``config.algorithm``) `update(state, rollout, rng) ->
+    (state, metrics)`: no value model (the state's value_params and value_opt_state are None).
+
+    The rollout holds each prompt's `group` samples in consecutive rows, and its reward is the
+    task reward of each (no baseline subtracted). Advantages per sequence (`_group_advantages`),
+    broadcast over its tokens; then `epochs` passes over a fresh permutation split into
+    `minibatches`, one optax step each on the clipped objective (rloo: `ppo_math.policy_loss`;
+    grpo: `algorithms.grpo_loss` with beta the KL controller's coefficient); the KL controller
+    is updated from the mean per-sequence KL as in PPO. Refused (ValueError): a group < 2, a batch
+    that is not whole groups or minibatches, settings as `make_ppo_update`."""
+    _check_config(config)
+    if config.algorithm not in GROUP_ALGORITHMS:
+        raise ValueError(f"make_group_update: PPOUpdateConfig.algorithm must be one of "
+                         f"{GROUP_ALGORITHMS}, got {config.algorithm!r}")
+    if isinstance(group, bool) or not isinstance(group, (int, np.integer)) or group < 2:
+        raise ValueError(f"make_group_update: group must be an integer >= 2 (samples per "
+                         f"prompt), got {group!r}")
+    grad_fn = jax.grad(_make_group_loss_fn(policy_logprobs_fn, config), has_aux=True)
+
+    def minibatch_step(carry, minibatch, kl_coef):
+        params, opt = carry
+        mb, advantages = minibatch
+        grads, metrics = grad_fn(params, mb, advantages, kl_coef)
+        updates, opt = policy_tx.update(grads, opt, params)
+        metrics["policy_grad_norm"] = optax.tree.norm(grads)
+        return (optax.apply_updates(params, updates), opt), metrics
+
+    def update(state: PPOState, rollout: Rollout, rng: Array
+               ) -> tuple[PPOState, dict[str, Array]]:
+        batch, mb_size, mask, rollout = _prepared(rollout, config.minibatches, group)
+        kl_coef = jnp.asarray(state.kl_ctl.value, jnp.float32)
+        advantages, raw = _group_advantages(rollout, mask, kl_coef, config, group)
+
+        def epoch(carry, epoch_rng):
+            order = jax.random.permutation(epoch_rng, batch)
+            split = jax.tree.map(
+                lambda x: x[order].reshape((config.minibatches, mb_size) + x.shape[1:]),
+                (rollout, advantages))
+            return jax.lax.scan(lambda c, m: minibatch_step(c, m, kl_coef), carry, split)
+
+        carry = (state.policy_params, state.policy_opt_state)
+        (params, opt), step_metrics = jax.lax.scan(epoch, carry,
+                                                   jax.random.split(rng, config.epochs))
+        metrics = _reduce_step_metrics(step_metrics)
+        kl_tokens = apply_mask(rollout.logprobs - rollout.ref_logprobs, mask)
+        seq_kl = jnp.mean(jnp.sum(kl_tokens, axis=1))
+        metrics.update({
+            "kl_to_ref": seq_kl, "kl_to_ref_per_token": masked_mean(kl_tokens, mask),
+            "kl_coef": kl_coef, "mean_score": jnp.mean(rollout.rewards),
+            "mean_reward_total": jnp.mean(rollout.rewards) - kl_coef * seq_kl,
+            "entropy": masked_mean(-rollout.logprobs, mask),
+            "response_length": jnp.mean(jnp.sum(mask, axis=1)),
+            "advantages_mean": masked_mean(advantages, mask),
+            "advantages_raw_mean": jnp.mean(raw), "advantages_raw_std": jnp.std(raw),
+            "reward_std": jnp.std(rollout.rewards)})
+        new_state = state._replace(policy_params=params, policy_opt_state=opt,
+                                   kl_ctl=state.kl_ctl.update(seq_kl, batch),
+                                   step=state.step + 1)
+        return new_state, metrics
+
+    return update
+
+
+def make_update(policy_logprobs_fn, value_fn, policy_tx, value_tx,
+                config: PPOUpdateConfig = PPOUpdateConfig(), group: int = 1):
+    """The update of ``config.algorithm``: `make_ppo_update` (ppo; `group` unused: a PPO rollout's
+    rewards come with any group baseline already paid) or `make_group_update` (rloo, grpo: over
+    groups of `group` consecutive rows; `value_fn` and `value_tx` unused)."""
+    if config.algorithm == "ppo":
+        return make_ppo_update(policy_logprobs_fn, value_fn, policy_tx, value_tx, config)
+    return make_group_update(policy_logprobs_fn, policy_tx, config, group)

@@ -56,7 +56,13 @@ def check_setting(fn: str, name: str, value, bound: str) -> None:
     """Refuse (ValueError naming `fn` and `name`) a concrete `value` that is not a finite real
     number within `bound`: ">= a", "> a" or "[a, b]" (the forms of `PPOUpdateConfig._bounds`).
     NaN, infinities, bools and arrays of more than one number are refused; a traced scalar passes
-    (under `jit` it has no value to read), a traced array of more than one number does not."""
+    (under `jit` it has no value to read), a traced array of more than one number does not.
+
+    Examples:
+      >>> check_setting("gae", "gamma", 0.99, "[0, 1]")  # in range: returns None
+      >>> check_setting("gae", "gamma", 1.5, "[0, 1]")
+      Traceback (most recent call last):
+      ValueError: gae: gamma must be a finite number in [0, 1], got 1.5"""
     if isinstance(value, jax.core.Tracer):
         if value.ndim == 0 and jnp.issubdtype(value.dtype, jnp.number) and not jnp.issubdtype(
                 value.dtype, jnp.complexfloating):
@@ -90,13 +96,21 @@ def _safe_divide(num: Array, den: Array) -> Array:
 
 def apply_mask(x: Array, mask: Array) -> Array:
     """x * mask, with padding forced to 0 even where x is inf/NaN there (e.g. -inf log-probs).
-    The mask has x's rank and, along each axis, x's length or 1 (refused otherwise)."""
+    The mask has x's rank and, along each axis, x's length or 1 (refused otherwise).
+
+    Examples:
+      >>> print(apply_mask(jnp.array([[0.5, 2.0, -jnp.inf]]), jnp.array([[1, 1, 0]])))
+      [[0.5 2.  0. ]]"""
     x, mask = _with_mask("apply_mask", x, mask)
     return jnp.where(mask != 0, x * mask, 0.0)
 
 
 def masked_sum(x: Array, mask: Array, axis=None) -> Array:
-    """Sum of x * mask (padding 0 even where x is inf/NaN); the mask as in `masked_mean`."""
+    """Sum of x * mask (padding 0 even where x is inf/NaN); the mask as in `masked_mean`.
+
+    Examples:
+      >>> print(masked_sum(jnp.array([[1.0, 3.0, 9.0]]), jnp.array([[1, 1, 0]])))
+      4.0"""
     x, mask = _with_mask("masked_sum", x, mask)
     return jnp.sum(apply_mask(x, mask), axis=axis)
 
@@ -106,14 +120,23 @@ def masked_mean(x: Array, mask: Array, axis=None) -> Array:
 
     `x`, `mask`: e.g. `[batch, time]`; `axis=None` reduces everything. Refused: a mask of another
     rank, or of another length along an axis than x's (1 broadcasts), a dtype that is not real.
-    """
+
+    Examples:
+      >>> x, mask = jnp.array([[1.0, 3.0, 9.0]]), jnp.array([[1, 1, 0]])
+      >>> print(masked_mean(x, mask))
+      2.0"""
     x, mask = _with_mask("masked_mean", x, mask)
     return _safe_divide(jnp.sum(apply_mask(x, mask), axis=axis), jnp.sum(mask, axis=axis))
 
 
 def masked_var(x: Array, mask: Array, axis=None, unbiased: bool = False) -> Array:
     """Variance over the mask: population (ddof=0) by default; `unbiased` applies Bessel's n/(n-1).
-    The mask as in `masked_mean`."""
+    The mask as in `masked_mean`.
+
+    Examples:
+      >>> x, mask = jnp.array([[1.0, 3.0, 9.0]]), jnp.array([[1, 1, 0]])
+      >>> print(masked_var(x, mask), masked_var(x, mask, unbiased=True))
+      1.0 2.0"""
     x, mask = _with_mask("masked_var", x, mask)
     mean = masked_mean(x, mask, axis=axis)
     mean = mean if axis is None else jnp.expand_dims(mean, axis)
@@ -130,7 +153,11 @@ def masked_whiten(x: Array, mask: Array, shift_mean: bool = True, eps: float = _
     `shift_mean=False` keeps the original mean (rescales only), as used for rewards.
     `x`, `mask`: `[batch, time]` -> `[batch, time]`; the mask as in `masked_mean`, `eps` a finite
     number >= 0 when concrete.
-    """
+
+    Examples:
+      >>> x, mask = jnp.array([[1.0, 3.0, 9.0]]), jnp.array([[1, 1, 0]])
+      >>> print(masked_whiten(x, mask), masked_whiten(x, mask, shift_mean=False))
+      [[-1.  1.  0.]] [[1. 3. 0.]]"""
     x, mask = _with_mask("masked_whiten", x, mask)
     check_setting("masked_whiten", "eps", eps, ">= 0")
     mean = masked_mean(x, mask)
@@ -150,7 +177,13 @@ def explained_variance(values: Array, returns: Array, mask: Array) -> Array:
     (stable_baselines3/common/utils.py) returns NaN for Var(y) = 0. The returns' variance is
     taken about their first valid entry, so constant returns give exactly 0 however they round.
     `values`, `returns`, `mask`: one shape (refused otherwise).
-    """
+
+    Examples:
+      >>> returns, mask = jnp.array([[1.0, 3.0, 9.0]]), jnp.array([[1, 1, 0]])
+      >>> print(explained_variance(jnp.array([[1.0, 2.0, 0.0]]), returns, mask))
+      0.75
+      >>> print(explained_variance(jnp.array([[2.0, 2.0, 0.0]]), returns, mask))  # the returns' mean
+      0.0"""
     values, returns, mask = _same_shape("explained_variance", values=values, returns=returns,
                                         mask=mask)
     returns = returns.astype(jnp.result_type(returns, jnp.float32))
@@ -180,7 +213,12 @@ def gae(rewards: Array, values: Array, mask: Array, *, gamma: float = 1.0, lam: 
       (advantages, returns), `[batch, time]`, 0 on padding; returns = advantages + values.
     Refused (ValueError): shapes that differ or are not 2-d, a dtype that is not real, a concrete
     gamma or lam that is NaN, infinite or outside [0, 1].
-    """
+
+    Examples:
+      >>> rewards, values = jnp.array([[0.0, 1.0, 0.0]]), jnp.array([[0.5, 0.5, 7.0]])
+      >>> advantages, returns = gae(rewards, values, jnp.array([[1, 1, 0]]), gamma=1.0, lam=0.5)
+      >>> print(advantages, returns)  # the episode ends at the last valid token: 7.0 is padding
+      [[0.25 0.5  0.  ]] [[0.75 1.   0.  ]]"""
     rewards, values, mask = _same_shape("gae", ndim=2, rewards=rewards, values=values, mask=mask)
     check_setting("gae", "gamma", gamma, "[0, 1]")
     check_setting("gae", "lam", lam, "[0, 1]")
@@ -216,7 +254,13 @@ def policy_loss(logprobs: Array, old_logprobs: Array, advantages: Array, mask: A
     `approx_kl_k3` (mean((r - 1) - log r), unbiased and non-negative), the ratio's mean and range.
     Refused (ValueError): shapes that differ, a dtype that is not real, a concrete `clip` that is
     not a finite number > 0 (0 pins the ratio to 1, a negative one inverts the clip).
-    """
+
+    Examples:
+      >>> logprobs, old = jnp.log(jnp.array([[0.5, 0.5, 0.5]])), jnp.log(jnp.array([[0.25, 0.5, 0.5]]))
+      >>> advantages, mask = jnp.array([[1.0, -1.0, 0.0]]), jnp.array([[1, 1, 0]])  # ratios 2, 1
+      >>> loss, metrics = policy_loss(logprobs, old, advantages, mask, clip=0.2)
+      >>> print(round(float(loss), 4), float(metrics["clipfrac"]))  # (-1.2 + 1) / 2: the first is clipped
+      -0.1 0.5"""
     logprobs, old_logprobs, advantages, mask = _same_shape(
         "policy_loss", logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
         mask=mask)
@@ -246,7 +290,12 @@ def value_loss(values: Array, old_values: Array, returns: Array, mask: Array,
     All inputs `[batch, time]`, one shape; `clip=None` gives the plain 0.5 * MSE. Metrics:
     `value_clipfrac`, `value_error` (unclipped MSE). Refused (ValueError): shapes that differ, a
     dtype that is not real, a concrete `clip` that is not None or a finite number >= 0.
-    """
+
+    Examples:
+      >>> values, old_values, returns = jnp.array([[1.0, 0.0, 0.0]]), jnp.zeros((1, 3)), jnp.ones((1, 3))
+      >>> loss, metrics = value_loss(values, old_values, returns, jnp.array([[1, 1, 0]]), clip=0.2)
+      >>> print(round(float(loss), 4), float(metrics["value_clipfrac"]))  # 0.5 * (0.8^2 + 1^2) / 2
+      0.41 0.5"""
     values, old_values, returns, mask = _same_shape(
         "value_loss", values=values, old_values=old_values, returns=returns, mask=mask)
     losses = jnp.square(values - returns)
@@ -274,7 +323,11 @@ def kl_penalty(logprobs: Array, ref_logprobs: Array, mask: Array, coef) -> Array
     The penalty is subtracted from the reward (see `shaped_rewards`). Refused (ValueError): shapes
     that differ, a dtype that is not real, a `coef` that is not a scalar, or, when concrete, not
     a finite number >= 0 (a traced coefficient cannot be checked).
-    """
+
+    Examples:
+      >>> logprobs, ref_logprobs = jnp.array([[-1.0, -2.0, 0.0]]), jnp.array([[-1.5, -2.0, -9.0]])
+      >>> print(kl_penalty(logprobs, ref_logprobs, jnp.array([[1, 1, 0]]), 0.1))
+      [[0.05 0.   0.  ]]"""
     logprobs, ref_logprobs, mask = _same_shape("kl_penalty", logprobs=logprobs,
                                                ref_logprobs=ref_logprobs, mask=mask)
     check_setting("kl_penalty", "coef", coef, ">= 0")
@@ -283,7 +336,11 @@ def kl_penalty(logprobs: Array, ref_logprobs: Array, mask: Array, coef) -> Array
 
 def last_token_one_hot(mask: Array) -> Array:
     """`[batch, time]` 1.0 at the last valid position of each row (all 0 for an empty row); a mask
-    of another rank is refused."""
+    of another rank is refused.
+
+    Examples:
+      >>> print(last_token_one_hot(jnp.array([[1, 1, 0]])))
+      [[0. 1. 0.]]"""
     mask = _real("last_token_one_hot", "mask", mask)
     if mask.ndim != 2:
         raise ValueError(f"last_token_one_hot: mask {mask.shape} must be [batch, time]")
@@ -302,7 +359,11 @@ def shaped_rewards(rewards: Array, logprobs: Array, ref_logprobs: Array, mask: A
     `[batch]` (a `[batch, 1]` one broadcast to `[batch, batch, time]`), the others not one
     `[batch, time]`, a dtype that is not real, a `kl_coef` that is not a scalar or, when
     concrete, not a finite number >= 0 (a traced coefficient cannot be checked).
-    """
+
+    Examples:
+      >>> logprobs, ref_logprobs = jnp.array([[-1.0, -1.0, 0.0]]), jnp.array([[-2.0, -1.0, 0.0]])
+      >>> print(shaped_rewards(jnp.array([2.0]), logprobs, ref_logprobs, jnp.array([[1, 1, 0]]), 0.5))
+      [[-0.5  2.   0. ]]"""
     logprobs, ref_logprobs, mask = _same_shape("shaped_rewards", ndim=2, logprobs=logprobs,
                                                ref_logprobs=ref_logprobs, mask=mask)
     rewards = _real("shaped_rewards", "rewards", rewards)
@@ -321,7 +382,11 @@ class FixedKL(NamedTuple):
     `value`: a finite number >= 0 (a negative one pays for moving away from the reference). The
     constructor does not check it, since JAX rebuilds these tuples with any leaves (`jax.tree.map`,
     `vmap` axes); `check`, `update` and `ppo.init_ppo_state` refuse a concrete bad value (a traced
-    one cannot be checked)."""
+    one cannot be checked).
+
+    Examples:
+      >>> print(FixedKL(0.1).update(current_kl=9.0, n_steps=8).value)
+      0.1"""
 
     value: Any = 0.15
 
@@ -343,7 +408,13 @@ class AdaptiveKL(NamedTuple):
     mean per-sequence KL (summed over tokens), `n_steps` the number of sequences in the batch.
     `value` >= 0, `target` > 0 and `horizon` > 0, finite: checked as `FixedKL.value` is (by
     `check`, `update` and `ppo.init_ppo_state` when concrete, not by the constructor).
-    """
+
+    Examples:
+      >>> kl = AdaptiveKL(value=0.1, target=6.0, horizon=100.0)
+      >>> print(round(float(kl.update(current_kl=9.0, n_steps=50).value), 4))  # KL above target: up
+      0.11
+      >>> print(round(float(kl.update(current_kl=3.0, n_steps=50).value), 4))  # below: down
+      0.09"""
 
     value: Any = 0.15
     target: Any = 6.0

@@ -17,7 +17,7 @@ from jax.experimental import multihost_utils
 
 from clarifyjax import decoding
 
-from clarifyjax.rl import ppo
+from clarifyjax.rl import algorithms, ppo
 from clarifyjax.core import sharding
 from clarifyjax.models.state import merge_model
 from clarifyjax.rl.policy import make_reference_nll, make_rollout_scorer
@@ -65,15 +65,14 @@ def reward_fields(output, n: int) -> dict[str, np.ndarray]:
 
 def group_baseline(rewards, group: int) -> np.ndarray:
     """Each reward minus the mean of the other `group` - 1 rewards of its group (consecutive rows
-    share a situation): the leave-one-out baseline of RLOO (Ahmadian et al., 2024), which removes
-    the situation's own difficulty from what the policy is paid for. [n] -> [n] float32."""
+    share a situation): the leave-one-out baseline of RLOO (`algorithms.rloo_advantages`, in
+    float64 on the host), which removes the situation's own difficulty from what the policy is paid
+    for. [n] -> [n] float32."""
     r = np.asarray(rewards, np.float64)
     if group < 2 or r.size % group:
         raise ValueError(f"group_baseline: {r.size} rewards do not split into groups of {group} "
                          "(at least 2)")
-    g = r.reshape(-1, group)
-    others = (g.sum(axis=1, keepdims=True) - g) / (group - 1)
-    return (g - others).reshape(-1).astype(np.float32)
+    return algorithms.rloo_advantages(r, group).astype(np.float32)
 
 
 def _takes_rng(fn) -> bool:

@@ -205,7 +205,8 @@ class PPOModels(NamedTuple):
 def build_ppo_models(cfg, mesh, rules, tokenizer, family: str = "t5") -> PPOModels:
     """The models of a `PPOConfig`: the policy (of `family`), its reference (a copy unless
     ``reference`` is set) and the value model (a copy of the policy, or of ``value.model``,
-    with a new head)."""
+    with a new head; none for ``ppo.algorithm`` rloo or grpo: value_graphdef and value_params
+    None)."""
     seed = cfg.run.seed
     tok = tokenizer if family == "t5" else None
     p_config, policy = build_policy(cfg.policy, family, seed=seed, mesh=mesh, rules=rules,
@@ -220,6 +221,8 @@ def build_ppo_models(cfg, mesh, rules, tokenizer, family: str = "t5") -> PPOMode
         if ref_graphdef != graphdef:
             raise ConfigError("reference: the reference model's architecture differs from the "
                               "policy's")
+    if cfg.ppo.algorithm != "ppo":  # rloo, grpo: no value model
+        return PPOModels(p_config, graphdef, params, ref_params, None, None, family)
     trunk = policy if cfg.value.model is None else build_policy(
         cfg.value.model, family, seed=seed + 1, mesh=mesh, rules=rules, where="value.model")[1]
     value = build_value(cfg, trunk)

@@ -179,12 +179,15 @@ def parameter_table(role: str, params) -> list[dict]:
     return rows
 
 
-def lower_ppo_update(cfg, mesh, rules, policy_config: T5Config, value_config: T5Config, rows: int
-                     ) -> jax.stages.Lowered:
+def lower_ppo_update(cfg, mesh, rules, policy_config: T5Config, value_config: T5Config | None,
+                     rows: int) -> jax.stages.Lowered:
     """One PPO update of `cfg`, lowered on abstract arguments: the `programs.PPOProgram` that
-    `loops.train_ppo` runs, for a rollout of `rows` rows of full-length queries."""
+    `loops.train_ppo` runs, for a rollout of `rows` rows of full-length queries (`value_config`
+    None: the update of ``ppo.algorithm`` rloo or grpo, which has no value model)."""
     graphdef, params = builders.abstract_model("t5", policy_config, mesh, rules)
-    value_graphdef, value_params = builders.abstract_model("value", value_config, mesh, rules)
+    value_graphdef = value_params = None  # rloo, grpo: no value model
+    if value_config is not None:
+        value_graphdef, value_params = builders.abstract_model("value", value_config, mesh, rules)
     program = programs.PPOProgram.build(cfg, mesh, graphdef, params, value_graphdef, value_params)
     rollout = program.abstract_batch(rows, cfg.policy.max_input_length, cfg.ppo.sampling.max_new_tokens)
     return program.lower(program.abstract_state()["ppo"], rollout, program.abstract_key())
@@ -208,12 +211,15 @@ def _fmt_bytes(n: float) -> str:
 def _models(cfg, configs_dir: Path, num_layers: int | None = None
             ) -> list[tuple[str, str, str, T5Config]]:
     """[(role, kind, architecture, T5Config)] of the trained models: the policy and the value
-    model of a PPO config, the model of an SFT config."""
+    model of a PPO config (no value model for ``ppo.algorithm`` rloo or grpo), the model of an
+    SFT config."""
     if not isinstance(cfg, PPOConfig):
         return [("model", "t5", *_t5_config(cfg.model, "model", configs_dir, num_layers))]
+    policy = ("policy", "t5", *_t5_config(cfg.policy, "policy", configs_dir, num_layers))
+    if cfg.ppo.algorithm != "ppo":
+        return [policy]
     value_cfg = cfg.value.model or cfg.policy
-    return [("policy", "t5", *_t5_config(cfg.policy, "policy", configs_dir, num_layers)),
-            ("value", "value", *_t5_config(value_cfg, "value", configs_dir, num_layers))]
+    return [policy, ("value", "value", *_t5_config(value_cfg, "value", configs_dir, num_layers))]
 
 
 def _list_parameters(models, mesh, rules, say) -> list[dict]:
@@ -257,7 +263,8 @@ def _compile(cfg, step_kind: str, options: dict, mesh, rules, configs_dir: Path,
                            else cfg.data.batch_size))
     start = time.perf_counter()
     if step_kind == "ppo":
-        lowered = lower_ppo_update(cfg, mesh, rules, config, models[1][3], rows)
+        lowered = lower_ppo_update(cfg, mesh, rules, config,
+                                   models[1][3] if len(models) > 1 else None, rows)
     elif not isinstance(config, T5Config):
         raise ValueError("dryrun.compile=sft: the policy is a decoder-only model; the SFT step "
                          "is a T5's (give dryrun.compile=ppo)")

@@ -377,7 +377,7 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
         step, state, extra = _restore(ckpt, state, say, cfg)
         normalizer = _normalizer(cfg, extra.get("normalizer"), f"{ckpt.directory}: normalizer",
                                  sampler, state["ppo"].policy_params, train_ds, say)
-        group = h.samples_per_situation
+        group = h.samples_per_situation  # rloo, grpo: their baselines are paid in the update
         batches = data.BatchIterator(train_ds, h.batch_size // group, seed=seed,
                                      shuffle=cfg.data.shuffle, position=extra.get("data"))
 
@@ -400,10 +400,10 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
             rng, k_sample, k_update = jax.random.split(jax.random.wrap_key_data(state["rng"]), 3)
             batch = {k: np.repeat(v, group, axis=0) for k, v in next(batches).items()}
             situations = sampler.situations(batch, train_ds.texts["situation"])
-            # sample questions, reward them (normalized), score them: log-probs, values
+            # sample, reward (normalized) and score questions; then one jitted ppo.algorithm update
             rollout, questions, fields, times = sampler.rollout(
-                state["ppo"], m.ref_params, batch, situations, k_sample, normalizer, group)
-            # KL-penalised per-token rewards, GAE, the PPO epochs: one jitted update
+                state["ppo"], m.ref_params, batch, situations, k_sample, normalizer,
+                group if h.algorithm == "ppo" else 1)
             t0 = time.perf_counter()
             new_ppo, metrics = program(state["ppo"], rollout, k_update)
             state = {"ppo": new_ppo, "rng": jax.random.key_data(rng)}

@@ -253,7 +253,8 @@ def causal_activation_bytes(hf: dict, rows: int, source: int, target: int, compu
 # config that writes it (configs/sft_*.yaml) and its init; a missing folder is looked up by its last
 # name in `KNOWN_ARCHITECTURES`. Per device: parameters (policy, value and reference on the run's
 # mesh; the reward models on each host's own devices, `sharding.process_mesh`, as the loop places
-# them); Adam's two moments (in the parameters' dtype) and gradients of policy + value; activations
+# them); Adam's two moments (in the parameters' dtype) and gradients of policy + value (the policy
+# alone for ``ppo.algorithm`` rloo or grpo, which have no value model); activations
 # (`activation_bytes`); the FSDP all-gather buffer (the largest layer of any model, unsharded).
 def plan(cfg: PPOConfig, hardware: Hardware, configs_dir: Path) -> dict:
     """Bytes per device of every component of `cfg` on `hardware` (a JSON-ready dict)."""
@@ -266,13 +267,14 @@ def plan(cfg: PPOConfig, hardware: Hardware, configs_dir: Path) -> dict:
     host_mesh = AbstractMesh(tuple(local[a] for a in sharding.MESH_AXES), sharding.MESH_AXES)
     rules = sharding.RULES[cfg.mesh.rules]
     value_model = cfg.value.model or cfg.policy
-    roles = [("policy", cfg.policy, "t5", True),
-             ("value", value_model, "value", True),
-             ("reference", cfg.reference or cfg.policy, "t5", False),
-             ("answerer", cfg.rewards.answerer, "t5", False),
-             ("fusion", cfg.rewards.fusion, "t5", False),
-             ("judge", cfg.rewards.judge.model,
-              "encoder" if cfg.rewards.judge.kind == "encoder" else "t5", False)]
+    has_value = cfg.ppo.algorithm == "ppo"  # rloo, grpo: no value model
+    roles = [("policy", cfg.policy, "t5", True)]
+    roles += [("value", value_model, "value", True)] if has_value else []
+    roles += [("reference", cfg.reference or cfg.policy, "t5", False),
+              ("answerer", cfg.rewards.answerer, "t5", False),
+              ("fusion", cfg.rewards.fusion, "t5", False),
+              ("judge", cfg.rewards.judge.model,
+               "encoder" if cfg.rewards.judge.kind == "encoder" else "t5", False)]
     if cfg.rewards.nli is not None:
         roles.append(("nli", cfg.rewards.nli, "encoder", False))
     models = [size_model(r, m, k, mesh if r in ("policy", "value", "reference") else host_mesh,
@@ -288,15 +290,17 @@ def plan(cfg: PPOConfig, hardware: Hardware, configs_dir: Path) -> dict:
     compute_bytes = 2 if cfg.policy.dtype in ("bfloat16", "float16") else 4
     source, target = cfg.policy.max_input_length, cfg.ppo.sampling.max_new_tokens
     _, policy_hf = resolve_architecture(cfg.policy, "policy", configs_dir)
-    _, value_hf = resolve_architecture(value_model, "value", configs_dir)
+    value_hf = resolve_architecture(value_model, "value", configs_dir)[1] if has_value else {}
     if "tiny" in policy_hf or "tiny" in value_hf:
         raise PlanError("activation estimates need Hugging Face T5 architectures, not tiny specs")
     estimate = causal_activation_bytes if is_causal(policy_hf) else activation_bytes
-    activations = estimate(policy_hf, rows, source, target, compute_bytes, True) + \
-        estimate(value_hf, rows, source, target, compute_bytes, False)
+    activations = estimate(policy_hf, rows, source, target, compute_bytes, True)
+    if has_value:
+        activations += estimate(value_hf, rows, source, target, compute_bytes, False)
+    trained = "policy + value" if has_value else "policy"
     components = {f"params: {m.role}": m.bytes_per_device for m in models}
-    components["Adam moments (policy + value)"] = 2 * trainable_per_device
-    components["gradients (policy + value)"] = trainable_per_device
+    components[f"Adam moments ({trained})"] = 2 * trainable_per_device
+    components[f"gradients ({trained})"] = trainable_per_device
     components["activations (PPO minibatch, bound)"] = activations
     gathers = cfg.mesh.rules == "fsdp" and sizes["fsdp"] > 1  # else no weight is all-gathered
     components["FSDP all-gather (largest layer)"] = (

@@ -228,14 +228,17 @@ def kl_controller(h):
 
 @dataclasses.dataclass
 class PPOProgram(Program):
-    """One PPO update (`ppo.make_ppo_update`); state {"ppo": `ppo.PPOState`, "rng": key data};
+    """One update of ``ppo.algorithm`` (`ppo.make_update`: PPO, RLOO or GRPO); state
+    {"ppo": `ppo.PPOState`, "rng": key data};
     called as ``program(state["ppo"], rollout, key) -> (ppo state, metrics)``; batch: a
     `ppo.Rollout` of [rows, query_len] queries and [rows, response_len] responses."""
 
     @classmethod
     def build(cls, cfg, mesh, graphdef, params, value_graphdef, value_params,
               hyper: ppo.PPOUpdateConfig | None = None) -> PPOProgram:
-        """`hyper`: the update's hyperparameters (default: ``cfg.ppo``, a `ppo.PPOUpdateConfig`)."""
+        """`hyper`: the update's hyperparameters (default: ``cfg.ppo``, a `ppo.PPOUpdateConfig`);
+        its ``algorithm`` picks the update (`ppo.make_update`). rloo and grpo have no value model:
+        `value_graphdef` and `value_params` None, and the state holds none."""
         tx = make_optimizer(cfg.optimizer, cfg.run.steps)  # policy and value alike
         hyper = cfg.ppo if hyper is None else hyper
         kl_ctl = kl_controller(cfg.ppo)
@@ -245,19 +248,22 @@ class PPOProgram(Program):
                     "rng": jax.random.key_data(jax.random.key(cfg.run.seed))}
 
         rep = replicated(mesh)
-        p_sh, v_sh = param_shardings(params, mesh), param_shardings(value_params, mesh)
+        p_sh = param_shardings(params, mesh)
         shapes = jax.eval_shape(initial, params, value_params)["ppo"]
+        v_sh = v_opt_sh = None
+        if value_params is not None:
+            v_sh = param_shardings(value_params, mesh)
+            v_opt_sh = opt_state_shardings(tx, shapes.value_opt_state, value_params, v_sh, mesh)
         ppo_sh = ppo.PPOState(
             policy_params=p_sh, value_params=v_sh,
             policy_opt_state=opt_state_shardings(tx, shapes.policy_opt_state, params, p_sh, mesh),
-            value_opt_state=opt_state_shardings(tx, shapes.value_opt_state, value_params, v_sh,
-                                                mesh),
-            kl_ctl=jax.tree.map(lambda _: rep, shapes.kl_ctl), step=rep)
+            value_opt_state=v_opt_sh, kl_ctl=jax.tree.map(lambda _: rep, shapes.kl_ctl), step=rep)
         b1, b2 = sharding.batch_sharding(mesh, 1), sharding.batch_sharding(mesh, 2)
         rollout_sh = ppo.Rollout(query_ids=b2, query_mask=b2, response_ids=b2, response_mask=b2,
                                  logprobs=b2, ref_logprobs=b2, values=b2, rewards=b1)
-        update = ppo.make_ppo_update(
-            *make_ppo_fns(graphdef, value_graphdef, cfg.ppo.logprob_temperature), tx, tx, hyper)
+        update = ppo.make_update(
+            *make_ppo_fns(graphdef, value_graphdef, cfg.ppo.logprob_temperature), tx, tx, hyper,
+            group=cfg.ppo.samples_per_situation)
         in_sh = (ppo_sh, rollout_sh, rep)
         step = jax.jit(traces.counted("ppo_update")(update), in_shardings=in_sh,
                        out_shardings=(ppo_sh, rep),

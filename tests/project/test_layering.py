@@ -36,12 +36,14 @@ LAYERS: tuple[str, ...] = (
     "sage_jax",               # SaGE: the metric, data, lexical baselines, ParaScore, scoring
     "sage_jax.run",           # sage-jax run: config, presets, generators, stages, pipeline, report, library
     "sage_jax.experiments",   # sage-jax experiment: the SaGE paper's experiments, their statistics
+    "sage_jax.harness_tasks",  # lm-evaluation-harness tasks: sage_moral (YAML, hooks, scoring per question)
     "sage_jax.cli",           # sage-jax score / run
     "clarifyjax",             # the clarifyjax command (cli, __main__) and make demo (demo)
 )
 
 # Arrays in, arrays out: research code pastes these (jax, optax and numpy only, and each other).
-PURE_MATH = ("clarifyjax.rl.ppo", "clarifyjax.rl.ppo_math", "clarifyjax.reward.jsd",
+PURE_MATH = ("clarifyjax.rl.ppo", "clarifyjax.rl.ppo_math", "clarifyjax.rl.algorithms",
+             "clarifyjax.reward.jsd",
              "clarifyjax.evaluation.answer_spans", "sage_jax.metric")
 PURE_MATH_IMPORTS = {"jax", "optax", "numpy", "math", "typing", "dataclasses", "functools",
                      "__future__", "collections", "enum"}

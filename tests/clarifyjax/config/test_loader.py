@@ -10,10 +10,7 @@ from clarifyjax.config import (ConfigError, ModelConfig, PPOConfig, SFTConfig, c
                                config_to_dict, dump_config, load_config, save_config)
 from helpers.env import REPO_ROOT
 
-# configs/grpo_qwen3_0_6b.yaml sets ppo.algorithm, which comes with issue 38 part A (branch
-# rlcore): left out here until both are merged (then drop this filter)
-CONFIGS = sorted(p for p in (REPO_ROOT / "configs").glob("*.yaml")
-                 if p.name != "grpo_qwen3_0_6b.yaml")
+CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
 SFT_TASKS = {"question", "wh_question", "answerer", "fusion", "judge", "discriminator"}
 
 

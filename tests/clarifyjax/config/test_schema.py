@@ -19,10 +19,7 @@ from clarifyjax.config import ConfigError, load_config
 from clarifyjax.config.loader import numeric_fields, read_yaml, within
 from helpers.env import REPO_ROOT
 
-# configs/grpo_qwen3_0_6b.yaml sets ppo.algorithm, which comes with issue 38 part A (branch
-# rlcore): left out here until both are merged (then drop this filter)
-CONFIGS = sorted(p for p in (REPO_ROOT / "configs").glob("*.yaml")
-                 if p.name != "grpo_qwen3_0_6b.yaml")
+CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
 EXAMPLE = {"sft": REPO_ROOT / "configs" / "sft_question_tiny.yaml",
            "ppo": REPO_ROOT / "configs" / "ppo_tiny.yaml"}
 

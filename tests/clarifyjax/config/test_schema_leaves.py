@@ -39,10 +39,7 @@ from clarifyjax.config import ConfigError, PPOConfig, RunConfig, config_from_dic
 from clarifyjax.config.loader import read_yaml, within
 from helpers.env import REPO_ROOT
 
-# configs/grpo_qwen3_0_6b.yaml sets ppo.algorithm, which comes with issue 38 part A (branch
-# rlcore): left out here until both are merged (then drop this filter)
-CONFIGS = sorted(p for p in (REPO_ROOT / "configs").glob("*.yaml")
-                 if p.name != "grpo_qwen3_0_6b.yaml")
+CONFIGS = sorted((REPO_ROOT / "configs").glob("*.yaml"))
 STRUCTURAL = {"kind"}  # picks the schema itself
 LOOP_KEYS = {f"run.{f.name}" for f in dataclasses.fields(RunConfig)} | {
     "data.batch_size", "data.eval_batch_size", "data.shuffle", "ppo.batch_size",
