@@ -214,7 +214,7 @@ def build(args, root: Path):
 def compiled_programs(bench) -> int:
     """Traces so far of the jitted programs a step runs (sampling, the reward models' generate
     and judge, the scorer); the update is compiled ahead of time."""
-    return traces.count() + bench.sampler.scorer._cache_size()
+    return traces.count() + bench.sampler.scorer.cache_size()
 
 
 def rollout(bench, state: ppo.PPOState, batch, situations, key):

@@ -8,7 +8,7 @@ from clarifyjax.config.schema import (  # noqa: F401  (the package's public API)
     ConfigError, config_to_dict, dump_config, parse_overrides, save_config, load_config,
     config_from_dict, Config, KINDS, DTypeName, SHARED_DELTA_CLARIFY, RunConfig,
     MeshLayout, TinyModelSpec, ModelConfig, OptimizerConfig, SFTDataConfig, PPODataConfig,
-    JudgeConfig, PipelineConfig, RewardConfig, NormalizerConfig, PPOHyperparams, ValueConfig,
+    JudgeConfig, PipelineConfig, RewardConfig, NormalizerConfig, PPOHyperparams, PolicyConfig, ValueConfig,
     SFTConfig, PPOConfig, NLI_THRESHOLD, ModelsConfig, load_models_config, CLASSIFIER_TASKS,
 )
 
@@ -16,6 +16,7 @@ __all__ = [
     "ConfigError", "config_to_dict", "dump_config", "parse_overrides", "save_config", "load_config",
     "config_from_dict", "Config", "KINDS", "DTypeName", "SHARED_DELTA_CLARIFY", "RunConfig",
     "MeshLayout", "TinyModelSpec", "ModelConfig", "OptimizerConfig", "SFTDataConfig", "PPODataConfig",
-    "JudgeConfig", "PipelineConfig", "RewardConfig", "NormalizerConfig", "PPOHyperparams", "ValueConfig",
+    "JudgeConfig", "PipelineConfig", "RewardConfig", "NormalizerConfig", "PPOHyperparams", "PolicyConfig",
+    "ValueConfig",
     "SFTConfig", "PPOConfig", "NLI_THRESHOLD", "ModelsConfig", "load_models_config", "CLASSIFIER_TASKS",
 ]

@@ -31,7 +31,7 @@ __all__ = [
     "load_config", "config_from_dict", "Config", "KINDS", "DTypeName", "SHARED_DELTA_CLARIFY",
     "RunConfig", "MeshLayout", "TinyModelSpec", "ModelConfig", "OptimizerConfig", "SFTDataConfig",
     "PPODataConfig", "JudgeConfig", "PipelineConfig", "RewardConfig", "NormalizerConfig",
-    "PPOHyperparams", "ValueConfig", "SFTConfig", "PPOConfig", "NLI_THRESHOLD",
+    "PPOHyperparams", "PolicyConfig", "ValueConfig", "SFTConfig", "PPOConfig", "NLI_THRESHOLD",
     "ModelsConfig", "load_models_config", "CLASSIFIER_TASKS",
 ]
 
@@ -299,13 +299,35 @@ class PPOHyperparams(ppo.PPOUpdateConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class ValueConfig:
-    """The value model: a separate T5 with a scalar head on every decoder position.
+class PolicyConfig(ModelConfig):
+    """A PPO run's question policy: a `ModelConfig` (a T5, or a decoder-only folder, told apart
+    by its config.json ``model_type``) and a decoder-only policy's prompt (`rl.prompts`, needed by
+    it, refused for a T5): ``prompt_format`` chat (the folder's chat template around one user
+    message, ``prompt_template``) or plain (the template as it is); a template holds
+    ``{situation}``, null is `rl.prompts.DEFAULT_TEMPLATES`'s."""
 
-    ``model: null`` starts from the policy's initial weights (plus a new head), as the original
-    did. (A head on the policy's own trunk is not available: `ppo.make_ppo_update` gives the value
-    function only the value parameters.)
-    """
+    prompt_format: Literal["chat", "plain"] | None = None
+    prompt_template: str | None = None
+
+    def check(self, at: str) -> None:
+        super().check(at)
+        if self.prompt_format is None:
+            refuse_changed(self, at, {"prompt_template": f"{at}.prompt_format is null (a T5)"})
+        elif self.tiny is not None:
+            raise ConfigError(f"{at}.prompt_format: a tiny random policy is a T5; a decoder-only "
+                              f"policy is a folder ({at}.init)", key=f"{at}.prompt_format")
+        if self.prompt_template is not None and "{situation}" not in self.prompt_template:
+            raise ConfigError(f"{at}.prompt_template: {self.prompt_template!r} has no "
+                              "{situation}", key=f"{at}.prompt_template")
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueConfig:
+    """The value model: a separate model of the policy's family with a scalar head on every
+    response position (a T5, or a decoder-only trunk: `rl.value`). ``model: null`` starts from
+    the policy's initial weights (plus a new head), as the original did. (A head on the policy's
+    own trunk is not available: `ppo.make_ppo_update` gives the value function only the value
+    parameters; docs/ppo.md says why.)"""
 
     model: ModelConfig | None = None
     # the scalar head's start: zero (ours: V = 0 until it learns, so it adds no noise to the
@@ -382,7 +404,7 @@ class PPOConfig:
     kind: Literal["ppo"] = "ppo"
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     mesh: MeshLayout = dataclasses.field(default_factory=MeshLayout)
-    policy: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
     value: ValueConfig = dataclasses.field(default_factory=ValueConfig)
     reference: ModelConfig | None = None
     rewards: RewardConfig = dataclasses.field(default_factory=RewardConfig)
@@ -416,10 +438,13 @@ class ModelsConfig:
     format, so that a PPO run config (``kind: ppo``) serves as MODELS.yaml too
     (`load_models_config`)."""
 
-    policy: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    policy: PolicyConfig = dataclasses.field(default_factory=PolicyConfig)
     rewards: RewardConfig = dataclasses.field(default_factory=RewardConfig)
 
     def check(self, at: str) -> None:
+        refuse_changed(self.policy, "policy", dict.fromkeys(
+            ("prompt_format", "prompt_template"), "ask, interact and web run a T5 question "
+            "generator"))
         if self.policy.init is None:
             raise ConfigError("policy.init: the question generator must be a trained folder (a "
                               "random 'tiny' model asks nothing)", key="policy.init")

@@ -124,10 +124,11 @@ def classifier_dataset(pairs: Sequence[Pair], tokenizer, max_length: int,
 
 
 def situation_dataset(situations: Sequence[str], tokenizer, max_input_length: int,
-                      buckets: Sequence[int] = ()) -> TokenizedDataset:
-    """PPO prompts: column input = "question: " + situation; ``texts["situation"]`` keeps the
-    bare situations for the reward models (``texts`` has no ids for it)."""
-    prompts = [formats.policy_input(s) for s in situations]
+                      buckets: Sequence[int] = (), prompt=formats.policy_input) -> TokenizedDataset:
+    """PPO prompts: column input = prompt(situation) (a T5's "question: " + situation, or a
+    decoder policy's `rl.prompts.CausalPolicyText.prompt`); ``texts["situation"]`` keeps the bare
+    situations for the reward models (``texts`` has no ids for it)."""
+    prompts = [prompt(s) for s in situations]
     ds = TokenizedDataset({"input": prompts}, tokenizer, {"input": max_input_length}, buckets)
     ds.texts["situation"] = list(situations)
     return ds

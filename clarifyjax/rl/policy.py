@@ -1,23 +1,38 @@
-"""The policy and value functions of the PPO update, over plain parameter dicts.
+"""The policy and value functions of the PPO update, over plain parameter dicts, for every family.
 
 `response_logprobs` / `response_values`: teacher-forced log-probs of sampled responses under a T5
-(of which distribution: the comment above it), and a `ValueModel`'s values. `make_ppo_fns`: what
+or a decoder-only `CausalLM` (`response_logits`, the one place the families differ; which
+distribution: the comment above it), and a value model's values. `make_ppo_fns`: what
 `ppo.make_ppo_update` takes; `make_rollout_scorer`, `make_reference_nll`: what the rollout
 computes on device. Shapes: b = batch, s = query, t = response, m = d_model, V = vocabulary."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from clarifyjax.rl import ppo
+from clarifyjax.models.causal_lm import CausalLM
 from clarifyjax.models.state import Params, merge_model
 from clarifyjax.models.t5 import T5, shift_right
-from clarifyjax.rl.value import ValueModel
+from clarifyjax.rl.value import CausalValueModel, ValueModel, causal_response_hidden
 
 
 # --------------------------------------------------------------------------- forward passes
+
+
+def response_logits(model: T5 | CausalLM, query_ids, query_mask, response_ids, response_mask
+                    ) -> jax.Array:
+    """The logits [b, t, V] that predict each response token given the query and the response
+    before it: a T5 reads the query with its encoder and the response shifted right; a
+    `CausalLM` reads the prompt (the query, any padding) and the response as one sequence
+    (`value.causal_response_hidden`), as `decoding.generate` sampled it."""
+    if isinstance(model, CausalLM):
+        return model.logits(causal_response_hidden(model, query_ids, query_mask, response_ids,
+                                                   response_mask))
+    return model(query_ids, query_mask, shift_right(response_ids, model.config.decoder_start_token_id))
 
 
 # By default the log-probabilities are of the model's own distribution (temperature 1,
@@ -27,13 +42,12 @@ from clarifyjax.rl.value import ValueModel
 # ``ppo.logprobs: sampling``, as TRL's PPO divides its logits by the sampling temperature) makes
 # them the rollouts' own. Truncation is not modelled: a top-p set differs between policy and
 # reference, and their KL would be infinite.
-def response_logprobs(model: T5, query_ids, query_mask, response_ids, response_mask, *,
-                      with_entropy: bool = False, temperature: float = 1.0):
+def response_logprobs(model: T5 | CausalLM, query_ids, query_mask, response_ids, response_mask,
+                      *, with_entropy: bool = False, temperature: float = 1.0):
     """log p(response_ids[:, i] | query, response_<i) [b, t] float32 under the model's
     distribution at `temperature` (0 on padding); with_entropy also returns the per-token entropy
     [b, t]."""
-    decoder_input_ids = shift_right(response_ids, model.config.decoder_start_token_id)
-    logits = model(query_ids, query_mask, decoder_input_ids)
+    logits = response_logits(model, query_ids, query_mask, response_ids, response_mask)
     logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
     ids = response_ids[..., None].astype(jnp.int32)
     token_logp = jnp.take_along_axis(logp, ids, axis=-1)[..., 0]
@@ -45,11 +59,10 @@ def response_logprobs(model: T5, query_ids, query_mask, response_ids, response_m
     return token_logp, jnp.where(valid, entropy, 0.0)
 
 
-def response_values(model: ValueModel, query_ids, query_mask, response_ids, response_mask):
+def response_values(model: ValueModel | CausalValueModel, query_ids, query_mask, response_ids,
+                    response_mask):
     """V at every response position [b, t] float32 (0 on padding)."""
-    decoder_input_ids = shift_right(response_ids, model.config.decoder_start_token_id)
-    values = model(query_ids, query_mask, decoder_input_ids)
-    return jnp.where(response_mask > 0, values, 0.0)
+    return model.response_values(query_ids, query_mask, response_ids, response_mask)
 
 
 def make_ppo_fns(policy_graphdef, value_graphdef, temperature: float = 1.0
@@ -70,38 +83,50 @@ def make_ppo_fns(policy_graphdef, value_graphdef, temperature: float = 1.0
     return policy_logprobs_fn, value_fn
 
 
+class Responses(NamedTuple):
+    """The arrays the policy and value functions of `make_ppo_fns` read (a `ppo.Rollout` holds
+    them too): queries [b, s] and right-padded responses [b, t]."""
+
+    query_ids: jax.Array
+    query_mask: jax.Array
+    response_ids: jax.Array
+    response_mask: jax.Array
+
+
 def make_rollout_scorer(policy_graphdef, value_graphdef, temperature: float = 1.0,
                         chunks: int = 1) -> Callable[..., tuple]:
     """`score(policy_params, ref_params, value_params, query_ids, query_mask, response_ids,
     response_mask) -> (logprobs, ref_logprobs, values)`, each [b, t] float32 (log-probs at
-    `temperature`): what a `Rollout` records at sampling time. Pure; the caller jits it. With no
-    value model (`value_graphdef` None: rloo, grpo) the values are 0.
+    `temperature`): what a `Rollout` records at sampling time (values 0 when `value_graphdef` is
+    None: no value model).
 
-    `chunks` > 1 scores the batch in that many equal chunks of rows (every chunks-th row), one
-    after the other (`lax.map`): the update's minibatches have that many rows, and a forward pass over another
-    number of rows is another XLA program, whose log-probs may differ in the last bits (1e-6 on a
-    CPU). Scored in the learner's shape, the recorded log-probs are the learner's exactly."""
-    def score_rows(policy_params, ref_params, value_params, query_ids, query_mask, response_ids,
-                   response_mask):
-        policy = merge_model(policy_graphdef, policy_params)
-        reference = merge_model(policy_graphdef, ref_params)
-        args = (query_ids, query_mask, response_ids, response_mask)
-        logprobs = response_logprobs(policy, *args, temperature=temperature)
-        values = (jnp.zeros_like(logprobs) if value_graphdef is None else
-                  response_values(merge_model(value_graphdef, value_params), *args))
-        return (logprobs, response_logprobs(reference, *args, temperature=temperature), values)
+    It runs the update's own functions (`make_ppo_fns`), each jitted alone, on `chunks` equal
+    chunks of rows one after the other (the update's minibatches), so that the recorded log-probs
+    are bit for bit those the same function gives the same rows in the learner's shape: one
+    program in which policy, reference and value fuse together, or another number of rows, rounds
+    differently (1e-6 on a CPU at XLA's lowest optimization level). `score.cache_size()`: the
+    programs its two functions have compiled."""
+    policy_fn, value_fn = make_ppo_fns(policy_graphdef, value_graphdef, temperature)
+    logprobs, values = jax.jit(policy_fn), jax.jit(value_fn)
 
-    def score(policy_params, ref_params, value_params, *batch):
-        if chunks == 1:
-            return score_rows(policy_params, ref_params, value_params, *batch)
-        rows = batch[0].shape[0]
+    def score_rows(policy_params, ref_params, value_params, batch: Responses):
+        lp = logprobs(policy_params, batch)[0]
+        return (lp, logprobs(ref_params, batch)[0],
+                jnp.zeros_like(lp) if value_graphdef is None else values(value_params, batch))
+
+    def score(policy_params, ref_params, value_params, *arrays):
+        rows = arrays[0].shape[0]
         if rows % chunks:
             raise ValueError(f"make_rollout_scorer: {rows} rows do not split into {chunks} chunks")
-        # chunk c holds rows c, c + chunks, ...: each chunk spans the batch's shards alike
-        split = tuple(jnp.swapaxes(x.reshape((rows // chunks, chunks) + x.shape[1:]), 0, 1)
-                      for x in batch)
-        out = jax.lax.map(lambda b: score_rows(policy_params, ref_params, value_params, *b), split)
-        return tuple(jnp.swapaxes(x, 0, 1).reshape((rows,) + x.shape[2:]) for x in out)
+        size = rows // chunks
+        parts = [score_rows(policy_params, ref_params, value_params,
+                            Responses(*(x[i * size:(i + 1) * size] for x in arrays)))
+                 for i in range(chunks)]
+        out = parts[0] if chunks == 1 else tuple(jnp.concatenate(p) for p in zip(*parts))
+        placed = getattr(arrays[2], "sharding", None)  # the responses' (batch) sharding
+        return out if placed is None else jax.device_put(out, placed)
+
+    score.cache_size = lambda: logprobs._cache_size() + values._cache_size()  # programs compiled
     return score
 
 

@@ -90,7 +90,9 @@ class RolloutSampler:
     (log-probs under the policy and the reference, values) into a `ppo.Rollout`.
 
     Batches are `clarifyjax.data` batches (input_ids, input_mask [b, s], host-local rows); arrays
-    are placed on `mesh` with the batch split over its data axes.
+    are placed on `mesh` with the batch split over its data axes. The policy is a T5 or a
+    decoder-only `CausalLM` (its prompts right-padded, as `decoding.generate` takes them;
+    `stop_token_ids`: where its questions end besides its EOS, e.g. a chat's end of turn).
 
     What the reward models read (`decode`, `situations`): `clean_up_spaces` decodes as
     transformers' ``clean_up_tokenization_spaces=True`` (" ?" -> "?"); `decode_situations` gives
@@ -102,17 +104,17 @@ class RolloutSampler:
     def __init__(self, tokenizer, policy_graphdef, value_graphdef, reward_fn, mesh, *,
                  sampling: Sampling, clean_up_spaces: bool = False,
                  decode_situations: bool = False, logprob_temperature: float = 1.0,
-                 score_chunks: int = 1):
+                 score_chunks: int = 1, stop_token_ids=()):
         self.tokenizer, self.reward_fn, self.mesh = tokenizer, reward_fn, mesh
         self.clean_up_spaces, self.decode_situations = bool(clean_up_spaces), bool(decode_situations)
         s = sampling.with_defaults(Sampling(min_new_tokens=MIN_QUESTION_TOKENS))
         self.sampling = dict(max_new_tokens=int(s.max_new_tokens), min_new_tokens=int(s.min_new_tokens),
                              temperature=float(s.temperature), top_k=int(s.top_k), top_p=float(s.top_p))
+        self.stop_token_ids = tuple(int(i) for i in stop_token_ids)  # a decoder's end of turn
         self._rng = _takes_rng(reward_fn)
         self.graphdef = policy_graphdef
-        self.scorer = jax.jit(make_rollout_scorer(policy_graphdef, value_graphdef,
-                                                  logprob_temperature, score_chunks),
-                              out_shardings=sharding.batch_sharding(mesh, 2))
+        self.scorer = make_rollout_scorer(policy_graphdef, value_graphdef, logprob_temperature,
+                                          score_chunks)
         self.ref_nll = jax.jit(make_reference_nll(policy_graphdef))
 
     def decode(self, ids) -> list[str]:
@@ -142,7 +144,8 @@ class RolloutSampler:
         """(ids, mask on the mesh, `decoding.Generation`, decoded questions of this host's rows)."""
         ids, mask = sharding.shard_batch((batch["input_ids"], batch["input_mask"]), self.mesh)
         gen = decoding.generate(merge_model(self.graphdef, params), ids, mask, rng=key,
-                                greedy=greedy, **self.sampling)
+                                greedy=greedy, stop_token_ids=self.stop_token_ids,
+                                **self.sampling)
         return ids, mask, gen, self.decode(host_rows(gen.tokens, self.mesh))
 
     def rewards(self, situations, questions, key, normalizer=None) -> dict[str, np.ndarray]:

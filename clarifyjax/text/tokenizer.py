@@ -371,8 +371,9 @@ class CausalTokenizer:
         self.vocab_size = len(tok)
         self.has_chat_template = bool(getattr(tok, "chat_template", None))
 
-    def render(self, prompt, chat_template: str = "model") -> str:
-        """The text a prompt becomes: a str as it is, a chat through `chat_template`."""
+    def render(self, prompt, chat_template: str = "model", **variables) -> str:
+        """The text a prompt becomes: a str as it is, a chat through `chat_template` (the model's
+        template also reads `variables`, e.g. Qwen3's ``enable_thinking``; others ignore them)."""
         if isinstance(prompt, str):
             return prompt
         if chat_template == "vicuna_v1.1":
@@ -386,7 +387,7 @@ class CausalTokenizer:
         try:
             with self._lock:
                 return self._tok.apply_chat_template(list(prompt), tokenize=False,
-                                                     add_generation_prompt=True)
+                                                     add_generation_prompt=True, **variables)
         except Exception as e:  # jinja2's errors, or the template's own raise_exception(...)
             raise ValueError(f"{self.folder}: its chat template cannot render these messages "
                              f"({_first_line(e)})") from e
@@ -403,6 +404,11 @@ class CausalTokenizer:
         special = not own_template and (raw_bos or not isinstance(prompt, str))
         with self._lock:
             return list(self._tok(text, add_special_tokens=special)["input_ids"])
+
+    def save_pretrained(self, folder: str | os.PathLike) -> None:
+        """Write the tokenizer's files into `folder` (a trained model's export)."""
+        with self._lock:
+            self._tok.save_pretrained(str(folder))
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of generated ids, special tokens left out."""

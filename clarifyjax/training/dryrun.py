@@ -24,9 +24,12 @@ from clarifyjax.training import memory_plan, builders, programs, run_record
 from clarifyjax.core import sharding
 from clarifyjax.config import CLASSIFIER_TASKS, ConfigError, PPOConfig, load_config
 from clarifyjax.core.commands import one_line
+from clarifyjax.models.causal_lm import CausalLMConfig
+from clarifyjax.models.hf.causal_lm_map import config_from_hf
 from clarifyjax.models.t5 import T5Config
-from clarifyjax.models.hf import check_classifier_folder, check_t5_folder, load_encoder_tokenizer
-from clarifyjax.text.tokenizer import Tokenizer
+from clarifyjax.models.hf import (check_causal_lm_folder, check_classifier_folder, check_t5_folder,
+                                  load_encoder_tokenizer)
+from clarifyjax.text.tokenizer import CausalTokenizer, Tokenizer
 from clarifyjax import data
 
 DRYRUN_KEYS = ("compile", "num_layers", "rows", "check_models")
@@ -50,12 +53,15 @@ def split_overrides(overrides: Sequence[str]) -> tuple[list[str], dict[str, str]
 
 def _model_roles(cfg) -> list[tuple[str, Any, str]]:
     """(option, `ModelConfig`, kind) of every model the run reads: kind "t5" (a T5 and its
-    tokenizer), "t5-weights" (a T5 whose tokens are the policy's) or "classifier"."""
+    tokenizer), "t5-weights" (a T5 whose tokens are the policy's), "causal" / "causal-weights"
+    (the same for a decoder-only policy) or "classifier"."""
     if not isinstance(cfg, PPOConfig):
         return [("model", cfg.model, "classifier" if cfg.task in CLASSIFIER_TASKS else "t5")]
     r = cfg.rewards
-    roles = [("policy", cfg.policy, "t5"), ("reference", cfg.reference, "t5-weights"),
-             ("value.model", cfg.value.model, "t5-weights"), ("rewards.answerer", r.answerer, "t5"),
+    policy = "causal" if builders.model_family(cfg.policy) == "causal" else "t5"
+    weights = f"{policy}-weights"
+    roles = [("policy", cfg.policy, policy), ("reference", cfg.reference, weights),
+             ("value.model", cfg.value.model, weights), ("rewards.answerer", r.answerer, "t5"),
              ("rewards.fusion", r.fusion, "t5"),
              ("rewards.judge.model", r.judge.model, "t5" if r.judge.kind == "t5" else "classifier"),
              ("rewards.nli", r.nli, "classifier")]
@@ -72,6 +78,11 @@ def _check_model(option: str, model_cfg, kind: str) -> list[str]:
         if model_cfg.init is not None and kind == "classifier":
             config = check_classifier_folder(model_cfg.init)
             load_encoder_tokenizer(model_cfg.init, model_cfg.max_input_length, config.vocab_size)
+        elif model_cfg.init is not None and kind.startswith("causal"):
+            check_causal_lm_folder(model_cfg.init, dtype=model_cfg.dtype)
+            if kind == "causal":
+                CausalTokenizer(model_cfg.tokenizer_path)
+            return problems
         elif model_cfg.init is not None:
             vocab = check_t5_folder(model_cfg.init, dtype=model_cfg.dtype)[0].vocab_size
     except (OSError, ValueError) as e:  # CheckpointError: a ValueError naming file and field
@@ -140,13 +151,19 @@ def check_run_inputs(cfg, *, models: bool = True) -> dict[str, list[str]]:
 
 
 def _t5_config(model_cfg, role: str, configs_dir: Path, num_layers: int | None = None
-               ) -> tuple[str, T5Config]:
-    """(architecture name, T5Config) of a config's model, without reading any weights."""
+               ) -> tuple[str, T5Config | CausalLMConfig]:
+    """(architecture name, T5Config, or a decoder-only policy's CausalLMConfig) of a config's
+    model, without reading any weights."""
     name, hf = memory_plan.resolve_architecture(model_cfg, role, configs_dir)
-    config = builders.t5_config(model_cfg, hf)
-    if num_layers is not None:
-        config = dataclasses.replace(config, num_layers=num_layers, num_decoder_layers=num_layers)
-    return name, config
+    if memory_plan.is_causal(hf):
+        config = config_from_hf(hf, f"{role}: {name}", dtype=model_cfg.dtype,
+                                param_dtype=model_cfg.param_dtype)
+        layers = {} if num_layers is None else {"num_layers": num_layers}
+    else:
+        config = builders.t5_config(model_cfg, hf)
+        layers = ({} if num_layers is None else
+                  {"num_layers": num_layers, "num_decoder_layers": num_layers})
+    return name, dataclasses.replace(config, **layers)
 
 
 def parameter_table(role: str, params) -> list[dict]:
@@ -248,6 +265,9 @@ def _compile(cfg, step_kind: str, options: dict, mesh, rules, configs_dir: Path,
     if step_kind == "ppo":
         lowered = lower_ppo_update(cfg, mesh, rules, config,
                                    models[1][3] if len(models) > 1 else None, rows)
+    elif not isinstance(config, T5Config):
+        raise ValueError("dryrun.compile=sft: the policy is a decoder-only model; the SFT step "
+                         "is a T5's (give dryrun.compile=ppo)")
     else:
         model_cfg = cfg.policy if isinstance(cfg, PPOConfig) else cfg.model
         lowered = lower_sft_step(cfg, mesh, rules, config, model_cfg, rows)
@@ -257,8 +277,10 @@ def _compile(cfg, step_kind: str, options: dict, mesh, rules, configs_dir: Path,
     memory = {field: int(getattr(analysis, field)) for field in (
         "argument_size_in_bytes", "output_size_in_bytes", "temp_size_in_bytes",
         "generated_code_size_in_bytes") if analysis is not None and hasattr(analysis, field)}
-    say(f"[dry-run] compiled one {step_kind} step ({config.num_layers} + "
-        f"{config.num_decoder_layers} layers, {rows} rows) in {seconds:.1f} s; not run. "
+    layers = (f"{config.num_layers} + {config.num_decoder_layers}"
+              if isinstance(config, T5Config) else f"{config.num_layers}")
+    say(f"[dry-run] compiled one {step_kind} step ({layers} layers, {rows} rows) in "
+        f"{seconds:.1f} s; not run. "
         f"XLA per device: " + ", ".join(f"{k} {_fmt_bytes(v)}" for k, v in memory.items()))
     return {"step": step_kind, "num_layers": config.num_layers, "rows": rows, "seconds": seconds,
             "memory": memory, "lowered_sha256": hashlib.sha256(text.encode()).hexdigest()}

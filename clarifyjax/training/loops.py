@@ -22,13 +22,15 @@ from clarifyjax.training import builders, programs, run_record, sft
 from clarifyjax.training.checkpointing import Checkpointer, PreemptionGuard
 from clarifyjax.config import CLASSIFIER_TASKS, ConfigError
 from clarifyjax.core.metrics_log import MetricsLogger, say_through
-from clarifyjax.models.hf import save_sequence_classifier, save_t5
-from clarifyjax.models.t5 import T5, T5Config
+from clarifyjax.models.hf import save_causal_lm, save_sequence_classifier, save_t5
+from clarifyjax.models.causal_lm import CausalLM
+from clarifyjax.models.t5 import T5
 from clarifyjax.models.state import merge_model, split_model
 from clarifyjax.reward.jsd import RewardNormalizer
 from clarifyjax.rl.rollout import RolloutSampler, host_rows
 from clarifyjax.files.tables import check_data_paths
 from clarifyjax.files.textfiles import atomic_write_bytes
+from clarifyjax.text import formats
 from clarifyjax.text.tokenizer import Tokenizer
 from clarifyjax.training.ppo_eval import all_hosts, evaluate_ppo, fit_normalizer
 from clarifyjax.reward import pipeline
@@ -49,8 +51,13 @@ def _start(cfg, kind: str, say) -> tuple[Path, Any, tuple]:
     return run_dir, mesh, rules
 
 
-def _export(model: T5, config: T5Config, tokenizer: Tokenizer, folder: Path, say) -> str:
-    save_t5(model, config, folder)
+def _export(model: T5 | CausalLM, config, tokenizer, folder: Path, say, source=None) -> str:
+    """`model` as a Hugging Face folder with its tokenizer; a decoder-only model (`source`: the
+    folder it was loaded from) through `hf.save_causal_lm`."""
+    if isinstance(model, CausalLM):
+        save_causal_lm(model, source, folder)
+    else:
+        save_t5(model, config, folder)
     if jax.process_index() == 0:
         tokenizer.save_pretrained(folder)
     say(f"[export] Hugging Face folder: {folder}")
@@ -279,14 +286,24 @@ def _sampler(cfg, tokenizer, m: builders.PPOModels, reward_fn, mesh) -> RolloutS
                           sampling=h.sampling, clean_up_spaces=h.clean_up_tokenization_spaces,
                           decode_situations=h.reward_situations == "decoded",
                           logprob_temperature=h.logprob_temperature,
-                          score_chunks=h.minibatches)
+                          score_chunks=h.minibatches,
+                          stop_token_ids=getattr(tokenizer, "stop_ids", ()))
+
+
+def _policy(cfg, mesh, rules) -> tuple[Any, builders.PPOModels]:
+    """(the policy's tokenizer, the run's models), for a T5 or a decoder-only policy."""
+    family = builders.check_policy_family(cfg)
+    tokenizer = builders.policy_tokenizer(cfg, family)
+    return tokenizer, builders.build_ppo_models(cfg, mesh, rules, tokenizer, family)
 
 
 def _situations(cfg, tokenizer) -> tuple[Any, Any]:
-    """(train dataset, dev dataset or None) of tokenized situations."""
+    """(train dataset, dev dataset or None) of tokenized situations: a T5's input, or a decoder
+    policy's prompt (`rl.prompts.CausalPolicyText.prompt`)."""
     def dataset(situations):
         return data.situation_dataset(situations, tokenizer, cfg.policy.max_input_length,
-                                      cfg.data.length_buckets)
+                                      cfg.data.length_buckets,
+                                      prompt=getattr(tokenizer, "prompt", formats.policy_input))
 
     train_sits, dev_sits = data.load_ppo_situations(cfg.data)
     return dataset(train_sits), (dataset(dev_sits) if dev_sits else None)
@@ -345,11 +362,10 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
     say = say_through(None)
     run_dir, mesh, rules = _start(cfg, "ppo", say)
     h, seed = cfg.ppo, cfg.run.seed
-    tokenizer = Tokenizer.from_pretrained(cfg.policy.tokenizer_path)
-    m = builders.build_ppo_models(cfg, mesh, rules, tokenizer)
+    tokenizer, m = _policy(cfg, mesh, rules)
     train_ds, dev_ds = _situations(cfg, tokenizer)
     say(f"[ppo] {len(train_ds)} training situations, {len(dev_ds or ())} dev situations; policy "
-        f"d_model={m.config.d_model}, {m.config.num_layers} layers")
+        f"{m.family} ({getattr(m.config, 'model_type', 't5')}), {m.config.num_layers} layers")
     program = programs.PPOProgram.build(cfg, mesh, m.graphdef, m.params, m.value_graphdef,
                                         m.value_params)
     state = program.init_state()
@@ -411,7 +427,7 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
     result.update(step=step, normalizer=normalizer, state=state["ppo"])
     if export and not result["stopped"]:
         result["final"] = _export(merge_model(m.graphdef, state["ppo"].policy_params), m.config,
-                                  tokenizer, run_dir / "final", print)
+                                  tokenizer, run_dir / "final", print, source=cfg.policy.init)
     return result
 
 

@@ -1,4 +1,5 @@
-"""Bytes per device of a PPO run: every model's parameters, Adam state, gradients, activations.
+"""Bytes per device of a PPO run: every model's parameters, Adam state, gradients, activations
+(a T5 policy's or a decoder-only one's, `causal_activation_bytes`).
 
     plan(cfg, Hardware("8 x H100 80GB", 8, 81559 * 2 ** 20, 8), configs_dir) -> dict
 
@@ -24,8 +25,10 @@ from clarifyjax.models.state import shape_only
 from clarifyjax.models.deberta import DebertaSequenceClassifier
 from clarifyjax.models.encoder import EncoderConfig, SequenceClassifier
 from clarifyjax.models.hf.deberta_map import deberta_config_from_hf
+from clarifyjax.models.causal_lm import CausalLM
+from clarifyjax.models.hf.causal_lm_map import MODEL_TYPES as CAUSAL_MODEL_TYPES, config_from_hf
 from clarifyjax.models.t5 import T5, T5Config
-from clarifyjax.rl.value import ValueModel
+from clarifyjax.rl.value import CausalValueModel, ValueModel
 
 # Model folders written relative to the repository (as the configs write them) are found from any
 # working directory.
@@ -49,6 +52,21 @@ KNOWN_ARCHITECTURES: dict[str, dict[str, Any]] = {
     "t5-v1_1-xxl": dict(_T5_V1_1, d_model=4096, d_kv=64, d_ff=10240, num_heads=64),
     "flan-t5-xxl": dict(_T5_V1_1, d_model=4096, d_kv=64, d_ff=10240, num_heads=64),
     "roberta-large": _ROBERTA_LARGE,
+    # decoder-only question policies (their Hugging Face config.json, shape fields)
+    "Qwen3-0.6B": {"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
+                   "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16,
+                   "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960,
+                   "rms_norm_eps": 1e-6, "rope_theta": 1000000, "tie_word_embeddings": True,
+                   "bos_token_id": 151643, "eos_token_id": 151645},
+    "Llama-3.2-1B": {"model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
+                     "intermediate_size": 8192, "num_hidden_layers": 16,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+                     "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+                     "rope_theta": 500000.0, "tie_word_embeddings": True,
+                     "rope_scaling": {"rope_type": "llama3", "factor": 32.0,
+                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 8192},
+                     "bos_token_id": 128000, "eos_token_id": 128001},
     "roberta-large-wanli": dict(_ROBERTA_LARGE, id2label={
         "0": "contradiction", "1": "entailment", "2": "neutral"}),
     "roberta-large-mnli": dict(_ROBERTA_LARGE, id2label={
@@ -106,6 +124,11 @@ def _is_encoder(hf: dict) -> bool:
     return hf.get("model_type") in ("bert", "roberta", "deberta-v2")
 
 
+def is_causal(hf: dict) -> bool:
+    """Whether a config.json dict is a decoder-only model's (`causal_lm_map.MODEL_TYPES`)."""
+    return hf.get("model_type") in CAUSAL_MODEL_TYPES
+
+
 @functools.cache
 def abstract_state(kind: str, hf_json: str, param_dtype: str):
     """The abstract (shape-only) state of one model ("t5", "value" or "encoder"), flattened:
@@ -117,6 +140,10 @@ def abstract_state(kind: str, hf_json: str, param_dtype: str):
     if kind == "encoder":
         cfg = EncoderConfig.from_hf(hf, param_dtype=param_dtype)
         return nnx.to_flat_state(nnx.state(shape_only(SequenceClassifier, cfg)))
+    if is_causal(hf):  # a decoder-only policy, its reference or its value model
+        cfg = config_from_hf(hf, param_dtype=param_dtype)
+        model = CausalValueModel if kind == "value" else CausalLM
+        return nnx.to_flat_state(nnx.state(shape_only(model, cfg)))
     if "tiny" in hf:
         cfg = T5Config(**TinyModelSpec(**hf["tiny"]).t5_kwargs(), param_dtype=param_dtype)
     else:
@@ -197,6 +224,25 @@ def activation_bytes(hf: dict, rows: int, source: int, target: int, compute_byte
     return rows * per_row
 
 
+def causal_activation_bytes(hf: dict, rows: int, source: int, target: int, compute_bytes: int,
+                            logits: bool) -> int:
+    """`activation_bytes` of a decoder-only model reading `source` + `target` tokens as one
+    sequence: per token and layer two norms (2 x H), q, k, v and context ((2 n + 2 k) x d),
+    attention output and MLP input (2 x H), gate / up (1 or 2 x F), activation (F), down output
+    (H); attention scores and weights in float32; the vocabulary logits and log-softmax in
+    float32 at the `target` positions only (`policy.response_logits`) when `logits`."""
+    c = config_from_hf(hf)
+    n, k, d, h, f = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.ffn_size
+    length = source + target
+    gated = 2 if c.gated_mlp else 1
+    per_layer = length * (5 * h + (2 * n + 2 * k) * d + (gated + 1) * f) * compute_bytes \
+        + 2 * n * length * length * 4
+    per_row = c.num_layers * per_layer + length * c.embed_size * compute_bytes
+    if logits:
+        per_row += 2 * target * c.vocab_size * 4
+    return rows * per_row
+
+
 # --------------------------------------------------------------------------- the plan
 
 
@@ -247,9 +293,10 @@ def plan(cfg: PPOConfig, hardware: Hardware, configs_dir: Path) -> dict:
     value_hf = resolve_architecture(value_model, "value", configs_dir)[1] if has_value else {}
     if "tiny" in policy_hf or "tiny" in value_hf:
         raise PlanError("activation estimates need Hugging Face T5 architectures, not tiny specs")
-    activations = activation_bytes(policy_hf, rows, source, target, compute_bytes, True)
+    estimate = causal_activation_bytes if is_causal(policy_hf) else activation_bytes
+    activations = estimate(policy_hf, rows, source, target, compute_bytes, True)
     if has_value:
-        activations += activation_bytes(value_hf, rows, source, target, compute_bytes, False)
+        activations += estimate(value_hf, rows, source, target, compute_bytes, False)
     trained = "policy + value" if has_value else "policy"
     components = {f"params: {m.role}": m.bytes_per_device for m in models}
     components[f"Adam moments ({trained})"] = 2 * trainable_per_device

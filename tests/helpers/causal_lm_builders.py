@@ -102,3 +102,45 @@ def batches():
     targets, target_mask = right_padded(prompts(rng, [4, 1, 6, 2, 3, 5, 1, 2, 7, 3, 4, 1, 5, 2,
                                                       6, 3]))
     return logits_batch, (ids, mask), (targets, target_mask), prompts(rng, [7])[0]
+
+
+
+# The tiny question policies of the RL tests: d_model 32, two layers, 128 positions, the
+# vocabulary of `clarifyjax.models.tiny.tiny_causal_tokenizer` (259 ids: 256 bytes + 3 specials).
+POLICY_CONFIGS = {
+    "llama": dict(model_type="llama", intermediate_size=64, num_key_value_heads=2,
+                  rms_norm_eps=1e-5, tie_word_embeddings=False),
+    "qwen3": dict(model_type="qwen3", intermediate_size=48, num_key_value_heads=2, head_dim=12,
+                  rms_norm_eps=1e-6, tie_word_embeddings=True),
+}
+
+
+def tiny_policy_folder(folder, family: str, seed: int = 0, tokenizer=None):
+    """A tiny random decoder-only question policy of `family` (`POLICY_CONFIGS`) saved in
+    `folder` by `hf.save_causal_lm` (config.json, model.safetensors, generation_config.json),
+    with `tokenizer` (a transformers tokenizer; None: a new `tiny_causal_tokenizer`, vocabulary
+    256 bytes, its Llama-2-like chat template; <s> = 1, </s> = 2). No torch. -> the tokenizer."""
+    import json
+    from pathlib import Path
+
+    from flax import nnx
+
+    from clarifyjax.models.causal_lm import CausalLM
+    from clarifyjax.models.hf import causal_lm_map, save_causal_lm
+    from clarifyjax.models.tiny import tiny_causal_tokenizer
+
+    require("tokenizers")
+    folder = Path(folder)
+    if tokenizer is None:
+        tokenizer = tiny_causal_tokenizer(folder, vocab_size=256)
+    else:
+        tokenizer.save_pretrained(str(folder))
+    hf = {"vocab_size": len(tokenizer), "hidden_size": 32, "num_hidden_layers": 2,
+          "num_attention_heads": 4, "max_position_embeddings": 128, "bos_token_id": 1,
+          "eos_token_id": 2, **POLICY_CONFIGS[family]}
+    (folder / "config.json").write_text(json.dumps(hf))
+    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1,
+                                                               "eos_token_id": 2}))
+    config = causal_lm_map.config_from_hf(hf, folder / "config.json")
+    save_causal_lm(CausalLM(config, rngs=nnx.Rngs(seed)), folder, folder)
+    return tokenizer

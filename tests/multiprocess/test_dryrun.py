@@ -1,8 +1,9 @@
-"""Dry run of clarifyjax/presets/ppo_t5_large.yaml (and rloo_t5_large.yaml, issue 38: no value model)
-on 8 fake CPU devices (issue 6): every parameter listed
-with a sharding, bytes per device reported, one PPO update compiled (not run), and T5-large never
-materialized. And the dry run compiles the run's own program (issue 10): for the tiny SFT and PPO
-configs, its lowered StableHLO is the text of the first real training step's.
+"""Dry run of clarifyjax/presets/ppo_t5_large.yaml (and, issue 38, rloo_t5_large.yaml and
+grpo_qwen3_0_6b.yaml, a decoder-only policy: no value model) on 8 fake CPU devices
+(issue 6): every parameter listed with a sharding, bytes per device reported, one PPO update
+compiled (not run), and T5-large never materialized. And the dry run compiles the run's own
+program (issue 10): for the tiny SFT and PPO configs, its lowered StableHLO is the text of the
+first real training step's.
 
 The step is compiled with ``dryrun.num_layers=2`` (2 + 2 layers at T5-large's width, 64 rows),
 because the full 24 + 24-layer PPO update (policy + value, 4 epochs) takes minutes to compile on a
@@ -49,6 +50,12 @@ rloo = dryrun.main(f"{CONFIGS}/rloo_t5_large.yaml", ["dryrun.num_layers=1", "dry
                                                     "dryrun.check_models=false"], say=rloo_lines.append)
 report["rloo"] = {"plan": rloo["plan"], "compiled": rloo["compiled"], "printed": rloo_lines,
                   "roles": sorted({p["name"].split("[")[0] for p in rloo["parameters"]})}
+# the GRPO preset: a decoder-only policy (Qwen3-0.6B, sized by name), no value model either
+grpo_lines = []
+grpo = dryrun.main(f"{CONFIGS}/grpo_qwen3_0_6b.yaml", ["dryrun.num_layers=1", "dryrun.rows=8",
+                                                       "dryrun.check_models=false"], say=grpo_lines.append)
+report["grpo"] = {"plan": grpo["plan"], "compiled": grpo["compiled"], "printed": grpo_lines,
+                  "roles": sorted({p["name"].split("[")[0] for p in grpo["parameters"]})}
 write_result(json.loads(json.dumps(report, default=str)))
 '''
 
@@ -134,6 +141,22 @@ def test_rloo_preset_dry_runs_without_a_value_model(report):
     assert 0.99 * both < 2 * moments < both  # the value model: the policy's T5 and a scalar head
     assert plan["total_bytes"] < ppo_plan["total_bytes"]
     assert rloo["compiled"]["step"] == "ppo" and rloo["compiled"]["memory"]["argument_size_in_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_grpo_decoder_preset_dry_runs_without_a_value_model(report):
+    """clarifyjax/presets/grpo_qwen3_0_6b.yaml (a Qwen3-0.6B policy, GRPO) on the same 8 fake devices: bytes
+    per device printed, its update compiled (1 layer, 8 rows), and no value model counted."""
+    grpo = report["grpo"]
+    assert grpo["roles"] == ["policy"]
+    assert any("total per device" in line for line in grpo["printed"])
+    plan = grpo["plan"]
+    models = {m["role"]: m for m in plan["models"]}
+    assert [r for r, m in models.items() if m["trainable"]] == ["policy"]
+    assert "value" not in models and not any("value" in key for key in plan["components"])
+    assert models["policy"]["n_params"] == 596_049_920  # Qwen3-0.6B's published size
+    assert plan["components"]["Adam moments (policy)"] > 0
+    assert grpo["compiled"]["step"] == "ppo" and grpo["compiled"]["memory"]["argument_size_in_bytes"] > 0
 
 
 SAME_PROGRAM = r'''

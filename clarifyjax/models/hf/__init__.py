@@ -7,12 +7,12 @@ from clarifyjax.models.hf.loaders import (  # noqa: F401  (the package's public 
     load_t5, save_t5, load_encoder, load_sequence_classifier, load_encoder_tokenizer, load_causal_lm,
     read_generation_defaults, load_deberta, load_deberta_sequence_classifier, load_question_answering,
     load_classifier, save_sequence_classifier, CheckpointError, check_t5_folder,
-    check_classifier_folder, check_causal_lm_folder,
+    check_classifier_folder, check_causal_lm_folder, save_causal_lm,
 )
 
 __all__ = [
     "load_t5", "save_t5", "load_encoder", "load_sequence_classifier", "load_encoder_tokenizer",
     "load_causal_lm", "read_generation_defaults", "load_deberta", "load_deberta_sequence_classifier",
     "load_question_answering", "load_classifier", "save_sequence_classifier", "CheckpointError",
-    "check_t5_folder", "check_classifier_folder", "check_causal_lm_folder",
+    "check_t5_folder", "check_classifier_folder", "check_causal_lm_folder", "save_causal_lm",
 ]

@@ -1,6 +1,6 @@
 """The one way in and out of Hugging Face checkpoint folders (safetensors), for every model family:
 `load_t5` / `save_t5`; `load_encoder`, `load_sequence_classifier`, `load_encoder_tokenizer`
-(BERT, RoBERTa); `load_causal_lm`, `read_generation_defaults`; `load_deberta`,
+(BERT, RoBERTa); `load_causal_lm` / `save_causal_lm`, `read_generation_defaults`; `load_deberta`,
 `load_deberta_sequence_classifier`; `load_question_answering`; `load_classifier` /
 `save_sequence_classifier` (either encoder family, by config.json `model_type`). Each family's
 tensor map is its `*_map` module. With a mesh, each device reads only its own slice of each
@@ -20,6 +20,7 @@ from jax.experimental import multihost_utils
 from clarifyjax.models.hf import causal_lm_map
 from clarifyjax.models.causal_lm import CausalLM, CausalLMConfig
 from clarifyjax.models.hf.causal_lm_map import read_generation_defaults
+from clarifyjax.files.textfiles import atomic_write_bytes
 from clarifyjax.models.safetensors_io import (CheckpointError, TensorSource, read_config,
                                              write_checkpoint)
 from clarifyjax.models.deberta import (DebertaEncoder, DebertaQuestionAnswering,
@@ -187,6 +188,26 @@ def load_causal_lm(path: str | os.PathLike, *, dtype: str = "float32",
     config, source, maps = check_causal_lm_folder(path, dtype=dtype, param_dtype=param_dtype)
     abstract = nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0)))
     return config, read_into(abstract, maps, source, config.param_dtype, mesh, rules)
+
+
+def save_causal_lm(model: CausalLM, source: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Write `model` (loaded from the folder `source`, e.g. a PPO policy) as a Hugging Face folder
+    that `load_causal_lm` and transformers read: model.safetensors in torch layout (float32; a
+    fused tensor from its parts), and `source`'s config.json and generation_config.json. On
+    several hosts only process 0 writes."""
+    source = Path(source)
+    maps = causal_lm_map.causal_lm_tensor_maps(model.config)
+    tensors: dict[str, np.ndarray] = {}
+    for p, value in _host_params(model):
+        tensors[maps[p].hf_name] = maps[p].to_hf(value, tensors.get(maps[p].hf_name))
+    hf_config = dict(read_config(source), torch_dtype="float32")
+    if jax.process_index() != 0:
+        return Path(path)
+    folder = write_checkpoint(path, tensors, hf_config)
+    if (source / "generation_config.json").is_file():
+        atomic_write_bytes(folder / "generation_config.json",
+                           (source / "generation_config.json").read_bytes())
+    return folder
 
 
 def check_causal_lm_folder(path: str | os.PathLike, *, dtype: str = "float32",

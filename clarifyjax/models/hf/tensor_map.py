@@ -61,17 +61,19 @@ class TensorMap:
             block = _gather(block, r.ndim, c - c.min())
         return block.transpose(np.argsort(self.row_dims + self.col_dims))
 
-    def to_hf(self, value: np.ndarray) -> np.ndarray:
-        """Our layout -> the torch layout of `hf_name`; only for a map that covers the whole
-        Hugging Face tensor (every map but one part of a fused tensor)."""
+    def to_hf(self, value: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        """Our layout -> the torch layout of `hf_name`. A map that covers part of the tensor
+        (one part of a fused tensor) writes its entries into `out` (the tensor the other parts
+        fill) and returns it; without `out`, only a map that covers the whole tensor."""
         value = np.asarray(value)
         tables = [self.rows] + ([self.cols] if self.col_dims else [])
-        if [t.size for t in tables] != list(self.hf_shape):
+        whole = [t.size for t in tables] == list(self.hf_shape)
+        if not whole and out is None:
             raise ValueError(f"{self.hf_name}: the map covers part of the tensor only")
         block = value.transpose(self.row_dims + self.col_dims)  # [*rows.shape, *cols.shape]
-        if all(_in_order(t, n) for t, n in zip(tables, self.hf_shape)):
+        if whole and all(_in_order(t, n) for t, n in zip(tables, self.hf_shape)):
             return block.reshape(self.hf_shape)
-        out = np.zeros(self.hf_shape, value.dtype)
+        out = np.zeros(self.hf_shape, value.dtype) if out is None else out
         r = self.rows.reshape(self.rows.shape + (1,) * (block.ndim - self.rows.ndim))
         if not self.col_dims:
             out[r] = block

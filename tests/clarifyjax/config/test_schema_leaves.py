@@ -6,7 +6,8 @@ a change in the runtime object that the key configures. Runtime objects, per sec
 the code the loops use where there is such code (no weights read, no forward pass):
 
 * model roles: the `T5Config` that `builders.build_t5` returns (with `load_t5` stubbed to record
-  its arguments), the tokenizer folder, and the padded lengths of its dataset columns;
+  its arguments), the tokenizer folder, and the padded lengths of its dataset columns; a
+  decoder-only policy's prompt (`builders.policy_tokenizer`, `CausalPolicyText` stubbed);
 * reward models: every loader call and the `PipelineConfig` of `loops.build_reward_fn` (the
   model loaders stubbed to record their arguments);
 * ppo: the fields of the update's `ppo.PPOUpdateConfig` (the section is one), the KL controller and the
@@ -28,6 +29,7 @@ import json
 import re
 import typing
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -200,6 +202,9 @@ def stubs():
     mp.setattr(nli.NLIFilter, "from_pretrained", rec("nli"))
     mp.setattr(pipeline, "RewardPipeline", lambda *a: a)
     mp.setattr(loops, "RolloutSampler", rec("sampler"))
+    mp.setattr(builders, "CausalPolicyText", rec("policy_text"))
+    mp.setattr(builders, "check_causal_lm_folder",
+               lambda *a, **k: (SimpleNamespace(eos_token_ids=(2,)), None, None))
     yield rec
     mp.undo()
 
@@ -258,6 +263,12 @@ def _runtime(cfg, rec) -> dict:
     h, p = cfg.ppo, cfg.policy
     rt["policy"] = (_t5(rec, p), p.tokenizer_path,
                     column_buckets(cfg.data.length_buckets, p.max_input_length))
+    try:  # a decoder-only policy's prompt (rl.prompts), or the run's refusal of the setting
+        family = builders.check_policy_family(cfg)
+        rt["policy_text"] = (_recorded(rec, builders.policy_tokenizer, cfg, family)
+                             if family == "causal" else family)
+    except ConfigError as e:
+        rt["policy_text"] = str(e)
     rt["reference"], rt["value"] = _t5(rec, cfg.reference), _t5(rec, cfg.value.model)
     value = builders.build_value(cfg, _concrete_t5())  # as build_ppo_models
     rt["value_head"] = tuple(np.asarray(p[...]).tobytes() for p in (value.head_kernel, value.head_bias))

@@ -237,7 +237,7 @@ def test_ppo_config_errors(tmp_path):
 def test_ppo_and_sft_steps_on_a_sharded_mesh(tmp_path_factory, tmp_path):
     """2 PPO steps and 2 SFT steps (2 micro-batches each) on 8 fake CPU devices, mesh data=4 x
     model=2: the jitted steps take the mesh's shardings (parameters split over `model`, the batch
-    over `data`) and keep them."""
+    over `data`) and keep them, and the rollout's log-probs are the learner's exactly."""
     from helpers.children import run_with_fake_devices
     from helpers.tiny_models import tiny_spm_folder
 
@@ -262,6 +262,7 @@ mu = r["state"].policy_opt_state[0].mu["decoder"]["layers"][0]["mlp"]["wi"][0]
 out = {{"wi_spec": list(wi.sharding.spec), "value_spec": list(vwi.sharding.spec),
         "mu_spec": list(mu.sharding.spec), "ndev": len(wi.sharding.device_set),
         "reward": [h["train/reward_raw"] for h in r["history"]],
+        "logprob_diff": [h["train/max_abs_logprob_diff"] for h in r["history"]],
         "finite": bool(all(np.all(np.isfinite(np.asarray(x)))
                            for x in jax.tree.leaves(r["state"].policy_params)))}}
 sft_cfg = load_config({str(REPO_ROOT / "clarifyjax/presets/sft_question_tiny.yaml")!r}, [
@@ -282,5 +283,6 @@ write_result(out)
     for key in ("wi_spec", "value_spec", "mu_spec"):  # [embed, mlp]: mlp over the model axis
         assert result[key] == [None, "model"], result
     assert len(result["reward"]) == 2 and all(0 <= x <= 1 for x in result["reward"])
+    assert result["logprob_diff"] == [0.0, 0.0], result  # exactly on-policy on the mesh too
     assert result["finite"]
     assert result["sft_step"] == 2 and np.isfinite(result["sft_loss"])

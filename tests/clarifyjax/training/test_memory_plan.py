@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from clarifyjax.training.memory_plan import abstract_state
+from clarifyjax.training.memory_plan import abstract_state, causal_activation_bytes
 from helpers.env import REPO_ROOT
 
 GiB = 2 ** 30
@@ -162,3 +162,24 @@ def test_unknown_model_is_a_clear_error(mp):
                  "--judges", "config"])
     with pytest.raises(mp.PlanError, match="kind: ppo"):
         mp.main([str(REPO_ROOT / "clarifyjax" / "presets" / "sft_judge.yaml")])
+
+
+def test_a_decoder_only_policy_is_sized_as_its_family(mp):
+    """Issue 38: a Qwen3-0.6B question policy (by name, no folder): policy, value (its trunk and
+    a scalar head) and reference sized as Qwen3's closed form, activations as a decoder's."""
+    plans = dict(mp.main(["policy.init=pretrained/Qwen3-0.6B", "policy.prompt_format=chat",
+                          "--hardware", "8xH100", "--judges", "config"]))
+    (p,) = plans.values()
+    by_role = {m["role"]: m for m in p["models"]}
+    hf = mp.KNOWN_ARCHITECTURES["Qwen3-0.6B"]
+    H, F, L, V = (hf[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers",
+                                  "vocab_size"))
+    n, k, d = hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"]
+    layer = 2 * H * n * d + 2 * H * k * d + 3 * H * F + 2 * H + 2 * d  # q/o, k/v, MLP, norms
+    count = V * H + L * layer + H  # tied embedding, layers, final norm
+    assert by_role["policy"]["n_params"] == by_role["reference"]["n_params"] == count
+    assert by_role["value"]["n_params"] == count + H + 1
+    assert count == 596_049_920  # Qwen3-0.6B's published size
+    rows, source, target = p["minibatch_rows_per_device"], p["source_length"], p["target_length"]
+    assert p["components"]["activations (PPO minibatch, bound)"] == sum(
+        causal_activation_bytes(hf, rows, source, target, 2, logits) for logits in (True, False))
