@@ -73,11 +73,13 @@ class CausalPolicyText:
 
     def decode_batch(self, ids) -> list[str]:
         """The question of each row of generated ids [b, t]: its tokens before the first stop id,
-        decoded without special tokens."""
+        decoded without special tokens. A sampled NUL byte (byte-level vocabularies hold one)
+        reads as U+FFFD, as invalid UTF-8 already does: the reward models refuse a NUL."""
         out = []
         for row in np.asarray(ids):
             ends = np.flatnonzero(np.isin(row, self.stop_ids))
-            out.append(self.tokenizer.decode(row[:ends[0]] if ends.size else row).strip())
+            text = self.tokenizer.decode(row[:ends[0]] if ends.size else row).strip()
+            out.append(text.replace("\x00", "\ufffd"))
         return out
 
     def save_pretrained(self, folder: str | os.PathLike) -> None:

@@ -172,3 +172,7 @@ def test_plain_prompts_and_questions_that_end_at_the_stop_ids(folders):
     hello = text.tokenizer.encode("Why?", raw_bos=False)
     rows = np.array([hello + [7, 60, 61], hello + [2, 2, 2], hello + [61, 62, 63]])
     assert text.decode_batch(rows) == ["Why?", "Why?", text.tokenizer.decode(rows[2]).strip()]
+    # a random policy samples any byte: a NUL reaches the reward models as U+FFFD (they refuse NUL)
+    nul = text.tokenizer._tok.convert_tokens_to_ids("\u0100")  # byte-level BPE's name of byte 0
+    assert text.tokenizer.decode([nul]) == "\x00"
+    assert text.decode_batch(np.array([hello + [nul, 2]])) == ["Why?\ufffd"]
