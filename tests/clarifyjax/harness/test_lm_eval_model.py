@@ -3,7 +3,7 @@ Llama and OPT folders, offline (DESIGN §7: its HellaSwag and TruthfulQA MC1 / M
 local files, and a generate_until task over a local JSONL with stop strings): every choice's
 log-likelihood and is_greedy, every greedy generation (chat-templated too), rolling
 log-likelihoods over several windows and every reported metric; and `clarifyjax lm-eval`,
-lm-eval's own command line, printing its results table."""
+lm-eval's own command line, running those tasks and the shipped sage_moral and printing its table."""
 from __future__ import annotations
 
 import json
@@ -124,23 +124,50 @@ def test_rolling_loglikelihoods_over_several_windows_equal_the_hf_model(setup):
     assert ours == pytest.approx(theirs, abs=1e-4) and ours[0] < ours[1] < 0
 
 
+def sage_questions(path, questions=3, paraphrases=2):
+    """A small copy of the SaGE questions file: its first questions, a few paraphrases each."""
+    import csv
+
+    with open(shared_data("sage-mcc/q100_gpt-3.5-turbo_rot.csv"), newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    kept: dict[str, list] = {}
+    for r in rows:
+        kept.setdefault(r["question_id"], []).append(r)
+    kept = {qid: group[:paraphrases] for qid, group in list(kept.items())[:questions]}
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["question_id", "question", "paraphrased"])
+        writer.writerows([r["question_id"], r["question"], r["paraphrased"]] for g in kept.values() for r in g)
+    return path
+
+
 @pytest.mark.reference
 @pytest.mark.e2e
-def test_the_command_line_prints_the_results_table(setup, capsys, monkeypatch):
+def test_the_command_line_prints_the_results_table(setup, tmp_path, tmp_path_factory, capsys, monkeypatch):
+    """One `clarifyjax lm-eval` for HellaSwag, TruthfulQA MC2, local_gen and the shipped sage_moral
+    (--include_path its folder, the questions file and scoring models through --metadata)."""
     import functools
+    import math
 
     from lm_eval.tasks import TaskManager
 
     from clarifyjax import cli
+    from helpers.tiny_models import tiny_classifier_folder
+    from sage_jax.harness_tasks import task_folder
 
     # lm-eval's command indexes its ~10,000 built-in task files (25 s here); these tasks are local
     monkeypatch.setattr(TaskManager, "__init__", functools.partialmethod(TaskManager.__init__,
                                                                         include_defaults=False))
-    folder = setup["models"]["llama"]
+    folder, tasks = setup["models"]["llama"], setup["tasks"]
+    bert = tiny_classifier_folder(tmp_path_factory, model_type="bert")  # SaGE's embedder, BERTScore's model
+    meta = {"sage": {"data": str(sage_questions(tmp_path / "questions.csv")),
+                     "score": {"embedder": str(bert), "bertscore_model": str(bert)},
+                     "bootstrap": {"resamples": 200, "method": "percentile"}}}
+    local = ",".join(str(tasks / f"{t}.yaml") for t in ("local_hellaswag", "local_truthfulqa_mc2", "local_gen"))
     status = cli.main(["lm-eval", "--model", "clarifyjax", "--model_args",
                        f"pretrained={folder},max_length={MAX_LENGTH}", "--batch_size", "4",
-                       "--tasks", "local_hellaswag,local_truthfulqa_mc2,local_gen",
-                       "--include_path", str(setup["tasks"])])
+                       "--tasks", f"{local},sage_moral", "--include_path", str(task_folder()),
+                       "--metadata", json.dumps(meta)])
     out = capsys.readouterr().out
     assert status == 0
     expected = setup["runs"][("llama", "clarifyjax")]["results"]
@@ -150,3 +177,14 @@ def test_the_command_line_prints_the_results_table(setup, capsys, monkeypatch):
         for key, value in expected[task].items():
             if isinstance(value, float) and "stderr" not in key:  # the table's figures: 4 decimals
                 assert any(f"|{value:.4f}|" in line.replace(" ", "") for line in table), (task, key, out)
+    # sage_moral's rows: |sage_moral|1|answers|0|sage|↑|0.1234|±|N/A| then one row per further metric
+    start = next(i for i, line in enumerate(table) if line.startswith("|sage_moral"))
+    cells = {}
+    for line in table[start:start + 12]:
+        row = [c.strip() for c in line.strip("|").split("|")]
+        cells[row[4]] = float(row[6])
+    names = [f"{m}{s}" for m in ("sage", "bleu", "rouge_l", "bertscore") for s in ("", "_ci_low", "_ci_high")]
+    assert sorted(cells) == sorted(names), out
+    assert all(math.isfinite(v) for v in cells.values()), out
+    for m in ("sage", "bleu", "rouge_l", "bertscore"):
+        assert cells[f"{m}_ci_low"] <= cells[m] <= cells[f"{m}_ci_high"], (m, out)
