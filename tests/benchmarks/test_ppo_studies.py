@@ -5,6 +5,7 @@ and the ablation's table; no PPO is run."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 
 import numpy as np
@@ -56,3 +57,21 @@ def test_ablation_table_gives_each_arm_with_intervals():
     line = md.splitlines()[2]
     assert line.startswith("| demo: the demo | 3 | +0.0200 [")
     assert "| 0.30 [0.30, 0.30] (0.60) | 0.200 [0.200, 0.200] |" in line
+
+
+def test_algorithm_study_step_time_and_table(tmp_path):
+    """benchmarks/rl_algorithms.py: the median step time leaves out the first (compiling) step and
+    sums sampling, reward and update; the table gives each arm's policy, algorithm and figures."""
+    study = load("rl_algorithms")
+    rows = [{"step": s, "time/sample": t, "time/reward": 0.1, "time/update": 0.2}
+            for s, t in ((1, 30.0), (2, 0.2), (3, 0.4), (4, 0.3))]
+    rows.append({"step": 4, "eval/reward_raw": 0.1})  # an evaluation row holds no timings
+    (tmp_path / "metrics.jsonl").write_text("".join(f"{json.dumps(r)}\n" for r in rows))
+    assert study.step_seconds(tmp_path) == pytest.approx(0.6)
+    assert set(study.ARMS) == {f"{p}_{a}" for p in ("t5", "llama") for a in ("ppo", "rloo", "grpo")}
+    seeds = load("ppo_seeds")
+    summary = seeds.summarize([seed_row(i, g, 0.04, 0.58) for i, g in enumerate([0.02, 0.01, 0.03])])
+    md = study.table({"t5_grpo": {"policy": "t5", "algorithm": "grpo", "summary": summary,
+                                  "step_seconds": study.stat([0.5, 0.7])}})
+    assert md.splitlines()[2].startswith("| t5 | grpo | 3 | +0.0200 [")
+    assert md.splitlines()[2].endswith("| 0.60 [-0.67, 1.87] |")
