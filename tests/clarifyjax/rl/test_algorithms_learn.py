@@ -68,7 +68,7 @@ class Runner:
     def __init__(self, folder, algorithm: str, out):
         for name, rows in (("train", SITUATIONS), ("dev", ["helping a stranger"])):
             (out / f"{name}.tsv").write_text("situation\n" + "\n".join(rows) + "\n")
-        self.cfg = cfg = load_config(REPO_ROOT / "configs/ppo_tiny.yaml", [
+        self.cfg = cfg = load_config(REPO_ROOT / "clarifyjax/presets/ppo_tiny.yaml", [
             f"run.output_dir={out}", f"run.steps={STEPS}", f"policy.init={folder}",
             "policy.tokenizer=null", "policy.prompt_format=plain",
             "policy.prompt_template=Ask about: {situation}", "policy.max_input_length=64",
