@@ -119,17 +119,19 @@ def read_normalizer(work: Path) -> list[str]:
             f"normalizer.bias={n['bias']}"]
 
 
+def stat(values: list[float]) -> dict:
+    """The mean and its 95% t interval over the seeds (None for one seed)."""
+    from clarifyjax.rl.diagnostics import t_interval
+
+    low, high = t_interval(values) if len(values) > 1 else (None, None)
+    return {"mean": sum(values) / len(values), "ci95": [low, high]}
+
+
 def summarize(rows: list[dict]) -> dict:
     """Over the seeds: the raw gain's mean and 95% t interval, and for each dev metric its mean
     after PPO and the mean change, with intervals; and whether the study meets the demo preset's
     bar (gain interval above 0, the most common question at most 5% and distinct questions within
     10% of the SFT policy's on every seed)."""
-    from clarifyjax.rl.diagnostics import t_interval
-
-    def stat(values):
-        low, high = t_interval(values) if len(values) > 1 else (None, None)
-        return {"mean": sum(values) / len(values), "ci95": [low, high]}
-
     out = {"seeds": [r["seed"] for r in rows], "gain": stat([r["gain"] for r in rows]),
            "gains": [r["gain"] for r in rows], "gain_ses": [r["gain_se"] for r in rows],
            "seconds": sum(r["seconds"] for r in rows)}

@@ -15,6 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ppo_seeds  # noqa: E402
+from ppo_ablation import fmt  # noqa: E402
+from ppo_seeds import stat  # noqa: E402
 from _common import RESULTS_DIR  # noqa: E402
 
 ALGORITHMS = ("ppo", "rloo", "grpo")
@@ -66,13 +68,6 @@ def step_seconds(run: Path) -> float:
     return statistics.median(times)
 
 
-def fmt(stat: dict, spec: str) -> str:
-    low, high = stat["ci95"]
-    if low is None:
-        return format(stat["mean"], spec)
-    return f"{format(stat['mean'], spec)} [{format(low, spec)}, {format(high, spec)}]"
-
-
 def table(results: dict) -> str:
     """One row per arm, each figure its mean over the seeds [95% interval]."""
     lines = ["| policy | algorithm | seeds | raw dev gain (JSD) | flip rate change | distinct "
@@ -114,13 +109,6 @@ def plot(results: dict, png: Path) -> Path:
     axes[0].axhline(0, color="grey", lw=0.8)
     return ppo_seeds.save_figure(fig, png, "PPO, RLOO and GRPO on the demo's reward models: 95% "
                                  "intervals over seeds")
-
-
-def stat(values: list[float]) -> dict:
-    from clarifyjax.rl.diagnostics import t_interval
-
-    low, high = t_interval(values) if len(values) > 1 else (None, None)
-    return {"mean": sum(values) / len(values), "ci95": [low, high]}
 
 
 def main(argv=None) -> int:
