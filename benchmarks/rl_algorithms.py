@@ -59,11 +59,11 @@ def normalizer(work: Path, models: Path, data: Path, plan: dict, overrides: list
 
 
 def step_seconds(run: Path) -> float:
-    """The median wall time of one training step (sample + reward + update), first step left out
-    (it compiles)."""
+    """The median wall time of one training step (sample + reward + record + update), first step
+    left out (it compiles); runs logged before recording existed have no "time/record"."""
     rows = [json.loads(line) for line in open(run / "metrics.jsonl", encoding="utf-8")]
     steps = {r["step"]: r for r in rows if "time/update" in r}
-    times = [sum(r[k] for k in ("time/sample", "time/reward", "time/update"))
+    times = [sum(r.get(k, 0.0) for k in ("time/sample", "time/reward", "time/record", "time/update"))
              for s, r in sorted(steps.items()) if s > 1]
     return statistics.median(times)
 

@@ -93,40 +93,25 @@ class Responses(NamedTuple):
     response_mask: jax.Array
 
 
-def make_rollout_scorer(policy_graphdef, value_graphdef, temperature: float = 1.0,
-                        chunks: int = 1) -> Callable[..., tuple]:
+def make_rollout_scorer(policy_graphdef, value_graphdef, temperature: float = 1.0
+                        ) -> Callable[..., tuple]:
     """`score(policy_params, ref_params, value_params, query_ids, query_mask, response_ids,
     response_mask) -> (logprobs, ref_logprobs, values)`, each [b, t] float32 (log-probs at
     `temperature`): what a `Rollout` records at sampling time (values 0 when `value_graphdef` is
-    None: no value model).
-
-    It runs the update's own functions (`make_ppo_fns`), each jitted alone, on `chunks` equal
-    chunks of rows one after the other (the update's minibatches), so that the recorded log-probs
-    are bit for bit those the same function gives the same rows in the learner's shape: one
-    program in which policy, reference and value fuse together, or another number of rows, rounds
-    differently (1e-6 on a CPU at XLA's lowest optimization level). `score.cache_size()`: the
-    programs its two functions have compiled."""
+    None: no value model), through the update's own functions (`make_ppo_fns`). The training loop
+    then has the update's program record the log-probs and values again
+    (`training.programs.PPOProgram.record`), exactly as the learner computes them.
+    `score.cache_size()`: the programs compiled."""
     policy_fn, value_fn = make_ppo_fns(policy_graphdef, value_graphdef, temperature)
     logprobs, values = jax.jit(policy_fn), jax.jit(value_fn)
 
-    def score_rows(policy_params, ref_params, value_params, batch: Responses):
+    def score(policy_params, ref_params, value_params, *arrays):
+        batch = Responses(*arrays)
         lp = logprobs(policy_params, batch)[0]
         return (lp, logprobs(ref_params, batch)[0],
                 jnp.zeros_like(lp) if value_graphdef is None else values(value_params, batch))
 
-    def score(policy_params, ref_params, value_params, *arrays):
-        rows = arrays[0].shape[0]
-        if rows % chunks:
-            raise ValueError(f"make_rollout_scorer: {rows} rows do not split into {chunks} chunks")
-        size = rows // chunks
-        parts = [score_rows(policy_params, ref_params, value_params,
-                            Responses(*(x[i * size:(i + 1) * size] for x in arrays)))
-                 for i in range(chunks)]
-        out = parts[0] if chunks == 1 else tuple(jnp.concatenate(p) for p in zip(*parts))
-        placed = getattr(arrays[2], "sharding", None)  # the responses' (batch) sharding
-        return out if placed is None else jax.device_put(out, placed)
-
-    score.cache_size = lambda: logprobs._cache_size() + values._cache_size()  # programs compiled
+    score.cache_size = lambda: logprobs._cache_size() + values._cache_size()
     return score
 
 

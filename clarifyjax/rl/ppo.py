@@ -9,6 +9,7 @@ real response tokens (EOS included), 0.0 on right padding (a hole ends the episo
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, ClassVar, Literal, NamedTuple
 from collections.abc import Callable
 
@@ -29,7 +30,7 @@ __all__ = [
     "kl_penalty", "last_token_one_hot", "masked_mean", "masked_sum", "masked_var",
     "masked_whiten", "policy_loss", "shaped_rewards", "value_loss",
     # the update
-    "PPOUpdateConfig", "Rollout", "PPOState", "init_ppo_state", "check_rollout",
+    "PPOUpdateConfig", "Rollout", "PPOState", "init_ppo_state", "check_rollout", "recorded",
     "make_ppo_update", "make_group_update", "make_update", "ALGORITHMS", "GROUP_ALGORITHMS",
 ]
 
@@ -116,6 +117,14 @@ def init_ppo_state(policy_params, value_params, policy_tx: optax.GradientTransfo
                     step=jnp.zeros((), jnp.int32))
 
 
+def recorded(rollout: Rollout, logprobs, values) -> Rollout:
+    """`rollout` with the learner's log-probs and values (`make_update`'s record). Its reference
+    log-probs move with its log-probs: the log-ratio to the reference stays the one sampled, where
+    one program scored both (exactly 0 while the policy is the reference)."""
+    return rollout._replace(logprobs=logprobs, values=values,
+                            ref_logprobs=logprobs - (rollout.logprobs - rollout.ref_logprobs))
+
+
 def check_rollout(rollout: Rollout) -> tuple[int, int]:
     """Static shape checks (they run at trace time); returns (batch, time)."""
     if rollout.response_ids.ndim != 2:
@@ -180,7 +189,7 @@ def _make_loss_fn(policy_logprobs_fn, value_fn, config: PPOUpdateConfig):
         total = pg_loss + config.vf_coef * vf_loss
         metrics = {"policy_loss": pg_loss, "value_loss": vf_loss, **pg_metrics, **vf_metrics,
                    "logprob_diff_max": _logprob_diff_max(logprobs, mb.logprobs, mask)}
-        return _with_entropy(total, metrics, entropy, mask, config)
+        return _with_entropy(total, metrics, entropy, mask, config, (logprobs, values))
 
     return loss_fn
 
@@ -190,9 +199,9 @@ def _logprob_diff_max(logprobs, recorded, mask) -> Array:
     return jnp.max(jnp.where(mask > 0, jnp.abs(logprobs - recorded), 0.0))
 
 
-def _with_entropy(total, metrics, entropy, mask, config: PPOUpdateConfig):
-    """(total - entropy_coef x the mean per-token entropy, the metrics with it), metrics without
-    gradients."""
+def _with_entropy(total, metrics, entropy, mask, config: PPOUpdateConfig, scores):
+    """(total - entropy_coef x the mean per-token entropy, (the metrics with it, `scores`: the
+    minibatch's log-probs and values)), the aux without gradients."""
     if entropy is not None:
         entropy = jnp.where(mask > 0, entropy.astype(jnp.float32), 0.0)
         metrics["policy_entropy"] = masked_mean(entropy, mask)
@@ -203,7 +212,7 @@ def _with_entropy(total, metrics, entropy, mask, config: PPOUpdateConfig):
         raise ValueError(f"PPOUpdateConfig.entropy_coef = {config.entropy_coef} needs a "
                          "policy_logprobs_fn that returns (logprobs, entropy)")
     metrics["total_loss"] = total
-    return total, jax.tree.map(jax.lax.stop_gradient, metrics)
+    return total, jax.tree.map(jax.lax.stop_gradient, (metrics, scores))
 
 
 def _advantages(rollout: Rollout, mask, kl_coef, config: PPOUpdateConfig
@@ -220,29 +229,19 @@ def _advantages(rollout: Rollout, mask, kl_coef, config: PPOUpdateConfig
     return advantages, returns, raw
 
 
-def _rollout_metrics(rollout: Rollout, mask, kl_coef, advantages, returns, raw_advantages
-                     ) -> tuple[Array, dict[str, Array]]:
-    """(mean per-sequence KL, the rollout's statistics before the update), in the original's
-    units: per-sequence sums. "mean_score" is the mean (normalized) reward: the key keeps its
-    name so that the metrics of a resumed run continue its earlier ones."""
+def _rollout_metrics(rollout: Rollout, mask, kl_coef, advantages) -> tuple[Array, dict[str, Array]]:
+    """(mean per-sequence KL, the rollout's statistics before the update that every algorithm
+    logs), in the original's units: per-sequence sums. "mean_score" is the mean (normalized)
+    reward: the key keeps its name so that the metrics of a resumed run continue its earlier ones."""
     kl_tokens = apply_mask(rollout.logprobs - rollout.ref_logprobs, mask)
     seq_kl = jnp.mean(jnp.sum(kl_tokens, axis=1))
     return seq_kl, {
-        "kl_to_ref": seq_kl,
-        "kl_to_ref_per_token": masked_mean(kl_tokens, mask),
-        "kl_coef": kl_coef,
-        "mean_score": jnp.mean(rollout.rewards),
+        "kl_to_ref": seq_kl, "kl_to_ref_per_token": masked_mean(kl_tokens, mask),
+        "kl_coef": kl_coef, "mean_score": jnp.mean(rollout.rewards),
         "mean_reward_total": jnp.mean(rollout.rewards) - kl_coef * seq_kl,
         "entropy": masked_mean(-rollout.logprobs, mask),  # sampled-token estimate, per token
         "response_length": jnp.mean(jnp.sum(mask, axis=1)),
-        "returns_mean": masked_mean(returns, mask),
-        "returns_var": masked_var(returns, mask),
-        "advantages_mean": masked_mean(advantages, mask),
-        "advantages_raw_mean": masked_mean(raw_advantages, mask),  # before whitening
-        "advantages_raw_std": jnp.sqrt(masked_var(raw_advantages, mask)),
-        "explained_variance": explained_variance(rollout.values, returns, mask),
-        "reward_std": jnp.std(rollout.rewards),
-    }
+        "advantages_mean": masked_mean(advantages, mask), "reward_std": jnp.std(rollout.rewards)}
 
 
 def _prepared(rollout: Rollout, minibatches: int, group: int = 1
@@ -259,6 +258,39 @@ def _prepared(rollout: Rollout, minibatches: int, group: int = 1
         ref_logprobs=apply_mask(rollout.ref_logprobs.astype(jnp.float32), mask),
         values=apply_mask(rollout.values.astype(jnp.float32), mask),
         rewards=rollout.rewards.astype(jnp.float32))
+
+
+def _epochs(minibatch_step, carry, parts, batch: int, rng, config: PPOUpdateConfig, record):
+    """`config.epochs` passes of `minibatch_step` over `parts` (arrays [batch, ...]), each over a
+    fresh permutation split into `config.minibatches` -> (carry, per-step metrics [epochs,
+    minibatches], (log-probs, values) [batch, t] as the first pass computed them). With `record`
+    (a traced bool) the steps change nothing and the passes after the first are skipped."""
+    def step(carry, minibatch):
+        new, out = minibatch_step(carry, minibatch)
+        return _kept(record, carry, new), out
+
+    def epoch(carry, xs):
+        epoch_rng, skip = xs
+        order = jax.random.permutation(epoch_rng, batch)
+        split = jax.tree.map(lambda x: x[order].reshape(
+            (config.minibatches, batch // config.minibatches) + x.shape[1:]), parts)
+        run = functools.partial(jax.lax.scan, step, xs=split)
+        shapes = jax.eval_shape(run, carry)[1]
+        carry, out = jax.lax.cond(skip, lambda c: (c, jax.tree.map(
+            lambda s: jnp.zeros(s.shape, s.dtype), shapes)), run, carry)
+        return carry, (out, order)
+
+    skips = jnp.logical_and(record, jnp.arange(config.epochs) > 0)
+    carry, ((metrics, scores), orders) = jax.lax.scan(
+        epoch, carry, (jax.random.split(rng, config.epochs), skips))
+    first = jax.tree.map(lambda x: jnp.zeros((batch,) + x.shape[3:], x.dtype).at[orders[0]].set(
+        x[0].reshape((batch,) + x.shape[3:])), scores)
+    return carry, metrics, first
+
+
+def _kept(record, state, new_state):
+    """`state` where `record` (bit for bit), else `new_state` (pytrees alike)."""
+    return jax.tree.map(lambda old, new: jnp.where(record, old, new), state, new_state)
 
 
 def _reduce_step_metrics(step_metrics: dict[str, Array]) -> dict[str, Array]:
@@ -278,7 +310,8 @@ def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
                     value_tx: optax.GradientTransformation,
                     config: PPOUpdateConfig = PPOUpdateConfig()
                     ) -> Callable[[PPOState, Rollout, Array], tuple[PPOState, dict[str, Array]]]:
-    """Build the pure PPO update `ppo_update(state, rollout, rng) -> (state, metrics)`.
+    """Build the pure PPO update `ppo_update(state, rollout, rng) -> (state, metrics)`
+    (`make_update`'s step for ppo, without recording).
 
     policy_logprobs_fn(policy_params, rollout_minibatch) -> `[b, t]` log-probs of the response
       tokens (or a tuple (log-probs, per-token entropy) to get an entropy metric).
@@ -294,54 +327,59 @@ def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
     setting outside `PPOUpdateConfig._bounds` (here), a rollout of mismatched shapes (at trace
     time); the state's KL controller is checked by `init_ppo_state` (under `jit` it is traced).
     """
-    _check_config(config)
+    return _two_outputs(_ppo_step(policy_logprobs_fn, value_fn, policy_tx, value_tx, config))
 
+
+def _two_outputs(step):
+    def update(state: PPOState, rollout: Rollout, rng: Array):
+        return step(state, rollout, rng)[:2]
+    return update
+
+
+def _ppo_step(policy_logprobs_fn, value_fn, policy_tx, value_tx, config: PPOUpdateConfig):
+    _check_config(config)
     grad_fn = jax.grad(_make_loss_fn(policy_logprobs_fn, value_fn, config), argnums=(0, 1),
                        has_aux=True)
 
     def minibatch_step(carry, minibatch):
         policy_params, value_params, policy_opt, value_opt = carry
         mb, advantages, returns = minibatch
-        (policy_grads, value_grads), metrics = grad_fn(policy_params, value_params, mb,
-                                                       advantages, returns)
+        (policy_grads, value_grads), (metrics, scores) = grad_fn(policy_params, value_params, mb,
+                                                                 advantages, returns)
         updates, policy_opt = policy_tx.update(policy_grads, policy_opt, policy_params)
         policy_params = optax.apply_updates(policy_params, updates)
         updates, value_opt = value_tx.update(value_grads, value_opt, value_params)
         value_params = optax.apply_updates(value_params, updates)
         metrics["policy_grad_norm"] = optax.tree.norm(policy_grads)
         metrics["value_grad_norm"] = optax.tree.norm(value_grads)
-        return (policy_params, value_params, policy_opt, value_opt), metrics
+        return (policy_params, value_params, policy_opt, value_opt), (metrics, scores)
 
-    def ppo_update(state: PPOState, rollout: Rollout, rng: Array
-                   ) -> tuple[PPOState, dict[str, Array]]:
-        batch, mb_size, mask, rollout = _prepared(rollout, config.minibatches)
+    def ppo_step(state: PPOState, rollout: Rollout, rng: Array, record=False):
+        batch, _, mask, rollout = _prepared(rollout, config.minibatches)
 
         kl_coef = jnp.asarray(state.kl_ctl.value, jnp.float32)
         advantages, returns, raw_advantages = _advantages(rollout, mask, kl_coef, config)
-
-        def epoch(carry, epoch_rng):
-            order = jax.random.permutation(epoch_rng, batch)
-            split = jax.tree.map(
-                lambda x: x[order].reshape((config.minibatches, mb_size) + x.shape[1:]),
-                (rollout, advantages, returns))
-            return jax.lax.scan(minibatch_step, carry, split)
-
         carry = (state.policy_params, state.value_params, state.policy_opt_state,
                  state.value_opt_state)
-        carry, step_metrics = jax.lax.scan(epoch, carry, jax.random.split(rng, config.epochs))
+        carry, step_metrics, scores = _epochs(minibatch_step, carry,
+                                              (rollout, advantages, returns), batch, rng,
+                                              config, record)
         metrics = _reduce_step_metrics(step_metrics)
 
-        seq_kl, stats = _rollout_metrics(rollout, mask, kl_coef, advantages, returns,
-                                         raw_advantages)
-        metrics.update(stats)
+        seq_kl, stats = _rollout_metrics(rollout, mask, kl_coef, advantages)
+        metrics.update(stats, returns_mean=masked_mean(returns, mask),
+                       returns_var=masked_var(returns, mask),
+                       advantages_raw_mean=masked_mean(raw_advantages, mask),  # before whitening
+                       advantages_raw_std=jnp.sqrt(masked_var(raw_advantages, mask)),
+                       explained_variance=explained_variance(rollout.values, returns, mask))
         policy_params, value_params, policy_opt, value_opt = carry
         new_state = PPOState(policy_params=policy_params, value_params=value_params,
                              policy_opt_state=policy_opt, value_opt_state=value_opt,
                              kl_ctl=state.kl_ctl.update(seq_kl, batch),
                              step=state.step + 1)
-        return new_state, metrics
+        return _kept(record, state, new_state), metrics, scores
 
-    return ppo_update
+    return ppo_step
 
 
 # --------------------------------------------------------------------------- RLOO and GRPO
@@ -384,7 +422,8 @@ def _make_group_loss_fn(policy_logprobs_fn, config: PPOUpdateConfig):
             total, metrics = policy_loss(logprobs, mb.logprobs, advantages, mask, config.clip)
             metrics = {"policy_loss": total, **metrics}
         metrics["logprob_diff_max"] = _logprob_diff_max(logprobs, mb.logprobs, mask)
-        return _with_entropy(total, metrics, entropy, mask, config)
+        return _with_entropy(total, metrics, entropy, mask, config,
+                             (logprobs, jnp.zeros_like(logprobs)))
 
     return loss_fn
 
@@ -403,6 +442,10 @@ def make_group_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
     grpo: `algorithms.grpo_loss` with beta the KL controller's coefficient); the KL controller
     is updated from the mean per-sequence KL as in PPO. Refused (ValueError): a group < 2, a batch
     that is not whole groups or minibatches, settings as `make_ppo_update`."""
+    return _two_outputs(_group_step(policy_logprobs_fn, policy_tx, config, group))
+
+
+def _group_step(policy_logprobs_fn, policy_tx, config: PPOUpdateConfig, group: int):
     _check_config(config)
     if config.algorithm not in GROUP_ALGORITHMS:
         raise ValueError(f"make_group_update: PPOUpdateConfig.algorithm must be one of "
@@ -415,52 +458,43 @@ def make_group_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
     def minibatch_step(carry, minibatch, kl_coef):
         params, opt = carry
         mb, advantages = minibatch
-        grads, metrics = grad_fn(params, mb, advantages, kl_coef)
+        grads, (metrics, scores) = grad_fn(params, mb, advantages, kl_coef)
         updates, opt = policy_tx.update(grads, opt, params)
         metrics["policy_grad_norm"] = optax.tree.norm(grads)
-        return (optax.apply_updates(params, updates), opt), metrics
+        return (optax.apply_updates(params, updates), opt), (metrics, scores)
 
-    def update(state: PPOState, rollout: Rollout, rng: Array
-               ) -> tuple[PPOState, dict[str, Array]]:
-        batch, mb_size, mask, rollout = _prepared(rollout, config.minibatches, group)
+    def group_step(state: PPOState, rollout: Rollout, rng: Array, record=False):
+        batch, _, mask, rollout = _prepared(rollout, config.minibatches, group)
         kl_coef = jnp.asarray(state.kl_ctl.value, jnp.float32)
         advantages, raw = _group_advantages(rollout, mask, kl_coef, config, group)
-
-        def epoch(carry, epoch_rng):
-            order = jax.random.permutation(epoch_rng, batch)
-            split = jax.tree.map(
-                lambda x: x[order].reshape((config.minibatches, mb_size) + x.shape[1:]),
-                (rollout, advantages))
-            return jax.lax.scan(lambda c, m: minibatch_step(c, m, kl_coef), carry, split)
-
         carry = (state.policy_params, state.policy_opt_state)
-        (params, opt), step_metrics = jax.lax.scan(epoch, carry,
-                                                   jax.random.split(rng, config.epochs))
+        (params, opt), step_metrics, scores = _epochs(
+            lambda c, m: minibatch_step(c, m, kl_coef), carry, (rollout, advantages), batch, rng,
+            config, record)
         metrics = _reduce_step_metrics(step_metrics)
-        kl_tokens = apply_mask(rollout.logprobs - rollout.ref_logprobs, mask)
-        seq_kl = jnp.mean(jnp.sum(kl_tokens, axis=1))
-        metrics.update({
-            "kl_to_ref": seq_kl, "kl_to_ref_per_token": masked_mean(kl_tokens, mask),
-            "kl_coef": kl_coef, "mean_score": jnp.mean(rollout.rewards),
-            "mean_reward_total": jnp.mean(rollout.rewards) - kl_coef * seq_kl,
-            "entropy": masked_mean(-rollout.logprobs, mask),
-            "response_length": jnp.mean(jnp.sum(mask, axis=1)),
-            "advantages_mean": masked_mean(advantages, mask),
-            "advantages_raw_mean": jnp.mean(raw), "advantages_raw_std": jnp.std(raw),
-            "reward_std": jnp.std(rollout.rewards)})
+        seq_kl, stats = _rollout_metrics(rollout, mask, kl_coef, advantages)
+        metrics.update(stats, advantages_raw_mean=jnp.mean(raw), advantages_raw_std=jnp.std(raw))
         new_state = state._replace(policy_params=params, policy_opt_state=opt,
                                    kl_ctl=state.kl_ctl.update(seq_kl, batch),
                                    step=state.step + 1)
-        return new_state, metrics
+        return _kept(record, state, new_state), metrics, scores
 
-    return update
+    return group_step
 
 
 def make_update(policy_logprobs_fn, value_fn, policy_tx, value_tx,
                 config: PPOUpdateConfig = PPOUpdateConfig(), group: int = 1):
-    """The update of ``config.algorithm``: `make_ppo_update` (ppo; `group` unused: a PPO rollout's
-    rewards come with any group baseline already paid) or `make_group_update` (rloo, grpo: over
-    groups of `group` consecutive rows; `value_fn` and `value_tx` unused)."""
+    """`update(state, rollout, rng, record=False) -> (state, metrics, (log-probs, values))`, the
+    step of ``config.algorithm``: `make_ppo_update`'s (ppo; `group` unused: a PPO rollout's
+    rewards come with any group baseline already paid) or `make_group_update`'s (rloo, grpo: over
+    groups of `group` consecutive rows; `value_fn` and `value_tx` unused).
+
+    Recording: with `record` true (a traced bool) it runs the first epoch only, applies nothing
+    (the state comes back bit for bit) and returns the rollout's log-probs and values [b, t] as
+    its gradient program computes them (values 0 without a value model). Jit it once and call it
+    with record true, then false on the rollout that holds them (`recorded`): the one compiled
+    program computes both, so the first minibatch recomputes them exactly (`max_abs_logprob_diff`
+    0)."""
     if config.algorithm == "ppo":
-        return make_ppo_update(policy_logprobs_fn, value_fn, policy_tx, value_tx, config)
-    return make_group_update(policy_logprobs_fn, policy_tx, config, group)
+        return _ppo_step(policy_logprobs_fn, value_fn, policy_tx, value_tx, config)
+    return _group_step(policy_logprobs_fn, policy_tx, config, group)

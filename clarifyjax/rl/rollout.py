@@ -97,14 +97,13 @@ class RolloutSampler:
     What the reward models read (`decode`, `situations`): `clean_up_spaces` decodes as
     transformers' ``clean_up_tokenization_spaces=True`` (" ?" -> "?"); `decode_situations` gives
     them the situations decoded back from the policy's input ids (the original's `query/text`)
-    instead of the data file's text. `score_chunks`: the update's minibatches per batch, so that
-    the recorded log-probs are scored in the learner's shape (`policy.make_rollout_scorer`).
+    instead of the data file's text.
     """
 
     def __init__(self, tokenizer, policy_graphdef, value_graphdef, reward_fn, mesh, *,
                  sampling: Sampling, clean_up_spaces: bool = False,
                  decode_situations: bool = False, logprob_temperature: float = 1.0,
-                 score_chunks: int = 1, stop_token_ids=()):
+                 stop_token_ids=()):
         self.tokenizer, self.reward_fn, self.mesh = tokenizer, reward_fn, mesh
         self.clean_up_spaces, self.decode_situations = bool(clean_up_spaces), bool(decode_situations)
         s = sampling.with_defaults(Sampling(min_new_tokens=MIN_QUESTION_TOKENS))
@@ -113,8 +112,7 @@ class RolloutSampler:
         self.stop_token_ids = tuple(int(i) for i in stop_token_ids)  # a decoder's end of turn
         self._rng = _takes_rng(reward_fn)
         self.graphdef = policy_graphdef
-        self.scorer = make_rollout_scorer(policy_graphdef, value_graphdef, logprob_temperature,
-                                          score_chunks)
+        self.scorer = make_rollout_scorer(policy_graphdef, value_graphdef, logprob_temperature)
         self.ref_nll = jax.jit(make_reference_nll(policy_graphdef))
 
     def decode(self, ids) -> list[str]:

@@ -286,7 +286,6 @@ def _sampler(cfg, tokenizer, m: builders.PPOModels, reward_fn, mesh) -> RolloutS
                           sampling=h.sampling, clean_up_spaces=h.clean_up_tokenization_spaces,
                           decode_situations=h.reward_situations == "decoded",
                           logprob_temperature=h.logprob_temperature,
-                          score_chunks=h.minibatches,
                           stop_token_ids=getattr(tokenizer, "stop_ids", ()))
 
 
@@ -404,8 +403,12 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
             rollout, questions, fields, times = sampler.rollout(
                 state["ppo"], m.ref_params, batch, situations, k_sample, normalizer,
                 group if h.algorithm == "ppo" else 1)
+            t0 = time.perf_counter()  # the learner records the log-probs, then updates
+            recorded, rollout = program.record(state["ppo"], rollout, k_update)
+            jax.block_until_ready(rollout.logprobs)
+            times["time/record"] = time.perf_counter() - t0
             t0 = time.perf_counter()
-            new_ppo, metrics = program(state["ppo"], rollout, k_update)
+            new_ppo, metrics = program(recorded, rollout, k_update)
             state = {"ppo": new_ppo, "rng": jax.random.key_data(rng)}
             step += 1
             bar.update(1)

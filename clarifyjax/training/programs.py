@@ -230,8 +230,10 @@ def kl_controller(h):
 class PPOProgram(Program):
     """One update of ``ppo.algorithm`` (`ppo.make_update`: PPO, RLOO or GRPO); state
     {"ppo": `ppo.PPOState`, "rng": key data};
-    called as ``program(state["ppo"], rollout, key) -> (ppo state, metrics)``; batch: a
-    `ppo.Rollout` of [rows, query_len] queries and [rows, response_len] responses."""
+    called as ``program(state["ppo"], rollout, key) -> (ppo state, metrics)``, after
+    ``program.record`` with the same key has given the rollout the learner's own log-probs and
+    values (one compiled program does both); batch: a `ppo.Rollout` of [rows, query_len] queries
+    and [rows, response_len] responses."""
 
     @classmethod
     def build(cls, cfg, mesh, graphdef, params, value_graphdef, value_params,
@@ -264,12 +266,26 @@ class PPOProgram(Program):
         update = ppo.make_update(
             *make_ppo_fns(graphdef, value_graphdef, cfg.ppo.logprob_temperature), tx, tx, hyper,
             group=cfg.ppo.samples_per_situation)
-        in_sh = (ppo_sh, rollout_sh, rep)
+        in_sh = (ppo_sh, rollout_sh, rep, rep)
         step = jax.jit(traces.counted("ppo_update")(update), in_shardings=in_sh,
-                       out_shardings=(ppo_sh, rep),
+                       out_shardings=(ppo_sh, rep, (b2, b2)),
                        donate_argnums=(0,) if jax.default_backend() != "cpu" else ())
         return cls(mesh, (params, value_params), initial, {"ppo": ppo_sh, "rng": rep}, in_sh,
                    step)
+
+    def __call__(self, state: ppo.PPOState, rollout: ppo.Rollout, key):
+        """One update -> (state, metrics)."""
+        return super().__call__(state, rollout, key, np.False_)[:2]
+
+    def record(self, state: ppo.PPOState, rollout: ppo.Rollout, key
+               ) -> tuple[ppo.PPOState, ppo.Rollout]:
+        """(the state, unchanged, `rollout` with the log-probs and values that the update with
+        this `key` computes for it before its first step): exactly on-policy by construction."""
+        state, _, scores = super().__call__(state, rollout, key, np.True_)
+        return state, ppo.recorded(rollout, *scores)
+
+    def lower(self, state, rollout, key, record=np.False_) -> jax.stages.Lowered:
+        return self.step.lower(state, rollout, key, record)
 
     def abstract_batch(self, rows: int, query_len: int, response_len: int) -> ppo.Rollout:
         def spec(target, dtype, *shape):

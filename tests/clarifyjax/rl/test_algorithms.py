@@ -113,8 +113,8 @@ def test_k3_kl_and_grpo_loss_match_numpy():
 def test_group_updates_raise_the_bandits_reward(algorithm):
     """helpers/ppo_bandit.py's toy (one prompt, 64 samples: 16 groups of 4), 30 updates of
     `ppo.make_update` without a value model: P(target token) from ~0.1 to >= 0.8. Each update's
-    advantages sum to 0 over each group (so their mean is 0), and the learner's log-probs are the
-    recorded ones exactly."""
+    advantages sum to 0 over each group (so their mean is 0). Recording leaves the state as it was
+    bit for bit, and the learner then recomputes the recorded log-probs exactly."""
     import optax
 
     from clarifyjax.rl import ppo
@@ -130,7 +130,12 @@ def test_group_updates_raise_the_bandits_reward(algorithm):
     for _ in range(30):
         rng, k_roll, k_upd = jax.random.split(rng, 3)
         rollout = make_rollout(state.policy_params, ref, {"v": jax.numpy.zeros((T,))}, k_roll)
-        state, metrics = update(state, rollout, k_upd)
+        kept, _, (logprobs, values) = update(state, rollout, k_upd, np.True_)  # recording
+        assert all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(kept),
+                                                        jax.tree.leaves(state)))
+        assert np.all(np.asarray(values) == 0)
+        rollout = ppo.recorded(rollout, logprobs, values)
+        state, metrics, _ = update(state, rollout, k_upd, np.False_)
         assert float(metrics["max_abs_logprob_diff"]) == 0.0
         assert abs(float(metrics["advantages_raw_mean"])) < 1e-5
     p_ref = float(jax.nn.softmax(ref["logits"][0])[TARGET])

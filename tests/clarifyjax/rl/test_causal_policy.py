@@ -19,7 +19,7 @@ from clarifyjax.rl import policy
 from clarifyjax.rl.prompts import CausalPolicyText
 from clarifyjax.rl.rollout import RolloutSampler
 from clarifyjax.rl.value import CausalValueModel
-from clarifyjax.training import builders, loops
+from clarifyjax.training import builders, loops, programs
 from helpers.causal_lm_builders import left_padded, right_padded, tiny_policy_folder
 from helpers.env import REPO_ROOT, shared_data
 
@@ -103,17 +103,22 @@ def _reward(situations, questions):
 def test_train_is_on_policy_resumes_exactly_and_exports(folders, situations, tmp_path,
                                                           monkeypatch):
     """Three steps, then the same run resumed from its checkpoint of step 2 (as after a stop):
-    the same parameters bit for bit. At every step the log-probs the rollout recorded are those
-    the update's own policy function gives its minibatches (`policy.make_ppo_fns`), exactly."""
-    seen = []
-    sample = RolloutSampler.rollout
+    the same parameters bit for bit, and every step exactly on-policy."""
+    seen, recorded = [], []
+    sample, record = RolloutSampler.rollout, programs.PPOProgram.record
 
     def spy(self, state, *args, **kwargs):
         out = sample(self, state, *args, **kwargs)
-        seen.append((self.graphdef, state.policy_params, out[0], out[1]))
+        seen.append(out[1])  # the questions
+        return out
+
+    def spy_record(self, state, rollout, key):
+        out = record(self, state, rollout, key)
+        recorded.append((rollout, out[1]))  # (sampled, recorded by the learner's program)
         return out
 
     monkeypatch.setattr(RolloutSampler, "rollout", spy)
+    monkeypatch.setattr(programs.PPOProgram, "record", spy_record)
     folder = folders["llama"]
     evaluate = ["run.eval_every=3"]  # before the first step and after the last
     whole = loops.train_ppo(_config(folder, situations, tmp_path / "whole", 3, evaluate),
@@ -132,18 +137,16 @@ def test_train_is_on_policy_resumes_exactly_and_exports(folders, situations, tmp
     start = split_model(load_causal_lm(folder)[1])[1]
     assert any(np.any(np.asarray(a) != np.asarray(b)) for a, b in zip(
         jax.tree.leaves(start), jax.tree.leaves(whole["state"].policy_params)))
-    # the on-policy check, at every step of both runs: each minibatch of 4 rows through the
-    # learner's function alone (exact), and the update's own metric (its first, permuted
-    # minibatch, inside the gradient program): 5e-7 to 1e-6 for a decoder, not 0 yet (docs/ppo.md)
+    # exactly on-policy at every step of both runs: the log-probs the rollout recorded are those
+    # the update's first (permuted) minibatch recomputes inside its gradient program, bit for bit
     diffs = [h["train/max_abs_logprob_diff"] for h in whole["history"] + resumed["history"]]
-    assert len(diffs) == 4 and max(diffs) <= 2e-6, diffs
-    assert len(seen) == 4 and all(len(questions) == 8 for *_, questions in seen)
-    learner = jax.jit(policy.make_ppo_fns(seen[0][0], None)[0])  # the runs' graphdefs are equal
-    for _, params, rollout, _ in seen:  # in the update's two minibatches of 4 rows
-        for rows in (slice(0, 4), slice(4, 8)):
-            minibatch = jax.tree.map(lambda x, rows=rows: x[rows], rollout)
-            np.testing.assert_array_equal(np.asarray(learner(params, minibatch)[0]),
-                                          np.asarray(minibatch.logprobs))
+    assert diffs == [0.0] * 4, diffs
+    # every row recorded (both minibatches) at the sampling policy: the forward pass alone agrees
+    for sampled, learner in recorded:
+        for field in ("logprobs", "values"):
+            np.testing.assert_allclose(np.asarray(getattr(learner, field)),
+                                       np.asarray(getattr(sampled, field)), atol=1e-5)
+    assert len(seen) == 4 and all(len(questions) == 8 for questions in seen)
     # the export loads again as the trained policy, and its prompt is the chat template's
     exported = split_model(load_causal_lm(whole["final"])[1])[1]
     for a, b in zip(jax.tree.leaves(exported), jax.tree.leaves(whole["state"].policy_params)):
