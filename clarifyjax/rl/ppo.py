@@ -119,10 +119,10 @@ def init_ppo_state(policy_params, value_params, policy_tx: optax.GradientTransfo
 
 def recorded(rollout: Rollout, logprobs, values) -> Rollout:
     """`rollout` with the learner's log-probs and values (`make_update`'s record). Its reference
-    log-probs move with its log-probs: the log-ratio to the reference stays the one sampled, where
-    one program scored both (exactly 0 while the policy is the reference)."""
+    log-probs move by as much as its log-probs, so the log-ratio to the reference stays the one
+    sampled, where one program scored both: exactly 0 while the policy is the reference."""
     return rollout._replace(logprobs=logprobs, values=values,
-                            ref_logprobs=logprobs - (rollout.logprobs - rollout.ref_logprobs))
+                            ref_logprobs=rollout.ref_logprobs + (logprobs - rollout.logprobs))
 
 
 def check_rollout(rollout: Rollout) -> tuple[int, int]:
