@@ -315,6 +315,18 @@ def _normalizer(cfg, saved: dict | None, where: str, sampler, params, dataset, s
     return fit_normalizer(cfg, sampler, params, dataset, say)
 
 
+def _learn(program, state, rollout, key, times: dict):
+    """The learner's two calls of one compiled update: record the rollout's log-probs and values
+    (`PPOProgram.record`, timed as "time/record"), then update -> (the rollout as recorded, the
+    new state, metrics, the update's start time)."""
+    t0 = time.perf_counter()
+    state, rollout = program.record(state, rollout, key)
+    jax.block_until_ready(rollout.logprobs)
+    times["time/record"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    return (rollout, *program(state, rollout, key), t0)
+
+
 def _log_ppo_step(logger, bar, step: int, metrics, fields, times: dict, t_update: float, rollout,
                   mesh) -> dict[str, float]:
     """Log one step's scalars (the update's metrics, timings, raw reward, tokens per second) and
@@ -403,12 +415,7 @@ def train_ppo(cfg, *, reward_fn: Callable | None = None, tensorboard: bool = Tru
             rollout, questions, fields, times = sampler.rollout(
                 state["ppo"], m.ref_params, batch, situations, k_sample, normalizer,
                 group if h.algorithm == "ppo" else 1)
-            t0 = time.perf_counter()  # the learner records the log-probs, then updates
-            recorded, rollout = program.record(state["ppo"], rollout, k_update)
-            jax.block_until_ready(rollout.logprobs)
-            times["time/record"] = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            new_ppo, metrics = program(recorded, rollout, k_update)
+            rollout, new_ppo, metrics, t0 = _learn(program, state["ppo"], rollout, k_update, times)
             state = {"ppo": new_ppo, "rng": jax.random.key_data(rng)}
             step += 1
             bar.update(1)
