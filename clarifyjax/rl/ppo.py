@@ -24,15 +24,12 @@ from clarifyjax.rl.ppo_math import (AdaptiveKL, Array, FixedKL, apply_mask, chec
                                     masked_mean, masked_sum, masked_var, masked_whiten,
                                     policy_loss, shaped_rewards, value_loss)
 
-__all__ = [
-    # the math (clarifyjax.rl.ppo_math)
-    "AdaptiveKL", "FixedKL", "apply_mask", "check_setting", "explained_variance", "gae",
-    "kl_penalty", "last_token_one_hot", "masked_mean", "masked_sum", "masked_var",
-    "masked_whiten", "policy_loss", "shaped_rewards", "value_loss",
-    # the update
-    "PPOUpdateConfig", "Rollout", "PPOState", "init_ppo_state", "check_rollout", "recorded",
-    "make_ppo_update", "make_group_update", "make_update", "ALGORITHMS", "GROUP_ALGORITHMS",
-]
+__all__ = [  # the math (clarifyjax.rl.ppo_math), then the update
+    "AdaptiveKL", "FixedKL", "apply_mask", "check_setting", "explained_variance", "gae", "kl_penalty",
+    "last_token_one_hot", "masked_mean", "masked_sum", "masked_var", "masked_whiten", "policy_loss",
+    "shaped_rewards", "value_loss", "PPOUpdateConfig", "Rollout", "PPOState", "init_ppo_state",
+    "check_rollout", "recorded", "make_ppo_update", "make_group_update", "make_update", "ALGORITHMS",
+    "GROUP_ALGORITHMS"]
 
 ALGORITHMS = ("ppo", "rloo", "grpo")
 GROUP_ALGORITHMS = ("rloo", "grpo")  # k samples per prompt, no value model
@@ -264,33 +261,43 @@ def _epochs(minibatch_step, carry, parts, batch: int, rng, config: PPOUpdateConf
     """`config.epochs` passes of `minibatch_step` over `parts` (arrays [batch, ...]), each over a
     fresh permutation split into `config.minibatches` -> (carry, per-step metrics [epochs,
     minibatches], (log-probs, values) [batch, t] as the first pass computed them). With `record`
-    (a traced bool) the steps change nothing and the passes after the first are skipped."""
-    def step(carry, minibatch):
-        new, out = minibatch_step(carry, minibatch)
-        return _kept(record, carry, new), out
+    (a traced bool) only the first pass runs, and its steps apply nothing."""
+    keys = jax.random.split(rng, config.epochs)
+    step = functools.partial(minibatch_step, record=record)
 
-    def epoch(carry, xs):
-        epoch_rng, skip = xs
-        order = jax.random.permutation(epoch_rng, batch)
+    def one_pass(e, carry):
+        order = jax.random.permutation(keys[e], batch)
         split = jax.tree.map(lambda x: x[order].reshape(
             (config.minibatches, batch // config.minibatches) + x.shape[1:]), parts)
-        run = functools.partial(jax.lax.scan, step, xs=split)
-        shapes = jax.eval_shape(run, carry)[1]
-        carry, out = jax.lax.cond(skip, lambda c: (c, jax.tree.map(
-            lambda s: jnp.zeros(s.shape, s.dtype), shapes)), run, carry)
-        return carry, (out, order)
+        carry, (metrics, scores) = jax.lax.scan(step, carry, split)
+        return carry, metrics, jax.tree.map(lambda x: jnp.zeros((batch,) + x.shape[2:], x.dtype)
+                                            .at[order].set(x.reshape((batch,) + x.shape[2:])), scores)
 
-    skips = jnp.logical_and(record, jnp.arange(config.epochs) > 0)
-    carry, ((metrics, scores), orders) = jax.lax.scan(
-        epoch, carry, (jax.random.split(rng, config.epochs), skips))
-    first = jax.tree.map(lambda x: jnp.zeros((batch,) + x.shape[3:], x.dtype).at[orders[0]].set(
-        x[0].reshape((batch,) + x.shape[3:])), scores)
-    return carry, metrics, first
+    def body(e, loop):  # loop: (carry, metrics [epochs, ...], the first pass's scores)
+        carry, step_metrics, pass_scores = one_pass(e, loop[0])
+        return (carry, jax.tree.map(lambda buf, x: buf.at[e].set(x), loop[1], step_metrics),
+                jax.tree.map(lambda old, new: jnp.where(e == 0, new, old), loop[2], pass_scores))
+
+    _, metrics, scores = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                                      jax.eval_shape(one_pass, 0, carry))
+    metrics = jax.tree.map(lambda x: jnp.zeros((config.epochs,) + x.shape, x.dtype), metrics)
+    passes = jnp.where(record, 1, config.epochs)  # a while loop: record pays for one pass
+    return jax.lax.fori_loop(0, passes, body, (carry, metrics, scores))
 
 
-def _kept(record, state, new_state):
-    """`state` where `record` (bit for bit), else `new_state` (pytrees alike)."""
-    return jax.tree.map(lambda old, new: jnp.where(record, old, new), state, new_state)
+def _apply(record, tx, params, opt_state, grads):
+    """(params, optimizer state) after `tx`'s step with `grads`; where `record`, both as they
+    were, bit for bit (selects, which fuse into the update: a branch would copy the state)."""
+    updates, new_opt = tx.update(grads, opt_state, params)
+    keep = functools.partial(jax.tree.map, lambda old, new: jnp.where(record, old, new))
+    return keep(params, optax.apply_updates(params, updates)), keep(opt_state, new_opt)
+
+
+def _counters(record, state: PPOState, new_state: PPOState) -> PPOState:
+    """`new_state` with the KL controller and step count of `state` where `record`."""
+    kl_ctl, step = jax.tree.map(lambda old, new: jnp.where(record, old, new),
+                                (state.kl_ctl, state.step), (new_state.kl_ctl, new_state.step))
+    return new_state._replace(kl_ctl=kl_ctl, step=step)
 
 
 def _reduce_step_metrics(step_metrics: dict[str, Array]) -> dict[str, Array]:
@@ -327,13 +334,8 @@ def make_ppo_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
     setting outside `PPOUpdateConfig._bounds` (here), a rollout of mismatched shapes (at trace
     time); the state's KL controller is checked by `init_ppo_state` (under `jit` it is traced).
     """
-    return _two_outputs(_ppo_step(policy_logprobs_fn, value_fn, policy_tx, value_tx, config))
-
-
-def _two_outputs(step):
-    def update(state: PPOState, rollout: Rollout, rng: Array):
-        return step(state, rollout, rng)[:2]
-    return update
+    step = _ppo_step(policy_logprobs_fn, value_fn, policy_tx, value_tx, config)
+    return lambda state, rollout, rng: step(state, rollout, rng)[:2]
 
 
 def _ppo_step(policy_logprobs_fn, value_fn, policy_tx, value_tx, config: PPOUpdateConfig):
@@ -341,15 +343,14 @@ def _ppo_step(policy_logprobs_fn, value_fn, policy_tx, value_tx, config: PPOUpda
     grad_fn = jax.grad(_make_loss_fn(policy_logprobs_fn, value_fn, config), argnums=(0, 1),
                        has_aux=True)
 
-    def minibatch_step(carry, minibatch):
+    def minibatch_step(carry, minibatch, record):
         policy_params, value_params, policy_opt, value_opt = carry
         mb, advantages, returns = minibatch
         (policy_grads, value_grads), (metrics, scores) = grad_fn(policy_params, value_params, mb,
                                                                  advantages, returns)
-        updates, policy_opt = policy_tx.update(policy_grads, policy_opt, policy_params)
-        policy_params = optax.apply_updates(policy_params, updates)
-        updates, value_opt = value_tx.update(value_grads, value_opt, value_params)
-        value_params = optax.apply_updates(value_params, updates)
+        policy_params, policy_opt = _apply(record, policy_tx, policy_params, policy_opt,
+                                           policy_grads)
+        value_params, value_opt = _apply(record, value_tx, value_params, value_opt, value_grads)
         metrics["policy_grad_norm"] = optax.tree.norm(policy_grads)
         metrics["value_grad_norm"] = optax.tree.norm(value_grads)
         return (policy_params, value_params, policy_opt, value_opt), (metrics, scores)
@@ -377,7 +378,7 @@ def _ppo_step(policy_logprobs_fn, value_fn, policy_tx, value_tx, config: PPOUpda
                              policy_opt_state=policy_opt, value_opt_state=value_opt,
                              kl_ctl=state.kl_ctl.update(seq_kl, batch),
                              step=state.step + 1)
-        return _kept(record, state, new_state), metrics, scores
+        return _counters(record, state, new_state), metrics, scores
 
     return ppo_step
 
@@ -442,7 +443,8 @@ def make_group_update(policy_logprobs_fn: Callable[[Any, Rollout], Any],
     grpo: `algorithms.grpo_loss` with beta the KL controller's coefficient); the KL controller
     is updated from the mean per-sequence KL as in PPO. Refused (ValueError): a group < 2, a batch
     that is not whole groups or minibatches, settings as `make_ppo_update`."""
-    return _two_outputs(_group_step(policy_logprobs_fn, policy_tx, config, group))
+    step = _group_step(policy_logprobs_fn, policy_tx, config, group)
+    return lambda state, rollout, rng: step(state, rollout, rng)[:2]
 
 
 def _group_step(policy_logprobs_fn, policy_tx, config: PPOUpdateConfig, group: int):
@@ -455,13 +457,11 @@ def _group_step(policy_logprobs_fn, policy_tx, config: PPOUpdateConfig, group: i
                          f"prompt), got {group!r}")
     grad_fn = jax.grad(_make_group_loss_fn(policy_logprobs_fn, config), has_aux=True)
 
-    def minibatch_step(carry, minibatch, kl_coef):
-        params, opt = carry
+    def minibatch_step(carry, minibatch, record, kl_coef):
         mb, advantages = minibatch
-        grads, (metrics, scores) = grad_fn(params, mb, advantages, kl_coef)
-        updates, opt = policy_tx.update(grads, opt, params)
+        grads, (metrics, scores) = grad_fn(carry[0], mb, advantages, kl_coef)
         metrics["policy_grad_norm"] = optax.tree.norm(grads)
-        return (optax.apply_updates(params, updates), opt), (metrics, scores)
+        return _apply(record, policy_tx, *carry, grads), (metrics, scores)
 
     def group_step(state: PPOState, rollout: Rollout, rng: Array, record=False):
         batch, _, mask, rollout = _prepared(rollout, config.minibatches, group)
@@ -469,7 +469,7 @@ def _group_step(policy_logprobs_fn, policy_tx, config: PPOUpdateConfig, group: i
         advantages, raw = _group_advantages(rollout, mask, kl_coef, config, group)
         carry = (state.policy_params, state.policy_opt_state)
         (params, opt), step_metrics, scores = _epochs(
-            lambda c, m: minibatch_step(c, m, kl_coef), carry, (rollout, advantages), batch, rng,
+            functools.partial(minibatch_step, kl_coef=kl_coef), carry, (rollout, advantages), batch, rng,
             config, record)
         metrics = _reduce_step_metrics(step_metrics)
         seq_kl, stats = _rollout_metrics(rollout, mask, kl_coef, advantages)
@@ -477,7 +477,7 @@ def _group_step(policy_logprobs_fn, policy_tx, config: PPOUpdateConfig, group: i
         new_state = state._replace(policy_params=params, policy_opt_state=opt,
                                    kl_ctl=state.kl_ctl.update(seq_kl, batch),
                                    step=state.step + 1)
-        return _kept(record, state, new_state), metrics, scores
+        return _counters(record, state, new_state), metrics, scores
 
     return group_step
 
