@@ -162,6 +162,26 @@ def test_kl_penalty_and_shaped_rewards():
     np.testing.assert_allclose(rewards, expected, atol=1e-6)
 
 
+def test_recorded_keeps_the_sampled_kl_exactly():
+    """`ppo.recorded` puts the learner's log-probs l in the rollout and moves the reference's r by
+    l - s (s: the sampling pass's): where the policy is the reference (s == r) the KL l - r' is
+    exactly 0 though l is 1e-7 off s, and where the learner agrees with sampling (l == s) the
+    reference stays bit for bit."""
+    rng = np.random.default_rng(0)
+    r = -rng.exponential(2.0, (64, 9)).astype(np.float32)
+    noisy = (r * (1 + rng.normal(0, 1e-7, r.shape))).astype(np.float32)  # the learner's l
+    assert np.any(noisy != r)
+    zeros = np.zeros_like(r)
+    rollout = ppo.Rollout(zeros, zeros, zeros, zeros, logprobs=r, ref_logprobs=r, values=zeros,
+                          rewards=zeros[:, 0])
+    out = ppo.recorded(rollout, noisy, zeros + 1)
+    assert np.all(np.asarray(out.logprobs - out.ref_logprobs) == 0)
+    assert np.all(np.asarray(out.values) == 1) and np.all(np.asarray(out.logprobs) == noisy)
+    moved = (r + rng.normal(0, 0.5, r.shape)).astype(np.float32)  # a policy away from r
+    out = ppo.recorded(rollout._replace(logprobs=moved), moved, zeros)
+    np.testing.assert_array_equal(np.asarray(out.ref_logprobs), r)
+
+
 def test_kl_controllers():
     fixed = ppo.FixedKL(0.15)
     assert fixed.update(100.0, 64) == fixed
