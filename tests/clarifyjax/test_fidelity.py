@@ -119,8 +119,8 @@ def _reward_padding():
 
 
 def _whitening_scope():
-    source = inspect.getsource(ppo.make_ppo_update)
-    once = source.index("_advantages(rollout, mask") < source.index("def epoch")
+    source = inspect.getsource(ppo._ppo_step)  # make_ppo_update's step
+    once = source.index("_advantages(rollout, mask") < source.index("_epochs(")
     return "batch" if once and source.count("_advantages(") == 1 else "minibatch"
 
 
