@@ -6,9 +6,9 @@ The learnable reward is the share of ASCII characters in the question (bytes bel
 themselves, the others mostly to U+FFFD): about 0.5 for the random policy. Each run, paid it or
 paid noise, is measured with it: 64 questions sampled before and after its 6 updates with the
 same keys (common random numbers). The runs use the pieces `loops.train_ppo` runs
-(`RolloutSampler`, `PPOProgram`), built once per algorithm, so the seeds (3 policies of their own
+(`RolloutSampler`, `PPOProgram`), built once per algorithm, so the seeds (4 policies of their own
 weights, sampling and update keys) reuse the compiled programs. RL_LEARNS_SEED_OFFSET=k runs
-seeds k, k + 1, k + 2."""
+seeds k to k + 3."""
 from __future__ import annotations
 
 import os
@@ -28,16 +28,17 @@ from helpers.causal_lm_builders import tiny_policy_folder
 from helpers.env import REPO_ROOT, shared_data
 
 OFFSET = int(os.environ.get("RL_LEARNS_SEED_OFFSET", "0"))
-SEEDS = (OFFSET, OFFSET + 1, OFFSET + 2)
+SEEDS = tuple(range(OFFSET, OFFSET + 4))
 # 6 updates of 32 questions (8 situations x 4), 4 epochs each at Adam 1.5e-2, KL coefficient
 # 0.02 (0.15, the preset's, held the gains at 0.00-0.13), sampled at temperature 1 without top-p.
-# Seeds 0-11 (offsets 0, 3, 6, 9): learnable gains 0.13-0.32, mean / sd 2.7 (rloo, offset 9) to
-# 10.8; paid noise -0.07 to +0.09, every seed below every learnt gain.
+# Seeds 0-11 (offsets 0, 4, 8): learnable gains 0.15-0.34, mean / sd 3.0 (grpo, offset 8) to 24;
+# paid noise -0.07 to +0.09, every seed below every learnt gain. With 3 seeds (and k = 2.5) grpo
+# on seeds 9-11 fell to 2.4, hence 4.
 STEPS = 6
-# k: the mean gain over the 3 seeds must exceed k times their standard deviation (ddof 1). With
-# k = 2.5 that is t = mean / (sd / sqrt(3)) > 4.33, above Student's t(2) 97.5% point 4.30: the
+# k: the mean gain over the 4 seeds must exceed k times their standard deviation (ddof 1). With
+# k = 1.6 that is t = mean / (sd / sqrt(4)) > 3.2, above Student's t(3) 97.5% point 3.18: the
 # 95% interval of the mean gain over the seeds excludes 0.
-K = 2.5
+K = 1.6
 EVALS = 2  # batches of 32 questions measured before and after a run
 SITUATIONS = ["lying to my friend", "taking a day off", "eating the last cookie",
               "skipping class", "telling my boss", "keeping a secret", "borrowing a car",
@@ -136,7 +137,7 @@ class Runner:
         return self.measure(state["ppo"].policy_params, seed) - BEFORE[seed], diffs
 
 
-@pytest.mark.slow  # 18 tiny runs, 3 compiled updates: ~60 s on two busy cores
+@pytest.mark.slow  # 24 tiny runs, 3 compiled updates: ~80 s on two busy cores
 @pytest.mark.parametrize("algorithm", ["ppo", "rloo", "grpo"])
 def test_each_algorithm_raises_a_learnable_reward_beyond_its_seeds_spread(
         folders, tmp_path, algorithm):
