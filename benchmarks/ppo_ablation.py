@@ -53,12 +53,18 @@ def table(results: dict) -> str:
     for name, r in results.items():
         s = r["summary"]
         lines.append(
-            f"| {name}: {r['what']} | {len(s['seeds'])} | {fmt(s['gain'], '+.4f')} | "
-            f"{fmt(s['flip_rate']['change'], '+.3f')} | {fmt(s['distinct_share']['after'], '.2f')} "
-            f"({s['distinct_share']['before']['mean']:.2f}) | {fmt(s['top_share']['after'], '.3f')} | "
+            f"| {name}: {r['what']} | {summary_cells(s)} | "
             f"{fmt(s['top5_share']['after'], '.3f')} | {fmt(s['distinct_2']['after'], '.3f')} | "
             f"{s['seconds'] / 60:.0f} |")
     return "\n".join(lines) + "\n"
+
+
+def summary_cells(s: dict) -> str:
+    """The table cells a study of seeds shares (`ppo_seeds.summarize`'s summary `s`): seeds, raw
+    gain, flip rate change, distinct share after (before), the most common question's share."""
+    return (f"{len(s['seeds'])} | {fmt(s['gain'], '+.4f')} | "
+            f"{fmt(s['flip_rate']['change'], '+.3f')} | {fmt(s['distinct_share']['after'], '.2f')} "
+            f"({s['distinct_share']['before']['mean']:.2f}) | {fmt(s['top_share']['after'], '.3f')}")
 
 
 def plot(results: dict, png: Path) -> Path:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ppo_seeds  # noqa: E402
-from ppo_ablation import fmt  # noqa: E402
+from ppo_ablation import fmt, summary_cells  # noqa: E402
 from ppo_seeds import stat  # noqa: E402
 from _common import RESULTS_DIR  # noqa: E402
 
@@ -76,9 +76,7 @@ def table(results: dict) -> str:
     for r in results.values():
         s = r["summary"]
         lines.append(
-            f"| {r['policy']} | {r['algorithm']} | {len(s['seeds'])} | {fmt(s['gain'], '+.4f')} | "
-            f"{fmt(s['flip_rate']['change'], '+.3f')} | {fmt(s['distinct_share']['after'], '.2f')} "
-            f"({s['distinct_share']['before']['mean']:.2f}) | {fmt(s['top_share']['after'], '.3f')} | "
+            f"| {r['policy']} | {r['algorithm']} | {summary_cells(s)} | "
             f"{fmt(s['distinct_2']['after'], '.3f')} | {fmt(r['step_seconds'], '.2f')} |")
     return "\n".join(lines) + "\n"
 

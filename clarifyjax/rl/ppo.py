@@ -278,8 +278,8 @@ def _epochs(minibatch_step, carry, parts, batch: int, rng, config: PPOUpdateConf
         return (carry, jax.tree.map(lambda buf, x: buf.at[e].set(x), loop[1], step_metrics),
                 jax.tree.map(lambda old, new: jnp.where(e == 0, new, old), loop[2], pass_scores))
 
-    _, metrics, scores = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
-                                      jax.eval_shape(one_pass, 0, carry))
+    metrics, scores = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype),
+                                   jax.eval_shape(one_pass, 0, carry)[1:])
     metrics = jax.tree.map(lambda x: jnp.zeros((config.epochs,) + x.shape, x.dtype), metrics)
     passes = jnp.where(record, 1, config.epochs)  # a while loop: record pays for one pass
     return jax.lax.fori_loop(0, passes, body, (carry, metrics, scores))
